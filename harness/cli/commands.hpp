@@ -1,0 +1,9 @@
+#pragma once
+// Each group of subcommands registers itself on the CLI11 app.
+#include <CLI/CLI.hpp>
+
+namespace kvb::cli {
+
+void register_model_commands(CLI::App& app);
+
+}  // namespace kvb::cli

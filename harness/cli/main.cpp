@@ -1,0 +1,21 @@
+// kvbench: KV-cache compression research harness.
+#include <fmt/core.h>
+
+#include "harness/cli/commands.hpp"
+#include "harness/util/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvbench: KV-cache compression research harness"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvbench 0.1.0");
+  kvb::cli::register_model_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const kvb::Error& e) {
+    fmt::print(stderr, "kvbench: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,62 @@
+#pragma once
+// Architecture hyper-parameters of a Llama-family model, read from GGUF metadata or a Hugging Face
+// config.json. Both sources produce the same struct so the engine never cares where weights came from.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+class GGUFFile;
+
+enum class Arch { Llama, Qwen2 };
+
+// Which dimensions RoPE rotates together. GGUF llama files store Q/K rows permuted for adjacent pairs
+// (2i, 2i+1); Hugging Face checkpoints and GGUF qwen2 use the half-split pairs (i, i + d/2).
+enum class RopeLayout { Interleaved, NeoX };
+
+struct RopeScaling {
+  enum class Type { None, Linear, Llama3 };
+  Type type = Type::None;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_context = 0;   // llama3: original_max_position_embeddings
+};
+
+struct ModelConfig {
+  Arch arch = Arch::Llama;
+  std::string arch_name;  // as written in the file ("llama", "qwen2", "mistral", ...)
+  std::string name;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int hidden = 0;
+  int intermediate = 0;
+  int vocab_size = 0;
+  int context_length = 0;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  RopeLayout rope_layout = RopeLayout::NeoX;
+  // Per-frequency divisors stored in a GGUF file (rope_freqs.weight, Llama 3.1 style); empty if none.
+  std::vector<float> rope_freq_factors;
+  double rms_eps = 1e-6;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;
+  int sliding_window = 0;  // Mistral v0.1 declares one; 0 = none
+
+  int gqa_group() const { return n_heads / n_kv_heads; }
+  // Checks internal consistency; `source` names the file in the error.
+  void validate(const std::string& source) const;
+};
+
+ModelConfig config_from_gguf(const GGUFFile& f);
+// Parses `<dir>/config.json`.
+ModelConfig config_from_hf_dir(const std::string& dir);
+
+std::string arch_name(Arch a);
+std::string rope_layout_name(RopeLayout l);
+std::string rope_scaling_name(RopeScaling::Type t);
+
+}  // namespace kvb

@@ -1,0 +1,139 @@
+#include "harness/tokenizer/chat_template.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "harness/model/gguf.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\n\r";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+// A ChatML template that injects a system turn writes it as a literal; the text between the
+// system header and <|im_end|> is the default system message (SmolLM2, Qwen2).
+std::string chatml_default_system(const std::string& jinja) {
+  for (const char* head : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
+    const size_t b = jinja.find(head);
+    if (b == std::string::npos) continue;
+    const size_t start = b + std::strlen(head);
+    const size_t e = jinja.find("<|im_end|>", start);
+    if (e == std::string::npos) continue;
+    const std::string s = jinja.substr(start, e - start);
+    // Only a literal counts; a template expression (message['content']) is not a default.
+    if (s.find("{{") == std::string::npos && s.find('\'') == std::string::npos) return s;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
+  ChatTemplate t;
+  if (contains(jinja, "<|im_start|>")) {
+    t.format_ = Format::ChatML;
+    t.default_system_ = chatml_default_system(jinja);
+  } else if (contains(jinja, "<|start_header_id|>")) {
+    t.format_ = Format::Llama3;
+  } else if (contains(jinja, "<<SYS>>")) {
+    t.format_ = Format::Llama2;
+  } else if (contains(jinja, "[INST]")) {
+    t.format_ = Format::Mistral;
+  } else {
+    return std::nullopt;
+  }
+  return t;
+}
+
+ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
+  std::string jinja, where;
+  if (model.gguf()) {
+    where = model.path() + ": tokenizer.chat_template";
+    jinja = model.gguf()->get_string_opt("tokenizer.chat_template").value_or("");
+  } else {
+    const auto cfg = std::filesystem::path(model.path()) / "tokenizer_config.json";
+    where = cfg.string() + ": chat_template";
+    std::ifstream in(cfg);
+    if (in) {
+      try {
+        const auto j = nlohmann::json::parse(in);
+        if (j.contains("chat_template") && j["chat_template"].is_string())
+          jinja = j["chat_template"].get<std::string>();
+      } catch (const nlohmann::json::exception& e) {
+        fail("{}: not valid JSON: {}", cfg.string(), e.what());
+      }
+    }
+  }
+  if (jinja.empty()) fail("{}: the model has no chat template; run without the chat template", where);
+  auto t = from_jinja(jinja);
+  if (!t)
+    fail("{}: chat template not recognised (supported: ChatML, Llama 3, Llama 2, Mistral)", where);
+  return *t;
+}
+
+std::string ChatTemplate::name() const {
+  switch (format_) {
+    case Format::ChatML: return "chatml";
+    case Format::Llama3: return "llama3";
+    case Format::Llama2: return "llama2";
+    case Format::Mistral: return "mistral";
+  }
+  return "?";
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt) const {
+  std::string out;
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  switch (format_) {
+    case Format::ChatML:
+      if (!has_system && !default_system_.empty())
+        out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      break;
+    case Format::Llama3:
+      out += "<|begin_of_text|>";
+      for (const auto& m : messages)
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      break;
+    case Format::Llama2:
+    case Format::Mistral: {
+      // Llama 2 folds the system message into the first user turn; Mistral prepends it plainly.
+      std::string system = has_system ? trim(messages[0].content) : "";
+      bool first_user = true;
+      for (size_t k = has_system ? 1 : 0; k < messages.size(); ++k) {
+        const auto& m = messages[k];
+        if (m.role == "user") {
+          std::string content = trim(m.content);
+          if (first_user && !system.empty())
+            content = format_ == Format::Llama2 ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content
+                                                : system + "\n\n" + content;
+          out += (format_ == Format::Llama2 || first_user ? "<s>" : "") + std::string("[INST] ") +
+                 content + " [/INST]";
+          first_user = false;
+        } else if (m.role == "assistant") {
+          out += (format_ == Format::Llama2 ? " " + trim(m.content) + " " : trim(m.content)) + "</s>";
+        } else {
+          fail("chat template {}: role '{}' is not supported after the first message", name(), m.role);
+        }
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace kvb

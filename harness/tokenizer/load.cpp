@@ -1,0 +1,58 @@
+// Chooses the tokenizer implementation for a model from what its files declare.
+#include <filesystem>
+
+#include "harness/model/gguf.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/bpe.hpp"
+#include "harness/tokenizer/spm.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+std::unique_ptr<Tokenizer> from_gguf(const GGUFFile& f) {
+  const std::string& model = f.get_string("tokenizer.ggml.model");
+  if (model == "gpt2") return std::make_unique<BpeTokenizer>(bpe_spec_from_gguf(f));
+  if (model == "llama") return SpmTokenizer::from_gguf(f);
+  fail("{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2' or 'llama')", f.path(),
+       model);
+}
+
+std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path json = fs::path(dir) / "tokenizer.json";
+  const fs::path spm = fs::path(dir) / "tokenizer.model";
+  // Byte-level BPE models are described by tokenizer.json. SentencePiece models ship a
+  // tokenizer.json too, in a form we do not read; their tokenizer.model is the reference for them.
+  if (fs::exists(json)) {
+    try {
+      return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(json.string()));
+    } catch (const Error&) {
+      if (!fs::exists(spm)) throw;
+    }
+  }
+  if (fs::exists(spm)) return SpmTokenizer::from_file(spm.string());
+  fail("{}: no tokenizer.json or tokenizer.model found", dir);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const ModelFile& model) {
+  if (model.gguf()) return from_gguf(*model.gguf());
+  return from_dir(model.path());
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) return from_dir(path);
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".gguf") return from_gguf(GGUFFile::open(path));
+  if (ext == ".json") return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(path));
+  if (ext == ".model") return SpmTokenizer::from_file(path);
+  fail("{}: unknown tokenizer file (expected .gguf, tokenizer.json, tokenizer.model or a model "
+       "directory)",
+       path);
+}
+
+}  // namespace kvb

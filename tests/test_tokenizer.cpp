@@ -1,0 +1,151 @@
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/bpe.hpp"
+#include "harness/tokenizer/chat_template.hpp"
+#include "harness/tokenizer/spm.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+
+namespace {
+
+// Compares every corpus line with the reference ids and checks that decoding gives the text back
+// (or the reference's own decode where the vocabulary cannot represent some bytes).
+void check_corpus(const Tokenizer& tok, const std::string& fixture_name) {
+  const auto lines = test::read_jsonl(test::fixture("tokenizer/" + fixture_name));
+  REQUIRE(lines.size() >= 2000);
+  size_t same = 0, round_trips = 0;
+  for (const auto& j : lines) {
+    const std::string text = j["text"];
+    const auto want = j["ids"].get<std::vector<int32_t>>();
+    const auto got = tok.encode(text);
+    if (got == want) {
+      ++same;
+    } else {
+      UNSCOPED_INFO("text: " << nlohmann::json(text).dump());
+      UNSCOPED_INFO("want: " << nlohmann::json(want).dump());
+      UNSCOPED_INFO("got:  " << nlohmann::json(got).dump());
+    }
+    const std::string expect_decoded = j.contains("decoded") ? j["decoded"].get<std::string>() : text;
+    std::string decoded = tok.decode(want);
+    // The references decode with replacement characters for invalid UTF-8; compare on valid lines.
+    if (!j.contains("decoded")) {
+      CHECK(decoded == expect_decoded);
+      ++round_trips;
+    }
+  }
+  INFO(fixture_name << ": " << same << " of " << lines.size() << " identical");
+  CHECK(same == lines.size());
+  CHECK(round_trips > lines.size() * 9 / 10);
+}
+
+}  // namespace
+
+TEST_CASE("SmolLM2 GGUF tokenizer matches the reference on the corpus", "[tokenizer][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  auto tok = load_tokenizer(*model);
+  CHECK(tok->kind() == "bpe (smollm)");
+  CHECK(tok->vocab_size() == 49152);
+  check_corpus(*tok, "smollm2_ids.jsonl");
+}
+
+TEST_CASE("Llama 3 tokenizer.json matches the reference on the corpus", "[tokenizer]") {
+  auto path = test::model_file("llama3-tokenizer/tokenizer.json");
+  if (!path) return;
+  auto tok = load_tokenizer_file(*path);
+  CHECK(tok->vocab_size() == 128256);
+  check_corpus(*tok, "llama3_ids.jsonl");
+  // This early Llama 3 tokenizer.json has no TemplateProcessing: alone it adds no BOS, as in
+  // transformers; tokenizer_config.json beside it supplies BOS and EOS.
+  CHECK_FALSE(tok->special().add_bos);
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "kvbench_llama3_tok";
+  fs::create_directories(dir);
+  fs::copy_file(*path, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": true})";
+  auto with_cfg = load_tokenizer_file(dir.string());
+  REQUIRE(with_cfg->special().bos);
+  CHECK(*with_cfg->special().bos == 128000);
+  CHECK(with_cfg->encode_prompt("Hi").front() == 128000);
+  CHECK(with_cfg->is_end_of_generation(128009));  // <|eot_id|>
+  CHECK(with_cfg->is_end_of_generation(128001));  // <|end_of_text|>
+  fs::remove_all(dir);
+}
+
+TEST_CASE("SmolLM2 special tokens, BOS/EOS and end-of-generation ids", "[tokenizer][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto tok = load_tokenizer(*ModelFile::open(*path));
+  const auto& s = tok->special();
+  CHECK(s.bos == 1);
+  CHECK(s.eos == 2);
+  CHECK_FALSE(s.add_bos);
+  CHECK(tok->is_end_of_generation(2));  // <|im_end|> ends a chat turn
+  CHECK(tok->is_end_of_generation(0));  // <|endoftext|>
+  CHECK(tok->encode("<|im_start|>") == std::vector<int32_t>{1});
+  // With special parsing off, the marker is ordinary text.
+  CHECK(tok->encode("<|im_start|>", false).size() > 1);
+  CHECK(tok->decode(std::vector<int32_t>{1, 2}) == "<|im_start|><|im_end|>");
+  CHECK(tok->decode(std::vector<int32_t>{1, 2}, true).empty());
+  CHECK(tok->encode_prompt("Hello") == tok->encode("Hello"));
+  test::require_error([&] { tok->encode(std::string("\xff\xfe")); }, {"invalid UTF-8", "byte 0"});
+  test::require_error([&] { tok->decode(std::vector<int32_t>{49152}); }, {"49152", "outside"});
+}
+
+TEST_CASE("SmolLM2 chat template renders like transformers", "[tokenizer][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  auto tmpl = ChatTemplate::for_model(*model);
+  auto tok = load_tokenizer(*model);
+  CHECK(tmpl.name() == "chatml");
+  CHECK(tmpl.default_system() == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  for (const auto& j : test::read_jsonl(test::fixture("tokenizer/smollm2_chat.jsonl"))) {
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : j["messages"]) msgs.push_back({m["role"], m["content"]});
+    const std::string text = tmpl.render(msgs, j["add_generation_prompt"]);
+    CHECK(text == j["text"].get<std::string>());
+    CHECK(tok->encode(text) == j["ids"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST_CASE("chat formats are recognised from their Jinja templates", "[tokenizer]") {
+  auto llama3 = ChatTemplate::from_jinja("{{ '<|start_header_id|>' + message['role'] }}");
+  REQUIRE(llama3);
+  CHECK(llama3->render({{"user", " Hi "}}, true) ==
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  auto llama2 = ChatTemplate::from_jinja("[INST] <<SYS>>");
+  REQUIRE(llama2);
+  CHECK(llama2->render({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}, false) ==
+        "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello </s><s>[INST] Bye [/INST]");
+  auto mistral = ChatTemplate::from_jinja("{{ '[INST] ' + message['content'] + ' [/INST]' }}");
+  REQUIRE(mistral);
+  CHECK(mistral->render({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}, true) ==
+        "<s>[INST] Hi [/INST]Hello</s>[INST] Bye [/INST]");
+  auto chatml = ChatTemplate::from_jinja("{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'}}");
+  REQUIRE(chatml);
+  CHECK(chatml->default_system().empty());
+  CHECK(chatml->render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK_FALSE(ChatTemplate::from_jinja("{{ messages }}"));
+}
+
+TEST_CASE("pre-tokenizer presets and BPE merge order", "[tokenizer]") {
+  // A toy byte-level vocabulary: single bytes plus merges "a b" (rank 0), "ab c" (rank 1).
+  BpeSpec s;
+  s.name = "gpt2";
+  s.splits = pre_tokenizer_preset("gpt2");
+  for (const char* t : {"a", "b", "c", "Ġ", "ab", "abc", "Ġa"}) s.vocab.push_back(t);
+  s.merges = {{"a", "b"}, {"ab", "c"}, {"Ġ", "a"}};
+  BpeTokenizer tok(s);
+  CHECK(tok.encode("abc") == std::vector<int32_t>{5});
+  CHECK(tok.encode("abcab") == std::vector<int32_t>{5, 4});
+  // " abc" is Ġ a b c: "a b" (rank 0) then "ab c" (rank 1) win over "Ġ a" (rank 2).
+  CHECK(tok.encode("a abc") == std::vector<int32_t>{0, 3, 5});
+  CHECK(tok.decode(tok.encode("a abc")) == "a abc");
+  CHECK(tok.encode("x").empty());  // no byte for 'x' and no unk token: dropped like the reference
+  test::require_error([] { pre_tokenizer_preset("nonsense"); }, {"nonsense", "supported"});
+}

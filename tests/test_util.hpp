@@ -1,0 +1,62 @@
+#pragma once
+// Shared helpers for the Catch2 tests: fixture paths, JSONL reading, and access to the model files
+// that scripts/setup.sh fetches (tests needing them skip with a warning when they are absent, and
+// fail instead when KVBENCH_REQUIRE_MODELS=1, as CI sets it).
+#include <catch2/catch.hpp>
+
+#include "harness/util/error.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvb::test {
+
+inline std::string source_path(const std::string& rel) {
+  return std::string(KVBENCH_SOURCE_DIR) + "/" + rel;
+}
+
+inline std::string fixture(const std::string& rel) { return source_path("tests/fixtures/" + rel); }
+
+inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Path of a file under models/ (or $KVBENCH_MODELS), or nullopt after a warning if it is absent.
+inline std::optional<std::string> model_file(const std::string& rel) {
+  const char* dir = std::getenv("KVBENCH_MODELS");
+  const std::string path = (dir ? std::string(dir) : source_path("models")) + "/" + rel;
+  if (std::filesystem::exists(path)) return path;
+  const char* req = std::getenv("KVBENCH_REQUIRE_MODELS");
+  if (req && std::string(req) == "1") FAIL("missing " << path << " (run scripts/setup.sh)");
+  WARN("skipped: " << path << " is absent (run scripts/setup.sh)");
+  return std::nullopt;
+}
+
+inline const char* kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// Runs f and checks it throws kvb::Error whose message contains every fragment.
+template <typename F>
+void require_error(F&& f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+  } catch (const kvb::Error& e) {
+    const std::string msg = e.what();
+    INFO("message: " << msg);
+    for (const auto& frag : fragments) CHECK(msg.find(frag) != std::string::npos);
+    return;
+  }
+  FAIL("expected kvb::Error mentioning " << *fragments.begin());
+}
+
+}  // namespace kvb::test
