@@ -1,3 +1,4 @@
+#include "harness/model/gguf_writer.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/bpe.hpp"
 #include "harness/tokenizer/chat_template.hpp"
@@ -125,7 +126,7 @@ TEST_CASE("chat formats are recognised from their Jinja templates", "[tokenizer]
   auto mistral = ChatTemplate::from_jinja("{{ '[INST] ' + message['content'] + ' [/INST]' }}");
   REQUIRE(mistral);
   CHECK(mistral->render({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}, true) ==
-        "<s>[INST] Hi [/INST]Hello</s>[INST] Bye [/INST]");
+        "<s>[INST] Hi [/INST] Hello</s>[INST] Bye [/INST]");
   auto chatml = ChatTemplate::from_jinja("{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'}}");
   REQUIRE(chatml);
   CHECK(chatml->default_system().empty());
@@ -148,4 +149,45 @@ TEST_CASE("pre-tokenizer presets and BPE merge order", "[tokenizer]") {
   CHECK(tok.decode(tok.encode("a abc")) == "a abc");
   CHECK(tok.encode("x").empty());  // no byte for 'x' and no unk token: dropped like the reference
   test::require_error([] { pre_tokenizer_preset("nonsense"); }, {"nonsense", "supported"});
+}
+
+TEST_CASE("Mistral SentencePiece tokenizer matches the reference on the corpus", "[tokenizer]") {
+  auto path = test::model_file("mistral-tokenizer/tokenizer.model");
+  if (!path) return;
+  auto tok = SpmTokenizer::from_file(*path);
+  CHECK(tok->vocab_size() == 32000);
+  check_corpus(*tok, "mistral_ids.jsonl");
+  CHECK(tok->special().bos == 1);
+  CHECK(tok->special().add_bos);
+  CHECK(tok->encode_prompt("Hi").front() == 1);
+  CHECK(tok->is_end_of_generation(2));
+  auto tmpl = ChatTemplate::from_jinja("[INST]");
+  REQUIRE(tmpl);
+  for (const auto& j : test::read_jsonl(test::fixture("tokenizer/mistral_chat.jsonl"))) {
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : j["messages"]) msgs.push_back({m["role"], m["content"]});
+    const std::string text = tmpl->render(msgs, true);
+    CHECK(text == j["text"].get<std::string>());
+    CHECK(tok->encode(text) == j["ids"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST_CASE("a SentencePiece vocabulary stored GGUF-style tokenizes like its model file", "[tokenizer]") {
+  auto path = test::model_file("mistral-tokenizer/tokenizer.model");
+  if (!path) return;
+  auto ref = SpmTokenizer::from_file(*path);
+  const auto v = ref->vocab();
+  GGUFWriter w;
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_string_array("tokenizer.ggml.tokens", v.pieces);
+  std::vector<GGUFValue> scores;
+  for (float s : v.scores) scores.push_back(GGUFWriter::scalar(GGUFType::F32, s));
+  w.add("tokenizer.ggml.scores", GGUFWriter::array(GGUFType::F32, scores));
+  w.add_int32_array("tokenizer.ggml.token_type", v.types);
+  w.add_uint32("tokenizer.ggml.bos_token_id", 1);
+  w.add_uint32("tokenizer.ggml.eos_token_id", 2);
+  const auto bytes = w.bytes();
+  auto tok = SpmTokenizer::from_gguf(GGUFFile::parse(bytes, "mistral-vocab.gguf"));
+  CHECK(tok->special().add_bos);
+  check_corpus(*tok, "mistral_ids.jsonl");
 }

@@ -111,21 +111,23 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
       break;
     case Format::Llama2:
     case Format::Mistral: {
-      // Llama 2 folds the system message into the first user turn; Mistral prepends it plainly.
-      std::string system = has_system ? trim(messages[0].content) : "";
+      // Llama 2 trims turns and folds the system message into the first user turn inside <<SYS>>;
+      // Mistral (as its reference tokenizer, mistral_common, renders v1) keeps turns verbatim,
+      // prepends the system message to the first user turn and puts a space before each answer.
+      const bool llama2 = format_ == Format::Llama2;
+      auto text = [&](const std::string& s) { return llama2 ? trim(s) : s; };
+      const std::string system = has_system ? text(messages[0].content) : "";
       bool first_user = true;
       for (size_t k = has_system ? 1 : 0; k < messages.size(); ++k) {
         const auto& m = messages[k];
         if (m.role == "user") {
-          std::string content = trim(m.content);
+          std::string content = text(m.content);
           if (first_user && !system.empty())
-            content = format_ == Format::Llama2 ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content
-                                                : system + "\n\n" + content;
-          out += (format_ == Format::Llama2 || first_user ? "<s>" : "") + std::string("[INST] ") +
-                 content + " [/INST]";
+            content = llama2 ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content : system + "\n\n" + content;
+          out += (llama2 || first_user ? "<s>" : "") + std::string("[INST] ") + content + " [/INST]";
           first_user = false;
         } else if (m.role == "assistant") {
-          out += (format_ == Format::Llama2 ? " " + trim(m.content) + " " : trim(m.content)) + "</s>";
+          out += " " + text(m.content) + (llama2 ? " </s>" : "</s>");
         } else {
           fail("chat template {}: role '{}' is not supported after the first message", name(), m.role);
         }

@@ -145,6 +145,16 @@ std::unique_ptr<SpmTokenizer> SpmTokenizer::from_gguf(const GGUFFile& f) {
   return t;
 }
 
+SpmTokenizer::Vocab SpmTokenizer::vocab() const {
+  Vocab v;
+  for (int id = 0; id < sp_->GetPieceSize(); ++id) {
+    v.pieces.push_back(sp_->IdToPiece(id));
+    v.scores.push_back(sp_->GetScore(id));
+    v.types.push_back(sp_->IsUnknown(id) ? 2 : sp_->IsControl(id) ? 3 : sp_->IsUnused(id) ? 5 : sp_->IsByte(id) ? 6 : 1);
+  }
+  return v;
+}
+
 int32_t SpmTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 
 std::string SpmTokenizer::token_text(int32_t id) const {

@@ -23,6 +23,14 @@ class SpmTokenizer : public Tokenizer {
   static std::unique_ptr<SpmTokenizer> from_file(const std::string& path);
   static std::unique_ptr<SpmTokenizer> from_gguf(const GGUFFile& f);
 
+  // The vocabulary in GGUF's form (tokenizer.ggml.tokens / scores / token_type).
+  struct Vocab {
+    std::vector<std::string> pieces;
+    std::vector<float> scores;
+    std::vector<int32_t> types;  // 1 normal, 2 unknown, 3 control, 5 unused, 6 byte
+  };
+  Vocab vocab() const;
+
   int32_t vocab_size() const override;
   std::string token_text(int32_t id) const override;
   std::string kind() const override { return "sentencepiece"; }

@@ -1,0 +1,133 @@
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "harness/model/model_file.hpp"
+#include "harness/model/safetensors.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// 8-byte little-endian header length, header text, data.
+std::vector<uint8_t> raw_file(const std::string& h, const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> out(8 + h.size() + data.size());
+  const uint64_t n = h.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, h.data(), h.size());
+  if (!data.empty()) std::memcpy(out.data() + 8 + h.size(), data.data(), data.size());
+  return out;
+}
+
+std::vector<uint8_t> make_file(const json& header, const std::vector<uint8_t>& data) {
+  return raw_file(header.dump(), data);
+}
+
+json tensor(const char* dtype, std::vector<uint64_t> shape, uint64_t b, uint64_t e) {
+  return {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {b, e}}};
+}
+
+}  // namespace
+
+TEST_CASE("a sharded model written by the safetensors package loads with canonical names",
+          "[safetensors]") {
+  const std::string dir = test::fixture("safetensors/tiny_llama");
+  auto m = ModelFile::open(dir);
+  const ModelConfig& c = m->config();
+  CHECK(c.arch == Arch::Llama);
+  CHECK(c.n_layers == 2);
+  CHECK(c.n_heads == 4);
+  CHECK(c.n_kv_heads == 2);
+  CHECK(c.head_dim == 4);
+  CHECK(c.rope_layout == RopeLayout::NeoX);
+  CHECK(c.rope_scaling.type == RopeScaling::Type::Llama3);
+  CHECK(c.rope_scaling.original_context == 128);
+  CHECK_FALSE(c.tied_embeddings);
+  m->validate_tensors();
+
+  std::ifstream in(dir + "/expected.json");
+  const json expected = json::parse(in);
+  size_t checked = 0;
+  for (const auto& [hf_name, e] : expected.items()) {
+    INFO(hf_name);
+    const auto canon = canonical_tensor_name(hf_name);
+    REQUIRE(canon);
+    const TensorRef& t = m->tensor(*canon);
+    CHECK(dtype_name(t.type) == e["dtype"].get<std::string>());
+    auto shape = e["shape"].get<std::vector<uint64_t>>();
+    CHECK(t.ne == std::vector<uint64_t>(shape.rbegin(), shape.rend()));
+    const auto v = m->load_f32(*canon);
+    const auto bits = e["bits"].get<std::vector<uint32_t>>();
+    REQUIRE(v.size() == bits.size());
+    for (size_t i = 0; i < v.size(); ++i) REQUIRE(std::bit_cast<uint32_t>(v[i]) == bits[i]);
+    ++checked;
+  }
+  CHECK(checked == 21);
+}
+
+TEST_CASE("safetensors header validation", "[safetensors]") {
+  auto parse = [](const std::vector<uint8_t>& b) { return SafetensorsFile::parse(b, "x.safetensors"); };
+  const std::vector<uint8_t> data(24);
+  {
+    auto f = parse(make_file({{"w", tensor("F32", {2, 3}, 0, 24)}, {"__metadata__", {{"k", "v"}}}}, data));
+    REQUIRE(f.tensors().size() == 1);
+    CHECK(f.tensors()[0].shape == std::vector<uint64_t>{2, 3});
+    CHECK(f.metadata().at("k") == "v");
+  }
+  test::require_error([&] { parse({1, 2, 3}); }, {"x.safetensors", "8-byte"});
+  {
+    auto b = make_file({{"w", tensor("F32", {2, 3}, 0, 24)}}, data);
+    b.resize(20);
+    test::require_error([&] { parse(b); }, {"header length", "truncated"});
+  }
+  {
+    auto b = make_file({{"w", tensor("F32", {2, 3}, 0, 24)}}, data);
+    b.resize(b.size() - 1);
+    test::require_error([&] { parse(b); }, {"'w'", "truncated"});
+  }
+  test::require_error([&] { parse(make_file({{"w", tensor("Q7", {2}, 0, 8)}}, data)); }, {"'w'", "dtype 'Q7'"});
+  test::require_error([&] { parse(make_file({{"w", tensor("F32", {2, 3}, 0, 20)}}, data)); }, {"'w'", "needs 24"});
+  test::require_error([&] { parse(make_file({{"w", tensor("F16", {4}, 0, 8)}, {"v", tensor("F16", {4}, 4, 12)}}, data)); },
+                      {"overlap"});
+  test::require_error([&] { parse(make_file({{"w", {{"dtype", "F32"}}}}, data)); }, {"'w'", "data_offsets"});
+  test::require_error([&] { parse(make_file(json::array({1, 2}), data)); }, {"JSON object"});
+  test::require_error([&] { parse(raw_file("{not json", data)); }, {"not valid JSON"});
+}
+
+TEST_CASE("model directory errors name the file", "[safetensors]") {
+  const fs::path dir = fs::temp_directory_path() / "kvbench_st_errors";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json"});
+  std::ofstream(dir / "config.json") << R"({"model_type": "gpt_neox"})";
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json", "gpt_neox"});
+  std::ofstream(dir / "config.json") << R"({"model_type": "llama", "num_hidden_layers": "two"})";
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"num_hidden_layers", "integer"});
+  // A complete config but a shard index that names a missing file.
+  fs::copy_file(test::fixture("safetensors/tiny_llama/config.json"), dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"lm_head.weight": "gone.safetensors"}})";
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"gone.safetensors"});
+  fs::remove(dir / "model.safetensors.index.json");
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"no model.safetensors"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
+  const fs::path dir = fs::temp_directory_path() / "kvbench_st_shapes";
+  fs::remove_all(dir);
+  fs::copy(test::fixture("safetensors/tiny_llama"), dir);
+  auto cfg = json::parse(std::ifstream(dir / "config.json"));
+  cfg["intermediate_size"] = 25;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto m = ModelFile::open(dir.string());
+  test::require_error([&] { m->validate_tensors(); }, {"ffn_gate.weight", "expected [16, 25]"});
+  cfg["num_key_value_heads"] = 3;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});
+  fs::remove_all(dir);
+}
