@@ -119,8 +119,10 @@ void parse_pre_tokenizer(const json& j, BpeSpec& s, const std::string& file) {
     for (const auto& p : j.at("pretokenizers")) parse_pre_tokenizer(p, s, file);
   } else if (type == "ByteLevel") {
     s.byte_level = true;
-    s.add_prefix_space = j.value("add_prefix_space", false);
-    if (j.value("use_regex", true)) s.splits.push_back({kGpt2Regex});
+    PreSplit p;
+    if (j.value("use_regex", true)) p.pattern = kGpt2Regex;
+    p.prefix_space = j.value("add_prefix_space", true);
+    if (!p.pattern.empty() || p.prefix_space) s.splits.push_back(std::move(p));
   } else if (type == "Digits") {
     s.splits.push_back({j.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)"});
   } else if (type == "Split") {
@@ -297,7 +299,6 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       splits_(std::move(spec.splits)),
       nfc_(spec.nfc),
       byte_level_(spec.byte_level),
-      add_prefix_space_(spec.add_prefix_space),
       ignore_merges_(spec.ignore_merges),
       byte_fallback_(spec.byte_fallback),
       model_unk_(spec.model_unk) {
@@ -316,7 +317,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     merges_.insert_or_assign(pair_key(ia->second, ib->second),
                              std::make_pair(static_cast<int32_t>(r), im->second));
   }
-  for (const auto& p : splits_) regexes_.push_back(std::make_unique<Regex>(p.pattern));
+  for (const auto& p : splits_)
+    regexes_.push_back(p.pattern.empty() ? nullptr : std::make_unique<Regex>(p.pattern));
   byte_token_.fill(-1);
   if (byte_fallback_)
     for (int b = 0; b < 256; ++b) {
@@ -338,7 +340,12 @@ std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const
   for (size_t k = 0; k < splits_.size(); ++k) {
     const PreSplit& sp = splits_[k];
     std::vector<std::string> next;
-    for (const auto& piece : pieces) {
+    for (auto& piece : pieces) {
+      if (sp.prefix_space && (piece.empty() || piece[0] != ' ')) piece.insert(piece.begin(), ' ');
+      if (!regexes_[k]) {
+        next.push_back(std::move(piece));
+        continue;
+      }
       size_t prev = 0;
       auto keep = [&](size_t b, size_t e, bool is_match) {
         if (e <= b) return;
@@ -361,8 +368,7 @@ std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const
 void BpeTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
   const std::string normalized = nfc_ ? nfc(text) : std::string(text);
   const auto& bl = ByteLevelMap::get();
-  for (auto& piece : pre_tokenize(normalized)) {
-    if (add_prefix_space_ && !piece.empty() && piece[0] != ' ') piece.insert(piece.begin(), ' ');
+  for (const auto& piece : pre_tokenize(normalized)) {
     if (!byte_level_) {
       bpe_word(piece, out);
       continue;

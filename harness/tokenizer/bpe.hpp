@@ -18,11 +18,15 @@ namespace kvb {
 
 class GGUFFile;
 
+// One pre-tokenizer step, applied to every piece the previous steps produced.
 struct PreSplit {
   enum class Behavior { Isolated, Removed };
-  std::string pattern;
+  std::string pattern;  // empty: no split
   Behavior behavior = Behavior::Isolated;
   bool invert = false;  // the pattern describes the pieces rather than the delimiters
+  // Prepend a space to each incoming piece that does not start with one (ByteLevel's
+  // add_prefix_space, which acts on the pieces that reach it, before its own regex split).
+  bool prefix_space = false;
 };
 
 struct BpeSpec {
@@ -34,7 +38,6 @@ struct BpeSpec {
   bool nfc = false;          // NFC-normalise text before pre-tokenizing (Qwen2)
   std::vector<PreSplit> splits;
   bool byte_level = true;    // map bytes to GPT-2's printable stand-ins before BPE
-  bool add_prefix_space = false;
   bool ignore_merges = false;  // a pre-token found whole in the vocabulary is emitted as is
   bool byte_fallback = false;  // unknown pieces become <0xXX> byte tokens
   // What a character missing from the vocabulary becomes: the BPE model's own unk token if it
@@ -72,9 +75,9 @@ class BpeTokenizer : public Tokenizer {
   std::unordered_map<std::string, int32_t> ids_;
   // (left id, right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
-  std::vector<std::unique_ptr<Regex>> regexes_;
+  std::vector<std::unique_ptr<Regex>> regexes_;  // null where a step does not split
   std::vector<PreSplit> splits_;
-  bool nfc_, byte_level_, add_prefix_space_, ignore_merges_, byte_fallback_;
+  bool nfc_, byte_level_, ignore_merges_, byte_fallback_;
   std::optional<int32_t> model_unk_;
   std::array<int32_t, 256> byte_token_{};  // <0xXX> token ids for byte fallback, -1 if absent
 };

@@ -2,6 +2,7 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -32,6 +33,46 @@ void append_utf8(std::string& out, uint32_t cp) {
   utf8proc_uint8_t buf[4];
   const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
   out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+}
+
+std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    size_t k = 1;
+    while (k <= need && i + k < s.size()) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      const bool ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+      if (!ok) break;
+      ++k;
+    }
+    if (need > 0 && k == need + 1) {
+      out.append(s, i, k);
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+    i += (need > 0 && k == need + 1) ? k : std::max<size_t>(k, 1);
+  }
+  return out;
 }
 
 std::string nfc(std::string_view s) {

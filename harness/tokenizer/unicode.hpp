@@ -23,6 +23,10 @@ void require_utf8(std::string_view s, std::string_view what);
 
 void append_utf8(std::string& out, uint32_t cp);
 
+// Replaces each maximal ill-formed subsequence with U+FFFD, as Unicode recommends and as Rust's
+// String::from_utf8_lossy (the Hugging Face decoders) and Python's errors="replace" do.
+std::string utf8_lossy(std::string_view s);
+
 // Unicode canonical composition (NFC), as Hugging Face's NFC normalizer applies it.
 std::string nfc(std::string_view s);
 

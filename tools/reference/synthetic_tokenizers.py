@@ -29,6 +29,7 @@ Files written to --outdir (default tests/fixtures/tokenizer/synthetic/). Each
   split_invert.json    Sequence[Split(Regex \\p{L}+, Isolated, invert=True),
                                 ByteLevel(add_prefix_space=True (the default),
                                           use_regex=False)]
+  manifest.json        line/token counts per file, package versions, corpus sha256
 
 Every file has a ByteLevel decoder, no post-processor, and the control tokens
 as special added tokens. For each <name>.json there is also <name>_ids.jsonl,
@@ -49,10 +50,12 @@ Usage (from the repo root):
 """
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import unicodedata
+from importlib.metadata import version as pkg_version
 
 import gguf
 from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
@@ -211,6 +214,11 @@ def configs():
     ]
 
 
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def write_jsonl(path, rows):
     with open(path, "w", encoding="ascii", newline="\n") as f:
         for r in rows:
@@ -251,6 +259,15 @@ def main():
         assert unicodedata.normalize("NFC", t) != t, ascii(t)
 
     os.makedirs(args.outdir, exist_ok=True)
+    manifest = {
+        "generator": "tools/reference/synthetic_tokenizers.py",
+        "versions": {"tokenizers": pkg_version("tokenizers"), "gguf": pkg_version("gguf"),
+                     "python": sys.version.split()[0]},
+        "corpus_sha256": sha256_file(args.corpus),
+        "corpus_lines_used": "first %d" % len(texts) if args.lines else "all %d" % len(texts),
+        "reduced_vocab": stats,
+        "files": [],
+    }
     for name, cfg in configs():
         tk = make_tokenizer(vocab, kept_merges, controls, **cfg)
         tk_path = os.path.join(args.outdir, name + ".json")
@@ -274,8 +291,15 @@ def main():
             rows.append(row)
         ids_path = os.path.join(args.outdir, name + "_ids.jsonl")
         write_jsonl(ids_path, rows)
+        manifest["files"].append({
+            "name": name, "tokenizer_file": name + ".json", "ids_file": name + "_ids.jsonl",
+            "lines": len(rows), "corpus_lines": len(texts),
+            "extra_lines": len(rows) - len(texts), "tokens": n_tok, "decoded_lines": n_dec})
         print("%-15s %7d bytes json, %7d bytes ids, %d lines, %d tokens, %d with decoded"
               % (name, os.path.getsize(tk_path), os.path.getsize(ids_path), len(rows), n_tok, n_dec))
+
+    with open(os.path.join(args.outdir, "manifest.json"), "w", encoding="ascii", newline="\n") as f:
+        f.write(json.dumps(manifest, ensure_ascii=True, indent=1) + "\n")
 
 
 if __name__ == "__main__":

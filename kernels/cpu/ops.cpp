@@ -1,0 +1,179 @@
+#include "kernels/cpu/ops.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvb {
+
+void linear_ref(const float* x, const float* w, const float* bias, int n, int in, int out, float* y) {
+  for (int i = 0; i < n; ++i)
+    for (int o = 0; o < out; ++o) {
+      double acc = bias ? bias[o] : 0.0;
+      for (int k = 0; k < in; ++k) acc += static_cast<double>(x[size_t(i) * in + k]) * w[size_t(o) * in + k];
+      y[size_t(i) * out + o] = static_cast<float>(acc);
+    }
+}
+
+void linear(const float* x, const float* w, const float* bias, int n, int in, int out, float* y) {
+  if (n == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, 0.0f, y, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  }
+  if (bias) {
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int i = 0; i < n; ++i)
+      for (int o = 0; o < out; ++o) y[size_t(i) * out + o] += bias[o];
+  }
+}
+
+void rmsnorm_ref(const float* x, const float* w, int n, int dim, float eps, float* y) {
+  for (int i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int k = 0; k < dim; ++k) ss += static_cast<double>(x[size_t(i) * dim + k]) * x[size_t(i) * dim + k];
+    const double r = 1.0 / std::sqrt(ss / dim + eps);
+    for (int k = 0; k < dim; ++k) y[size_t(i) * dim + k] = static_cast<float>(x[size_t(i) * dim + k] * r * w[k]);
+  }
+}
+
+void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y) {
+#pragma omp parallel for schedule(static) if (n > 4)
+  for (int i = 0; i < n; ++i) {
+    const float* xi = x + size_t(i) * dim;
+    float* yi = y + size_t(i) * dim;
+    float ss = 0;
+    for (int k = 0; k < dim; ++k) ss += xi[k] * xi[k];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    for (int k = 0; k < dim; ++k) yi[k] = xi[k] * r * w[k];
+  }
+}
+
+void swiglu_ref(const float* gate, const float* up, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void swiglu(const float* gate, const float* up, size_t n, float* out) {
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+namespace {
+
+// Index pairs rotated together for dimension pair i of a head of size d.
+inline std::pair<int, int> rope_pair(int i, int d, RopeStyle s) {
+  return s == RopeStyle::Interleaved ? std::pair{2 * i, 2 * i + 1} : std::pair{i, i + d / 2};
+}
+
+inline void rotate(float* h, int a, int b, float c, float s) {
+  const float x0 = h[a], x1 = h[b];
+  h[a] = x0 * c - x1 * s;
+  h[b] = x0 * s + x1 * c;
+}
+
+}  // namespace
+
+void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq,
+              RopeStyle style) {
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < heads; ++h) {
+      float* hv = x + (size_t(t) * heads + h) * d;
+      for (int i = 0; i < d / 2; ++i) {
+        const double angle = static_cast<double>(pos[t]) * inv_freq[i];
+        const auto [a, b] = rope_pair(i, d, style);
+        rotate(hv, a, b, static_cast<float>(std::cos(angle)), static_cast<float>(std::sin(angle)));
+      }
+    }
+}
+
+RopeTable::RopeTable(std::vector<float> inv_freq, RopeStyle style)
+    : inv_freq_(std::move(inv_freq)), style_(style) {}
+
+void RopeTable::ensure(int max_pos) {
+  if (max_pos < rows_) return;
+  const int half = static_cast<int>(inv_freq_.size());
+  const int rows = std::max(max_pos + 1, rows_ * 2);
+  cos_.resize(size_t(rows) * half);
+  sin_.resize(size_t(rows) * half);
+  for (int p = rows_; p < rows; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq_[i];
+      cos_[size_t(p) * half + i] = static_cast<float>(std::cos(angle));
+      sin_[size_t(p) * half + i] = static_cast<float>(std::sin(angle));
+    }
+  rows_ = rows;
+}
+
+void RopeTable::apply(float* x, int n, int heads, int d, const int32_t* pos) const {
+  const int half = d / 2;
+#pragma omp parallel for schedule(static) if (n > 4)
+  for (int t = 0; t < n; ++t) {
+    const float* c = cos_.data() + size_t(pos[t]) * half;
+    const float* s = sin_.data() + size_t(pos[t]) * half;
+    for (int h = 0; h < heads; ++h) {
+      float* hv = x + (size_t(t) * heads + h) * d;
+      for (int i = 0; i < half; ++i) {
+        const auto [a, b] = rope_pair(i, d, style_);
+        rotate(hv, a, b, c[i], s[i]);
+      }
+    }
+  }
+}
+
+void softmax_inplace(float* x, int n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) m = std::max(m, x[i]);
+  float sum = 0;
+  for (int i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv,
+                   int d, const int32_t* q_pos, const int32_t* k_pos, float* out) {
+  const int group = hq / hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> s(nk);
+  for (int i = 0; i < nq; ++i)
+    for (int h = 0; h < hq; ++h) {
+      const int g = h / group;
+      const float* qi = q + (size_t(i) * hq + h) * d;
+      double m = -std::numeric_limits<double>::infinity();
+      for (int j = 0; j < nk; ++j) {
+        if (k_pos[j] > q_pos[i]) {
+          s[j] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
+        const float* kj = k + (size_t(j) * hkv + g) * d;
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * kj[c];
+        s[j] = dot * scale;
+        m = std::max(m, s[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j < nk; ++j) {
+        s[j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - m);
+        sum += s[j];
+      }
+      float* oi = out + (size_t(i) * hq + h) * d;
+      for (int c = 0; c < d; ++c) {
+        double acc = 0;
+        for (int j = 0; j < nk; ++j)
+          if (s[j] != 0.0) acc += s[j] * v[(size_t(j) * hkv + g) * d + c];
+        oi[c] = static_cast<float>(acc / sum);
+      }
+    }
+}
+
+}  // namespace kvb

@@ -1,0 +1,55 @@
+#pragma once
+// CPU kernels of the transformer. Each has a plain reference (`*_ref`, loops written for clarity)
+// and the fast version the engine uses (BLAS GEMM, OpenMP, precomputed tables); tests compare them.
+// Layouts are row-major: activations [n_tokens, dim], weights [out, in] (y = x W^T).
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvb {
+
+// y[n, out] = x[n, in] W[out, in]^T (+ bias[out]).
+void linear_ref(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
+void linear(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
+
+// Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.
+void rmsnorm_ref(const float* x, const float* w, int n, int dim, float eps, float* y);
+void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y);
+
+// out = silu(gate) * up, elementwise.
+void swiglu_ref(const float* gate, const float* up, size_t n, float* out);
+void swiglu(const float* gate, const float* up, size_t n, float* out);
+
+// Rotary embedding in place on x[n, heads, d] for token positions pos[n], given inverse frequencies
+// inv_freq[d/2]. Interleaved rotates (2i, 2i+1); NeoX rotates (i, i + d/2).
+enum class RopeStyle { Interleaved, NeoX };
+void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq,
+              RopeStyle style);
+
+// Precomputed cos/sin per position, the fast path; angles are computed in double like rope_ref and
+// rounded once, so both give the same bits.
+class RopeTable {
+ public:
+  RopeTable(std::vector<float> inv_freq, RopeStyle style);
+  void apply(float* x, int n, int heads, int d, const int32_t* pos) const;
+  void ensure(int max_pos);  // grows the table; call before apply from a single thread
+  RopeStyle style() const { return style_; }
+  std::span<const float> inv_freq() const { return inv_freq_; }
+
+ private:
+  std::vector<float> inv_freq_;
+  RopeStyle style_;
+  int rows_ = 0;
+  std::vector<float> cos_, sin_;  // [rows, d/2]
+};
+
+// Causal multi-head attention with grouped K/V heads, reference: q[nq, Hq, d], k/v[nk, Hkv, d];
+// query i sits at position q_pos[i], key j at k_pos[j]; a query sees keys with k_pos <= q_pos.
+void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv,
+                   int d, const int32_t* q_pos, const int32_t* k_pos, float* out);
+
+// Softmax over x[n] in place (max-subtracted, exact exp).
+void softmax_inplace(float* x, int n);
+
+}  // namespace kvb
