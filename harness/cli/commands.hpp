@@ -5,5 +5,6 @@
 namespace kvb::cli {
 
 void register_model_commands(CLI::App& app);
+void register_engine_commands(CLI::App& app);
 
 }  // namespace kvb::cli

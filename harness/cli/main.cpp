@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvbench 0.1.0");
   kvb::cli::register_model_commands(app);
+  kvb::cli::register_engine_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

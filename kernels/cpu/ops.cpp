@@ -87,7 +87,7 @@ void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<c
     for (int h = 0; h < heads; ++h) {
       float* hv = x + (size_t(t) * heads + h) * d;
       for (int i = 0; i < d / 2; ++i) {
-        const double angle = static_cast<double>(pos[t]) * inv_freq[i];
+        const double angle = static_cast<float>(pos[t]) * inv_freq[i];
         const auto [a, b] = rope_pair(i, d, style);
         rotate(hv, a, b, static_cast<float>(std::cos(angle)), static_cast<float>(std::sin(angle)));
       }
@@ -105,7 +105,7 @@ void RopeTable::ensure(int max_pos) {
   sin_.resize(size_t(rows) * half);
   for (int p = rows_; p < rows; ++p)
     for (int i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * inv_freq_[i];
+      const double angle = static_cast<float>(p) * inv_freq_[i];
       cos_[size_t(p) * half + i] = static_cast<float>(std::cos(angle));
       sin_[size_t(p) * half + i] = static_cast<float>(std::sin(angle));
     }

@@ -27,8 +27,8 @@ enum class RopeStyle { Interleaved, NeoX };
 void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq,
               RopeStyle style);
 
-// Precomputed cos/sin per position, the fast path; angles are computed in double like rope_ref and
-// rounded once, so both give the same bits.
+// Precomputed cos/sin per position, the fast path. Like rope_ref (and Hugging Face), the angle is the
+// float32 product position x frequency; its cosine and sine are then rounded once from double.
 class RopeTable {
  public:
   RopeTable(std::vector<float> inv_freq, RopeStyle style);

@@ -1,0 +1,148 @@
+#include "harness/cache/layer_cache.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+void DenseSegment::append(const float* k, const float* v, int32_t pos) {
+  k_.insert(k_.end(), k, k + d_);
+  v_.insert(v_.end(), v, v + d_);
+  pos_.push_back(pos);
+}
+
+void DenseSegment::reserve(size_t tokens) {
+  k_.reserve(tokens * d_);
+  v_.reserve(tokens * d_);
+  pos_.reserve(tokens);
+}
+
+void DenseSegment::logits(const float* q, float* scores) const {
+  const int n = static_cast<int>(size());
+  if (n == 0) return;
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, n, d_, 1.0f, k_.data(), d_, q, 1, 0.0f, scores, 1);
+}
+
+void DenseSegment::accumulate(const float* p, float* acc) const {
+  const int n = static_cast<int>(size());
+  if (n == 0) return;
+  cblas_sgemv(CblasRowMajor, CblasTrans, n, d_, 1.0f, v_.data(), d_, p, 1, 1.0f, acc, 1);
+}
+
+LayerCache::LayerCache(int n_query_heads, int n_cache_heads, int head_dim)
+    : n_q_(n_query_heads), d_(head_dim), heads_(n_cache_heads) {
+  if (n_cache_heads <= 0 || n_query_heads % n_cache_heads != 0)
+    fail("LayerCache: {} query heads cannot share {} cache heads", n_query_heads, n_cache_heads);
+}
+
+DenseSegment& LayerCache::tail(int head) {
+  auto& segs = heads_[head];
+  if (segs.empty() || segs.back()->format() != "dense") segs.push_back(std::make_unique<DenseSegment>(d_));
+  return static_cast<DenseSegment&>(*segs.back());
+}
+
+void LayerCache::append(const float* k, const float* v, int32_t pos) {
+  for (int h = 0; h < n_cache_heads(); ++h) tail(h).append(k + size_t(h) * d_, v + size_t(h) * d_, pos);
+}
+
+void LayerCache::append_many(const float* k, const float* v, int n, const int32_t* pos) {
+  const int hc = n_cache_heads();
+  for (int h = 0; h < hc; ++h) {
+    DenseSegment& seg = tail(h);
+    seg.reserve(seg.size() + n);
+    for (int t = 0; t < n; ++t) {
+      const size_t off = (size_t(t) * hc + h) * d_;
+      seg.append(k + off, v + off, pos[t]);
+    }
+  }
+}
+
+size_t LayerCache::tokens(int head) const {
+  size_t n = 0;
+  for (const auto& s : heads_[head]) n += s->size();
+  return n;
+}
+
+size_t LayerCache::bytes() const {
+  size_t b = 0;
+  for (const auto& segs : heads_)
+    for (const auto& s : segs) b += s->bytes();
+  return b;
+}
+
+void LayerCache::clear() {
+  for (auto& segs : heads_) segs.clear();
+}
+
+void attend(const LayerCache& cache, const float* q, float* out) {
+  const int d = cache.head_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<float> scores, acc(d);
+  for (int h = 0; h < cache.n_query_heads(); ++h) {
+    const float* qh = q + size_t(h) * d;
+    float m = -std::numeric_limits<float>::infinity(), l = 0;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (const auto& seg : cache.segments(cache.cache_head_of(h))) {
+      const size_t n = seg->size();
+      if (n == 0) continue;
+      scores.resize(n);
+      seg->logits(qh, scores.data());
+      float m_new = m;
+      for (size_t t = 0; t < n; ++t) m_new = std::max(m_new, scores[t] * scale);
+      // Rescale what was accumulated under the old maximum, then add this segment's terms.
+      const float r = std::exp(m - m_new);
+      l *= r;
+      for (auto& a : acc) a *= r;
+      for (size_t t = 0; t < n; ++t) {
+        scores[t] = std::exp(scores[t] * scale - m_new);
+        l += scores[t];
+      }
+      seg->accumulate(scores.data(), acc.data());
+      m = m_new;
+    }
+    float* oh = out + size_t(h) * d;
+    for (int c = 0; c < d; ++c) oh[c] = l > 0 ? acc[c] / l : 0.0f;
+  }
+}
+
+void attend_ref(const LayerCache& cache, const float* q, float* out) {
+  const int d = cache.head_dim();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int h = 0; h < cache.n_query_heads(); ++h) {
+    const float* qh = q + size_t(h) * d;
+    std::vector<double> s;
+    std::vector<std::pair<const Segment*, size_t>> where;
+    for (const auto& seg : cache.segments(cache.cache_head_of(h))) {
+      std::vector<float> part(seg->size());
+      seg->logits(qh, part.data());
+      for (size_t t = 0; t < part.size(); ++t) {
+        s.push_back(part[t] * scale);
+        where.emplace_back(seg.get(), t);
+      }
+    }
+    double m = -std::numeric_limits<double>::infinity(), sum = 0;
+    for (double x : s) m = std::max(m, x);
+    for (double& x : s) sum += (x = std::exp(x - m));
+    float* oh = out + size_t(h) * d;
+    std::fill(oh, oh + d, 0.0f);
+    // Each segment reconstructs its own values through accumulate with a one-hot weight vector.
+    std::vector<float> acc(d), onehot;
+    std::vector<double> total(d, 0.0);
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto [seg, t] = where[i];
+      onehot.assign(seg->size(), 0.0f);
+      onehot[t] = 1.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      seg->accumulate(onehot.data(), acc.data());
+      for (int c = 0; c < d; ++c) total[c] += s[i] / sum * acc[c];
+    }
+    for (int c = 0; c < d; ++c) oh[c] = static_cast<float>(total[c]);
+  }
+}
+
+}  // namespace kvb

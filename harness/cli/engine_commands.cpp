@@ -1,0 +1,93 @@
+// kvbench generate / logits: run the model.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "harness/cli/commands.hpp"
+#include "harness/engine/engine.hpp"
+#include "harness/engine/generate.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb::cli {
+
+void register_engine_commands(CLI::App& app) {
+  {
+    auto* cmd = app.add_subcommand("generate", "Greedy continuation of a prompt");
+    struct Args {
+      std::string model, prompt, backend = "cpu";
+      bool chat = false, json = false;
+      int max_new = 128, threads = 0;
+      std::vector<std::string> stop;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
+    cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
+    cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user message in the chat template");
+    cmd->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate at most")->check(CLI::PositiveNumber);
+    cmd->add_option("--stop", a->stop, "Stop string (repeatable)");
+    cmd->add_option("--backend", a->backend, "cpu or cuda");
+    cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
+    cmd->add_flag("--json", a->json, "Print ids, text, timings as JSON");
+    cmd->callback([a] {
+      auto m = ModelFile::open(a->model);
+      auto tok = load_tokenizer(*m);
+      Engine engine(*m, {a->backend, a->threads});
+      const auto prompt = build_prompt(*m, *tok, a->prompt, a->chat);
+      GenerateOptions opt;
+      opt.max_new_tokens = a->max_new;
+      opt.stop = a->stop;
+      const Generation g = generate(engine, *tok, prompt, opt);
+      if (a->json) {
+        nlohmann::json j = {{"prompt_tokens", g.prompt_tokens}, {"tokens", g.tokens},
+                            {"text", utf8_lossy(g.text)}, {"stop_reason", g.stop_reason},
+                            {"prefill_seconds", g.prefill_seconds}, {"decode_seconds", g.decode_seconds},
+                            {"kv_bytes", engine.kv_bytes()}};
+        fmt::print("{}\n", j.dump(2));
+        return;
+      }
+      fmt::print("{}\n", utf8_lossy(g.text));
+      fmt::print(stderr, "[{} prompt tokens, {} generated ({}), prefill {:.2f} s, decode {:.1f} tok/s]\n",
+                 g.prompt_tokens, g.tokens.size(), g.stop_reason, g.prefill_seconds,
+                 g.tokens.size() > 1 ? static_cast<double>(g.tokens.size() - 1) / std::max(g.decode_seconds, 1e-9) : 0.0);
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("logits", "Top-k logits of the last position, as JSON");
+    struct Args {
+      std::string model, text, backend = "cpu";
+      int top_k = 10, threads = 0;
+      bool chat = false;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
+    cmd->add_option("--text,-t", a->text, "Input text")->required();
+    cmd->add_option("--top-k,-k", a->top_k, "How many logits")->check(CLI::PositiveNumber);
+    cmd->add_flag("--chat", a->chat, "Wrap the text in the chat template");
+    cmd->add_option("--backend", a->backend, "cpu or cuda");
+    cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
+    cmd->callback([a] {
+      auto m = ModelFile::open(a->model);
+      auto tok = load_tokenizer(*m);
+      Engine engine(*m, {a->backend, a->threads});
+      const auto ids = build_prompt(*m, *tok, a->text, a->chat);
+      const auto logits = engine.prefill(ids);
+      std::vector<int32_t> order(logits.size());
+      std::iota(order.begin(), order.end(), 0);
+      const size_t k = std::min<size_t>(a->top_k, order.size());
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                        [&](int32_t x, int32_t y) { return logits[x] > logits[y] || (logits[x] == logits[y] && x < y); });
+      nlohmann::json top = nlohmann::json::array();
+      for (size_t i = 0; i < k; ++i)
+        top.push_back({{"id", order[i]}, {"token", utf8_lossy(tok->decode(std::vector<int32_t>{order[i]}))},
+                       {"logit", logits[order[i]]}});
+      fmt::print("{}\n", nlohmann::json{{"tokens", ids.size()}, {"top", top}}.dump(2));
+    });
+  }
+}
+
+}  // namespace kvb::cli

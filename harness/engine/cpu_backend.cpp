@@ -1,0 +1,134 @@
+// CPU backend: OpenBLAS for matrix products (linear layers and the two products of attention),
+// OpenMP for the rest; all fp32.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "harness/cache/layer_cache.hpp"
+#include "harness/engine/backend.hpp"
+#include "harness/util/error.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace kvb {
+
+namespace {
+
+// Queries per block of prefill attention: the score block is kAttnChunk x n floats per head.
+constexpr int kAttnChunk = 256;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) {
+    if (threads > 0) {
+      omp_set_num_threads(threads);
+      openblas_set_num_threads(threads);
+    }
+  }
+
+  std::string name() const override { return "cpu"; }
+
+  float* allocate(size_t n) override {
+    // 64-byte alignment for vector loads; the size is rounded up as aligned_alloc requires.
+    const size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    auto* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (!p) fail("out of memory allocating {} MiB", bytes >> 20);
+    return p;
+  }
+  void release(float* p, size_t) override { std::free(p); }
+
+  void upload(Buffer& dst, std::span<const float> src, size_t offset) override {
+    std::memcpy(dst.data() + offset, src.data(), src.size_bytes());
+  }
+  void download(const Buffer& src, std::span<float> dst, size_t offset) override {
+    std::memcpy(dst.data(), src.data() + offset, dst.size_bytes());
+  }
+
+  void set_rope(std::vector<float> inv_freq, bool interleaved) override {
+    rope_ = std::make_unique<RopeTable>(std::move(inv_freq),
+                                        interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
+  }
+
+  void embed(const Buffer& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::memcpy(out.data() + i * dim, table.data() + size_t(ids[i]) * dim, dim * sizeof(float));
+  }
+
+  void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
+               size_t x_offset) override {
+    kvb::rmsnorm(x.data() + x_offset, w.data(), n, dim, eps, y.data());
+  }
+
+  void linear(const Buffer& x, const Buffer& w, const Buffer* bias, int n, int in, int out,
+              Buffer& y) override {
+    kvb::linear(x.data(), w.data(), bias ? bias->data() : nullptr, n, in, out, y.data());
+  }
+
+  void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {
+    rope_->ensure(*std::max_element(pos.begin(), pos.end()));
+    rope_->apply(x.data(), n, heads, d, pos.data());
+  }
+
+  void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) override {
+    kvb::swiglu(gate.data(), up.data(), n, out.data());
+  }
+
+  void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset) override {
+    float* a = x.data() + x_offset;
+    const float* b = y.data();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; ++i) a[i] += b[i];
+  }
+
+  void attention_prefill(const Buffer& qb, const Buffer& kb, const Buffer& vb, int n, int hq,
+                         int hkv, int d, Buffer& outb, std::vector<float>* colsum) override {
+    const int group = hq / hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const int ldq = hq * d, ldk = hkv * d;
+    std::vector<float> s(size_t(std::min(n, kAttnChunk)) * n);
+    if (colsum) colsum->assign(size_t(hq) * n, 0.0f);
+    for (int h = 0; h < hq; ++h) {
+      const float* q = qb.data() + size_t(h) * d;
+      const float* k = kb.data() + size_t(h / group) * d;
+      const float* v = vb.data() + size_t(h / group) * d;
+      float* out = outb.data() + size_t(h) * d;
+      for (int c0 = 0; c0 < n; c0 += kAttnChunk) {
+        const int rows = std::min(kAttnChunk, n - c0);
+        const int keys = c0 + rows;  // causal: the block sees keys [0, c0 + rows)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale,
+                    q + size_t(c0) * ldq, ldq, k, ldk, 0.0f, s.data(), keys);
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; ++r) {
+          float* row = s.data() + size_t(r) * keys;
+          const int visible = c0 + r + 1;
+          softmax_inplace(row, visible);
+          std::fill(row + visible, row + keys, 0.0f);
+        }
+        if (colsum) {
+          float* cs = colsum->data() + size_t(h) * n;
+          for (int r = 0; r < rows; ++r)
+            for (int j = 0; j < c0 + r + 1; ++j) cs[j] += s[size_t(r) * keys + j];
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.data(), keys,
+                    v, ldk, 0.0f, out + size_t(c0) * ldq, ldq);
+      }
+    }
+  }
+
+  void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
+    attend(cache, q.data(), out.data());
+  }
+
+ private:
+  std::unique_ptr<RopeTable> rope_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace kvb

@@ -1,0 +1,220 @@
+#include "harness/engine/engine.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "harness/engine/rope_freqs.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+struct Engine::Layer {
+  Buffer attn_norm, ffn_norm, wq, wk, wv, wo, bq, bk, bv, w_gate, w_up, w_down;
+};
+
+namespace {
+
+// Weights are dequantized to fp32 once, at load.
+Buffer load(Backend& b, const ModelFile& m, const std::string& name, size_t& bytes) {
+  const auto v = m.load_f32(name);
+  Buffer buf(b, v.size());
+  b.upload(buf, v);
+  bytes += v.size() * sizeof(float);
+  return buf;
+}
+
+}  // namespace
+
+Engine::Engine(const ModelFile& model, const EngineOptions& opt)
+    : cfg_(model.config()), backend_(make_backend(opt.backend, opt.threads)), opt_(opt) {
+  model.validate_tensors();
+  Backend& b = *backend_;
+  b.set_rope(rope_inv_freq(cfg_), cfg_.rope_layout == RopeLayout::Interleaved);
+  tok_embd_ = load(b, model, "token_embd.weight", weight_bytes_);
+  out_norm_ = load(b, model, "output_norm.weight", weight_bytes_);
+  if (!cfg_.tied_embeddings) output_ = load(b, model, "output.weight", weight_bytes_);
+  layers_.resize(cfg_.n_layers);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    Layer& L = layers_[l];
+    L.attn_norm = load(b, model, p + "attn_norm.weight", weight_bytes_);
+    L.ffn_norm = load(b, model, p + "ffn_norm.weight", weight_bytes_);
+    L.wq = load(b, model, p + "attn_q.weight", weight_bytes_);
+    L.wk = load(b, model, p + "attn_k.weight", weight_bytes_);
+    L.wv = load(b, model, p + "attn_v.weight", weight_bytes_);
+    L.wo = load(b, model, p + "attn_output.weight", weight_bytes_);
+    L.w_gate = load(b, model, p + "ffn_gate.weight", weight_bytes_);
+    L.w_up = load(b, model, p + "ffn_up.weight", weight_bytes_);
+    L.w_down = load(b, model, p + "ffn_down.weight", weight_bytes_);
+    if (cfg_.qkv_bias) {
+      L.bq = load(b, model, p + "attn_q.bias", weight_bytes_);
+      L.bk = load(b, model, p + "attn_k.bias", weight_bytes_);
+      L.bv = load(b, model, p + "attn_v.bias", weight_bytes_);
+    }
+  }
+  for (int l = 0; l < cfg_.n_layers; ++l) caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim);
+}
+
+Engine::~Engine() = default;
+
+size_t Engine::kv_bytes() const {
+  size_t b = 0;
+  for (const auto& c : caches_) b += c.bytes();
+  return b;
+}
+
+size_t Engine::full_kv_bytes(size_t tokens) const {
+  return tokens * size_t(cfg_.n_layers) * cfg_.n_kv_heads * cfg_.head_dim * 2 * sizeof(float);
+}
+
+std::vector<float> Engine::logits_of_last(const Buffer& x, int n) {
+  Backend& b = *backend_;
+  const int H = cfg_.hidden, V = cfg_.vocab_size;
+  Buffer h(b, H), logits(b, V);
+  b.rmsnorm(x, out_norm_, 1, H, static_cast<float>(cfg_.rms_eps), h, size_t(n - 1) * H);
+  b.linear(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, 1, H, V, logits);
+  std::vector<float> out(V);
+  b.download(logits, out);
+  return out;
+}
+
+std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver* observer) {
+  if (ids.empty()) fail("prefill: empty prompt");
+  const int n = static_cast<int>(ids.size());
+  if (n > cfg_.context_length)
+    fail("prompt of {} tokens exceeds the model's context length {}", n, cfg_.context_length);
+  for (auto id : ids)
+    if (id < 0 || id >= cfg_.vocab_size) fail("prefill: token id {} outside the vocabulary", id);
+  Backend& b = *backend_;
+  const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
+  const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
+  const auto eps = static_cast<float>(cfg_.rms_eps);
+  const PrefillNeeds needs = observer ? observer->needs() : PrefillNeeds{};
+  const int window = std::min(needs.window, n);
+
+  for (auto& c : caches_) c.clear();
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+
+  Buffer x(b, size_t(n) * H), h(b, size_t(n) * H), q(b, size_t(n) * Q), k(b, size_t(n) * KV),
+      v(b, size_t(n) * KV), attn(b, size_t(n) * Q), proj(b, size_t(n) * H);
+  const int mc = std::min(n, opt_.mlp_chunk);
+  Buffer gate(b, size_t(mc) * F), up(b, size_t(mc) * F), act(b, size_t(mc) * F), mlp_in(b, size_t(mc) * H),
+      mlp_out(b, size_t(mc) * H);
+  b.embed(tok_embd_, ids, H, x);
+
+  // Host copies handed to the observer; allocated only when there is one.
+  std::vector<float> hk, hv, hk_pre, hq_win, colsum;
+
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    Layer& L = layers_[l];
+    b.rmsnorm(x, L.attn_norm, n, H, eps, h);
+    b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q);
+    b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
+    b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
+    if (observer && needs.k_pre_rope) {
+      hk_pre.resize(size_t(n) * KV);
+      b.download(k, hk_pre);
+    }
+    b.rope(q, n, hq, d, pos);
+    b.rope(k, n, hkv, d, pos);
+    b.attention_prefill(q, k, v, n, hq, hkv, d, attn, needs.attn_colsum ? &colsum : nullptr);
+    b.linear(attn, L.wo, nullptr, n, Q, H, proj);
+    b.add(x, proj, size_t(n) * H);
+
+    for (int t0 = 0; t0 < n; t0 += mc) {
+      const int rows = std::min(mc, n - t0);
+      b.rmsnorm(x, L.ffn_norm, rows, H, eps, mlp_in, size_t(t0) * H);
+      b.linear(mlp_in, L.w_gate, nullptr, rows, H, F, gate);
+      b.linear(mlp_in, L.w_up, nullptr, rows, H, F, up);
+      b.swiglu(gate, up, size_t(rows) * F, act);
+      b.linear(act, L.w_down, nullptr, rows, F, H, mlp_out);
+      b.add(x, mlp_out, size_t(rows) * H, size_t(t0) * H);
+    }
+
+    hk.resize(size_t(n) * KV);
+    hv.resize(size_t(n) * KV);
+    b.download(k, hk);
+    b.download(v, hv);
+    if (!observer) {
+      caches_[l].append_many(hk.data(), hv.data(), n, pos.data());
+      continue;
+    }
+    PrefillView view;
+    view.layer = l;
+    view.n_tokens = n;
+    view.n_heads = hq;
+    view.n_kv_heads = hkv;
+    view.head_dim = d;
+    view.positions = pos.data();
+    view.k = hk.data();
+    view.v = hv.data();
+    view.k_pre_rope = needs.k_pre_rope ? hk_pre.data() : nullptr;
+    view.attn_colsum = needs.attn_colsum ? colsum.data() : nullptr;
+    if (window > 0) {
+      hq_win.resize(size_t(window) * Q);
+      b.download(q, hq_win, size_t(n - window) * Q);
+      view.window = window;
+      view.q_window = hq_win.data();
+    }
+    observer->on_layer(view, caches_[l]);
+  }
+  pos_ = n;
+  return logits_of_last(x, n);
+}
+
+std::vector<float> Engine::decode(int32_t token) {
+  if (pos_ == 0) fail("decode: no sequence; call prefill first");
+  if (pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);
+  if (token < 0 || token >= cfg_.vocab_size) fail("decode: token id {} outside the vocabulary", token);
+  Backend& b = *backend_;
+  const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
+  const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
+  const auto eps = static_cast<float>(cfg_.rms_eps);
+  const int32_t p = pos_;
+  const int32_t ids[1] = {token};
+
+  Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), gate(b, F), up(b, F),
+      act(b, F);
+  b.embed(tok_embd_, ids, H, x);
+  std::vector<float> hk(KV), hv(KV), rep_k, rep_v;
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    Layer& L = layers_[l];
+    LayerCache& cache = caches_[l];
+    b.rmsnorm(x, L.attn_norm, 1, H, eps, h);
+    b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, 1, H, Q, q);
+    b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, 1, H, KV, k);
+    b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, 1, H, KV, v);
+    b.rope(q, 1, hq, d, std::span<const int32_t>(&p, 1));
+    b.rope(k, 1, hkv, d, std::span<const int32_t>(&p, 1));
+    b.download(k, hk);
+    b.download(v, hv);
+    if (cache.n_cache_heads() == hkv) {
+      cache.append(hk.data(), hv.data(), p);
+    } else {
+      // A cache with one head per query head stores the KV head once for each query head reading it.
+      const int rep = cache.n_cache_heads() / hkv;
+      rep_k.resize(size_t(cache.n_cache_heads()) * d);
+      rep_v.resize(rep_k.size());
+      for (int c = 0; c < cache.n_cache_heads(); ++c) {
+        std::copy_n(hk.data() + size_t(c / rep) * d, d, rep_k.data() + size_t(c) * d);
+        std::copy_n(hv.data() + size_t(c / rep) * d, d, rep_v.data() + size_t(c) * d);
+      }
+      cache.append(rep_k.data(), rep_v.data(), p);
+    }
+    b.attention_decode(cache, q, attn);
+    b.linear(attn, L.wo, nullptr, 1, Q, H, proj);
+    b.add(x, proj, H);
+    b.rmsnorm(x, L.ffn_norm, 1, H, eps, h);
+    b.linear(h, L.w_gate, nullptr, 1, H, F, gate);
+    b.linear(h, L.w_up, nullptr, 1, H, F, up);
+    b.swiglu(gate, up, F, act);
+    b.linear(act, L.w_down, nullptr, 1, F, H, proj);
+    b.add(x, proj, H);
+  }
+  ++pos_;
+  return logits_of_last(x, 1);
+}
+
+}  // namespace kvb

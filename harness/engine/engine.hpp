@@ -1,0 +1,63 @@
+#pragma once
+// The transformer: Llama-family forward pass (RMSNorm, RoPE, GQA attention, SwiGLU MLP, tied or
+// separate output head, optional q/k/v bias) over a Backend. Prefill runs the whole prompt layer by
+// layer with full attention and hands each layer's K/V to an observer that fills the KV cache;
+// decode appends one token at a time and attends over that cache.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness/cache/layer_cache.hpp"
+#include "harness/engine/backend.hpp"
+#include "harness/engine/prefill_view.hpp"
+#include "harness/model/config.hpp"
+
+namespace kvb {
+
+class ModelFile;
+
+struct EngineOptions {
+  std::string backend = "cpu";
+  int threads = 0;           // 0: all cores
+  int mlp_chunk = 2048;      // tokens per MLP block during prefill (bounds the [chunk, ffn] buffers)
+};
+
+class Engine {
+ public:
+  Engine(const ModelFile& model, const EngineOptions& opt = {});
+  ~Engine();
+
+  const ModelConfig& config() const { return cfg_; }
+  Backend& backend() { return *backend_; }
+
+  // Starts a new sequence with `ids` (positions 0..n-1) and returns the logits of the last token.
+  // Without an observer every layer keeps its full K/V.
+  std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr);
+  // Appends one token and returns its logits.
+  std::vector<float> decode(int32_t token);
+
+  int position() const { return pos_; }
+  const std::vector<LayerCache>& caches() const { return caches_; }
+  std::vector<LayerCache>& caches() { return caches_; }
+  size_t kv_bytes() const;
+  // Bytes of the uncompressed cache for `tokens` tokens (fp32 K and V of every KV head and layer).
+  size_t full_kv_bytes(size_t tokens) const;
+  size_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct Layer;
+  std::vector<float> logits_of_last(const Buffer& x, int n);
+
+  ModelConfig cfg_;
+  std::unique_ptr<Backend> backend_;
+  EngineOptions opt_;
+  Buffer tok_embd_, out_norm_, output_;
+  std::vector<Layer> layers_;
+  std::vector<LayerCache> caches_;
+  int pos_ = 0;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace kvb

@@ -1,0 +1,68 @@
+#include "harness/engine/generate.hpp"
+
+#include <chrono>
+
+#include "harness/engine/engine.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/chat_template.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+
+namespace kvb {
+
+std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text,
+                                  bool chat) {
+  if (!chat) return tok.encode_prompt(text);
+  const ChatTemplate tmpl = ChatTemplate::for_model(model);
+  std::vector<int32_t> ids = tok.encode(tmpl.render({{"user", text}}, true));
+  if (!tmpl.renders_bos() && tok.special().add_bos && tok.special().bos) ids.insert(ids.begin(), *tok.special().bos);
+  return ids;
+}
+
+int32_t argmax(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
+                    const GenerateOptions& opt, PrefillObserver* observer) {
+  using clock = std::chrono::steady_clock;
+  Generation g;
+  g.prompt_tokens = static_cast<int>(prompt.size());
+  auto t0 = clock::now();
+  std::vector<float> logits = engine.prefill(prompt, observer);
+  auto t1 = clock::now();
+  g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  g.stop_reason = "max_new_tokens";
+  for (int i = 0; i < opt.max_new_tokens; ++i) {
+    const int32_t next = argmax(logits);
+    if (opt.stop_at_eog && tok.is_end_of_generation(next)) {
+      g.stop_reason = "eog";
+      break;
+    }
+    g.tokens.push_back(next);
+    if (!opt.stop.empty()) {
+      const std::string text = tok.decode(g.tokens);
+      size_t cut = std::string::npos;
+      for (const auto& s : opt.stop)
+        if (!s.empty()) cut = std::min(cut, text.find(s));
+      if (cut != std::string::npos) {
+        g.text = text.substr(0, cut);
+        g.stop_reason = "stop_string";
+        break;
+      }
+    }
+    if (i + 1 == opt.max_new_tokens) break;
+    if (engine.position() >= engine.config().context_length) {
+      g.stop_reason = "context_full";
+      break;
+    }
+    logits = engine.decode(next);
+  }
+  g.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  if (g.stop_reason != "stop_string") g.text = tok.decode(g.tokens, true);
+  return g;
+}
+
+}  // namespace kvb

@@ -1,0 +1,42 @@
+#pragma once
+// Greedy generation on top of the engine: prompt building (chat template on or off), decoding until
+// an end-of-generation token, a stop string or the token limit.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+class Engine;
+class ModelFile;
+class Tokenizer;
+class PrefillObserver;
+
+// Token ids of a prompt: with `chat`, the text is a user message in the model's chat template
+// (with the generation prompt); without, it is the raw text with BOS as the tokenizer adds it.
+std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text,
+                                  bool chat);
+
+struct GenerateOptions {
+  int max_new_tokens = 128;
+  std::vector<std::string> stop;  // stop strings; the text is cut before the first one found
+  bool stop_at_eog = true;        // stop at the tokenizer's end-of-generation tokens
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;  // generated ids (without the end-of-generation token)
+  std::string text;
+  std::string stop_reason;  // "eog", "stop_string", "max_new_tokens", "context_full"
+  int prompt_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Index of the largest logit; the lowest index among equal values.
+int32_t argmax(std::span<const float> logits);
+
+Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
+                    const GenerateOptions& opt, PrefillObserver* observer = nullptr);
+
+}  // namespace kvb

@@ -1,0 +1,42 @@
+#pragma once
+// What a compression method sees of one layer after the full-attention prefill, and the hook through
+// which it decides what that layer's KV cache keeps.
+#include <cstdint>
+#include <vector>
+
+namespace kvb {
+
+class LayerCache;
+
+// Host-side views, valid during on_layer only. Rows are tokens; heads are contiguous within a row.
+struct PrefillView {
+  int layer = 0;
+  int n_tokens = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  const int32_t* positions = nullptr;  // [n_tokens]
+  int window = 0;                      // observation-window length actually provided
+  const float* q_window = nullptr;     // [window, n_heads, d] post-RoPE queries of the last tokens
+  const float* k = nullptr;            // [n_tokens, n_kv_heads, d] post-RoPE
+  const float* k_pre_rope = nullptr;   // [n_tokens, n_kv_heads, d], or null if not requested
+  const float* v = nullptr;            // [n_tokens, n_kv_heads, d]
+  // [n_heads, n_tokens]: attention each key received, summed over all queries; null if not requested.
+  const float* attn_colsum = nullptr;
+};
+
+struct PrefillNeeds {
+  int window = 0;            // observation-window queries wanted
+  bool k_pre_rope = false;
+  bool attn_colsum = false;  // accumulated attention (H2O)
+};
+
+class PrefillObserver {
+ public:
+  virtual ~PrefillObserver() = default;
+  virtual PrefillNeeds needs() const { return {}; }
+  // Fills `cache` (empty on entry) with what the layer keeps for decoding.
+  virtual void on_layer(const PrefillView& view, LayerCache& cache) = 0;
+};
+
+}  // namespace kvb

@@ -1,0 +1,154 @@
+// Fast CPU kernels against their plain references, on random inputs over several shapes.
+#include <random>
+
+#include "harness/cache/layer_cache.hpp"
+#include "harness/engine/backend.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+
+namespace {
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+Buffer to_buffer(Backend& b, const std::vector<float>& v) {
+  Buffer buf(b, v.size());
+  b.upload(buf, v);
+  return buf;
+}
+
+std::vector<float> from_buffer(Backend& b, const Buffer& buf) {
+  std::vector<float> v(buf.size());
+  b.download(buf, v);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
+  std::mt19937 rng(1);
+  for (auto [n, in, out] : {std::tuple{1, 64, 96}, {7, 576, 192}, {33, 100, 3}, {128, 64, 64}}) {
+    auto x = randn(size_t(n) * in, rng), w = randn(size_t(out) * in, rng, 0.1f), bias = randn(out, rng);
+    std::vector<float> ref(size_t(n) * out), fast(ref.size());
+    linear_ref(x.data(), w.data(), bias.data(), n, in, out, ref.data());
+    linear(x.data(), w.data(), bias.data(), n, in, out, fast.data());
+    CHECK(max_abs_diff(ref, fast) < 1e-4f);
+  }
+}
+
+TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {
+  std::mt19937 rng(2);
+  auto x = randn(5 * 576, rng, 3.0f), w = randn(576, rng);
+  std::vector<float> ref(x.size()), fast(x.size());
+  rmsnorm_ref(x.data(), w.data(), 5, 576, 1e-5f, ref.data());
+  rmsnorm(x.data(), w.data(), 5, 576, 1e-5f, fast.data());
+  CHECK(max_abs_diff(ref, fast) < 1e-5f);
+
+  auto g = randn(1000, rng, 4.0f), u = randn(1000, rng);
+  std::vector<float> s_ref(1000), s_fast(1000);
+  swiglu_ref(g.data(), u.data(), 1000, s_ref.data());
+  swiglu(g.data(), u.data(), 1000, s_fast.data());
+  CHECK(max_abs_diff(s_ref, s_fast) < 1e-5f);
+
+  for (RopeStyle style : {RopeStyle::Interleaved, RopeStyle::NeoX}) {
+    const int n = 6, heads = 3, d = 64;
+    std::vector<float> inv(d / 2);
+    for (int i = 0; i < d / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+    std::vector<int32_t> pos = {0, 1, 2, 100, 5000, 8191};
+    auto a = randn(size_t(n) * heads * d, rng), b = a;
+    rope_ref(a.data(), n, heads, d, pos.data(), inv, style);
+    RopeTable table(inv, style);
+    table.ensure(8191);
+    table.apply(b.data(), n, heads, d, pos.data());
+    CHECK(a == b);  // same angles, same rounding: identical bits
+    // Rotation preserves each pair's norm, and position 0 is the identity.
+    auto c = randn(size_t(heads) * d, rng), c0 = c;
+    int32_t zero = 0;
+    table.apply(c.data(), 1, heads, d, &zero);
+    CHECK(c == c0);
+  }
+}
+
+TEST_CASE("the two RoPE layouts agree up to the dimension permutation", "[kernels]") {
+  // Interleaved pairs (2i, 2i+1) on a vector equal NeoX pairs (i, i + d/2) on the permuted vector:
+  // this is why GGUF llama files (permuted Q/K rows) and Hugging Face weights give the same model.
+  std::mt19937 rng(3);
+  const int d = 16;
+  std::vector<float> inv(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv[i] = 1.0f / std::pow(500.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+  auto x = randn(d, rng);
+  std::vector<float> perm(d);
+  for (int i = 0; i < d / 2; ++i) {
+    perm[i] = x[2 * i];
+    perm[i + d / 2] = x[2 * i + 1];
+  }
+  int32_t p = 37;
+  rope_ref(x.data(), 1, 1, d, &p, inv, RopeStyle::Interleaved);
+  rope_ref(perm.data(), 1, 1, d, &p, inv, RopeStyle::NeoX);
+  for (int i = 0; i < d / 2; ++i) {
+    CHECK(perm[i] == x[2 * i]);
+    CHECK(perm[i + d / 2] == x[2 * i + 1]);
+  }
+}
+
+TEST_CASE("chunked prefill attention equals the reference, with column sums", "[kernels]") {
+  std::mt19937 rng(4);
+  auto backend = make_cpu_backend();
+  for (auto [n, hq, hkv, d] : {std::tuple{1, 2, 1, 8}, {5, 4, 2, 16}, {300, 6, 2, 32}, {600, 3, 3, 64}}) {
+    auto q = randn(size_t(n) * hq * d, rng), k = randn(size_t(n) * hkv * d, rng), v = randn(size_t(n) * hkv * d, rng);
+    std::vector<int32_t> pos(n);
+    for (int i = 0; i < n; ++i) pos[i] = i;
+    std::vector<float> ref(size_t(n) * hq * d);
+    attention_ref(q.data(), k.data(), v.data(), n, n, hq, hkv, d, pos.data(), pos.data(), ref.data());
+    Buffer qb = to_buffer(*backend, q), kb = to_buffer(*backend, k), vb = to_buffer(*backend, v), ob(*backend, ref.size());
+    std::vector<float> colsum;
+    backend->attention_prefill(qb, kb, vb, n, hq, hkv, d, ob, &colsum);
+    INFO("n=" << n << " hq=" << hq << " hkv=" << hkv << " d=" << d);
+    CHECK(max_abs_diff(ref, from_buffer(*backend, ob)) < 1e-4f);
+    // Every query's probabilities sum to one, so each head's column sums add up to n.
+    for (int h = 0; h < hq; ++h) {
+      double total = 0;
+      for (int j = 0; j < n; ++j) total += colsum[size_t(h) * n + j];
+      CHECK(total == Approx(n).epsilon(1e-4));
+    }
+    // The last key is seen only by the last query.
+    CHECK(colsum[size_t(n) - 1] > 0);
+  }
+}
+
+TEST_CASE("decode attention over a multi-segment cache equals the reference", "[kernels]") {
+  std::mt19937 rng(5);
+  const int hq = 6, hkv = 2, d = 32;
+  LayerCache cache(hq, hkv, d);
+  // Two dense segments per head (a second one starts after an explicit break).
+  for (int t = 0; t < 40; ++t) {
+    auto k = randn(size_t(hkv) * d, rng), v = randn(size_t(hkv) * d, rng);
+    cache.append(k.data(), v.data(), t);
+  }
+  for (int h = 0; h < hkv; ++h) cache.segments(h).push_back(std::make_unique<DenseSegment>(d));
+  for (int t = 40; t < 57; ++t) {
+    auto k = randn(size_t(hkv) * d, rng), v = randn(size_t(hkv) * d, rng);
+    for (int h = 0; h < hkv; ++h)
+      static_cast<DenseSegment&>(*cache.segments(h).back()).append(k.data() + h * d, v.data() + h * d, t);
+  }
+  CHECK(cache.tokens(0) == 57);
+  CHECK(cache.bytes() == size_t(57) * hkv * d * 2 * sizeof(float));
+  auto q = randn(size_t(hq) * d, rng, 2.0f);
+  std::vector<float> fast(size_t(hq) * d), ref(fast.size());
+  attend(cache, q.data(), fast.data());
+  attend_ref(cache, q.data(), ref.data());
+  CHECK(max_abs_diff(ref, fast) < 1e-5f);
+}
