@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export KVBENCH_REQUIRE_MODELS=1
-ctest --test-dir "${KVBENCH_BUILD:-build}" --output-on-failure -j"$(nproc)" "$@"
+# Serial: every test process already uses all cores (OpenMP, BLAS); running several at once
+# oversubscribes them and spinning threads make the model tests many times slower.
+ctest --test-dir "${KVBENCH_BUILD:-build}" --output-on-failure "$@"

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -70,4 +71,49 @@ TEST_CASE("engine input errors", "[engine][model]") {
   test::require_error([&] { e.prefill(std::vector<int32_t>{1, 49152}); }, {"49152", "vocabulary"});
   std::vector<int32_t> too_long(8193, 42);
   test::require_error([&] { e.prefill(too_long); }, {"8193", "context length 8192"});
+}
+
+TEST_CASE("logits and greedy continuations match Hugging Face transformers on the same GGUF",
+          "[engine][model][reference]") {
+  Loaded* L = default_engine();
+  if (!L) return;
+  std::ifstream jf(test::fixture("engine/hf_logits.json"));
+  REQUIRE(jf.good());
+  const auto ref = nlohmann::json::parse(jf);
+  std::ifstream bf(test::fixture("engine/hf_logits.bin"), std::ios::binary);
+  REQUIRE(bf.good());
+  const auto& prompts = ref["prompts"];
+  REQUIRE(prompts.size() >= 20);
+  const size_t V = 49152;
+  std::vector<float> hf(prompts.size() * V);
+  bf.read(reinterpret_cast<char*>(hf.data()), static_cast<std::streamsize>(hf.size() * sizeof(float)));
+  REQUIRE(bf.gcount() == static_cast<std::streamsize>(hf.size() * sizeof(float)));
+
+  Engine& e = *L->engine;
+  float worst_ratio = 0;
+  size_t identical_continuations = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const auto ids = prompts[p]["ids"].get<std::vector<int32_t>>();
+    INFO("prompt " << p << " (" << ids.size() << " tokens)");
+    auto logits = e.prefill(ids);
+    const float* want = hf.data() + p * V;
+    float diff = 0, max_logit = 0;
+    for (size_t i = 0; i < V; ++i) {
+      diff = std::max(diff, std::abs(logits[i] - want[i]));
+      max_logit = std::max(max_logit, std::abs(want[i]));
+    }
+    worst_ratio = std::max(worst_ratio, diff / max_logit);
+    CHECK(diff < 1e-3f * max_logit);
+
+    const auto greedy = prompts[p]["greedy"].get<std::vector<int32_t>>();
+    std::vector<int32_t> ours;
+    for (size_t t = 0; t < greedy.size(); ++t) {
+      ours.push_back(argmax(logits));
+      if (t + 1 < greedy.size()) logits = e.decode(ours.back());
+    }
+    CHECK(ours == greedy);
+    identical_continuations += ours == greedy;
+  }
+  WARN("worst max|diff| / max|logit| = " << worst_ratio << "; identical continuations "
+       << identical_continuations << "/" << prompts.size());
 }

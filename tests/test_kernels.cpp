@@ -1,4 +1,6 @@
 // Fast CPU kernels against their plain references, on random inputs over several shapes.
+#include <bit>
+#include <limits>
 #include <random>
 
 #include "harness/cache/layer_cache.hpp"
@@ -151,4 +153,24 @@ TEST_CASE("decode attention over a multi-segment cache equals the reference", "[
   attend(cache, q.data(), fast.data());
   attend_ref(cache, q.data(), ref.data());
   CHECK(max_abs_diff(ref, fast) < 1e-5f);
+}
+
+TEST_CASE("fast exp is within 2 ulp of std::exp", "[kernels]") {
+  std::vector<float> x;
+  for (float v = -100.0f; v < 88.5f; v += 0.0137f) x.push_back(v);
+  x.insert(x.end(), {0.0f, -0.0f, 1e-8f, -1e-8f, 88.5f, -87.0f, -86.9f, -std::numeric_limits<float>::infinity()});
+  auto ref = x, fast = x;
+  exp_shifted_ref(ref.data(), static_cast<int>(ref.size()), 0.5f);
+  exp_shifted(fast.data(), static_cast<int>(fast.size()), 0.5f);
+  int worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] - 0.5f < -87.0f) {
+      CHECK(fast[i] == 0.0f);
+      continue;
+    }
+    const int ulps = std::abs(std::bit_cast<int32_t>(ref[i]) - std::bit_cast<int32_t>(fast[i]));
+    worst = std::max(worst, ulps);
+  }
+  INFO("worst ulp distance " << worst);
+  CHECK(worst <= 2);
 }

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kvbench 0.1.0");
   kvb::cli::register_model_commands(app);
   kvb::cli::register_engine_commands(app);
+  kvb::cli::register_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -35,10 +35,22 @@ class Buffer {
   size_t n_ = 0;
 };
 
+// Time and arithmetic spent per kind of operation, for the benchmark's efficiency figures.
+struct OpStats {
+  double linear_seconds = 0, linear_flops = 0;        // weight GEMMs / GEMVs
+  double attention_seconds = 0, attention_flops = 0;  // QK^T and PV products with their softmax
+  double other_seconds = 0;                           // norms, RoPE, SwiGLU, adds, copies
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+
+  // Profiling adds a clock read around each operation (and, on a GPU, a synchronisation).
+  void set_profiling(bool on) { profiling_ = on; }
+  const OpStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
 
   virtual float* allocate(size_t n) = 0;
   virtual void release(float* p, size_t n) = 0;
@@ -65,6 +77,10 @@ class Backend {
                                  int hkv, int d, Buffer& out, std::vector<float>* colsum) = 0;
   // One query token q[hq, d] over a KV cache -> out[hq, d].
   virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) = 0;
+
+ protected:
+  bool profiling_ = false;
+  OpStats stats_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,24 @@
 namespace kvb {
 
 namespace {
+
+// Adds the wall time of its scope to a counter when profiling is on.
+class ScopedTimer {
+ public:
+  ScopedTimer(bool on, double& counter) : on_(on), counter_(counter) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ScopedTimer() {
+    if (on_) counter_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  bool on_;
+  double& counter_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // Queries per block of prefill attention: the score block is kAttnChunk x n floats per head.
 constexpr int kAttnChunk = 256;
@@ -54,30 +73,37 @@ class CpuBackend final : public Backend {
   }
 
   void embed(const Buffer& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
+    ScopedTimer t(profiling_, stats_.other_seconds);
     for (size_t i = 0; i < ids.size(); ++i)
       std::memcpy(out.data() + i * dim, table.data() + size_t(ids[i]) * dim, dim * sizeof(float));
   }
 
   void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
                size_t x_offset) override {
+    ScopedTimer t(profiling_, stats_.other_seconds);
     kvb::rmsnorm(x.data() + x_offset, w.data(), n, dim, eps, y.data());
   }
 
   void linear(const Buffer& x, const Buffer& w, const Buffer* bias, int n, int in, int out,
               Buffer& y) override {
+    ScopedTimer t(profiling_, stats_.linear_seconds);
+    stats_.linear_flops += 2.0 * n * in * out;
     kvb::linear(x.data(), w.data(), bias ? bias->data() : nullptr, n, in, out, y.data());
   }
 
   void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {
+    ScopedTimer t(profiling_, stats_.other_seconds);
     rope_->ensure(*std::max_element(pos.begin(), pos.end()));
     rope_->apply(x.data(), n, heads, d, pos.data());
   }
 
   void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) override {
+    ScopedTimer t(profiling_, stats_.other_seconds);
     kvb::swiglu(gate.data(), up.data(), n, out.data());
   }
 
   void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset) override {
+    ScopedTimer t(profiling_, stats_.other_seconds);
     float* a = x.data() + x_offset;
     const float* b = y.data();
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -86,40 +112,57 @@ class CpuBackend final : public Backend {
 
   void attention_prefill(const Buffer& qb, const Buffer& kb, const Buffer& vb, int n, int hq,
                          int hkv, int d, Buffer& outb, std::vector<float>* colsum) override {
+    ScopedTimer t(profiling_, stats_.attention_seconds);
+    // Useful work of causal attention: n(n+1)/2 query-key pairs, 2d flops each for QK^T and for PV.
+    stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
     const int group = hq / hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const int ldq = hq * d, ldk = hkv * d;
-    std::vector<float> s(size_t(std::min(n, kAttnChunk)) * n);
+    const int chunks = (n + kAttnChunk - 1) / kAttnChunk;
+    const int tasks = hq * chunks;
     if (colsum) colsum->assign(size_t(hq) * n, 0.0f);
-    for (int h = 0; h < hq; ++h) {
-      const float* q = qb.data() + size_t(h) * d;
-      const float* k = kb.data() + size_t(h / group) * d;
-      const float* v = vb.data() + size_t(h / group) * d;
-      float* out = outb.data() + size_t(h) * d;
-      for (int c0 = 0; c0 < n; c0 += kAttnChunk) {
+    // One task per (head, block of queries), the largest blocks (last queries, most keys) first.
+    // BLAS calls inside the parallel region run on the calling thread (OpenMP OpenBLAS), which
+    // beats splitting these small products across threads.
+#pragma omp parallel
+    {
+      std::vector<float> s(size_t(std::min(n, kAttnChunk)) * n);
+      std::vector<float> cs(colsum ? size_t(hq) * n : 0);
+#pragma omp for schedule(dynamic, 1)
+      for (int task = 0; task < tasks; ++task) {
+        const int h = task % hq, c0 = (chunks - 1 - task / hq) * kAttnChunk;
+        const float* q = qb.data() + size_t(h) * d;
+        const float* k = kb.data() + size_t(h / group) * d;
+        const float* v = vb.data() + size_t(h / group) * d;
+        float* out = outb.data() + size_t(h) * d;
         const int rows = std::min(kAttnChunk, n - c0);
         const int keys = c0 + rows;  // causal: the block sees keys [0, c0 + rows)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale,
                     q + size_t(c0) * ldq, ldq, k, ldk, 0.0f, s.data(), keys);
-#pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; ++r) {
           float* row = s.data() + size_t(r) * keys;
           const int visible = c0 + r + 1;
           softmax_inplace(row, visible);
           std::fill(row + visible, row + keys, 0.0f);
-        }
-        if (colsum) {
-          float* cs = colsum->data() + size_t(h) * n;
-          for (int r = 0; r < rows; ++r)
-            for (int j = 0; j < c0 + r + 1; ++j) cs[j] += s[size_t(r) * keys + j];
+          if (colsum) {
+            float* c = cs.data() + size_t(h) * n;
+            for (int j = 0; j < visible; ++j) c[j] += row[j];
+          }
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.data(), keys,
                     v, ldk, 0.0f, out + size_t(c0) * ldq, ldq);
+      }
+      if (colsum) {
+#pragma omp critical
+        for (size_t i = 0; i < cs.size(); ++i) (*colsum)[i] += cs[i];
       }
     }
   }
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
+    ScopedTimer t(profiling_, stats_.attention_seconds);
+    stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() *
+                              static_cast<double>(cache.tokens(0));
     attend(cache, q.data(), out.data());
   }
 

@@ -1,0 +1,73 @@
+#include "harness/util/machine.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+double measure_sgemm_gflops(int n, int reps) {
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  double best = 0;
+  for (int r = 0; r < reps + 1; ++r) {  // the first run warms up threads and pages
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e9);
+  }
+  return best;
+}
+
+double measure_read_bandwidth_gbs(size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(float);
+  std::vector<float> x(n);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i & 7);
+  double best = 0;
+  volatile float sink = 0;
+  constexpr size_t kLanes = 16;  // independent accumulators, so the loop waits on memory, not on adds
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      float acc[kLanes] = {};
+#pragma omp for schedule(static)
+      for (size_t i = 0; i < n / kLanes * kLanes; i += kLanes)
+        for (size_t k = 0; k < kLanes; ++k) acc[k] += x[i + k];
+      for (float a : acc) total += a;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + total;
+    if (r > 0) best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+size_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      size_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+    in.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  return static_cast<bool>(out);
+}
+
+}  // namespace kvb
