@@ -7,5 +7,6 @@ namespace kvb::cli {
 void register_model_commands(CLI::App& app);
 void register_engine_commands(CLI::App& app);
 void register_bench_command(CLI::App& app);
+void register_list_command(CLI::App& app);
 
 }  // namespace kvb::cli

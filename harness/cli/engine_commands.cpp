@@ -2,12 +2,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "harness/cli/commands.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
+#include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
@@ -15,14 +17,37 @@
 
 namespace kvb::cli {
 
+std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items) {
+  std::map<std::string, std::string> out;
+  for (const auto& kv : items) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) fail("--param '{}': expected key=value", kv);
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
+void register_list_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("list", "List registered components");
+  auto what = std::make_shared<std::string>();
+  cmd->add_option("what", *what, "methods")->required()->check(CLI::IsMember({"methods"}));
+  cmd->callback([what] {
+    const auto& reg = MethodRegistry::get();
+    for (const auto& name : reg.names()) {
+      fmt::print("{:14} {}\n", name, reg.info(name).summary);
+      for (const auto& p : reg.param_specs(name)) fmt::print("    {:10} {}  {}\n", p.name, p.describe(), p.help);
+    }
+  });
+}
+
 void register_engine_commands(CLI::App& app) {
   {
     auto* cmd = app.add_subcommand("generate", "Greedy continuation of a prompt");
     struct Args {
-      std::string model, prompt, backend = "cpu";
+      std::string model, prompt, backend = "cpu", method;
       bool chat = false, json = false;
-      int max_new = 128, threads = 0;
-      std::vector<std::string> stop;
+      int max_new = 128, threads = 0, budget = 0;
+      std::vector<std::string> stop, params;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
@@ -33,6 +58,9 @@ void register_engine_commands(CLI::App& app) {
     cmd->add_option("--backend", a->backend, "cpu or cuda");
     cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
     cmd->add_flag("--json", a->json, "Print ids, text, timings as JSON");
+    cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
+    cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")->check(CLI::PositiveNumber);
+    cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
     cmd->callback([a] {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
@@ -41,16 +69,35 @@ void register_engine_commands(CLI::App& app) {
       GenerateOptions opt;
       opt.max_new_tokens = a->max_new;
       opt.stop = a->stop;
-      const Generation g = generate(engine, *tok, prompt, opt);
+      std::unique_ptr<Method> method;
+      std::unique_ptr<MethodRunner> runner;
+      if (!a->method.empty()) {
+        if (a->budget <= 0) fail("--method needs --budget T");
+        method = MethodRegistry::get().create(a->method, parse_key_values(a->params), engine.config());
+        runner = std::make_unique<MethodRunner>(*method, a->budget);
+      } else if (a->budget > 0 || !a->params.empty()) {
+        fail("--budget and --param need --method");
+      }
+      const Generation g = generate(engine, *tok, prompt, opt, runner.get());
+      const size_t full = engine.full_kv_bytes(prompt.size());
+      const size_t kept = runner ? runner->prefill_kv_bytes() : full;
       if (a->json) {
         nlohmann::json j = {{"prompt_tokens", g.prompt_tokens}, {"tokens", g.tokens},
                             {"text", utf8_lossy(g.text)}, {"stop_reason", g.stop_reason},
                             {"prefill_seconds", g.prefill_seconds}, {"decode_seconds", g.decode_seconds},
-                            {"kv_bytes", engine.kv_bytes()}};
+                            {"prefill_kv_bytes", kept}, {"full_kv_bytes", full},
+                            {"method", a->method.empty() ? "fullkv" : a->method},
+                            {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
+                            {"compress_seconds", runner ? runner->compress_seconds() : 0.0}};
         fmt::print("{}\n", j.dump(2));
         return;
       }
       fmt::print("{}\n", utf8_lossy(g.text));
+      if (runner)
+        fmt::print(stderr, "[{} T={} gqa={}: prompt KV {:.2f} MiB of {:.2f} MiB full ({:.1f}%){}, compression {:.3f} s]\n",
+                   a->method, a->budget, gqa_mode_name(method->gqa()), static_cast<double>(kept) / 1048576.0,
+                   static_cast<double>(full) / 1048576.0, 100.0 * static_cast<double>(kept) / static_cast<double>(full),
+                   runner->compressed() ? "" : ", prompt fits: not compressed", runner->compress_seconds());
       fmt::print(stderr, "[{} prompt tokens, {} generated ({}), prefill {:.2f} s, decode {:.1f} tok/s]\n",
                  g.prompt_tokens, g.tokens.size(), g.stop_reason, g.prefill_seconds,
                  g.tokens.size() > 1 ? static_cast<double>(g.tokens.size() - 1) / std::max(g.decode_seconds, 1e-9) : 0.0);

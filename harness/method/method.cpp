@@ -1,0 +1,98 @@
+#include "harness/method/method.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+
+#include "harness/method/parts.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+std::string gqa_mode_name(GqaMode m) { return m == GqaMode::Native ? "native" : "repeat"; }
+
+namespace {
+ParamSpec gqa_param() {
+  return ParamSpec::choice("gqa", "native", {"native", "repeat"},
+                           "native: select per KV head (scores averaged over its query heads); "
+                           "repeat: per query head over repeated K/V, as the papers' code");
+}
+}  // namespace
+
+MethodRegistry& MethodRegistry::get() {
+  static MethodRegistry r;
+  return r;
+}
+
+void MethodRegistry::add(MethodInfo info) {
+  if (methods_.count(info.name)) fail("method '{}' is registered twice", info.name);
+  methods_.emplace(info.name, std::move(info));
+}
+
+bool register_method(MethodInfo info) {
+  MethodRegistry::get().add(std::move(info));
+  return true;
+}
+
+const MethodInfo& MethodRegistry::info(const std::string& name) const {
+  auto it = methods_.find(name);
+  if (it == methods_.end()) fail("unknown method '{}' (available: {})", name, fmt::join(names(), ", "));
+  return it->second;
+}
+
+std::vector<std::string> MethodRegistry::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : methods_) n.push_back(k);
+  return n;
+}
+
+std::vector<ParamSpec> MethodRegistry::param_specs(const std::string& name) const {
+  auto specs = info(name).params;
+  specs.push_back(gqa_param());
+  return specs;
+}
+
+std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
+                                               const std::map<std::string, std::string>& params,
+                                               const ModelConfig& model) const {
+  const MethodInfo& mi = info(name);
+  auto m = mi.make();
+  m->name_ = name;
+  m->params_ = Params(param_specs(name), params, "method " + name);
+  m->gqa_ = m->params_.get("gqa") == "repeat" ? GqaMode::Repeat : GqaMode::Native;
+  m->model_ = &model;
+  return m;
+}
+
+size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens) {
+  const int heads = gqa == GqaMode::Repeat ? m.n_heads : m.n_kv_heads;
+  return size_t(tokens) * heads * m.head_dim * 2 * sizeof(float);
+}
+
+MethodRunner::MethodRunner(Method& method, int budget_tokens) : method_(method) {
+  if (budget_tokens <= 0) fail("budget must be a positive number of tokens, got {}", budget_tokens);
+  budget_.tokens = budget_tokens;
+  budget_.bytes_per_layer = dense_layer_bytes(method.model(), method.gqa(), budget_tokens);
+}
+
+void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (view.n_tokens <= budget_.tokens) {
+    // The prompt fits: every method keeps everything (reference repos skip compression here).
+    cache = keep_all(view, method_.gqa());
+  } else {
+    compressed_ = true;
+    cache = method_.compress(view, budget_);
+  }
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bytes_ += cache.bytes();
+  // A method may shift memory between layers (PyramidKV) but not exceed the total.
+  const size_t limit = budget_.bytes_per_layer * size_t(method_.model().n_layers);
+  if (view.layer + 1 == method_.model().n_layers && compressed_ && bytes_ > limit &&
+      !method_.may_exceed_budget())
+    fail("method {} kept {} bytes, more than its budget of {} bytes (KV size {})", method_.name(),
+         bytes_, limit, budget_.tokens);
+}
+
+}  // namespace kvb

@@ -1,0 +1,216 @@
+#include "harness/method/parts.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "harness/util/error.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace kvb {
+
+Pooling parse_pooling(const std::string& s) {
+  if (s == "max") return Pooling::Max;
+  if (s == "avg") return Pooling::Avg;
+  if (s == "none") return Pooling::None;
+  fail("pooling '{}' is not one of max, avg, none", s);
+}
+
+namespace {
+
+void check_window(const PrefillView& v, int w) {
+  if (w <= 0 || w >= v.n_tokens)
+    fail("observation window {} must be between 1 and the prompt length - 1 ({})", w, v.n_tokens - 1);
+  if (v.window < w || !v.q_window)
+    fail("internal: the prefill provided {} window queries, the method needs {}", v.window, w);
+}
+
+}  // namespace
+
+HeadScores window_attention_scores(const PrefillView& v, int w, WindowReduce reduce) {
+  check_window(v, w);
+  const int S = v.n_tokens, d = v.head_dim, hq = v.n_heads, hkv = v.n_kv_heads, G = hq / hkv;
+  const int prefix = S - w;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  HeadScores out(hq, std::vector<float>(prefix, 0.0f));
+#pragma omp parallel
+  {
+    std::vector<float> z(size_t(w) * S);
+#pragma omp for schedule(dynamic, 1)
+    for (int h = 0; h < hq; ++h) {
+      // Rows of the last w queries of head h against all keys of its KV head.
+      const float* q = v.q_window + (size_t(v.window - w) * hq + h) * d;
+      const float* k = v.k + size_t(h / G) * d;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, w, S, d, scale, q, hq * d, k, hkv * d, 0.0f,
+                  z.data(), S);
+      for (int i = 0; i < w; ++i) {
+        float* row = z.data() + size_t(i) * S;
+        softmax_inplace(row, prefix + i + 1);  // causal inside the window
+        for (int j = 0; j < prefix; ++j) out[h][j] += row[j];
+      }
+      if (reduce == WindowReduce::Mean)
+        for (auto& x : out[h]) x /= static_cast<float>(w);
+    }
+  }
+  return out;
+}
+
+HeadScores window_attention_scores_ref(const PrefillView& v, int w, WindowReduce reduce) {
+  check_window(v, w);
+  const int S = v.n_tokens, d = v.head_dim, hq = v.n_heads, hkv = v.n_kv_heads, G = hq / hkv;
+  const int prefix = S - w;
+  HeadScores out(hq, std::vector<float>(prefix, 0.0f));
+  for (int h = 0; h < hq; ++h) {
+    std::vector<double> acc(prefix, 0.0);
+    for (int i = 0; i < w; ++i) {
+      const float* q = v.q_window + (size_t(v.window - w + i) * hq + h) * d;
+      const int visible = prefix + i + 1;
+      std::vector<double> z(visible);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int j = 0; j < visible; ++j) {
+        const float* k = v.k + (size_t(j) * hkv + h / G) * d;
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
+        z[j] = dot / std::sqrt(static_cast<double>(d));
+        m = std::max(m, z[j]);
+      }
+      double sum = 0;
+      for (auto& x : z) sum += (x = std::exp(x - m));
+      for (int j = 0; j < prefix; ++j) acc[j] += z[j] / sum;
+    }
+    for (int j = 0; j < prefix; ++j)
+      out[h][j] = static_cast<float>(reduce == WindowReduce::Mean ? acc[j] / w : acc[j]);
+  }
+  return out;
+}
+
+std::vector<float> pool1d(const std::vector<float>& x, int kernel, Pooling p) {
+  if (p == Pooling::None || kernel <= 1) return x;
+  if (kernel % 2 == 0) fail("pooling kernel must be odd, got {}", kernel);
+  const int n = static_cast<int>(x.size()), r = kernel / 2;
+  std::vector<float> y(n);
+  for (int j = 0; j < n; ++j) {
+    const int lo = std::max(0, j - r), hi = std::min(n - 1, j + r);
+    if (p == Pooling::Max) {
+      y[j] = *std::max_element(x.begin() + lo, x.begin() + hi + 1);
+    } else {
+      float s = 0;
+      for (int t = lo; t <= hi; ++t) s += x[t];
+      y[j] = s / static_cast<float>(kernel);
+    }
+  }
+  return y;
+}
+
+HeadScores accumulated_attention_scores(const PrefillView& v, int w) {
+  if (!v.attn_colsum) fail("internal: the prefill did not gather accumulated attention");
+  if (w < 0 || w >= v.n_tokens) fail("recent window {} must be below the prompt length {}", w, v.n_tokens);
+  const int S = v.n_tokens;
+  HeadScores out(v.n_heads);
+  for (int h = 0; h < v.n_heads; ++h)
+    out[h].assign(v.attn_colsum + size_t(h) * S, v.attn_colsum + size_t(h) * S + (S - w));
+  return out;
+}
+
+HeadScores reduce_for_gqa(const HeadScores& s, int n_kv_heads, GqaMode mode) {
+  if (mode == GqaMode::Repeat) return s;
+  const int G = static_cast<int>(s.size()) / n_kv_heads;
+  HeadScores out(n_kv_heads, std::vector<float>(s[0].size(), 0.0f));
+  for (int g = 0; g < n_kv_heads; ++g) {
+    for (int i = 0; i < G; ++i)
+      for (size_t j = 0; j < s[0].size(); ++j) out[g][j] += s[size_t(g) * G + i][j];
+    for (auto& x : out[g]) x /= static_cast<float>(G);
+  }
+  return out;
+}
+
+std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k) {
+  const int n = static_cast<int>(scores.size());
+  k = std::clamp(k, 0, n);
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
+  idx.resize(k);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w) {
+  if (k < 0) fail("the KV size leaves no room beyond the {}-token window; use a larger budget or window", w);
+  std::vector<std::vector<int32_t>> keep;
+  for (const auto& s : scores) {
+    auto kept = top_k_sorted(s, k);
+    for (int j = S - w; j < S; ++j) kept.push_back(j);
+    keep.push_back(std::move(kept));
+  }
+  return keep;
+}
+
+LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vector<int32_t>>& keep) {
+  const int stored = mode == GqaMode::Repeat ? v.n_heads : v.n_kv_heads;
+  if (static_cast<int>(keep.size()) != stored)
+    fail("internal: {} kept lists for {} stored heads", keep.size(), stored);
+  const int G = v.n_heads / v.n_kv_heads, d = v.head_dim;
+  LayerCache cache(v.n_heads, stored, d);
+  for (int s = 0; s < stored; ++s) {
+    const int g = mode == GqaMode::Repeat ? s / G : s;
+    auto seg = std::make_unique<DenseSegment>(d);
+    seg->reserve(keep[s].size());
+    for (int32_t p : keep[s]) {
+      if (p < 0 || p >= v.n_tokens) fail("internal: kept position {} outside the prompt", p);
+      const size_t off = (size_t(p) * v.n_kv_heads + g) * d;
+      seg->append(v.k + off, v.v + off, v.positions[p]);
+    }
+    cache.segments(s).push_back(std::move(seg));
+  }
+  return cache;
+}
+
+LayerCache keep_all(const PrefillView& v, GqaMode mode) {
+  const int stored = mode == GqaMode::Repeat ? v.n_heads : v.n_kv_heads;
+  std::vector<int32_t> all(v.n_tokens);
+  std::iota(all.begin(), all.end(), 0);
+  return gather(v, mode, std::vector<std::vector<int32_t>>(stored, all));
+}
+
+std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exact_total) {
+  if (T <= w) fail("PyramidKV: KV size {} must exceed the window {}", T, w);
+  const int b = T - w;
+  std::vector<int> caps(L);
+  if (!exact_total && S < 2 * b) {  // the reference's short-prompt branch: uniform SnapKV budget
+    std::fill(caps.begin(), caps.end(), b + w);
+    return caps;
+  }
+  int min_num = b / beta, max_num = 2 * b - min_num;
+  if (max_num >= S - w) {
+    max_num = S - w;
+    min_num = 2 * b - max_num;
+  }
+  if (!exact_total) {
+    const int steps = L > 1 ? (max_num - min_num) / (L - 1) : 0;
+    for (int l = 0; l < L; ++l) caps[l] = max_num - l * steps + w;
+    return caps;
+  }
+  // Float schedule, rounded, clamped to what exists, residue spread from layer 0 upwards.
+  const double steps = L > 1 ? static_cast<double>(max_num - min_num) / (L - 1) : 0.0;
+  long total = 0;
+  for (int l = 0; l < L; ++l) {
+    caps[l] = std::clamp(static_cast<int>(std::lround(max_num - l * steps)), 0, S - w);
+    total += caps[l];
+  }
+  long residue = long(L) * b - total;
+  for (int l = 0; l < L && residue != 0; ++l) {
+    const int room = residue > 0 ? (S - w) - caps[l] : caps[l];
+    const int delta = static_cast<int>(std::min<long>(std::labs(residue), room));
+    caps[l] += residue > 0 ? delta : -delta;
+    residue += residue > 0 ? -delta : delta;
+  }
+  for (auto& c : caps) c += w;
+  return caps;
+}
+
+}  // namespace kvb

@@ -1,0 +1,54 @@
+#pragma once
+// The shared parts methods are built from: scorers (how important each prompt token is), GQA
+// reduction, top-k selection, budget allocators across layers, and the step that turns kept
+// positions into a LayerCache. Conventions follow spec/methods-b.md section 0.
+#include <cstdint>
+#include <vector>
+
+#include "harness/cache/layer_cache.hpp"
+#include "harness/engine/prefill_view.hpp"
+#include "harness/method/method.hpp"
+
+namespace kvb {
+
+// scores[h][j] for query heads h < Hq and prefix positions j < S - w.
+using HeadScores = std::vector<std::vector<float>>;
+
+enum class Pooling { None, Max, Avg };
+enum class WindowReduce { Sum, Mean };
+Pooling parse_pooling(const std::string& s);
+
+// SnapKV's scorer: softmax attention of the last w queries (causal inside the window, over all S
+// keys, fp32), reduced over the window rows, for the prefix [0, S - w).
+HeadScores window_attention_scores(const PrefillView& v, int w, WindowReduce reduce);
+// Reference: the same from the full S x S attention of the window rows, in double.
+HeadScores window_attention_scores_ref(const PrefillView& v, int w, WindowReduce reduce);
+
+// 1-D pooling, stride 1, padding k/2, same length. Max ignores padding; avg counts it as zeros and
+// divides by k (PyTorch's count_include_pad).
+std::vector<float> pool1d(const std::vector<float>& x, int kernel, Pooling p);
+
+// H2O's scorer: attention each prefix key received summed over all S queries (causal), from the
+// column sums the engine gathered during prefill.
+HeadScores accumulated_attention_scores(const PrefillView& v, int w);
+
+// Native mode: one score vector per KV head, the mean over its query heads. Repeat: unchanged.
+HeadScores reduce_for_gqa(const HeadScores& per_query_head, int n_kv_heads, GqaMode mode);
+
+// Positions of the k largest scores, ties to the lower position, returned in ascending order.
+std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k);
+
+// Kept positions of every stored head: top-k of its scores plus the window [S - w, S).
+std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w);
+
+// A cache holding, for each stored head, exactly the listed prompt positions (Dense segments).
+LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vector<int32_t>>& keep);
+LayerCache keep_all(const PrefillView& v, GqaMode mode);
+
+// Per-layer token budgets (window included) that a schedule assigns for KV size T.
+// PyramidKV: arithmetic from bottom to top with ratio beta. `exact_total` rounds a float schedule and
+// puts the residue on layer 0 so the budgets sum to L x T; otherwise the floored integer schedule of
+// the reference code (which can sum to a few percent more).
+std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exact_total);
+
+}  // namespace kvb
