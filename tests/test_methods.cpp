@@ -1,0 +1,265 @@
+// Method invariants, driven by the registry so that every registered method is covered, plus the
+// shared parts against their references and the papers' worked examples.
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "harness/engine/backend.hpp"
+#include "harness/engine/engine.hpp"
+#include "harness/method/method.hpp"
+#include "harness/method/parts.hpp"
+#include "harness/model/model_file.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+
+namespace {
+
+// A synthetic layer: random post-RoPE Q/K/V for S tokens, window queries and column sums computed by
+// the CPU backend, as the engine would hand them to a method.
+struct SyntheticLayer {
+  ModelConfig cfg;
+  std::vector<float> q, k, v, colsum;
+  std::vector<int32_t> pos;
+  PrefillView view;
+
+  SyntheticLayer(int S, int hq, int hkv, int d, int window, uint32_t seed, float sharpness = 3.0f) {
+    cfg.n_layers = 4;
+    cfg.n_heads = hq;
+    cfg.n_kv_heads = hkv;
+    cfg.head_dim = d;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, sharpness / std::sqrt(static_cast<float>(d)) * 4);
+    q.resize(size_t(S) * hq * d);
+    k.resize(size_t(S) * hkv * d);
+    v.resize(size_t(S) * hkv * d);
+    for (auto& x : q) x = nd(rng);
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    pos.resize(S);
+    std::iota(pos.begin(), pos.end(), 0);
+    auto be = make_cpu_backend();
+    Buffer qb(*be, q.size()), kb(*be, k.size()), vb(*be, v.size()), ob(*be, q.size());
+    be->upload(qb, q);
+    be->upload(kb, k);
+    be->upload(vb, v);
+    be->attention_prefill(qb, kb, vb, S, hq, hkv, d, ob, &colsum);
+    view.layer = 0;
+    view.n_tokens = S;
+    view.n_heads = hq;
+    view.n_kv_heads = hkv;
+    view.head_dim = d;
+    view.positions = pos.data();
+    view.window = window;
+    view.q_window = q.data() + size_t(S - window) * hq * d;
+    view.k = k.data();
+    view.v = v.data();
+    view.attn_colsum = colsum.data();
+  }
+};
+
+std::vector<std::vector<int32_t>> kept_positions(const LayerCache& c) {
+  std::vector<std::vector<int32_t>> out;
+  for (int h = 0; h < c.n_cache_heads(); ++h) {
+    std::vector<int32_t> p;
+    for (const auto& s : c.segments(h)) p.insert(p.end(), s->positions().begin(), s->positions().end());
+    out.push_back(p);
+  }
+  return out;
+}
+
+// A method defined entirely in this test file: keeps the T most recent tokens. Registering it needs
+// no edit anywhere else, and the registry-driven invariants below cover it like the real ones.
+class RecentOnly final : public Method {
+ public:
+  LayerCache compress(const PrefillView& v, const Budget& b) override {
+    std::vector<int32_t> keep(b.tokens);
+    std::iota(keep.begin(), keep.end(), v.n_tokens - b.tokens);
+    return gather(v, gqa(), std::vector<std::vector<int32_t>>(stored_heads(), keep));
+  }
+};
+const bool toy_registered = register_method({"test_recent_only", "test-only: most recent T tokens", {},
+                                             [] { return std::make_unique<RecentOnly>(); }});
+
+}  // namespace
+
+TEST_CASE("every registered method: bytes within budget, valid sorted positions, deterministic",
+          "[methods]") {
+  REQUIRE(toy_registered);
+  const auto& reg = MethodRegistry::get();
+  for (const auto& name : reg.names()) {
+    for (const char* gqa : {"native", "repeat"}) {
+      for (int T : {40, 64, 100}) {
+        SyntheticLayer L(300, 6, 2, 16, 32, 11);
+        INFO(name << " gqa=" << gqa << " T=" << T);
+        auto m = reg.create(name, {{"gqa", gqa}}, L.cfg);
+        MethodRunner runner(*m, T);
+        for (int layer = 0; layer < L.cfg.n_layers; ++layer) {
+          L.view.layer = layer;
+          LayerCache c(6, 2, 16);
+          runner.on_layer(L.view, c);
+          const auto kept = kept_positions(c);
+          CHECK(static_cast<int>(kept.size()) == (std::string(gqa) == "repeat" ? 6 : 2));
+          for (const auto& p : kept) {
+            CHECK(std::is_sorted(p.begin(), p.end()));
+            CHECK(std::set<int32_t>(p.begin(), p.end()).size() == p.size());
+            CHECK((p.empty() || (p.front() >= 0 && p.back() < 300)));
+          }
+          LayerCache again(6, 2, 16);
+          auto m2 = reg.create(name, {{"gqa", gqa}}, L.cfg);
+          MethodRunner r2(*m2, T);
+          r2.on_layer(L.view, again);
+          CHECK(kept_positions(again) == kept);
+        }
+        if (!m->may_exceed_budget())
+          CHECK(runner.prefill_kv_bytes() <= runner.budget().bytes_per_layer * L.cfg.n_layers);
+        CHECK(runner.compressed());
+      }
+    }
+  }
+}
+
+TEST_CASE("every registered method keeps everything when the prompt fits the budget", "[methods]") {
+  const auto& reg = MethodRegistry::get();
+  SyntheticLayer L(50, 6, 2, 16, 32, 3);
+  for (const auto& name : reg.names()) {
+    INFO(name);
+    auto m = reg.create(name, {}, L.cfg);
+    MethodRunner runner(*m, 50);
+    LayerCache c(6, 2, 16);
+    runner.on_layer(L.view, c);
+    CHECK_FALSE(runner.compressed());
+    for (const auto& p : kept_positions(c)) CHECK(p.size() == 50);
+  }
+}
+
+TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", "[methods][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  Engine e(*model);
+  std::vector<int32_t> ids(60);
+  for (int i = 0; i < 60; ++i) ids[i] = 100 + 37 * i;
+  e.prefill(ids);
+  const auto full = e.decode(500);
+  const auto& reg = MethodRegistry::get();
+  for (const auto& name : reg.names()) {
+    for (const char* gqa : {"native", "repeat"}) {
+      INFO(name << " " << gqa);
+      auto m = reg.create(name, {{"gqa", gqa}}, e.config());
+      MethodRunner runner(*m, 64);
+      e.prefill(ids, &runner);
+      CHECK(e.decode(500) == full);  // bit-identical
+    }
+  }
+  // FullKV through a runner also equals the engine's own cache when compression is forced.
+  auto fk = reg.create("fullkv", {}, e.config());
+  MethodRunner forced(*fk, 8);
+  e.prefill(ids, &forced);
+  CHECK(forced.compressed());
+  CHECK(e.decode(500) == full);
+}
+
+TEST_CASE("window scorer equals its reference; pooling edges; GQA mean", "[methods]") {
+  SyntheticLayer L(200, 6, 2, 16, 16, 5);
+  for (auto reduce : {WindowReduce::Sum, WindowReduce::Mean}) {
+    auto fast = window_attention_scores(L.view, 16, reduce), ref = window_attention_scores_ref(L.view, 16, reduce);
+    for (size_t h = 0; h < fast.size(); ++h)
+      for (size_t j = 0; j < fast[h].size(); ++j) REQUIRE(fast[h][j] == Approx(ref[h][j]).margin(1e-6));
+  }
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  CHECK(pool1d(a, 5, Pooling::Avg)[0] == Approx((1 + 2 + 3) / 5.0));
+  CHECK(pool1d(a, 3, Pooling::Max) == std::vector<float>{2, 3, 4, 5, 6, 6});
+  CHECK(pool1d({-1, -2, -3}, 3, Pooling::Max)[0] == -1);  // padding never wins a max
+  HeadScores s = {{1, 0}, {3, 0}, {5, 0}, {0, 2}, {0, 4}, {0, 6}};
+  auto g = reduce_for_gqa(s, 2, GqaMode::Native);
+  CHECK(g == HeadScores{{3, 0}, {0, 4}});
+  CHECK(top_k_sorted({0.5f, 0.9f, 0.5f, 0.1f}, 2) == std::vector<int32_t>{0, 1});  // tie to lower position
+}
+
+TEST_CASE("SnapKV keeps the window and a one-hot target with its pooled neighbourhood", "[methods]") {
+  SyntheticLayer L(256, 2, 1, 16, 8, 7, 0.01f);  // near-uniform attention
+  // Make every window query attend strongly to position 100: align its key with the queries.
+  for (int c = 0; c < 16; ++c) L.k[size_t(100) * 16 + c] = 0;
+  for (int i = 0; i < 8; ++i)
+    for (int h = 0; h < 2; ++h)
+      for (int c = 0; c < 16; ++c) L.k[size_t(100) * 16 + c] += L.q[(size_t(248 + i) * 2 + h) * 16 + c] * 5;
+  ModelConfig cfg = L.cfg;
+  auto m = MethodRegistry::get().create("snapkv", {{"window", "8"}, {"gqa", "repeat"}}, cfg);
+  MethodRunner r(*m, 16);
+  LayerCache c(2, 2, 16);
+  r.on_layer(L.view, c);
+  for (const auto& p : kept_positions(c)) {
+    CHECK(p.size() == 16);
+    CHECK(std::count(p.begin(), p.end(), 100) == 1);
+    for (int j = 248; j < 256; ++j) CHECK(std::count(p.begin(), p.end(), j) == 1);
+    // Max pooling with kernel 7 gives 97..103 the same pooled score, so they are kept together.
+    for (int j = 97; j <= 103; ++j) CHECK(std::count(p.begin(), p.end(), j) == 1);
+  }
+}
+
+TEST_CASE("H2O with uniform attention keeps the earliest tokens; StreamingLLM's kept set", "[methods]") {
+  SyntheticLayer L(120, 2, 2, 8, 8, 9, 0.0f);  // all-zero Q/K: uniform causal attention
+  std::fill(L.q.begin(), L.q.end(), 0.0f);
+  std::fill(L.k.begin(), L.k.end(), 0.0f);
+  auto be = make_cpu_backend();
+  Buffer qb(*be, L.q.size()), kb(*be, L.k.size()), vb(*be, L.v.size()), ob(*be, L.q.size());
+  be->upload(qb, L.q);
+  be->upload(kb, L.k);
+  be->upload(vb, L.v);
+  be->attention_prefill(qb, kb, vb, 120, 2, 2, 8, ob, &L.colsum);
+  L.view.attn_colsum = L.colsum.data();
+  // s[j] = sum_{i >= j} 1/(i+1), decreasing in j.
+  double s5 = 0;
+  for (int i = 5; i < 120; ++i) s5 += 1.0 / (i + 1);
+  CHECK(L.colsum[5] == Approx(s5).epsilon(1e-5));
+  auto h2o = MethodRegistry::get().create("h2o", {{"window", "8"}}, L.cfg);
+  MethodRunner r(*h2o, 20);
+  LayerCache c(2, 2, 8);
+  r.on_layer(L.view, c);
+  std::vector<int32_t> want(12);
+  std::iota(want.begin(), want.end(), 0);
+  for (int j = 112; j < 120; ++j) want.push_back(j);
+  for (const auto& p : kept_positions(c)) CHECK(p == want);
+
+  auto sl = MethodRegistry::get().create("streamingllm", {}, L.cfg);
+  MethodRunner rs(*sl, 20);
+  LayerCache cs(2, 2, 8);
+  rs.on_layer(L.view, cs);
+  std::vector<int32_t> sw = {0, 1, 2, 3};
+  for (int j = 104; j < 120; ++j) sw.push_back(j);
+  for (const auto& p : kept_positions(cs)) CHECK(p == sw);
+}
+
+TEST_CASE("PyramidKV schedule: the reference's worked example and exact totals", "[methods]") {
+  // spec/methods-b.md 4.2: T=128, w=8, beta=20, L=32, S=8000 -> 234, 227, ..., 17 (+ window).
+  const auto repro = pyramid_budgets(128, 8, 20, 8000, 32, false);
+  CHECK(repro.front() == 234 + 8);
+  CHECK(repro[1] == 227 + 8);
+  CHECK(repro.back() == 17 + 8);
+  CHECK(std::accumulate(repro.begin(), repro.end(), 0) - 32 * 8 == 4016);
+  for (int T : {64, 128, 512, 2048})
+    for (int S : {300, 2100, 5000, 8000}) {
+      if (S <= T) continue;
+      const auto exact = pyramid_budgets(T, 8, 20, S, 32, true);
+      INFO("T=" << T << " S=" << S);
+      CHECK(std::accumulate(exact.begin(), exact.end(), 0) == 32 * T);
+      CHECK(std::is_sorted(exact.rbegin(), exact.rend()));  // non-increasing with depth
+      for (int c : exact) CHECK(c <= S);
+    }
+}
+
+TEST_CASE("method parameters are validated with the valid keys listed", "[methods]") {
+  ModelConfig cfg;
+  cfg.n_layers = 2;
+  cfg.n_heads = 4;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 8;
+  const auto& reg = MethodRegistry::get();
+  test::require_error([&] { reg.create("snapkv", {{"windw", "8"}}, cfg); }, {"unknown parameter 'windw'", "window", "kernel"});
+  test::require_error([&] { reg.create("snapkv", {{"window", "0"}}, cfg); }, {"'window' = '0'", "[1, 4096]"});
+  test::require_error([&] { reg.create("snapkv", {{"pooling", "median"}}, cfg); }, {"max|avg|none"});
+  test::require_error([&] { reg.create("snapkv", {{"gqa", "both"}}, cfg); }, {"native|repeat"});
+  test::require_error([&] { reg.create("nosuch", {}, cfg); }, {"unknown method 'nosuch'", "snapkv"});
+}
