@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "harness/util/error.hpp"
+#include "kernels/cpu/ops.hpp"
 
 namespace kvb {
 
@@ -82,31 +83,35 @@ void LayerCache::clear() {
 void attend(const LayerCache& cache, const float* q, float* out) {
   const int d = cache.head_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> scores, acc(d);
-  for (int h = 0; h < cache.n_query_heads(); ++h) {
-    const float* qh = q + size_t(h) * d;
-    float m = -std::numeric_limits<float>::infinity(), l = 0;
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (const auto& seg : cache.segments(cache.cache_head_of(h))) {
-      const size_t n = seg->size();
-      if (n == 0) continue;
-      scores.resize(n);
-      seg->logits(qh, scores.data());
-      float m_new = m;
-      for (size_t t = 0; t < n; ++t) m_new = std::max(m_new, scores[t] * scale);
-      // Rescale what was accumulated under the old maximum, then add this segment's terms.
-      const float r = std::exp(m - m_new);
-      l *= r;
-      for (auto& a : acc) a *= r;
-      for (size_t t = 0; t < n; ++t) {
-        scores[t] = std::exp(scores[t] * scale - m_new);
-        l += scores[t];
+  // Query heads are independent; BLAS calls inside the region run on the calling thread.
+#pragma omp parallel
+  {
+    std::vector<float> scores, acc(d);
+#pragma omp for schedule(static)
+    for (int h = 0; h < cache.n_query_heads(); ++h) {
+      const float* qh = q + size_t(h) * d;
+      float m = -std::numeric_limits<float>::infinity(), l = 0;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (const auto& seg : cache.segments(cache.cache_head_of(h))) {
+        const size_t n = seg->size();
+        if (n == 0) continue;
+        scores.resize(n);
+        seg->logits(qh, scores.data());
+        float m_new = m;
+        for (size_t t = 0; t < n; ++t) m_new = std::max(m_new, scores[t] * scale);
+        // Rescale what was accumulated under the old maximum, then add this segment's terms.
+        const float r = std::exp(m - m_new);
+        l *= r;
+        for (auto& a : acc) a *= r;
+        for (size_t t = 0; t < n; ++t) scores[t] *= scale;
+        exp_shifted(scores.data(), static_cast<int>(n), m_new);
+        for (size_t t = 0; t < n; ++t) l += scores[t];
+        seg->accumulate(scores.data(), acc.data());
+        m = m_new;
       }
-      seg->accumulate(scores.data(), acc.data());
-      m = m_new;
+      float* oh = out + size_t(h) * d;
+      for (int c = 0; c < d; ++c) oh[c] = l > 0 ? acc[c] / l : 0.0f;
     }
-    float* oh = out + size_t(h) * d;
-    for (int c = 0; c < d; ++c) oh[c] = l > 0 ? acc[c] / l : 0.0f;
   }
 }
 
