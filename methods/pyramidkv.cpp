@@ -11,13 +11,9 @@ class PyramidKV final : public Method {
 
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
-    const bool exact = params().get("schedule") == "exact";
     const auto caps = pyramid_budgets(b.tokens, w, static_cast<int>(params().get_int("beta")), v.n_tokens,
-                                      model().n_layers, exact);
-    const auto reduce = params().get("reduce") == "sum" ? WindowReduce::Sum : WindowReduce::Mean;
-    HeadScores s = window_attention_scores(v, w, reduce);
-    for (auto& h : s) h = pool1d(h, static_cast<int>(params().get_int("kernel")), parse_pooling(params().get("pooling")));
-    s = reduce_for_gqa(s, v.n_kv_heads, gqa());
+                                      model().n_layers, params().get("schedule") == "exact");
+    const HeadScores s = pooled_window_scores(v, params(), gqa());
     return gather(v, gqa(), select_with_window(s, caps[v.layer] - w, v.n_tokens, w));
   }
 
@@ -25,16 +21,16 @@ class PyramidKV final : public Method {
   bool may_exceed_budget() const override { return params().get("schedule") == "repro"; }
 };
 
-const bool registered = register_method(
-    {"pyramidkv", "SnapKV selection with pyramidal per-layer budgets",
-     {ParamSpec::integer("window", 32, 1, 4096, "observation window w (always kept)"),
-      ParamSpec::integer("kernel", 7, 1, 63, "pooling kernel (odd)"),
-      ParamSpec::choice("pooling", "max", {"max", "avg", "none"}, "1-D pooling of the scores"),
-      ParamSpec::choice("reduce", "mean", {"mean", "sum"}, "reduction over the window queries"),
-      ParamSpec::integer("beta", 20, 1, 1000, "ratio of the largest to the smallest layer budget scale"),
-      ParamSpec::choice("schedule", "exact", {"exact", "repro"},
-                        "exact: budgets sum to L x T; repro: the reference code's floored steps")},
-     [] { return std::make_unique<PyramidKV>(); }});
+std::vector<ParamSpec> pyramid_params() {
+  auto p = window_scorer_params();
+  p.push_back(ParamSpec::integer("beta", 20, 1, 1000, "ratio of the largest to the smallest layer budget scale"));
+  p.push_back(ParamSpec::choice("schedule", "exact", {"exact", "repro"},
+                                "exact: budgets sum to L x T; repro: the reference code's floored steps"));
+  return p;
+}
+
+const bool registered = register_method({"pyramidkv", "SnapKV selection with pyramidal per-layer budgets",
+                                         pyramid_params(), [] { return std::make_unique<PyramidKV>(); }});
 
 }  // namespace
 }  // namespace kvb

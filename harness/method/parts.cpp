@@ -105,6 +105,22 @@ std::vector<float> pool1d(const std::vector<float>& x, int kernel, Pooling p) {
   return y;
 }
 
+std::vector<ParamSpec> window_scorer_params() {
+  return {ParamSpec::integer("window", 32, 1, 4096, "observation window w (last prompt tokens, always kept)"),
+          ParamSpec::integer("kernel", 7, 1, 63, "pooling kernel (odd)"),
+          ParamSpec::choice("pooling", "max", {"max", "avg", "none"}, "1-D pooling of the scores"),
+          ParamSpec::choice("reduce", "mean", {"mean", "sum"}, "reduction over the window queries")};
+}
+
+HeadScores pooled_window_scores(const PrefillView& v, const Params& p, GqaMode mode) {
+  const auto reduce = p.get("reduce") == "sum" ? WindowReduce::Sum : WindowReduce::Mean;
+  HeadScores s = window_attention_scores(v, static_cast<int>(p.get_int("window")), reduce);
+  const int kernel = static_cast<int>(p.get_int("kernel"));
+  const Pooling pooling = parse_pooling(p.get("pooling"));
+  for (auto& h : s) h = pool1d(h, kernel, pooling);
+  return reduce_for_gqa(s, v.n_kv_heads, mode);
+}
+
 HeadScores accumulated_attention_scores(const PrefillView& v, int w) {
   if (!v.attn_colsum) fail("internal: the prefill did not gather accumulated attention");
   if (w < 0 || w >= v.n_tokens) fail("recent window {} must be below the prompt length {}", w, v.n_tokens);

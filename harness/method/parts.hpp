@@ -8,6 +8,7 @@
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/prefill_view.hpp"
 #include "harness/method/method.hpp"
+#include "harness/method/params.hpp"
 
 namespace kvb {
 
@@ -27,6 +28,11 @@ HeadScores window_attention_scores_ref(const PrefillView& v, int w, WindowReduce
 // 1-D pooling, stride 1, padding k/2, same length. Max ignores padding; avg counts it as zeros and
 // divides by k (PyTorch's count_include_pad).
 std::vector<float> pool1d(const std::vector<float>& x, int kernel, Pooling p);
+
+// SnapKV's scorer as SnapKV and PyramidKV configure it, from the parameters window_scorer_params()
+// declares: window attention, reduced over the window, pooled per head, then reduced for the GQA mode.
+std::vector<ParamSpec> window_scorer_params();
+HeadScores pooled_window_scores(const PrefillView& v, const Params& p, GqaMode mode);
 
 // H2O's scorer: attention each prefix key received summed over all S queries (causal), from the
 // column sums the engine gathered during prefill.

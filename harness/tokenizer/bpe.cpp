@@ -36,13 +36,6 @@ std::string escape_regex(const std::string& s) {
   return out;
 }
 
-// Control tokens that end a turn in the chat formats we support; llama.cpp treats them the same way.
-bool is_turn_end(const std::string& t) {
-  static const char* names[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>",
-                                "<|end_of_text|>", "<|end|>", "</s>", "<end_of_turn>"};
-  return std::find(std::begin(names), std::end(names), t) != std::end(names);
-}
-
 }  // namespace
 
 std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc, bool* ignore_merges) {
@@ -87,26 +80,8 @@ BpeSpec bpe_spec_from_gguf(const GGUFFile& f) {
   for (size_t id = 0; id < types.size(); ++id)
     if (types[id] == 3 || types[id] == 4)
       s.added.push_back({static_cast<int32_t>(id), s.vocab[id], types[id] == 3, false, false});
-  auto id_opt = [&](const char* key) -> std::optional<int32_t> {
-    auto v = f.get_uint_opt(key);
-    if (!v) return std::nullopt;
-    if (*v >= n) fail("{}: {} = {} is outside the vocabulary of {} tokens", f.path(), key, *v, n);
-    return static_cast<int32_t>(*v);
-  };
-  s.special.bos = id_opt("tokenizer.ggml.bos_token_id");
-  s.special.eos = id_opt("tokenizer.ggml.eos_token_id");
-  s.special.unk = id_opt("tokenizer.ggml.unknown_token_id");
-  s.special.pad = id_opt("tokenizer.ggml.padding_token_id");
-  s.special.add_bos = f.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(false);
-  s.special.add_eos = f.get_bool_opt("tokenizer.ggml.add_eos_token").value_or(false);
-  auto& eog = s.special.end_of_generation;
-  if (s.special.eos) eog.push_back(*s.special.eos);
-  for (const char* k : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
-    if (auto id = id_opt(k)) eog.push_back(*id);
-  for (const auto& a : s.added)
-    if (a.special && is_turn_end(a.content)) eog.push_back(a.id);
-  std::sort(eog.begin(), eog.end());
-  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  s.special = special_tokens_from_gguf(f, n, false);
+  add_turn_ends(s.special, s.added);
   return s;
 }
 
@@ -284,12 +259,7 @@ BpeSpec bpe_spec_from_tokenizer_json(const std::string& path) {
     if (c.contains("add_bos_token") && c["add_bos_token"].is_boolean())
       s.special.add_bos = c["add_bos_token"].get<bool>();
   }
-  auto& eog = s.special.end_of_generation;
-  if (s.special.eos) eog.push_back(*s.special.eos);
-  for (const auto& a : s.added)
-    if (a.special && is_turn_end(a.content)) eog.push_back(a.id);
-  std::sort(eog.begin(), eog.end());
-  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  add_turn_ends(s.special, s.added);
   return s;
 }
 

@@ -107,7 +107,7 @@ std::unique_ptr<SpmTokenizer> SpmTokenizer::from_file(const std::string& path) {
   if (t->sp_->eos_id() >= 0) s.eos = t->sp_->eos_id();
   if (t->sp_->unk_id() >= 0) s.unk = t->sp_->unk_id();
   s.add_bos = true;  // Llama 2 and Mistral prepend <s>
-  if (s.eos) s.end_of_generation.push_back(*s.eos);
+  add_turn_ends(s, t->added_tokens());
   t->special_ = s;
   return t;
 }
@@ -128,20 +128,8 @@ std::unique_ptr<SpmTokenizer> SpmTokenizer::from_gguf(const GGUFFile& f) {
   const bool dummy = f.get_bool_opt("tokenizer.ggml.add_space_prefix").value_or(true);
   auto t = std::make_unique<SpmTokenizer>(
       spm_model_proto(pieces, scores, types, dummy, byte_fallback), f.path(), SpecialTokens{});
-  SpecialTokens s;
-  auto id_opt = [&](const char* key) -> std::optional<int32_t> {
-    auto v = f.get_uint_opt(key);
-    if (!v) return std::nullopt;
-    if (*v >= pieces.size()) fail("{}: {} = {} is outside the vocabulary", f.path(), key, *v);
-    return static_cast<int32_t>(*v);
-  };
-  s.bos = id_opt("tokenizer.ggml.bos_token_id");
-  s.eos = id_opt("tokenizer.ggml.eos_token_id");
-  s.unk = id_opt("tokenizer.ggml.unknown_token_id");
-  s.add_bos = f.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(true);
-  s.add_eos = f.get_bool_opt("tokenizer.ggml.add_eos_token").value_or(false);
-  if (s.eos) s.end_of_generation.push_back(*s.eos);
-  t->special_ = s;
+  t->special_ = special_tokens_from_gguf(f, pieces.size(), true);
+  add_turn_ends(t->special_, t->added_tokens());
   return t;
 }
 

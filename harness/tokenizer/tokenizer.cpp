@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "harness/model/gguf.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 
@@ -11,6 +12,37 @@ namespace {
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 }  // namespace
+
+SpecialTokens special_tokens_from_gguf(const GGUFFile& f, size_t n_vocab, bool default_add_bos) {
+  auto id = [&](const char* key) -> std::optional<int32_t> {
+    auto v = f.get_uint_opt(key);
+    if (!v) return std::nullopt;
+    if (*v >= n_vocab) fail("{}: {} = {} is outside the vocabulary of {} tokens", f.path(), key, *v, n_vocab);
+    return static_cast<int32_t>(*v);
+  };
+  SpecialTokens s;
+  s.bos = id("tokenizer.ggml.bos_token_id");
+  s.eos = id("tokenizer.ggml.eos_token_id");
+  s.unk = id("tokenizer.ggml.unknown_token_id");
+  s.pad = id("tokenizer.ggml.padding_token_id");
+  s.add_bos = f.get_bool_opt("tokenizer.ggml.add_bos_token").value_or(default_add_bos);
+  s.add_eos = f.get_bool_opt("tokenizer.ggml.add_eos_token").value_or(false);
+  for (const char* k : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (auto e = id(k)) s.end_of_generation.push_back(*e);
+  return s;
+}
+
+void add_turn_ends(SpecialTokens& s, const std::vector<AddedToken>& added) {
+  static const char* names[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>",
+                                "<|end_of_text|>", "<|end|>", "</s>", "<end_of_turn>"};
+  auto& eog = s.end_of_generation;
+  if (s.eos) eog.push_back(*s.eos);
+  for (const auto& a : added)
+    if (a.special && std::find(std::begin(names), std::end(names), a.content) != std::end(names))
+      eog.push_back(a.id);
+  std::sort(eog.begin(), eog.end());
+  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+}
 
 void Tokenizer::set_added_tokens(std::vector<AddedToken> tokens) {
   added_ = std::move(tokens);

@@ -12,6 +12,7 @@
 
 namespace kvb {
 
+class GGUFFile;
 class ModelFile;
 
 // A token written literally in the text (e.g. "<|im_start|>") that bypasses the normal algorithm.
@@ -66,6 +67,13 @@ class Tokenizer {
   std::vector<int32_t> added_by_id_;  // index into added_, or -1, by token id
   std::array<bool, 256> added_first_byte_{};  // lets encode skip positions no added token starts at
 };
+
+// BOS/EOS/UNK/PAD ids and add-BOS/EOS flags from GGUF metadata (tokenizer.ggml.*), checked against
+// the vocabulary size, with end-of-generation ids from eos, eot and eom.
+SpecialTokens special_tokens_from_gguf(const GGUFFile& f, size_t n_vocab, bool default_add_bos);
+// Adds eos and the special added tokens that end a chat turn (<|im_end|>, <|eot_id|>, </s>, ...) to
+// the end-of-generation ids, as llama.cpp does for these models.
+void add_turn_ends(SpecialTokens& s, const std::vector<AddedToken>& added);
 
 // The tokenizer stored with a model: GGUF metadata, or tokenizer.json / tokenizer.model in a
 // Hugging Face directory.
