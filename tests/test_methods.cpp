@@ -263,3 +263,26 @@ TEST_CASE("method parameters are validated with the valid keys listed", "[method
   test::require_error([&] { reg.create("snapkv", {{"gqa", "both"}}, cfg); }, {"native|repeat"});
   test::require_error([&] { reg.create("nosuch", {}, cfg); }, {"unknown method 'nosuch'", "snapkv"});
 }
+
+TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent window",
+          "[methods][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  Engine e(*model);
+  std::vector<int32_t> ids(80);
+  for (int i = 0; i < 80; ++i) ids[i] = 200 + 13 * i;
+  for (const char* gqa : {"native", "repeat"}) {
+    INFO(gqa);
+    auto m = MethodRegistry::get().create("h2o", {{"window", "4"}, {"decode_eviction", "true"}, {"gqa", gqa}}, e.config());
+    MethodRunner runner(*m, 32);
+    e.prefill(ids, &runner);
+    for (int step = 0; step < 10; ++step) e.decode(300 + step);
+    for (const auto& c : e.caches())
+      for (int h = 0; h < c.n_cache_heads(); ++h) {
+        REQUIRE(c.tokens(h) == 32);
+        const auto pos = c.segments(h)[0]->positions();
+        for (int32_t p = 86; p < 90; ++p) CHECK(std::count(pos.begin(), pos.end(), p) == 1);
+      }
+  }
+}

@@ -17,6 +17,14 @@ void DenseSegment::append(const float* k, const float* v, int32_t pos) {
   pos_.push_back(pos);
 }
 
+void DenseSegment::erase(size_t index) {
+  if (index >= pos_.size()) fail("DenseSegment::erase: index {} of {} tokens", index, pos_.size());
+  const auto at = static_cast<std::ptrdiff_t>(index * d_);
+  k_.erase(k_.begin() + at, k_.begin() + at + d_);
+  v_.erase(v_.begin() + at, v_.begin() + at + d_);
+  pos_.erase(pos_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
 void DenseSegment::reserve(size_t tokens) {
   k_.reserve(tokens * d_);
   v_.reserve(tokens * d_);

@@ -39,6 +39,7 @@ class DenseSegment final : public Segment {
 
   void append(const float* k, const float* v, int32_t pos);
   void reserve(size_t tokens);
+  void erase(size_t index);  // removes one token (decode-time eviction)
   const float* k() const { return k_.data(); }
   const float* v() const { return v_.data(); }
   int head_dim() const { return d_; }

@@ -161,6 +161,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     observer->on_layer(view, caches_[l]);
   }
   pos_ = n;
+  decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
   return logits_of_last(x, n);
 }
 
@@ -204,6 +205,11 @@ std::vector<float> Engine::decode(int32_t token) {
       cache.append(rep_k.data(), rep_v.data(), p);
     }
     b.attention_decode(cache, q, attn);
+    if (decode_observer_) {
+      std::vector<float> hq_row(Q);
+      b.download(q, hq_row);
+      decode_observer_->on_decode(l, cache, hq_row.data(), p);
+    }
     b.linear(attn, L.wo, nullptr, 1, Q, H, proj);
     b.add(x, proj, H);
     b.rmsnorm(x, L.ffn_norm, 1, H, eps, h);

@@ -33,7 +33,8 @@ class Engine {
   Backend& backend() { return *backend_; }
 
   // Starts a new sequence with `ids` (positions 0..n-1) and returns the logits of the last token.
-  // Without an observer every layer keeps its full K/V.
+  // Without an observer every layer keeps its full K/V. The observer, if it acts on decoding, is
+  // also called at every decode step of this sequence and must outlive it.
   std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr);
   // Appends one token and returns its logits.
   std::vector<float> decode(int32_t token);
@@ -58,6 +59,7 @@ class Engine {
   std::vector<LayerCache> caches_;
   int pos_ = 0;
   size_t weight_bytes_ = 0;
+  PrefillObserver* decode_observer_ = nullptr;
 };
 
 }  // namespace kvb

@@ -37,6 +37,10 @@ class PrefillObserver {
   virtual PrefillNeeds needs() const { return {}; }
   // Fills `cache` (empty on entry) with what the layer keeps for decoding.
   virtual void on_layer(const PrefillView& view, LayerCache& cache) = 0;
+  // Called at each decode step of the same sequence, per layer, after the step's attention; the new
+  // token is already in `cache`. q: its post-RoPE queries [n_heads, head_dim].
+  virtual bool acts_on_decode() const { return false; }
+  virtual void on_decode(int /*layer*/, LayerCache& /*cache*/, const float* /*q*/, int32_t /*pos*/) {}
 };
 
 }  // namespace kvb

@@ -31,6 +31,7 @@ struct DecodeView {
   int layer = 0;
   int32_t position = 0;    // position of the token just appended
   const float* q = nullptr;  // its post-RoPE queries [n_heads, head_dim]
+  int budget_tokens = 0;   // T
 };
 
 class CalibrationContext;
@@ -102,6 +103,10 @@ class MethodRunner : public PrefillObserver {
   MethodRunner(Method& method, int budget_tokens);
   PrefillNeeds needs() const override { return method_.needs(); }
   void on_layer(const PrefillView& view, LayerCache& cache) override;
+  bool acts_on_decode() const override { return method_.acts_on_decode(); }
+  void on_decode(int layer, LayerCache& cache, const float* q, int32_t pos) override {
+    method_.on_decode(cache, DecodeView{layer, pos, q, budget_.tokens});
+  }
 
   const Budget& budget() const { return budget_; }
   bool compressed() const { return compressed_; }
