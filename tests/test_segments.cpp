@@ -4,6 +4,7 @@
 #include <random>
 
 #include "harness/cache/layer_cache.hpp"
+#include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_quant.hpp"
@@ -119,4 +120,75 @@ TEST_CASE("quantized segment bytes: codes plus fp16 scale and minimum per group"
   CHECK(static_cast<double>(s.bytes()) * 8 / (64.0 * d * 2) == 3.0);
   test::require_error([&] { QuantizedSegment(d, 3, 3, 11, 32); }, {"3-bit values"});
   test::require_error([&] { s.append(k.data(), v.data(), 10, pos.data()); }, {"10 tokens", "32-token key groups"});
+}
+
+TEST_CASE("low-rank segments: PCA basis, nesting, pre-RoPE keys, attention equals reconstruction",
+          "[segments]") {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int d = 32, n = 200, r = 6;
+  // Data of exact rank r: its rank-r PCA reconstruction is exact.
+  std::vector<float> a(size_t(n) * r), bk(size_t(r) * d), bv(size_t(r) * d), k(size_t(n) * d, 0), v(k.size(), 0);
+  for (auto* x : {&a, &bk, &bv})
+    for (auto& e : *x) e = nd(rng);
+  for (int t = 0; t < n; ++t)
+    for (int j = 0; j < r; ++j)
+      for (int i = 0; i < d; ++i) {
+        k[size_t(t) * d + i] += a[size_t(t) * r + j] * bk[size_t(j) * d + i];
+        v[size_t(t) * d + i] += a[size_t(t) * r + j] * bv[size_t(j) * d + i];
+      }
+  auto basis = std::make_shared<LowRankBasis>(pca_basis(k.data(), v.data(), n, d, 8));
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) {
+      double dot = 0;
+      for (int c = 0; c < d; ++c) dot += double(basis->k[size_t(c) * 8 + i]) * basis->k[size_t(c) * 8 + j];
+      REQUIRE(dot == Approx(i == j ? 1.0 : 0.0).margin(1e-5));
+    }
+  LowRankSegment full(basis, r, r, true);
+  for (int t = 0; t < n; ++t) full.append(k.data() + size_t(t) * d, v.data() + size_t(t) * d, t);
+  std::vector<float> rk, rv;
+  full.reconstruct(rk, rv);
+  for (size_t i = 0; i < rk.size(); ++i) {
+    REQUIRE(rk[i] == Approx(k[i]).margin(1e-3));
+    REQUIRE(rv[i] == Approx(v[i]).margin(1e-3));
+  }
+  // Nested: a rank-2 segment shares the basis and pays only for its coefficients.
+  LowRankSegment small(basis, 2, 3, false);
+  small.append(k.data(), v.data(), 0);
+  CHECK(small.bytes() == (2 + 3) * sizeof(float));
+  CHECK(full.bytes() == size_t(n) * (r + r) * sizeof(float) + basis->bytes());
+
+  // Attention over [low-rank post-RoPE | low-rank pre-RoPE | dense] equals the reconstruction's.
+  std::vector<float> inv(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+  auto rope = std::make_shared<RopeTable>(inv, RopeStyle::NeoX);
+  rope->ensure(4096);
+  const int hq = 2, hkv = 1;
+  LayerCache cache(hq, hkv, d), ref(hq, hkv, d);
+  auto post = std::make_unique<LowRankSegment>(basis, 4, 5, true);
+  auto pre = std::make_unique<LowRankSegment>(basis, 8, 8, false, rope);
+  for (int t = 0; t < 50; ++t) post->append(k.data() + size_t(t) * d, v.data() + size_t(t) * d, t);
+  for (int t = 50; t < 120; ++t) pre->append(k.data() + size_t(t) * d, v.data() + size_t(t) * d, t);
+  auto dense = std::make_unique<DenseSegment>(d);
+  for (auto* s : {post.get(), pre.get()}) {
+    std::vector<float> sk, sv;
+    s->reconstruct(sk, sv);
+    for (size_t t = 0; t < s->size(); ++t)
+      dense->append(sk.data() + t * d, sv.data() + t * d, s->positions()[t]);
+  }
+  // Pre-RoPE keys at full basis rank (8 >= data rank 6) come back rotated at their positions.
+  std::vector<float> pk, pv;
+  pre->reconstruct(pk, pv);
+  std::vector<float> rot(k.begin() + 50 * d, k.begin() + 51 * d);
+  int32_t p50 = 50;
+  rope->apply(rot.data(), 1, 1, d, &p50);
+  for (int c = 0; c < d; ++c) CHECK(pk[c] == Approx(rot[c]).margin(1e-3));
+  cache.segments(0).push_back(std::move(post));
+  cache.segments(0).push_back(std::move(pre));
+  ref.segments(0).push_back(std::move(dense));
+  std::vector<float> q(size_t(hq) * d), o1(q.size()), o2(q.size());
+  for (auto& x : q) x = nd(rng) * 0.2f;
+  attend(cache, q.data(), o1.data());
+  attend(ref, q.data(), o2.data());
+  for (size_t i = 0; i < o1.size(); ++i) REQUIRE(o1[i] == Approx(o2[i]).margin(1e-4));
 }

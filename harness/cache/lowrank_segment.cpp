@@ -1,0 +1,163 @@
+#include "harness/cache/lowrank_segment.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+LowRankSegment::LowRankSegment(std::shared_ptr<const LowRankBasis> basis, int k_rank, int v_rank,
+                               bool charge_basis, std::shared_ptr<const RopeTable> rope)
+    : basis_(std::move(basis)), rk_(k_rank), rv_(v_rank), charge_basis_(charge_basis), rope_(std::move(rope)) {
+  if (rk_ < 0 || rv_ < 0 || rk_ > basis_->rank || rv_ > basis_->rank)
+    fail("LowRankSegment: ranks k={} v={} must be within the basis rank {}", rk_, rv_, basis_->rank);
+}
+
+std::string LowRankSegment::format() const {
+  return fmt::format("lowrank(k{},v{}{})", rk_, rv_, rope_ ? ",pre-rope" : "");
+}
+
+size_t LowRankSegment::bytes() const {
+  return (ck_.size() + cv_.size()) * sizeof(float) + (charge_basis_ ? basis_->bytes() : 0);
+}
+
+namespace {
+// c[r] = x[d] P[:, :r] for a row-major [d, R] basis.
+void project(const float* x, const std::vector<float>& P, int d, int R, int r, float* c) {
+  for (int j = 0; j < r; ++j) c[j] = 0;
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < r; ++j) c[j] += x[i] * P[size_t(i) * R + j];
+}
+// x[d] (+)= c[r] P[:, :r]^T
+void expand(const float* c, const std::vector<float>& P, int d, int R, int r, float* x) {
+  for (int i = 0; i < d; ++i) {
+    float s = 0;
+    for (int j = 0; j < r; ++j) s += c[j] * P[size_t(i) * R + j];
+    x[i] += s;
+  }
+}
+}  // namespace
+
+void LowRankSegment::append(const float* k, const float* v, int32_t pos) {
+  const int d = basis_->head_dim, R = basis_->rank;
+  ck_.resize(ck_.size() + rk_);
+  cv_.resize(cv_.size() + rv_);
+  project(k, basis_->k, d, R, rk_, ck_.data() + ck_.size() - rk_);
+  project(v, basis_->v, d, R, rv_, cv_.data() + cv_.size() - rv_);
+  pos_.push_back(pos);
+}
+
+void LowRankSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {
+  const int d = basis_->head_dim, R = basis_->rank;
+  const size_t n = size();
+  k.assign(n * d, 0.0f);
+  v.assign(n * d, 0.0f);
+  for (size_t t = 0; t < n; ++t) {
+    expand(ck_.data() + t * rk_, basis_->k, d, R, rk_, k.data() + t * d);
+    expand(cv_.data() + t * rv_, basis_->v, d, R, rv_, v.data() + t * d);
+    if (rope_) rope_->apply(k.data() + t * d, 1, 1, d, &pos_[t]);
+  }
+}
+
+void LowRankSegment::logits(const float* q, float* scores) const {
+  const int d = basis_->head_dim, R = basis_->rank;
+  const size_t n = size();
+  if (rope_) {
+    // Position-dependent rotation: rebuild each key, rotate it, then dot.
+    std::vector<float> k(d);
+    for (size_t t = 0; t < n; ++t) {
+      std::fill(k.begin(), k.end(), 0.0f);
+      expand(ck_.data() + t * rk_, basis_->k, d, R, rk_, k.data());
+      rope_->apply(k.data(), 1, 1, d, &pos_[t]);
+      scores[t] = std::inner_product(k.begin(), k.end(), q, 0.0f);
+    }
+    return;
+  }
+  // q . (c P^T) = (q P) . c: project the query once.
+  std::vector<float> qp(rk_);
+  project(q, basis_->k, d, R, rk_, qp.data());
+  for (size_t t = 0; t < n; ++t) scores[t] = std::inner_product(qp.begin(), qp.end(), ck_.data() + t * rk_, 0.0f);
+}
+
+void LowRankSegment::accumulate(const float* p, float* acc) const {
+  const int d = basis_->head_dim, R = basis_->rank;
+  std::vector<float> c(rv_, 0.0f);
+  for (size_t t = 0; t < size(); ++t)
+    for (int j = 0; j < rv_; ++j) c[j] += p[t] * cv_[t * rv_ + j];
+  expand(c.data(), basis_->v, d, R, rv_, acc);
+}
+
+namespace {
+
+// Eigenvectors of a symmetric matrix by cyclic Jacobi rotations; columns of `vecs`, unsorted.
+void jacobi_eigen(std::vector<double>& a, int n, std::vector<double>& vals, std::vector<double>& vecs) {
+  vecs.assign(size_t(n) * n, 0.0);
+  for (int i = 0; i < n; ++i) vecs[size_t(i) * n + i] = 1.0;
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    for (int p = 0; p < n; ++p)
+      for (int q = p + 1; q < n; ++q) off += a[size_t(p) * n + q] * a[size_t(p) * n + q];
+    if (off < 1e-22) break;
+    for (int p = 0; p < n; ++p)
+      for (int q = p + 1; q < n; ++q) {
+        const double apq = a[size_t(p) * n + q];
+        if (std::abs(apq) < 1e-300) continue;
+        const double theta = (a[size_t(q) * n + q] - a[size_t(p) * n + p]) / (2 * apq);
+        const double t = (theta >= 0 ? 1 : -1) / (std::abs(theta) + std::sqrt(theta * theta + 1));
+        const double c = 1 / std::sqrt(t * t + 1), s = t * c;
+        for (int k = 0; k < n; ++k) {  // rotate columns p, q
+          const double akp = a[size_t(k) * n + p], akq = a[size_t(k) * n + q];
+          a[size_t(k) * n + p] = c * akp - s * akq;
+          a[size_t(k) * n + q] = s * akp + c * akq;
+        }
+        for (int k = 0; k < n; ++k) {  // and rows p, q
+          const double apk = a[size_t(p) * n + k], aqk = a[size_t(q) * n + k];
+          a[size_t(p) * n + k] = c * apk - s * aqk;
+          a[size_t(q) * n + k] = s * apk + c * aqk;
+        }
+        for (int k = 0; k < n; ++k) {
+          const double vkp = vecs[size_t(k) * n + p], vkq = vecs[size_t(k) * n + q];
+          vecs[size_t(k) * n + p] = c * vkp - s * vkq;
+          vecs[size_t(k) * n + q] = s * vkp + c * vkq;
+        }
+      }
+  }
+  vals.resize(n);
+  for (int i = 0; i < n; ++i) vals[i] = a[size_t(i) * n + i];
+}
+
+std::vector<float> top_eigenvectors(const float* x, int n, int d, int rank) {
+  std::vector<double> c(size_t(d) * d, 0.0);
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < d; ++i)
+      for (int j = i; j < d; ++j) c[size_t(i) * d + j] += double(x[size_t(t) * d + i]) * x[size_t(t) * d + j];
+  for (int i = 0; i < d; ++i)
+    for (int j = i; j < d; ++j) c[size_t(j) * d + i] = c[size_t(i) * d + j] /= n;
+  std::vector<double> vals, vecs;
+  jacobi_eigen(c, d, vals, vecs);
+  std::vector<int> order(d);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return vals[a] > vals[b]; });
+  std::vector<float> P(size_t(d) * rank);
+  for (int j = 0; j < rank; ++j)
+    for (int i = 0; i < d; ++i) P[size_t(i) * rank + j] = static_cast<float>(vecs[size_t(i) * d + order[j]]);
+  return P;
+}
+
+}  // namespace
+
+LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank) {
+  if (rank < 0 || rank > d) fail("pca_basis: rank {} outside [0, {}]", rank, d);
+  LowRankBasis b;
+  b.head_dim = d;
+  b.rank = rank;
+  b.k = top_eigenvectors(k, n, d, rank);
+  b.v = top_eigenvectors(v, n, d, rank);
+  return b;
+}
+
+}  // namespace kvb

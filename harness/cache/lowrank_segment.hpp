@@ -1,0 +1,54 @@
+#pragma once
+// Keys and values kept as coefficients in a per-head basis (uncentered PCA, spec/methods-a.md 1.2):
+// k ~ c_k P_k^T, v ~ c_v P_v^T. Bases are nested: rank r uses the first r columns of the widest
+// basis, which segments of several ranks share and only one of them pays for. Keys are stored
+// post-RoPE (MixedDimKV) or pre-RoPE with RoPE re-applied at each key's position (DynaKV).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "harness/cache/layer_cache.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace kvb {
+
+// Orthonormal columns, row-major [head_dim, rank].
+struct LowRankBasis {
+  int head_dim = 0;
+  int rank = 0;
+  std::vector<float> k, v;
+  size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
+};
+
+class LowRankSegment final : public Segment {
+ public:
+  // `rope` is required when keys are pre-RoPE (then logits rotate each reconstructed key).
+  LowRankSegment(std::shared_ptr<const LowRankBasis> basis, int k_rank, int v_rank, bool charge_basis,
+                 std::shared_ptr<const RopeTable> rope = nullptr);
+
+  std::string format() const override;
+  size_t size() const override { return pos_.size(); }
+  std::span<const int32_t> positions() const override { return pos_; }
+  size_t bytes() const override;
+  void logits(const float* q, float* scores) const override;
+  void accumulate(const float* p, float* acc) const override;
+
+  // Projects and appends a token: k (post- or pre-RoPE as configured) and v at full head dimension.
+  void append(const float* k, const float* v, int32_t pos);
+  // Dense keys (post-RoPE) and values as attention sees them: the reference for the fast paths.
+  void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
+
+ private:
+  std::shared_ptr<const LowRankBasis> basis_;
+  int rk_, rv_;
+  bool charge_basis_;
+  std::shared_ptr<const RopeTable> rope_;
+  std::vector<float> ck_, cv_;  // [n, rk], [n, rv]
+  std::vector<int32_t> pos_;
+};
+
+// Uncentered PCA basis of the rows of k and v ([n, d] each): eigenvectors of X^T X / n by
+// descending eigenvalue, the first `rank` of them (Jacobi eigensolver in double).
+LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank);
+
+}  // namespace kvb
