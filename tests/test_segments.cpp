@@ -3,6 +3,7 @@
 #include <numeric>
 #include <random>
 
+#include "harness/cache/approx_value_segment.hpp"
 #include "harness/cache/layer_cache.hpp"
 #include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
@@ -191,4 +192,68 @@ TEST_CASE("low-rank segments: PCA basis, nesting, pre-RoPE keys, attention equal
   attend(cache, q.data(), o1.data());
   attend(ref, q.data(), o2.data());
   for (size_t i = 0; i < o1.size(); ++i) REQUIRE(o1[i] == Approx(o2[i]).margin(1e-4));
+}
+
+namespace {
+// A non-affine estimator, to exercise the generic per-token path.
+class SquareEstimator final : public ValueEstimator {
+ public:
+  explicit SquareEstimator(int d) : d_(d) {}
+  std::string name() const override { return "square"; }
+  void predict(const float* k, float* v) const override {
+    for (int i = 0; i < d_; ++i) v[i] = k[i] * k[i] - 0.5f;
+  }
+  size_t bytes() const override { return 0; }
+
+ private:
+  int d_;
+};
+}  // namespace
+
+TEST_CASE("approximated-value segments: affine fold and generic estimator equal the reconstruction",
+          "[segments]") {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int d = 16;
+  std::vector<float> inv(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv[i] = 1.0f / std::pow(500.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+  auto rope = std::make_shared<RopeTable>(inv, RopeStyle::Interleaved);
+  rope->ensure(1000);
+  std::vector<float> w(size_t(d) * d), c(d);
+  for (auto& x : w) x = nd(rng) * 0.3f;
+  for (auto& x : c) x = nd(rng);
+  std::vector<std::shared_ptr<const ValueEstimator>> ests = {
+      std::make_shared<AffineValueEstimator>(d, w, c), std::make_shared<SquareEstimator>(d)};
+  for (const auto& est : ests) {
+    INFO(est->name());
+    auto seg = std::make_unique<ApproxValueSegment>(d, est, rope, true);
+    std::vector<float> pre(d);
+    for (int t = 0; t < 40; ++t) {
+      for (auto& x : pre) x = nd(rng);
+      const int32_t pos = 100 + 3 * t;
+      std::vector<float> post = pre;
+      rope->apply(post.data(), 1, 1, d, &pos);
+      seg->append(post.data(), pos);
+      if (t == 0) {
+        // The estimator sees the pre-RoPE key: inverse rotation recovers it.
+        std::vector<float> rk, rv, want(d);
+        seg->reconstruct(rk, rv);
+        est->predict(pre.data(), want.data());
+        for (int i = 0; i < d; ++i) CHECK(rv[i] == Approx(want[i]).margin(1e-4));
+      }
+    }
+    CHECK(seg->bytes() == 40 * d * sizeof(float) + est->bytes());
+    std::vector<float> rk, rv;
+    seg->reconstruct(rk, rv);
+    auto dense = std::make_unique<DenseSegment>(d);
+    for (int t = 0; t < 40; ++t) dense->append(rk.data() + size_t(t) * d, rv.data() + size_t(t) * d, seg->positions()[t]);
+    LayerCache cache(2, 1, d), ref(2, 1, d);
+    cache.segments(0).push_back(std::move(seg));
+    ref.segments(0).push_back(std::move(dense));
+    std::vector<float> q(2 * d), o1(q.size()), o2(q.size());
+    for (auto& x : q) x = nd(rng) * 0.3f;
+    attend(cache, q.data(), o1.data());
+    attend(ref, q.data(), o2.data());
+    for (size_t i = 0; i < o1.size(); ++i) REQUIRE(o1[i] == Approx(o2[i]).margin(1e-4));
+  }
 }

@@ -159,6 +159,21 @@ void exp_shifted(float* x, int n, float shift) {
   }
 }
 
+void RopeTable::apply_inverse(float* x, int n, int heads, int d, const int32_t* pos) const {
+  const int half = d / 2;
+  for (int t = 0; t < n; ++t) {
+    const float* c = cos_.data() + size_t(pos[t]) * half;
+    const float* s = sin_.data() + size_t(pos[t]) * half;
+    for (int h = 0; h < heads; ++h) {
+      float* hv = x + (size_t(t) * heads + h) * d;
+      for (int i = 0; i < half; ++i) {
+        const auto [a, b] = rope_pair(i, d, style_);
+        rotate(hv, a, b, c[i], -s[i]);
+      }
+    }
+  }
+}
+
 void softmax_inplace(float* x, int n) {
   float m = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < n; ++i) m = std::max(m, x[i]);

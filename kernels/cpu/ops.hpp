@@ -33,6 +33,8 @@ class RopeTable {
  public:
   RopeTable(std::vector<float> inv_freq, RopeStyle style);
   void apply(float* x, int n, int heads, int d, const int32_t* pos) const;
+  // The inverse rotation (post-RoPE back to pre-RoPE).
+  void apply_inverse(float* x, int n, int heads, int d, const int32_t* pos) const;
   void ensure(int max_pos);  // grows the table; call before apply from a single thread
   RopeStyle style() const { return style_; }
   std::span<const float> inv_freq() const { return inv_freq_; }

@@ -1,0 +1,66 @@
+#pragma once
+// Tokens whose keys are kept and whose values are rebuilt from the keys by a calibrated estimator
+// (VECTOR, spec/methods-b.md 7.2): keys stored post-RoPE, the estimator reads the pre-RoPE key
+// (inverse rotation at the token's position). Estimators are pluggable; an affine one is folded so
+// that decoding applies one D x D product per query instead of one per token.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "harness/cache/layer_cache.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace kvb {
+
+class ValueEstimator {
+ public:
+  virtual ~ValueEstimator() = default;
+  virtual std::string name() const = 0;
+  // v[d] from a pre-RoPE key k[d].
+  virtual void predict(const float* k, float* v) const = 0;
+  virtual size_t bytes() const = 0;
+};
+
+// v = W k + c with W row-major [d, d] (the OLS map of VECTOR).
+class AffineValueEstimator final : public ValueEstimator {
+ public:
+  AffineValueEstimator(int d, std::vector<float> w, std::vector<float> c);
+  std::string name() const override { return "affine"; }
+  void predict(const float* k, float* v) const override;
+  void multiply(const float* x, float* y) const;  // W x, without c
+  size_t bytes() const override { return (w_.size() + c_.size()) * sizeof(float); }
+  int dim() const { return d_; }
+  const std::vector<float>& w() const { return w_; }
+  const std::vector<float>& c() const { return c_; }
+
+ private:
+  int d_;
+  std::vector<float> w_, c_;
+};
+
+class ApproxValueSegment final : public Segment {
+ public:
+  ApproxValueSegment(int head_dim, std::shared_ptr<const ValueEstimator> est, std::shared_ptr<const RopeTable> rope,
+                     bool charge_estimator);
+  std::string format() const override { return "approx_value(" + est_->name() + ")"; }
+  size_t size() const override { return pos_.size(); }
+  std::span<const int32_t> positions() const override { return pos_; }
+  // Keys plus the estimator when this segment is charged for it; the values cost nothing.
+  size_t bytes() const override;
+  void logits(const float* q, float* scores) const override;
+  void accumulate(const float* p, float* acc) const override;
+
+  void append(const float* k_post_rope, int32_t pos);
+  // Keys and estimated values at full dimension: the reference for the fast path.
+  void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
+
+ private:
+  int d_;
+  std::shared_ptr<const ValueEstimator> est_;
+  std::shared_ptr<const RopeTable> rope_;
+  bool charge_;
+  std::vector<float> k_;
+  std::vector<int32_t> pos_;
+};
+
+}  // namespace kvb
