@@ -1,10 +1,16 @@
 // H2O (Zhang et al. 2023). Default: the one-shot prefill variant the PyramidKV/HeadKV baselines run,
 // keeping the T - w tokens with the largest attention accumulated over all prompt queries plus the
-// last w. With decode_eviction=true, also the original decode-time policy: scores keep accumulating
-// each new token's attention, and when a head holds more than T tokens the lowest-scoring one outside
-// the recent window is evicted.
+// last w. mask=legacy_window_only reproduces the paper-era KVCache-Factory scoring (commit ffac160),
+// whose causal mask covered only the last w x w block, so earlier queries also saw future keys
+// (spec/methods-b.md 2.2). With decode_eviction=true, also the original decode-time policy: scores
+// keep accumulating each new token's attention, and when a head holds more than T tokens the
+// lowest-scoring one outside the recent window is evicted.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 
 #include "harness/method/parts.hpp"
 #include "harness/util/error.hpp"
@@ -15,16 +21,20 @@ namespace {
 
 class H2O final : public Method {
  public:
-  PrefillNeeds needs() const override { return {0, false, true}; }
+  PrefillNeeds needs() const override {
+    // The legacy scoring recomputes attention from every query; the causal one reuses the prefill's.
+    if (legacy()) return {std::numeric_limits<int>::max(), false, false};
+    return {0, false, true};
+  }
   bool acts_on_decode() const override { return params().get_bool("decode_eviction"); }
 
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
-    const HeadScores s = reduce_for_gqa(accumulated_attention_scores(v, w), v.n_kv_heads, gqa());
+    const HeadScores s = reduce_for_gqa(scores(v, w), v.n_kv_heads, gqa());
     const auto keep = select_with_window(s, b.tokens - w, v.n_tokens, w);
     if (acts_on_decode()) {
       // Running scores start from the prompt's accumulated attention of every kept token.
-      const HeadScores all = reduce_for_gqa(accumulated_attention_scores(v, 0), v.n_kv_heads, gqa());
+      const HeadScores all = reduce_for_gqa(scores(v, 0), v.n_kv_heads, gqa());
       auto& layer = running(v.layer);
       layer.assign(keep.size(), {});
       for (size_t h = 0; h < keep.size(); ++h)
@@ -63,6 +73,38 @@ class H2O final : public Method {
   }
 
  private:
+  bool legacy() const { return params().get("mask") == "legacy_window_only"; }
+
+  HeadScores scores(const PrefillView& v, int w) const {
+    if (!legacy()) return accumulated_attention_scores(v, w);
+    // Rows before the last w see all S keys; the last w rows are causal.
+    const int S = v.n_tokens, d = v.head_dim, hq = v.n_heads, G = hq / v.n_kv_heads;
+    const int w_mask = static_cast<int>(params().get_int("window"));
+    if (v.window < S) fail("internal: h2o legacy scoring needs all {} queries, got {}", S, v.window);
+    HeadScores out(hq, std::vector<float>(S - w, 0.0f));
+    constexpr int kRows = 256;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel
+    {
+      std::vector<float> z(size_t(kRows) * S);
+#pragma omp for schedule(dynamic, 1)
+      for (int h = 0; h < hq; ++h)
+        for (int r0 = 0; r0 < S; r0 += kRows) {
+          const int rows = std::min(kRows, S - r0);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, S, d, scale,
+                      v.q_window + (size_t(r0) * hq + h) * d, hq * d, v.k + size_t(h / G) * d,
+                      v.n_kv_heads * d, 0.0f, z.data(), S);
+          for (int r = 0; r < rows; ++r) {
+            const int i = r0 + r, visible = i < S - w_mask ? S : i + 1;
+            float* row = z.data() + size_t(r) * S;
+            softmax_inplace(row, visible);
+            for (int j = 0; j < std::min(visible, S - w); ++j) out[h][j] += row[j];
+          }
+        }
+    }
+    return out;
+  }
+
   std::vector<std::vector<float>>& running(int layer) {
     if (static_cast<int>(running_.size()) <= layer) running_.resize(layer + 1);
     return running_[layer];
@@ -73,7 +115,9 @@ class H2O final : public Method {
 const bool registered = register_method(
     {"h2o", "heavy hitters by accumulated attention + recent window",
      {ParamSpec::integer("window", 32, 0, 4096, "recent tokens always kept"),
-      ParamSpec::boolean("decode_eviction", false, "keep evicting during decoding so each head holds at most T")},
+      ParamSpec::boolean("decode_eviction", false, "keep evicting during decoding so each head holds at most T"),
+      ParamSpec::choice("mask", "causal", {"causal", "legacy_window_only"},
+                        "causal scoring, or the paper-era code's mask covering only the last w rows")},
      [] { return std::make_unique<H2O>(); }});
 
 }  // namespace

@@ -286,3 +286,31 @@ TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent w
       }
   }
 }
+
+TEST_CASE("H2O legacy window-only mask lets early queries score future keys", "[methods]") {
+  // spec/methods-b.md 2.2: the paper-era code masked only the last w rows. A key that only earlier
+  // queries attend to, and only if they may look ahead, is kept by the legacy scoring alone.
+  SyntheticLayer L(64, 2, 2, 8, 64, 21, 0.0f);
+  std::fill(L.q.begin(), L.q.end(), 0.0f);
+  std::fill(L.k.begin(), L.k.end(), 0.0f);
+  for (int i = 0; i < 40; ++i)
+    for (int h = 0; h < 2; ++h) L.q[(size_t(i) * 2 + h) * 8] = 4.0f;
+  for (int g = 0; g < 2; ++g) L.k[(size_t(50) * 2 + g) * 8] = 4.0f;  // q_i . k_50 = 16 for i < 40
+  auto be = make_cpu_backend();
+  Buffer qb(*be, L.q.size()), kb(*be, L.k.size()), vb(*be, L.v.size()), ob(*be, L.q.size());
+  be->upload(qb, L.q);
+  be->upload(kb, L.k);
+  be->upload(vb, L.v);
+  be->attention_prefill(qb, kb, vb, 64, 2, 2, 8, ob, &L.colsum);
+  L.view.attn_colsum = L.colsum.data();
+  L.view.q_window = L.q.data();
+  auto kept_with = [&](const char* mask) {
+    auto m = MethodRegistry::get().create("h2o", {{"window", "8"}, {"mask", mask}}, L.cfg);
+    MethodRunner r(*m, 16);
+    LayerCache c(2, 2, 8);
+    r.on_layer(L.view, c);
+    return kept_positions(c);
+  };
+  for (const auto& p : kept_with("legacy_window_only")) CHECK(std::count(p.begin(), p.end(), 50) == 1);
+  for (const auto& p : kept_with("causal")) CHECK(std::count(p.begin(), p.end(), 50) == 0);
+}
