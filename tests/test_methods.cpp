@@ -24,6 +24,17 @@ struct SyntheticLayer {
   std::vector<int32_t> pos;
   PrefillView view;
 
+  // Recomputes the column sums after the test edits q or k.
+  void refresh_colsum() {
+    auto be = make_cpu_backend();
+    Buffer qb(*be, q.size()), kb(*be, k.size()), vb(*be, v.size()), ob(*be, q.size());
+    be->upload(qb, q);
+    be->upload(kb, k);
+    be->upload(vb, v);
+    be->attention_prefill(qb, kb, vb, view.n_tokens, view.n_heads, view.n_kv_heads, view.head_dim, ob, &colsum);
+    view.attn_colsum = colsum.data();
+  }
+
   SyntheticLayer(int S, int hq, int hkv, int d, int window, uint32_t seed, float sharpness = 3.0f) {
     cfg.n_layers = 4;
     cfg.n_heads = hq;
@@ -39,12 +50,6 @@ struct SyntheticLayer {
     for (auto& x : v) x = nd(rng);
     pos.resize(S);
     std::iota(pos.begin(), pos.end(), 0);
-    auto be = make_cpu_backend();
-    Buffer qb(*be, q.size()), kb(*be, k.size()), vb(*be, v.size()), ob(*be, q.size());
-    be->upload(qb, q);
-    be->upload(kb, k);
-    be->upload(vb, v);
-    be->attention_prefill(qb, kb, vb, S, hq, hkv, d, ob, &colsum);
     view.layer = 0;
     view.n_tokens = S;
     view.n_heads = hq;
@@ -55,7 +60,7 @@ struct SyntheticLayer {
     view.q_window = q.data() + size_t(S - window) * hq * d;
     view.k = k.data();
     view.v = v.data();
-    view.attn_colsum = colsum.data();
+    refresh_colsum();
   }
 };
 
@@ -203,13 +208,7 @@ TEST_CASE("H2O with uniform attention keeps the earliest tokens; StreamingLLM's 
   SyntheticLayer L(120, 2, 2, 8, 8, 9, 0.0f);  // all-zero Q/K: uniform causal attention
   std::fill(L.q.begin(), L.q.end(), 0.0f);
   std::fill(L.k.begin(), L.k.end(), 0.0f);
-  auto be = make_cpu_backend();
-  Buffer qb(*be, L.q.size()), kb(*be, L.k.size()), vb(*be, L.v.size()), ob(*be, L.q.size());
-  be->upload(qb, L.q);
-  be->upload(kb, L.k);
-  be->upload(vb, L.v);
-  be->attention_prefill(qb, kb, vb, 120, 2, 2, 8, ob, &L.colsum);
-  L.view.attn_colsum = L.colsum.data();
+  L.refresh_colsum();
   // s[j] = sum_{i >= j} 1/(i+1), decreasing in j.
   double s5 = 0;
   for (int i = 5; i < 120; ++i) s5 += 1.0 / (i + 1);
@@ -296,13 +295,7 @@ TEST_CASE("H2O legacy window-only mask lets early queries score future keys", "[
   for (int i = 0; i < 40; ++i)
     for (int h = 0; h < 2; ++h) L.q[(size_t(i) * 2 + h) * 8] = 4.0f;
   for (int g = 0; g < 2; ++g) L.k[(size_t(50) * 2 + g) * 8] = 4.0f;  // q_i . k_50 = 16 for i < 40
-  auto be = make_cpu_backend();
-  Buffer qb(*be, L.q.size()), kb(*be, L.k.size()), vb(*be, L.v.size()), ob(*be, L.q.size());
-  be->upload(qb, L.q);
-  be->upload(kb, L.k);
-  be->upload(vb, L.v);
-  be->attention_prefill(qb, kb, vb, 64, 2, 2, 8, ob, &L.colsum);
-  L.view.attn_colsum = L.colsum.data();
+  L.refresh_colsum();
   L.view.q_window = L.q.data();
   auto kept_with = [&](const char* mask) {
     auto m = MethodRegistry::get().create("h2o", {{"window", "8"}, {"mask", mask}}, L.cfg);

@@ -113,7 +113,7 @@ void RopeTable::ensure(int max_pos) {
   rows_ = rows;
 }
 
-void RopeTable::apply(float* x, int n, int heads, int d, const int32_t* pos) const {
+void RopeTable::rotate_rows(float* x, int n, int heads, int d, const int32_t* pos, float sign) const {
   const int half = d / 2;
 #pragma omp parallel for schedule(static) if (n > 4)
   for (int t = 0; t < n; ++t) {
@@ -123,10 +123,18 @@ void RopeTable::apply(float* x, int n, int heads, int d, const int32_t* pos) con
       float* hv = x + (size_t(t) * heads + h) * d;
       for (int i = 0; i < half; ++i) {
         const auto [a, b] = rope_pair(i, d, style_);
-        rotate(hv, a, b, c[i], s[i]);
+        rotate(hv, a, b, c[i], sign * s[i]);
       }
     }
   }
+}
+
+void RopeTable::apply(float* x, int n, int heads, int d, const int32_t* pos) const {
+  rotate_rows(x, n, heads, d, pos, 1.0f);
+}
+
+void RopeTable::apply_inverse(float* x, int n, int heads, int d, const int32_t* pos) const {
+  rotate_rows(x, n, heads, d, pos, -1.0f);
 }
 
 void exp_shifted_ref(float* x, int n, float shift) {
@@ -156,21 +164,6 @@ void exp_shifted(float* x, int n, float shift) {
     std::memcpy(&scale, &e, sizeof scale);
     // Below the clamp the true value is under FLT_MIN; attention weights that small are zero.
     x[i] = x[i] - shift < -87.0f ? 0.0f : p * scale;
-  }
-}
-
-void RopeTable::apply_inverse(float* x, int n, int heads, int d, const int32_t* pos) const {
-  const int half = d / 2;
-  for (int t = 0; t < n; ++t) {
-    const float* c = cos_.data() + size_t(pos[t]) * half;
-    const float* s = sin_.data() + size_t(pos[t]) * half;
-    for (int h = 0; h < heads; ++h) {
-      float* hv = x + (size_t(t) * heads + h) * d;
-      for (int i = 0; i < half; ++i) {
-        const auto [a, b] = rope_pair(i, d, style_);
-        rotate(hv, a, b, c[i], -s[i]);
-      }
-    }
   }
 }
 

@@ -40,6 +40,7 @@ class RopeTable {
   std::span<const float> inv_freq() const { return inv_freq_; }
 
  private:
+  void rotate_rows(float* x, int n, int heads, int d, const int32_t* pos, float sign) const;
   std::vector<float> inv_freq_;
   RopeStyle style_;
   int rows_ = 0;
