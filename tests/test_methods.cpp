@@ -307,3 +307,20 @@ TEST_CASE("H2O legacy window-only mask lets early queries score future keys", "[
   for (const auto& p : kept_with("legacy_window_only")) CHECK(std::count(p.begin(), p.end(), 50) == 1);
   for (const auto& p : kept_with("causal")) CHECK(std::count(p.begin(), p.end(), 50) == 0);
 }
+
+TEST_CASE("per-head budgets follow HeadKV's guaranteed share plus proportional pool", "[methods]") {
+  // Two layers x two heads, T = 128, w = 8, beta = 2: b = 120, b//beta = 60 guaranteed-free pool per
+  // head, 60 guaranteed each.
+  const std::vector<std::vector<double>> s = {{1, 1}, {2, 4}};
+  const auto caps = per_head_budgets(s, 128, 8, 2.0);
+  // pool = 60 x 4 = 240 shared in proportion 1:1:2:4 of 8.
+  CHECK(caps == std::vector<std::vector<int>>{{60 + 30, 60 + 30}, {60 + 60, 60 + 120}});
+  double mean = 0;
+  for (const auto& l : caps)
+    for (int c : l) mean += c / 4.0;
+  CHECK(mean == Approx(120).margin(0.5));
+  // Uniform scores give every head b.
+  const auto flat = per_head_budgets({{3, 3, 3}}, 64, 8, 20.0);
+  CHECK(flat == std::vector<std::vector<int>>{{56, 56, 56}});
+  test::require_error([] { per_head_budgets({{1}}, 8, 8, 2.0); }, {"must exceed the window"});
+}

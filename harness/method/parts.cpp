@@ -229,4 +229,28 @@ std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exac
   return caps;
 }
 
+std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<double>>& scores, int T, int w,
+                                               double beta, double temperature) {
+  if (T <= w) fail("per-head budgets: KV size {} must exceed the window {}", T, w);
+  if (!(beta >= 1)) fail("per-head budgets: beta must be at least 1, got {}", beta);
+  size_t heads = 0;
+  double total = 0;
+  for (const auto& layer : scores)
+    for (double x : layer) {
+      if (!(x >= 0)) fail("per-head budgets: head scores must be non-negative, found {}", x);
+      total += std::pow(x, temperature);
+      ++heads;
+    }
+  if (heads == 0 || total <= 0) fail("per-head budgets: no positive head scores");
+  const int b = T - w;
+  const double pool = std::floor(b / beta) * static_cast<double>(heads);
+  const double min_each = b - std::floor(b / beta);
+  std::vector<std::vector<int>> caps;
+  for (const auto& layer : scores) {
+    auto& row = caps.emplace_back();
+    for (double x : layer) row.push_back(static_cast<int>(std::lround(std::pow(x, temperature) / total * pool + min_each)));
+  }
+  return caps;
+}
+
 }  // namespace kvb

@@ -57,4 +57,11 @@ LayerCache keep_all(const PrefillView& v, GqaMode mode);
 // the reference code (which can sum to a few percent more).
 std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exact_total);
 
+// HeadKV's per-head budgets (spec/methods-b.md 5.2): selected (non-window) slots for every head of
+// every layer from importance scores [layer][head]. With b = T - w, each head is guaranteed
+// b - b//beta slots and shares a pool of (b//beta) x heads in proportion to its score raised to
+// `temperature` (1 = proportional); rounded per head as the reference code does (mean within 0.5 of b).
+std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<double>>& scores, int T, int w,
+                                               double beta, double temperature = 1.0);
+
 }  // namespace kvb
