@@ -4,6 +4,8 @@
 #include <random>
 #include <set>
 
+#include <yaml-cpp/yaml.h>
+
 #include "harness/engine/backend.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/method/method.hpp"
@@ -323,4 +325,23 @@ TEST_CASE("per-head budgets follow HeadKV's guaranteed share plus proportional p
   const auto flat = per_head_budgets({{3, 3, 3}}, 64, 8, 20.0);
   CHECK(flat == std::vector<std::vector<int>>{{56, 56, 56}});
   test::require_error([] { per_head_budgets({{1}}, 8, 8, 2.0); }, {"must exceed the window"});
+}
+
+TEST_CASE("method parameters from YAML", "[methods]") {
+  ModelConfig cfg;
+  cfg.n_layers = 2;
+  cfg.n_heads = 4;
+  cfg.n_kv_heads = 2;
+  cfg.head_dim = 8;
+  const auto node = YAML::Load("window: 8\npooling: avg\ngqa: repeat\n");
+  auto m = MethodRegistry::get().create("snapkv", params_from_yaml(node, "spec.yaml"), cfg);
+  CHECK(m->params().get_int("window") == 8);
+  CHECK(m->params().get("pooling") == "avg");
+  CHECK(m->params().get("kernel") == "7");  // default filled in
+  CHECK(m->gqa() == GqaMode::Repeat);
+  test::require_error([] { params_from_yaml(YAML::Load("window: [1, 2]"), "spec.yaml"); },
+                      {"spec.yaml:1:9", "'window'", "single value"});
+  test::require_error([] { params_from_yaml(YAML::Load("- 1\n- 2"), "spec.yaml"); }, {"spec.yaml:1:1", "mapping"});
+  test::require_error([&] { MethodRegistry::get().create("snapkv", params_from_yaml(YAML::Load("kernal: 5"), "s.yaml"), cfg); },
+                      {"unknown parameter 'kernal'", "kernel"});
 }

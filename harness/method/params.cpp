@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -91,5 +93,22 @@ const std::string& Params::get(const std::string& name) const {
 long Params::get_int(const std::string& name) const { return std::stol(get(name)); }
 double Params::get_float(const std::string& name) const { return std::stod(get(name)); }
 bool Params::get_bool(const std::string& name) const { return get(name) == "true"; }
+
+std::map<std::string, std::string> params_from_yaml(const YAML::Node& node, const std::string& where) {
+  std::map<std::string, std::string> out;
+  if (!node || node.IsNull()) return out;
+  auto at = [&](const YAML::Node& n) {
+    return fmt::format("{}:{}:{}", where, n.Mark().line + 1, n.Mark().column + 1);
+  };
+  if (!node.IsMap()) fail("{}: method parameters must be a mapping of name: value", at(node));
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (!kv.second.IsScalar())
+      fail("{}: parameter '{}' must be a single value, not a list or mapping", at(kv.second), key);
+    if (!out.emplace(key, kv.second.as<std::string>()).second)
+      fail("{}: parameter '{}' given twice", at(kv.first), key);
+  }
+  return out;
+}
 
 }  // namespace kvb

@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace kvb {
 
 struct ParamSpec {
@@ -42,5 +46,9 @@ class Params {
   std::map<std::string, std::string> values_;
   std::string owner_;
 };
+
+// The scalar values of a YAML mapping as text, ready for Params; anything but a mapping of scalars is
+// an error naming `where` (the file) with the line and column.
+std::map<std::string, std::string> params_from_yaml(const YAML::Node& node, const std::string& where);
 
 }  // namespace kvb
