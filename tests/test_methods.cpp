@@ -76,6 +76,16 @@ std::vector<std::vector<int32_t>> kept_positions(const LayerCache& c) {
   return out;
 }
 
+// Shapes for tests that only create methods.
+ModelConfig small_config() {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  return c;
+}
+
 // A method defined entirely in this test file: keeps the T most recent tokens. Registering it needs
 // no edit anywhere else, and the registry-driven invariants below cover it like the real ones.
 class RecentOnly final : public Method {
@@ -252,11 +262,7 @@ TEST_CASE("PyramidKV schedule: the reference's worked example and exact totals",
 }
 
 TEST_CASE("method parameters are validated with the valid keys listed", "[methods]") {
-  ModelConfig cfg;
-  cfg.n_layers = 2;
-  cfg.n_heads = 4;
-  cfg.n_kv_heads = 2;
-  cfg.head_dim = 8;
+  const ModelConfig cfg = small_config();
   const auto& reg = MethodRegistry::get();
   test::require_error([&] { reg.create("snapkv", {{"windw", "8"}}, cfg); }, {"unknown parameter 'windw'", "window", "kernel"});
   test::require_error([&] { reg.create("snapkv", {{"window", "0"}}, cfg); }, {"'window' = '0'", "[1, 4096]"});
@@ -328,11 +334,7 @@ TEST_CASE("per-head budgets follow HeadKV's guaranteed share plus proportional p
 }
 
 TEST_CASE("method parameters from YAML", "[methods]") {
-  ModelConfig cfg;
-  cfg.n_layers = 2;
-  cfg.n_heads = 4;
-  cfg.n_kv_heads = 2;
-  cfg.head_dim = 8;
+  const ModelConfig cfg = small_config();
   const auto node = YAML::Load("window: 8\npooling: avg\ngqa: repeat\n");
   auto m = MethodRegistry::get().create("snapkv", params_from_yaml(node, "spec.yaml"), cfg);
   CHECK(m->params().get_int("window") == 8);
