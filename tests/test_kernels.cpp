@@ -9,6 +9,7 @@
 #include "test_util.hpp"
 
 using namespace kvb;
+using namespace kvb::test;
 
 namespace {
 
@@ -16,25 +17,6 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> dist(0.0f, scale);
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
-
-Buffer to_buffer(Backend& b, const std::vector<float>& v) {
-  Buffer buf(b, v.size());
-  b.upload(buf, v);
-  return buf;
-}
-
-std::vector<float> from_buffer(Backend& b, const Buffer& buf) {
-  std::vector<float> v(buf.size());
-  b.download(buf, v);
   return v;
 }
 

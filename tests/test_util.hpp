@@ -4,8 +4,11 @@
 // fail instead when KVBENCH_REQUIRE_MODELS=1, as CI sets it).
 #include <catch2/catch.hpp>
 
+#include "harness/engine/backend.hpp"
 #include "harness/util/error.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +60,25 @@ void require_error(F&& f, std::initializer_list<std::string> fragments) {
     return;
   }
   FAIL("expected kvb::Error mentioning " << *fragments.begin());
+}
+
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+inline Buffer to_buffer(Backend& b, const std::vector<float>& v) {
+  Buffer buf(b, v.size());
+  b.upload(buf, v);
+  return buf;
+}
+
+inline std::vector<float> from_buffer(Backend& b, const Buffer& buf) {
+  std::vector<float> v(buf.size());
+  b.download(buf, v);
+  return v;
 }
 
 }  // namespace kvb::test

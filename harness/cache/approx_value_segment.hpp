@@ -54,6 +54,11 @@ class ApproxValueSegment final : public Segment {
   // Keys and estimated values at full dimension: the reference for the fast path.
   void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
 
+  // The stored form, for backends that attend over it directly.
+  const ValueEstimator& estimator() const { return *est_; }
+  const RopeTable& rope() const { return *rope_; }
+  const std::vector<float>& keys() const { return k_; }
+
  private:
   int d_;
   std::shared_ptr<const ValueEstimator> est_;

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -43,8 +44,14 @@ void DenseSegment::accumulate(const float* p, float* acc) const {
   cblas_sgemv(CblasRowMajor, CblasTrans, n, d_, 1.0f, v_.data(), d_, p, 1, 1.0f, acc, 1);
 }
 
+void LayerCache::touch() {
+  static std::atomic<uint64_t> counter{0};
+  epoch_ = ++counter;
+}
+
 LayerCache::LayerCache(int n_query_heads, int n_cache_heads, int head_dim)
     : n_q_(n_query_heads), d_(head_dim), heads_(n_cache_heads) {
+  touch();
   if (n_cache_heads <= 0 || n_query_heads % n_cache_heads != 0)
     fail("LayerCache: {} query heads cannot share {} cache heads", n_query_heads, n_cache_heads);
 }
@@ -60,6 +67,7 @@ void LayerCache::append(const float* k, const float* v, int32_t pos) {
 }
 
 void LayerCache::append_many(const float* k, const float* v, int n, const int32_t* pos) {
+  touch();
   const int hc = n_cache_heads();
   for (int h = 0; h < hc; ++h) {
     DenseSegment& seg = tail(h);
@@ -85,6 +93,7 @@ size_t LayerCache::bytes() const {
 }
 
 void LayerCache::clear() {
+  touch();
   for (auto& segs : heads_) segs.clear();
 }
 

@@ -61,7 +61,12 @@ class LayerCache {
   int head_dim() const { return d_; }
   int cache_head_of(int query_head) const { return query_head / (n_q_ / n_cache_heads()); }
 
-  std::vector<std::unique_ptr<Segment>>& segments(int head) { return heads_[head]; }
+  // Mutable access marks the cache as restructured (a new epoch); append() alone does not, so that a
+  // device copy of the cache can tell "tokens appended to dense tails" from "anything else changed".
+  std::vector<std::unique_ptr<Segment>>& segments(int head) {
+    touch();
+    return heads_[head];
+  }
   const std::vector<std::unique_ptr<Segment>>& segments(int head) const { return heads_[head]; }
 
   // Appends one token to every head: k and v are [n_cache_heads, d]. Goes to the head's last segment
@@ -73,10 +78,14 @@ class LayerCache {
   size_t tokens(int head) const;
   size_t bytes() const;
   void clear();
+  // Changes whenever the cache is restructured (unique across all caches of the process).
+  uint64_t epoch() const { return epoch_; }
 
  private:
   DenseSegment& tail(int head);
+  void touch();
   int n_q_, d_;
+  uint64_t epoch_ = 0;
   std::vector<std::vector<std::unique_ptr<Segment>>> heads_;
 };
 

@@ -38,6 +38,14 @@ class LowRankSegment final : public Segment {
   // Dense keys (post-RoPE) and values as attention sees them: the reference for the fast paths.
   void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
 
+  // The stored form, for backends that attend over it directly.
+  const LowRankBasis& basis() const { return *basis_; }
+  int k_rank() const { return rk_; }
+  int v_rank() const { return rv_; }
+  const RopeTable* rope() const { return rope_.get(); }  // null: keys stored post-RoPE
+  const std::vector<float>& k_coefficients() const { return ck_; }
+  const std::vector<float>& v_coefficients() const { return cv_; }
+
  private:
   std::shared_ptr<const LowRankBasis> basis_;
   int rk_, rv_;

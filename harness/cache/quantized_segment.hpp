@@ -25,6 +25,18 @@ class QuantizedSegment final : public Segment {
   // The dequantized keys and values [size, head_dim]: the reference the fast paths are tested against.
   void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
 
+  // The stored form, for backends that attend over it directly.
+  int k_bits() const { return kb_; }
+  int v_bits() const { return vb_; }
+  int k_group() const { return kg_; }
+  int v_group() const { return vg_; }
+  const std::vector<uint32_t>& k_words() const { return k_words_; }
+  const std::vector<uint16_t>& k_scales() const { return k_scale_; }
+  const std::vector<uint16_t>& k_mins() const { return k_min_; }
+  const std::vector<uint32_t>& v_words() const { return v_words_; }
+  const std::vector<uint16_t>& v_scales() const { return v_scale_; }
+  const std::vector<uint16_t>& v_mins() const { return v_min_; }
+
  private:
   int d_, kb_, vb_, kg_, vg_;
   int k_words_per_group_;  // per channel per token group

@@ -1,17 +1,22 @@
 // kvbench bench: prefill and decode speed at several context lengths, each figure also given as a
-// fraction of the machine's own limits measured in the same run (BLAS GEMM rate, read bandwidth).
+// fraction of the backend's own hardware limits measured in the same run (GEMM rate, memory
+// bandwidth); optionally decode speed with compressed caches (a method at several KV sizes, and the
+// same kept tokens stored as low-rank segments) against full attention.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "harness/cache/lowrank_segment.hpp"
 #include "harness/cli/commands.hpp"
 #include "harness/engine/engine.hpp"
+#include "harness/method/method.hpp"
+#include "harness/method/params.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/util/error.hpp"
-#include "harness/util/machine.hpp"
 
 namespace kvb::cli {
 namespace {
@@ -23,33 +28,94 @@ struct Spread {
 };
 
 Spread spread(std::vector<double> v) {
+  if (v.empty()) return {};
   std::sort(v.begin(), v.end());
   return {v[v.size() / 2], v.front(), v.back()};
 }
 
 struct Row {
   int context = 0;
-  Spread prefill_tps, linear_gflops, attention_gflops, decode_tps;
-  double linear_eff = 0, decode_bound_tps = 0, decode_eff = 0, linear_share = 0;
-  size_t peak_rss = 0, kv_bytes = 0;
+  std::string cache = "full";
+  Spread prefill_tps, decode_tps;
+  double prefill_tflops = 0, linear_tflops = 0, attention_tflops = 0, linear_eff = 0, linear_share = 0;
+  double compress_share = 0;  // compression time / prefill time
+  double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
+  size_t peak_memory = 0, kv_bytes = 0;
+};
+
+// Replaces each head's dense tokens, after the wrapped observer has chosen them, by low-rank
+// segments of rank r for keys and values over an orthonormal basis per layer (a random one: this
+// measures decode speed only, not accuracy).
+class LowRankStore final : public PrefillObserver {
+ public:
+  LowRankStore(PrefillObserver& inner, int rank, int head_dim) : inner_(inner), rank_(rank) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd;
+    // Gram-Schmidt on random columns.
+    std::vector<float> P(size_t(head_dim) * rank);
+    for (int j = 0; j < rank; ++j) {
+      std::vector<double> col(head_dim);
+      for (auto& x : col) x = nd(rng);
+      for (int i = 0; i < j; ++i) {
+        double dot = 0;
+        for (int r = 0; r < head_dim; ++r) dot += col[r] * P[size_t(r) * rank + i];
+        for (int r = 0; r < head_dim; ++r) col[r] -= dot * P[size_t(r) * rank + i];
+      }
+      double norm = 0;
+      for (double x : col) norm += x * x;
+      for (int r = 0; r < head_dim; ++r) P[size_t(r) * rank + j] = static_cast<float>(col[r] / std::sqrt(norm));
+    }
+    auto b = std::make_shared<LowRankBasis>();
+    b->head_dim = head_dim;
+    b->rank = rank;
+    b->k = P;
+    b->v = P;
+    basis_ = b;
+  }
+  PrefillNeeds needs() const override { return inner_.needs(); }
+  void on_layer(const PrefillView& view, LayerCache& cache) override {
+    inner_.on_layer(view, cache);
+    for (int h = 0; h < cache.n_cache_heads(); ++h) {
+      auto& segs = cache.segments(h);
+      auto low = std::make_unique<LowRankSegment>(basis_, rank_, rank_, h == 0);
+      for (const auto& s : segs) {
+        const auto& d = dynamic_cast<const DenseSegment&>(*s);
+        for (size_t t = 0; t < d.size(); ++t)
+          low->append(d.k() + t * d.head_dim(), d.v() + t * d.head_dim(), d.positions()[t]);
+      }
+      segs.clear();
+      segs.push_back(std::move(low));
+    }
+  }
+
+ private:
+  PrefillObserver& inner_;
+  int rank_;
+  std::shared_ptr<const LowRankBasis> basis_;
 };
 
 }  // namespace
 
 void register_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Prefill and decode speed against the machine's measured limits");
+  auto* cmd = app.add_subcommand("bench", "Prefill and decode speed against the hardware's measured limits");
   struct Args {
-    std::string model, backend = "cpu", format = "md";
-    std::vector<int> contexts = {512, 2048};
-    int repeat = 3, decode_tokens = 32, threads = 0;
+    std::string model, backend = "cpu", format = "md", method;
+    std::vector<int> contexts = {512, 2048}, budgets;
+    std::vector<std::string> params;
+    int repeat = 3, decode_tokens = 32, threads = 0, lowrank = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
   cmd->add_option("--context,-c", a->contexts, "Context lengths (repeatable)");
   cmd->add_option("--repeat,-r", a->repeat, "Runs per context; medians are reported")->check(CLI::PositiveNumber);
-  cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded after each prefill")->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded after each prefill (0: prefill only)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--backend", a->backend, "cpu or cuda");
   cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
+  cmd->add_option("--method", a->method, "Also decode with caches compressed by this method");
+  cmd->add_option("--budget", a->budgets, "KV sizes T for --method (repeatable)");
+  cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
+  cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   cmd->callback([a] {
     auto m = ModelFile::open(a->model);
@@ -57,74 +123,110 @@ void register_bench_command(CLI::App& app) {
     for (int c : a->contexts)
       if (c < 1 || c > cfg.context_length)
         fail("--context {}: must be between 1 and the model's context length {}", c, cfg.context_length);
+    if (a->method.empty() != a->budgets.empty()) fail("--method and --budget go together");
+    if (a->lowrank < 0 || a->lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a->lowrank, cfg.head_dim);
+    if (a->lowrank && a->method.empty()) fail("--lowrank needs --method and --budget");
     Engine engine(*m, {a->backend, a->threads});
     Backend& b = engine.backend();
-    fmt::print(stderr, "measuring the machine: BLAS sgemm and read bandwidth...\n");
-    const double gemm_peak = measure_sgemm_gflops();
-    const double bandwidth = measure_read_bandwidth_gbs();
-    // Bytes a decode step must read: every weight matrix (the embedding only as the tied output
-    // head) plus the KV cache.
-    const size_t embd = size_t(cfg.vocab_size) * cfg.hidden * sizeof(float);
-    const size_t weights_read = engine.weight_bytes() - (cfg.tied_embeddings ? 0 : embd);
+    fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b.name());
+    const DeviceLimits limits = b.measure_limits();
+    const size_t weights_read = engine.decode_weight_bytes();
+    std::unique_ptr<Method> method;
+    if (!a->method.empty()) method = MethodRegistry::get().create(a->method, parse_key_values(a->params), cfg);
 
     std::mt19937 rng(0);
     std::vector<Row> rows;
-    for (int ctx : a->contexts) {
+    // One configuration: `make_observer` gives the prefill observer of each run (null: full cache).
+    auto measure = [&](int ctx, const std::string& label, auto make_observer) {
       Row row;
       row.context = ctx;
-      std::vector<double> p_tps, l_gf, a_gf, d_tps;
-      reset_peak_rss();
+      row.cache = label;
+      std::vector<double> p_tps, d_tps;
+      b.reset_peak_memory();
       for (int r = 0; r < a->repeat; ++r) {
         std::vector<int32_t> ids(ctx);
         for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.vocab_size));
+        auto holder = make_observer();
         b.set_profiling(true);
         b.reset_stats();
         auto t0 = std::chrono::steady_clock::now();
-        auto logits = engine.prefill(ids);
+        auto logits = engine.prefill(ids, holder.observer);
         const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const OpStats st = b.stats();
-        p_tps.push_back(ctx / pre_s);
-        l_gf.push_back(st.linear_flops / st.linear_seconds / 1e9);
-        a_gf.push_back(st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e9);
-        row.linear_share = st.linear_seconds / pre_s;
         b.set_profiling(false);
+        p_tps.push_back(ctx / pre_s);
+        row.prefill_tflops = (st.linear_flops + st.attention_flops) / pre_s / 1e12;
+        row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
+        row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
+        row.linear_share = st.linear_seconds / pre_s;
+        row.compress_share = holder.runner ? holder.runner->compress_seconds() / pre_s : 0.0;
         const int steps = std::min(a->decode_tokens, cfg.context_length - ctx);
         if (steps > 0) {
           int32_t tok = static_cast<int32_t>(rng() % 1000);
+          engine.decode(tok);  // first step sends the cache to a device; not timed
+          b.synchronize();
           t0 = std::chrono::steady_clock::now();
-          for (int s = 0; s < steps; ++s) engine.decode(tok);
+          for (int s = 1; s < steps; ++s) engine.decode(tok);
+          b.synchronize();
           const double dec_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          d_tps.push_back(steps / dec_s);
+          if (steps > 1) d_tps.push_back((steps - 1) / dec_s);
         }
         row.kv_bytes = engine.kv_bytes();
       }
-      row.peak_rss = peak_rss_bytes();
+      row.peak_memory = b.peak_memory_bytes();
       row.prefill_tps = spread(p_tps);
-      row.linear_gflops = spread(l_gf);
-      row.attention_gflops = spread(a_gf);
-      row.linear_eff = row.linear_gflops.median / gemm_peak;
+      row.linear_eff = row.linear_tflops * 1e3 / limits.gemm_gflops;
       if (!d_tps.empty()) {
         row.decode_tps = spread(d_tps);
-        row.decode_bound_tps = bandwidth * 1e9 / static_cast<double>(weights_read + row.kv_bytes);
+        row.decode_bound_tps = limits.bandwidth_gbs * 1e9 / static_cast<double>(weights_read + row.kv_bytes);
         row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
       }
-      rows.push_back(row);
-      fmt::print(stderr, "  context {}: prefill {:.1f} tok/s, decode {:.1f} tok/s\n", ctx,
+      fmt::print(stderr, "  context {} {}: prefill {:.1f} tok/s, decode {:.1f} tok/s\n", ctx, label,
                  row.prefill_tps.median, row.decode_tps.median);
+      rows.push_back(row);
+      return row;
+    };
+    struct Holder {
+      std::unique_ptr<MethodRunner> runner;
+      std::unique_ptr<LowRankStore> lowrank;
+      PrefillObserver* observer = nullptr;
+    };
+    for (int ctx : a->contexts) {
+      const Row full = measure(ctx, "full", [] { return Holder{}; });
+      for (int T : a->budgets) {
+        for (bool low : {false, true}) {
+          if (low && !a->lowrank) continue;
+          const std::string label = low ? fmt::format("{} T={} lowrank r={}", a->method, T, a->lowrank)
+                                        : fmt::format("{} T={}", a->method, T);
+          Row r = measure(ctx, label, [&] {
+            Holder h;
+            h.runner = std::make_unique<MethodRunner>(*method, T);
+            h.observer = h.runner.get();
+            if (low) {
+              h.lowrank = std::make_unique<LowRankStore>(*h.runner, a->lowrank, cfg.head_dim);
+              h.observer = h.lowrank.get();
+            }
+            return h;
+          });
+          if (full.decode_tps.median > 0) rows.back().decode_speedup = r.decode_tps.median / full.decode_tps.median;
+        }
+      }
     }
 
     if (a->format == "json") {
-      nlohmann::json j = {{"model", a->model}, {"backend", b.name()}, {"gemm_peak_gflops", gemm_peak},
-                          {"read_bandwidth_gbs", bandwidth}, {"weights_read_bytes", weights_read},
-                          {"repeat", a->repeat}};
+      nlohmann::json j = {{"model", a->model}, {"backend", b.name()}, {"gemm_kind", limits.gemm_kind},
+                          {"gemm_peak_gflops", limits.gemm_gflops}, {"bandwidth_gbs", limits.bandwidth_gbs},
+                          {"weights_read_bytes", weights_read}, {"repeat", a->repeat}};
       for (const auto& r : rows)
-        j["rows"].push_back({{"context", r.context},
+        j["rows"].push_back({{"context", r.context}, {"cache", r.cache},
                              {"prefill_tokens_per_s", {r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max}},
-                             {"linear_gflops", r.linear_gflops.median}, {"linear_efficiency", r.linear_eff},
-                             {"linear_time_share", r.linear_share}, {"attention_gflops", r.attention_gflops.median},
+                             {"prefill_tflops", r.prefill_tflops}, {"linear_tflops", r.linear_tflops},
+                             {"linear_efficiency", r.linear_eff}, {"linear_time_share", r.linear_share},
+                             {"attention_tflops", r.attention_tflops}, {"compress_time_share", r.compress_share},
                              {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
                              {"decode_bound_tokens_per_s", r.decode_bound_tps}, {"decode_efficiency", r.decode_eff},
-                             {"kv_bytes", r.kv_bytes}, {"peak_rss_bytes", r.peak_rss}});
+                             {"decode_speedup_vs_full", r.decode_speedup}, {"kv_bytes", r.kv_bytes},
+                             {"peak_memory_bytes", r.peak_memory}});
       fmt::print("{}\n", j.dump(2));
       return;
     }
@@ -136,23 +238,30 @@ void register_bench_command(CLI::App& app) {
       fmt::print("{}{}\n", s, md ? " |" : "");
     };
     if (md)
-      fmt::print("{} on {} backend; sgemm peak {:.1f} GFLOP/s, read bandwidth {:.1f} GB/s, weights read per "
-                 "decode step {:.0f} MiB; medians of {} runs (min-max)\n\n",
-                 a->model, b.name(), gemm_peak, bandwidth, mib(weights_read), a->repeat);
-    line({"context", "prefill tok/s", "linear GFLOP/s", "linear / sgemm peak", "linear share of prefill",
-          "attention GFLOP/s", "decode tok/s", "decode bound tok/s", "decode / bound", "KV MiB", "peak RSS MiB"});
-    if (md) line(std::vector<std::string>(11, "---"));
-    for (const auto& r : rows)
-      line({std::to_string(r.context),
+      fmt::print("{} on {} backend; {} peak {:.1f} TFLOP/s, bandwidth {:.1f} GB/s, weights read per decode step "
+                 "{:.0f} MiB; medians of {} runs (min-max)\n\n",
+                 a->model, b.name(), limits.gemm_kind, limits.gemm_gflops / 1e3, limits.bandwidth_gbs,
+                 mib(weights_read), a->repeat);
+    const std::vector<std::string> head = {
+        "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
+        "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",
+        "decode / bound", "decode vs full", "KV MiB", "peak memory MiB"};
+    line(head);
+    if (md) line(std::vector<std::string>(head.size(), "---"));
+    auto pct = [](double x) { return fmt::format("{:.0f}%", 100 * x); };
+    for (const auto& r : rows) {
+      const bool dec = r.decode_bound_tps > 0;
+      line({std::to_string(r.context), r.cache,
             fmt::format("{:.1f} ({:.1f}-{:.1f})", r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max),
-            fmt::format("{:.1f}", r.linear_gflops.median), fmt::format("{:.0f}%", 100 * r.linear_eff),
-            fmt::format("{:.0f}%", 100 * r.linear_share), fmt::format("{:.1f}", r.attention_gflops.median),
-            r.decode_bound_tps > 0
-                ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max)
-                : "n/a (context full)",
-            r.decode_bound_tps > 0 ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a",
-            r.decode_bound_tps > 0 ? fmt::format("{:.0f}%", 100 * r.decode_eff) : "n/a",
-            fmt::format("{:.1f}", mib(r.kv_bytes)), fmt::format("{:.0f}", mib(r.peak_rss))});
+            fmt::format("{:.3f}", r.prefill_tflops), fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff),
+            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops),
+            r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
+            dec ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max)
+                : "n/a",
+            dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
+            r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-", fmt::format("{:.1f}", mib(r.kv_bytes)),
+            fmt::format("{:.0f}", mib(r.peak_memory))});
+    }
   });
 }
 

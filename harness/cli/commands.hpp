@@ -1,6 +1,9 @@
 #pragma once
 // Each group of subcommands registers itself on the CLI11 app.
 #include <CLI/CLI.hpp>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace kvb::cli {
 
@@ -8,5 +11,8 @@ void register_model_commands(CLI::App& app);
 void register_engine_commands(CLI::App& app);
 void register_bench_command(CLI::App& app);
 void register_list_command(CLI::App& app);
+
+// "key=value" items of --param options; Error naming a malformed one.
+std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items);
 
 }  // namespace kvb::cli

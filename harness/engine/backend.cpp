@@ -22,9 +22,40 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
+Weight::Weight(Backend& b, std::span<const float> w, int rows, int cols)
+    : backend_(&b), rows_(rows), cols_(cols) {
+  if (w.size() != size_t(rows) * cols) fail("weight of {} values is not {} x {}", w.size(), rows, cols);
+  ptr_ = b.upload_weight(w, rows, cols, bytes_);
+}
+Weight::~Weight() {
+  if (ptr_) backend_->release_weight(ptr_);
+}
+Weight::Weight(Weight&& o) noexcept
+    : backend_(o.backend_), ptr_(std::exchange(o.ptr_, nullptr)), rows_(o.rows_), cols_(o.cols_),
+      bytes_(std::exchange(o.bytes_, 0)) {}
+Weight& Weight::operator=(Weight&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) backend_->release_weight(ptr_);
+    backend_ = o.backend_;
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    rows_ = o.rows_;
+    cols_ = o.cols_;
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+#ifndef KVBENCH_CUDA
+std::unique_ptr<Backend> make_cuda_backend() {
+  fail("backend 'cuda': this kvbench was built without CUDA (nvcc was not found at configure time); "
+       "use --backend cpu or rebuild where the CUDA toolkit is installed");
+}
+bool cuda_available() { return false; }
+#endif
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
   if (name == "cpu") return make_cpu_backend(threads);
-  if (name == "cuda") fail("backend 'cuda' is not built into this kvbench yet; use --backend cpu");
+  if (name == "cuda") return make_cuda_backend();
   fail("unknown backend '{}' (expected cpu or cuda)", name);
 }
 

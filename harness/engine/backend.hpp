@@ -35,6 +35,37 @@ class Buffer {
   size_t n_ = 0;
 };
 
+// A weight matrix [rows, cols] in the backend's storage format: fp32 on the CPU, bf16 on a GPU (half
+// the bytes every decode step reads). Only linear() and embed() read it.
+class Weight {
+ public:
+  Weight() = default;
+  Weight(Backend& b, std::span<const float> w, int rows, int cols);
+  ~Weight();
+  Weight(Weight&& o) noexcept;
+  Weight& operator=(Weight&& o) noexcept;
+  Weight(const Weight&) = delete;
+  Weight& operator=(const Weight&) = delete;
+
+  const void* data() const { return ptr_; }
+  int rows() const { return rows_; }
+  int cols() const { return cols_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  int rows_ = 0, cols_ = 0;
+  size_t bytes_ = 0;
+};
+
+// What the hardware under a backend delivers, measured in the same run as a benchmark.
+struct DeviceLimits {
+  std::string gemm_kind;      // what the GEMM rate was measured with
+  double gemm_gflops = 0;     // best GEMM rate in the precision the weights use
+  double bandwidth_gbs = 0;   // memory bandwidth counting bytes read
+};
+
 // Time and arithmetic spent per kind of operation, for the benchmark's efficiency figures.
 struct OpStats {
   double linear_seconds = 0, linear_flops = 0;        // weight GEMMs / GEMVs
@@ -54,6 +85,9 @@ class Backend {
 
   virtual float* allocate(size_t n) = 0;
   virtual void release(float* p, size_t n) = 0;
+  // Stores a weight matrix; returns its handle and the bytes it occupies.
+  virtual void* upload_weight(std::span<const float> w, int rows, int cols, size_t& bytes) = 0;
+  virtual void release_weight(void* p) = 0;
   virtual void upload(Buffer& dst, std::span<const float> src, size_t offset = 0) = 0;
   virtual void download(const Buffer& src, std::span<float> dst, size_t offset = 0) = 0;
 
@@ -61,11 +95,11 @@ class Backend {
   virtual void set_rope(std::vector<float> inv_freq, bool interleaved) = 0;
 
   // out[n, dim] = rows ids[n] of table[vocab, dim].
-  virtual void embed(const Buffer& table, std::span<const int32_t> ids, int dim, Buffer& out) = 0;
+  virtual void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) = 0;
   virtual void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
                        size_t x_offset = 0) = 0;
   // y[n, out] = x[n, in] W[out, in]^T (+ bias).
-  virtual void linear(const Buffer& x, const Buffer& w, const Buffer* bias, int n, int in, int out,
+  virtual void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out,
                       Buffer& y) = 0;
   virtual void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) = 0;
   virtual void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) = 0;
@@ -77,6 +111,32 @@ class Backend {
                                  int hkv, int d, Buffer& out, std::vector<float>* colsum) = 0;
   // One query token q[hq, d] over a KV cache -> out[hq, d].
   virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) = 0;
+  // A new sequence begins: device copies of earlier caches may be dropped.
+  virtual void forget_caches() {}
+  // Decoding fast path: appends one token's k/v ([n_kv_heads, d], post-RoPE, still in backend memory)
+  // to the backend's copy of `cache` without a round trip through the host. The caller must append
+  // the same token to the host cache before the next step. False if the backend keeps no copy or
+  // the copy cannot take the token as is (then the caller appends on the host first).
+  virtual bool append_on_device(const LayerCache& /*cache*/, const Buffer& /*k*/, const Buffer& /*v*/,
+                                int /*n_kv_heads*/) {
+    return false;
+  }
+
+  // Host memory that downloads fill without waiting for them (page-locked on a GPU), in numbered
+  // slots so that the host can work on one while the device fills another.
+  virtual float* stage(int slot, size_t n) = 0;
+  // Queues a copy of src[offset, offset + dst.size()) into staged memory.
+  virtual void download_async(const Buffer& src, std::span<float> dst, size_t offset = 0) = 0;
+  // Marks the copies queued so far as the slot's; wait() returns once they have landed.
+  virtual void fence(int /*slot*/) {}
+  virtual void wait(int /*slot*/) {}
+  // Waits for queued work (a no-op where operations are synchronous); timings need it.
+  virtual void synchronize() {}
+  // Measures the GEMM rate and memory bandwidth of the hardware this backend runs on.
+  virtual DeviceLimits measure_limits() = 0;
+  // Peak memory held since the last reset: process RSS on the CPU, device allocations on a GPU.
+  virtual size_t peak_memory_bytes() const = 0;
+  virtual void reset_peak_memory() = 0;
 
  protected:
   bool profiling_ = false;
@@ -84,6 +144,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// Throws an Error when kvbench was built without CUDA or no GPU is visible.
+std::unique_ptr<Backend> make_cuda_backend();
+bool cuda_available();
 // "cpu" or "cuda"; Error naming what is available otherwise.
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
 

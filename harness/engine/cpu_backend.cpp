@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,30 +11,14 @@
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
+#include "harness/engine/op_timer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/machine.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace kvb {
 
 namespace {
-
-// Adds the wall time of its scope to a counter when profiling is on.
-class ScopedTimer {
- public:
-  ScopedTimer(bool on, double& counter) : on_(on), counter_(counter) {
-    if (on_) t0_ = std::chrono::steady_clock::now();
-  }
-  ~ScopedTimer() {
-    if (on_) counter_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
-  ScopedTimer(const ScopedTimer&) = delete;
-  ScopedTimer& operator=(const ScopedTimer&) = delete;
-
- private:
-  bool on_;
-  double& counter_;
-  std::chrono::steady_clock::time_point t0_;
-};
 
 // Queries per block of prefill attention: the score block is kAttnChunk x n floats per head.
 constexpr int kAttnChunk = 256;
@@ -60,6 +43,21 @@ class CpuBackend final : public Backend {
   }
   void release(float* p, size_t) override { std::free(p); }
 
+  void* upload_weight(std::span<const float> w, int, int, size_t& bytes) override {
+    float* p = allocate(w.size());
+    std::memcpy(p, w.data(), w.size_bytes());
+    bytes = w.size_bytes();
+    return p;
+  }
+  void release_weight(void* p) override { std::free(p); }
+
+  DeviceLimits measure_limits() override {
+    return {"BLAS sgemm (fp32)", measure_sgemm_gflops(), measure_read_bandwidth_gbs()};
+  }
+
+  size_t peak_memory_bytes() const override { return peak_rss_bytes(); }
+  void reset_peak_memory() override { reset_peak_rss(); }
+
   void upload(Buffer& dst, std::span<const float> src, size_t offset) override {
     std::memcpy(dst.data() + offset, src.data(), src.size_bytes());
   }
@@ -67,43 +65,51 @@ class CpuBackend final : public Backend {
     std::memcpy(dst.data(), src.data() + offset, dst.size_bytes());
   }
 
+  float* stage(int slot, size_t n) override {
+    if (slot >= static_cast<int>(stages_.size())) stages_.resize(slot + 1);
+    if (stages_[slot].size() < n) stages_[slot].resize(n);
+    return stages_[slot].data();
+  }
+  void download_async(const Buffer& src, std::span<float> dst, size_t offset) override { download(src, dst, offset); }
+
   void set_rope(std::vector<float> inv_freq, bool interleaved) override {
     rope_ = std::make_unique<RopeTable>(std::move(inv_freq),
                                         interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
   }
 
-  void embed(const Buffer& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
-    ScopedTimer t(profiling_, stats_.other_seconds);
+  void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
+    OpTimer t(*this, profiling_, stats_.other_seconds);
+    const auto* rows = static_cast<const float*>(table.data());
     for (size_t i = 0; i < ids.size(); ++i)
-      std::memcpy(out.data() + i * dim, table.data() + size_t(ids[i]) * dim, dim * sizeof(float));
+      std::memcpy(out.data() + i * dim, rows + size_t(ids[i]) * dim, dim * sizeof(float));
   }
 
   void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
                size_t x_offset) override {
-    ScopedTimer t(profiling_, stats_.other_seconds);
+    OpTimer t(*this, profiling_, stats_.other_seconds);
     kvb::rmsnorm(x.data() + x_offset, w.data(), n, dim, eps, y.data());
   }
 
-  void linear(const Buffer& x, const Buffer& w, const Buffer* bias, int n, int in, int out,
+  void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out,
               Buffer& y) override {
-    ScopedTimer t(profiling_, stats_.linear_seconds);
+    OpTimer t(*this, profiling_, stats_.linear_seconds);
     stats_.linear_flops += 2.0 * n * in * out;
-    kvb::linear(x.data(), w.data(), bias ? bias->data() : nullptr, n, in, out, y.data());
+    kvb::linear(x.data(), static_cast<const float*>(w.data()), bias ? bias->data() : nullptr, n, in, out, y.data());
   }
 
   void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {
-    ScopedTimer t(profiling_, stats_.other_seconds);
+    OpTimer t(*this, profiling_, stats_.other_seconds);
     rope_->ensure(*std::max_element(pos.begin(), pos.end()));
     rope_->apply(x.data(), n, heads, d, pos.data());
   }
 
   void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) override {
-    ScopedTimer t(profiling_, stats_.other_seconds);
+    OpTimer t(*this, profiling_, stats_.other_seconds);
     kvb::swiglu(gate.data(), up.data(), n, out.data());
   }
 
   void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset) override {
-    ScopedTimer t(profiling_, stats_.other_seconds);
+    OpTimer t(*this, profiling_, stats_.other_seconds);
     float* a = x.data() + x_offset;
     const float* b = y.data();
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -112,7 +118,7 @@ class CpuBackend final : public Backend {
 
   void attention_prefill(const Buffer& qb, const Buffer& kb, const Buffer& vb, int n, int hq,
                          int hkv, int d, Buffer& outb, std::vector<float>* colsum) override {
-    ScopedTimer t(profiling_, stats_.attention_seconds);
+    OpTimer t(*this, profiling_, stats_.attention_seconds);
     // Useful work of causal attention: n(n+1)/2 query-key pairs, 2d flops each for QK^T and for PV.
     stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
     const int group = hq / hkv;
@@ -160,7 +166,7 @@ class CpuBackend final : public Backend {
   }
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
-    ScopedTimer t(profiling_, stats_.attention_seconds);
+    OpTimer t(*this, profiling_, stats_.attention_seconds);
     stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() *
                               static_cast<double>(cache.tokens(0));
     attend(cache, q.data(), out.data());
@@ -168,6 +174,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<RopeTable> rope_;
+  std::vector<std::vector<float>> stages_;
 };
 
 }  // namespace

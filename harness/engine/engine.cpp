@@ -10,18 +10,27 @@
 namespace kvb {
 
 struct Engine::Layer {
-  Buffer attn_norm, ffn_norm, wq, wk, wv, wo, bq, bk, bv, w_gate, w_up, w_down;
+  Buffer attn_norm, ffn_norm, bq, bk, bv;
+  Weight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
 namespace {
 
-// Weights are dequantized to fp32 once, at load.
+// Weights are dequantized once, at load: vectors to fp32, matrices to the backend's weight format.
 Buffer load(Backend& b, const ModelFile& m, const std::string& name, size_t& bytes) {
   const auto v = m.load_f32(name);
   Buffer buf(b, v.size());
   b.upload(buf, v);
   bytes += v.size() * sizeof(float);
   return buf;
+}
+
+Weight load_matrix(Backend& b, const ModelFile& m, const std::string& name, size_t& bytes) {
+  const TensorRef& t = m.tensor(name);
+  const auto v = m.load_f32(name);
+  Weight w(b, v, static_cast<int>(t.ne[1]), static_cast<int>(t.ne[0]));
+  bytes += w.bytes();
+  return w;
 }
 
 }  // namespace
@@ -31,22 +40,22 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
   model.validate_tensors();
   Backend& b = *backend_;
   b.set_rope(rope_inv_freq(cfg_), cfg_.rope_layout == RopeLayout::Interleaved);
-  tok_embd_ = load(b, model, "token_embd.weight", weight_bytes_);
+  tok_embd_ = load_matrix(b, model, "token_embd.weight", weight_bytes_);
   out_norm_ = load(b, model, "output_norm.weight", weight_bytes_);
-  if (!cfg_.tied_embeddings) output_ = load(b, model, "output.weight", weight_bytes_);
+  if (!cfg_.tied_embeddings) output_ = load_matrix(b, model, "output.weight", weight_bytes_);
   layers_.resize(cfg_.n_layers);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = fmt::format("blk.{}.", l);
     Layer& L = layers_[l];
     L.attn_norm = load(b, model, p + "attn_norm.weight", weight_bytes_);
     L.ffn_norm = load(b, model, p + "ffn_norm.weight", weight_bytes_);
-    L.wq = load(b, model, p + "attn_q.weight", weight_bytes_);
-    L.wk = load(b, model, p + "attn_k.weight", weight_bytes_);
-    L.wv = load(b, model, p + "attn_v.weight", weight_bytes_);
-    L.wo = load(b, model, p + "attn_output.weight", weight_bytes_);
-    L.w_gate = load(b, model, p + "ffn_gate.weight", weight_bytes_);
-    L.w_up = load(b, model, p + "ffn_up.weight", weight_bytes_);
-    L.w_down = load(b, model, p + "ffn_down.weight", weight_bytes_);
+    L.wq = load_matrix(b, model, p + "attn_q.weight", weight_bytes_);
+    L.wk = load_matrix(b, model, p + "attn_k.weight", weight_bytes_);
+    L.wv = load_matrix(b, model, p + "attn_v.weight", weight_bytes_);
+    L.wo = load_matrix(b, model, p + "attn_output.weight", weight_bytes_);
+    L.w_gate = load_matrix(b, model, p + "ffn_gate.weight", weight_bytes_);
+    L.w_up = load_matrix(b, model, p + "ffn_up.weight", weight_bytes_);
+    L.w_down = load_matrix(b, model, p + "ffn_down.weight", weight_bytes_);
     if (cfg_.qkv_bias) {
       L.bq = load(b, model, p + "attn_q.bias", weight_bytes_);
       L.bk = load(b, model, p + "attn_k.bias", weight_bytes_);
@@ -94,6 +103,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   const int window = std::min(needs.window, n);
 
   for (auto& c : caches_) c.clear();
+  b.forget_caches();
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
 
@@ -104,22 +114,58 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
       mlp_out(b, size_t(mc) * H);
   b.embed(tok_embd_, ids, H, x);
 
-  // Host copies handed to the observer; allocated only when there is one.
-  std::vector<float> hk, hv, hk_pre, hq_win, colsum;
+  // The host side of a layer (the cache of record, the observer) runs while the backend computes the
+  // next layer: layer l's K/V (and whatever the observer asked for) land in staging slot l % 2.
+  struct Staged {
+    float *k = nullptr, *v = nullptr, *k_pre = nullptr, *q_win = nullptr;
+    std::vector<float> colsum;
+  };
+  Staged staged[2];
+  auto finish_layer = [&](int l) {
+    Staged& st = staged[l % 2];
+    b.wait(l % 2);
+    if (!observer) {
+      caches_[l].append_many(st.k, st.v, n, pos.data());
+      return;
+    }
+    PrefillView view;
+    view.layer = l;
+    view.n_tokens = n;
+    view.n_heads = hq;
+    view.n_kv_heads = hkv;
+    view.head_dim = d;
+    view.positions = pos.data();
+    view.k = st.k;
+    view.v = st.v;
+    view.k_pre_rope = needs.k_pre_rope ? st.k_pre : nullptr;
+    view.attn_colsum = needs.attn_colsum ? st.colsum.data() : nullptr;
+    view.window = window;
+    view.q_window = window > 0 ? st.q_win : nullptr;
+    observer->on_layer(view, caches_[l]);
+  };
 
+  const size_t kv_elems = size_t(n) * KV;
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
+    const int slot = l % 2;
+    Staged& st = staged[slot];
+    st.k = b.stage(slot, kv_elems * (needs.k_pre_rope ? 3 : 2) + size_t(window) * Q);
+    st.v = st.k + kv_elems;
+    st.k_pre = needs.k_pre_rope ? st.v + kv_elems : nullptr;
+    st.q_win = st.v + kv_elems * (needs.k_pre_rope ? 2 : 1);
+
     b.rmsnorm(x, L.attn_norm, n, H, eps, h);
     b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q);
     b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
     b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
-    if (observer && needs.k_pre_rope) {
-      hk_pre.resize(size_t(n) * KV);
-      b.download(k, hk_pre);
-    }
+    if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre, kv_elems});
     b.rope(q, n, hq, d, pos);
     b.rope(k, n, hkv, d, pos);
-    b.attention_prefill(q, k, v, n, hq, hkv, d, attn, needs.attn_colsum ? &colsum : nullptr);
+    b.attention_prefill(q, k, v, n, hq, hkv, d, attn, observer && needs.attn_colsum ? &st.colsum : nullptr);
+    b.download_async(k, {st.k, kv_elems});
+    b.download_async(v, {st.v, kv_elems});
+    if (observer && window > 0) b.download_async(q, {st.q_win, size_t(window) * Q}, size_t(n - window) * Q);
+    b.fence(slot);
     b.linear(attn, L.wo, nullptr, n, Q, H, proj);
     b.add(x, proj, size_t(n) * H);
 
@@ -132,34 +178,9 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
       b.linear(act, L.w_down, nullptr, rows, F, H, mlp_out);
       b.add(x, mlp_out, size_t(rows) * H, size_t(t0) * H);
     }
-
-    hk.resize(size_t(n) * KV);
-    hv.resize(size_t(n) * KV);
-    b.download(k, hk);
-    b.download(v, hv);
-    if (!observer) {
-      caches_[l].append_many(hk.data(), hv.data(), n, pos.data());
-      continue;
-    }
-    PrefillView view;
-    view.layer = l;
-    view.n_tokens = n;
-    view.n_heads = hq;
-    view.n_kv_heads = hkv;
-    view.head_dim = d;
-    view.positions = pos.data();
-    view.k = hk.data();
-    view.v = hv.data();
-    view.k_pre_rope = needs.k_pre_rope ? hk_pre.data() : nullptr;
-    view.attn_colsum = needs.attn_colsum ? colsum.data() : nullptr;
-    if (window > 0) {
-      hq_win.resize(size_t(window) * Q);
-      b.download(q, hq_win, size_t(n - window) * Q);
-      view.window = window;
-      view.q_window = hq_win.data();
-    }
-    observer->on_layer(view, caches_[l]);
+    if (l > 0) finish_layer(l - 1);
   }
+  finish_layer(cfg_.n_layers - 1);
   pos_ = n;
   decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
   return logits_of_last(x, n);
@@ -179,7 +200,13 @@ std::vector<float> Engine::decode(int32_t token) {
   Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), gate(b, F), up(b, F),
       act(b, F);
   b.embed(tok_embd_, ids, H, x);
-  std::vector<float> hk(KV), hv(KV), rep_k, rep_v;
+  // Without a decode observer the host caches may lag one step: the backend appends to its own copy
+  // and the host copies arrive with the step's last download.
+  const bool defer = decode_observer_ == nullptr;
+  constexpr int kDecodeSlot = 2;
+  float* staged = defer ? b.stage(kDecodeSlot, size_t(cfg_.n_layers) * 2 * KV) : nullptr;
+  std::vector<bool> deferred(cfg_.n_layers, false);
+  std::vector<float> hk(KV), hv(KV);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
     LayerCache& cache = caches_[l];
@@ -189,20 +216,14 @@ std::vector<float> Engine::decode(int32_t token) {
     b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, 1, H, KV, v);
     b.rope(q, 1, hq, d, std::span<const int32_t>(&p, 1));
     b.rope(k, 1, hkv, d, std::span<const int32_t>(&p, 1));
-    b.download(k, hk);
-    b.download(v, hv);
-    if (cache.n_cache_heads() == hkv) {
-      cache.append(hk.data(), hv.data(), p);
+    if (defer && b.append_on_device(cache, k, v, hkv)) {
+      deferred[l] = true;
+      b.download_async(k, {staged + size_t(2 * l) * KV, size_t(KV)});
+      b.download_async(v, {staged + size_t(2 * l + 1) * KV, size_t(KV)});
     } else {
-      // A cache with one head per query head stores the KV head once for each query head reading it.
-      const int rep = cache.n_cache_heads() / hkv;
-      rep_k.resize(size_t(cache.n_cache_heads()) * d);
-      rep_v.resize(rep_k.size());
-      for (int c = 0; c < cache.n_cache_heads(); ++c) {
-        std::copy_n(hk.data() + size_t(c / rep) * d, d, rep_k.data() + size_t(c) * d);
-        std::copy_n(hv.data() + size_t(c / rep) * d, d, rep_v.data() + size_t(c) * d);
-      }
-      cache.append(rep_k.data(), rep_v.data(), p);
+      b.download(k, hk);
+      b.download(v, hv);
+      append_token(cache, hk.data(), hv.data(), p);
     }
     b.attention_decode(cache, q, attn);
     if (decode_observer_) {
@@ -220,7 +241,32 @@ std::vector<float> Engine::decode(int32_t token) {
     b.add(x, proj, H);
   }
   ++pos_;
-  return logits_of_last(x, 1);
+  auto logits = logits_of_last(x, 1);
+  if (defer) {
+    b.fence(kDecodeSlot);
+    b.wait(kDecodeSlot);
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      if (deferred[l])
+        append_token(caches_[l], staged + size_t(2 * l) * KV, staged + size_t(2 * l + 1) * KV, p);
+  }
+  return logits;
+}
+
+void Engine::append_token(LayerCache& cache, const float* k, const float* v, int32_t pos) {
+  const int hkv = cfg_.n_kv_heads, d = cfg_.head_dim;
+  if (cache.n_cache_heads() == hkv) {
+    cache.append(k, v, pos);
+    return;
+  }
+  // A cache with one head per query head stores the KV head once for each query head reading it.
+  const int rep = cache.n_cache_heads() / hkv;
+  rep_k_.resize(size_t(cache.n_cache_heads()) * d);
+  rep_v_.resize(rep_k_.size());
+  for (int c = 0; c < cache.n_cache_heads(); ++c) {
+    std::copy_n(k + size_t(c / rep) * d, d, rep_k_.data() + size_t(c) * d);
+    std::copy_n(v + size_t(c / rep) * d, d, rep_v_.data() + size_t(c) * d);
+  }
+  cache.append(rep_k_.data(), rep_v_.data(), pos);
 }
 
 }  // namespace kvb

@@ -46,20 +46,28 @@ class Engine {
   // Bytes of the uncompressed cache for `tokens` tokens (fp32 K and V of every KV head and layer).
   size_t full_kv_bytes(size_t tokens) const;
   size_t weight_bytes() const { return weight_bytes_; }
+  // Weight bytes one decode step reads: all of them but the embedding table, of which it reads one
+  // row (unless the table is also the output head).
+  size_t decode_weight_bytes() const {
+    return weight_bytes_ - (cfg_.tied_embeddings ? 0 : tok_embd_.bytes());
+  }
 
  private:
   struct Layer;
   std::vector<float> logits_of_last(const Buffer& x, int n);
+  void append_token(LayerCache& cache, const float* k, const float* v, int32_t pos);
 
   ModelConfig cfg_;
   std::unique_ptr<Backend> backend_;
   EngineOptions opt_;
-  Buffer tok_embd_, out_norm_, output_;
+  Weight tok_embd_, output_;
+  Buffer out_norm_;
   std::vector<Layer> layers_;
   std::vector<LayerCache> caches_;
   int pos_ = 0;
   size_t weight_bytes_ = 0;
   PrefillObserver* decode_observer_ = nullptr;
+  std::vector<float> rep_k_, rep_v_;
 };
 
 }  // namespace kvb

@@ -96,18 +96,30 @@ void GGUFWriter::add_int32_array(const std::string& key, const std::vector<int32
   add(key, array(GGUFType::I32, std::move(items)));
 }
 
-void GGUFWriter::add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
-                            std::vector<uint8_t> data) {
+namespace {
+uint64_t tensor_bytes(const std::string& name, DType type, const std::vector<uint64_t>& ne) {
   uint64_t n = 1;
   for (auto d : ne) n *= d;
   const auto need = dtype_bytes(type, n);
-  if (!need || *need != data.size())
-    fail("GGUFWriter: tensor '{}' has {} bytes, expected {} for {} elements of {}", name,
-         data.size(), need.value_or(0), n, dtype_name(type));
-  tensors_.push_back({name, type, std::move(ne), std::move(data)});
+  if (!need) fail("GGUFWriter: tensor '{}': {} elements cannot be stored as {}", name, n, dtype_name(type));
+  return *need;
+}
+}  // namespace
+
+void GGUFWriter::add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
+                            std::vector<uint8_t> data) {
+  const uint64_t need = tensor_bytes(name, type, ne);
+  if (need != data.size())
+    fail("GGUFWriter: tensor '{}' has {} bytes, expected {} for {}", name, data.size(), need, dtype_name(type));
+  tensors_.push_back({name, type, std::move(ne), std::move(data), need});
 }
 
-std::vector<uint8_t> GGUFWriter::bytes() const {
+void GGUFWriter::add_tensor_shape(const std::string& name, DType type, std::vector<uint64_t> ne) {
+  const uint64_t need = tensor_bytes(name, type, ne);
+  tensors_.push_back({name, type, std::move(ne), {}, need});
+}
+
+std::vector<uint8_t> GGUFWriter::header() const {
   std::vector<uint8_t> out;
   put<uint32_t>(out, 0x46554747);
   put<uint32_t>(out, version_);
@@ -119,17 +131,22 @@ std::vector<uint8_t> GGUFWriter::bytes() const {
     put_value(out, v);
   }
   uint64_t offset = 0;
-  auto align = [&](uint64_t x) { return (x + alignment_ - 1) / alignment_ * alignment_; };
   for (const auto& t : tensors_) {
     put_string(out, t.name);
     put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
     for (auto d : t.ne) put<uint64_t>(out, d);
     put<uint32_t>(out, static_cast<uint32_t>(t.type));
     put<uint64_t>(out, offset);
-    offset = align(offset + t.data.size());
+    offset = align(offset + t.size);
   }
   out.resize(align(out.size()), 0);
+  return out;
+}
+
+std::vector<uint8_t> GGUFWriter::bytes() const {
+  std::vector<uint8_t> out = header();
   for (const auto& t : tensors_) {
+    if (t.data.size() != t.size) fail("GGUFWriter: tensor '{}' was declared without data", t.name);
     out.insert(out.end(), t.data.begin(), t.data.end());
     out.resize(align(out.size()), 0);
   }
@@ -137,10 +154,32 @@ std::vector<uint8_t> GGUFWriter::bytes() const {
 }
 
 void GGUFWriter::write(const std::string& path) const {
-  const auto b = bytes();
+  write_streaming(path, [&](size_t i, std::vector<uint8_t>&) {
+    fail("GGUFWriter: tensor '{}' was declared without data", tensors_[i].name);
+  });
+}
+
+void GGUFWriter::write_streaming(const std::string& path, const TensorFiller& fill) const {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-  if (!out) fail("{}: cannot write", path);
+  if (!out) fail("{}: cannot open for writing", path);
+  auto put_bytes = [&](const std::vector<uint8_t>& b) {
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  };
+  put_bytes(header());
+  std::vector<uint8_t> buf;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
+    if (t.data.size() == t.size) {
+      put_bytes(t.data);
+    } else {
+      buf.assign(t.size, 0);
+      fill(i, buf);
+      put_bytes(buf);
+    }
+    const std::vector<uint8_t> pad(align(t.size) - t.size, 0);
+    put_bytes(pad);
+    if (!out) fail("{}: write failed (disk full?)", path);
+  }
 }
 
 }  // namespace kvb

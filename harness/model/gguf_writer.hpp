@@ -1,6 +1,7 @@
 #pragma once
 // Writes GGUF files: used to build test inputs and random-weight models of real shapes.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,15 @@ class GGUFWriter {
   void add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
                   std::vector<uint8_t> data);
 
+  // A tensor whose data write_streaming() asks for when it reaches it (for files too big to hold).
+  void add_tensor_shape(const std::string& name, DType type, std::vector<uint64_t> ne);
+
   std::vector<uint8_t> bytes() const;
   void write(const std::string& path) const;
+  // Writes the file, calling fill(i, buf) for each tensor declared with add_tensor_shape (buf is
+  // sized to the tensor's bytes); tensors given with data are written as they are.
+  using TensorFiller = std::function<void(size_t tensor, std::vector<uint8_t>& buf)>;
+  void write_streaming(const std::string& path, const TensorFiller& fill) const;
 
   static GGUFValue scalar(GGUFType t, double value);  // any numeric or bool type
   static GGUFValue string(const std::string& s);
@@ -35,8 +43,11 @@ class GGUFWriter {
     std::string name;
     DType type;
     std::vector<uint64_t> ne;
-    std::vector<uint8_t> data;
+    std::vector<uint8_t> data;  // empty for tensors declared by shape
+    uint64_t size = 0;          // bytes
   };
+  std::vector<uint8_t> header() const;  // everything before the first tensor's data, padded
+  uint64_t align(uint64_t x) const { return (x + alignment_ - 1) / alignment_ * alignment_; }
   uint32_t version_;
   uint64_t alignment_;
   std::vector<std::pair<std::string, GGUFValue>> kv_;

@@ -1,0 +1,30 @@
+#pragma once
+// Random-weight models with the exact shapes of real ones, written as GGUF on the fly: kernels and
+// speed can then be tested at 7-8B scale where the real weights are not available. The weights are
+// seeded uniform noise scaled by 1/sqrt(fan-in), so activations stay in a realistic range.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/model/dtype.hpp"
+
+namespace kvb {
+
+struct ModelShape {
+  std::string name;
+  std::string arch = "llama";  // llama or qwen2 (q/k/v bias)
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, context = 0;
+  double rope_theta = 10000.0;
+  float rms_eps = 1e-5f;
+  bool tied_embeddings = false;
+};
+
+// Llama-3.1-8B, Mistral-7B-v0.2, Qwen2-7B and SmolLM2-135M shapes.
+const std::vector<ModelShape>& known_model_shapes();
+// Error listing the known names if absent.
+const ModelShape& model_shape(const std::string& name);
+
+// Writes a GGUF with `shape`'s tensors in `type` (F32, F16 or BF16) drawn from `seed`.
+void write_random_model(const std::string& path, const ModelShape& shape, DType type, uint64_t seed);
+
+}  // namespace kvb
