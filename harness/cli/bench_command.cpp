@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -40,6 +41,7 @@ struct Row {
   double prefill_tflops = 0, linear_tflops = 0, attention_tflops = 0, linear_eff = 0, linear_share = 0;
   double compress_share = 0;  // compression time / prefill time
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
+  double decode_gemv_eff = 0;  // weight bytes / time of the decode step's matrix products, vs bandwidth
   size_t peak_memory = 0, kv_bytes = 0;
 };
 
@@ -134,10 +136,49 @@ void register_bench_command(CLI::App& app) {
     std::unique_ptr<Method> method;
     if (!a->method.empty()) method = MethodRegistry::get().create(a->method, parse_key_values(a->params), cfg);
 
+    const bool md = a->format == "md";
+    const char* sep = md ? " | " : ",";
+    auto line = [&](const std::vector<std::string>& cells) {
+      std::string s = md ? "| " : "";
+      for (size_t i = 0; i < cells.size(); ++i) s += cells[i] + (i + 1 < cells.size() ? sep : "");
+      fmt::print("{}{}\n", s, md ? " |" : "");
+    };
+    auto print_header = [&] {
+      if (md)
+        fmt::print("{} on {} backend; {} peak {:.1f} TFLOP/s, bandwidth {:.1f} GB/s, weights read per decode step "
+                   "{:.0f} MiB; medians of {} runs (min-max)\n\n",
+                   a->model, b.name(), limits.gemm_kind, limits.gemm_gflops / 1e3, limits.bandwidth_gbs,
+                   mib(weights_read), a->repeat);
+      const std::vector<std::string> head = {
+          "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
+          "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",
+          "decode / bound", "decode GEMV / bandwidth", "decode vs full", "KV MiB", "peak memory MiB"};
+      line(head);
+      if (md) line(std::vector<std::string>(head.size(), "---"));
+    };
+    auto pct = [](double x) { return fmt::format("{:.0f}%", 100 * x); };
+    auto print_row = [&](const Row& r) {
+      const bool dec = r.decode_bound_tps > 0;
+      line({std::to_string(r.context), r.cache,
+            fmt::format("{:.1f} ({:.1f}-{:.1f})", r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max),
+            fmt::format("{:.3f}", r.prefill_tflops), fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff),
+            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops),
+            r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
+            dec ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max)
+                : "n/a",
+            dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
+            r.decode_gemv_eff > 0 ? pct(r.decode_gemv_eff) : "n/a",
+            r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-", fmt::format("{:.1f}", mib(r.kv_bytes)),
+            fmt::format("{:.0f}", mib(r.peak_memory))});
+      std::fflush(stdout);  // rows of long runs appear as they finish
+    };
+    if (a->format != "json") print_header();
+
     std::mt19937 rng(0);
     std::vector<Row> rows;
     // One configuration: `make_observer` gives the prefill observer of each run (null: full cache).
-    auto measure = [&](int ctx, const std::string& label, auto make_observer) {
+    // full_decode_tps: decode speed of the full cache at this context, for the speed-up column.
+    auto measure = [&](int ctx, const std::string& label, double full_decode_tps, auto make_observer) {
       Row row;
       row.context = ctx;
       row.cache = label;
@@ -170,6 +211,16 @@ void register_bench_command(CLI::App& app) {
           b.synchronize();
           const double dec_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           if (steps > 1) d_tps.push_back((steps - 1) / dec_s);
+          // A few more steps with per-operation timing (it synchronises, so not in the speed above).
+          const int prof = std::min(4, cfg.context_length - ctx - steps);
+          if (prof > 0) {
+            b.set_profiling(true);
+            b.reset_stats();
+            for (int s = 0; s < prof; ++s) engine.decode(tok);
+            b.set_profiling(false);
+            row.decode_gemv_eff = static_cast<double>(weights_read) * prof / b.stats().linear_seconds / 1e9 /
+                                  limits.bandwidth_gbs;
+          }
         }
         row.kv_bytes = engine.kv_bytes();
       }
@@ -181,8 +232,8 @@ void register_bench_command(CLI::App& app) {
         row.decode_bound_tps = limits.bandwidth_gbs * 1e9 / static_cast<double>(weights_read + row.kv_bytes);
         row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
       }
-      fmt::print(stderr, "  context {} {}: prefill {:.1f} tok/s, decode {:.1f} tok/s\n", ctx, label,
-                 row.prefill_tps.median, row.decode_tps.median);
+      if (full_decode_tps > 0) row.decode_speedup = row.decode_tps.median / full_decode_tps;
+      if (a->format != "json") print_row(row);
       rows.push_back(row);
       return row;
     };
@@ -192,13 +243,13 @@ void register_bench_command(CLI::App& app) {
       PrefillObserver* observer = nullptr;
     };
     for (int ctx : a->contexts) {
-      const Row full = measure(ctx, "full", [] { return Holder{}; });
+      const Row full = measure(ctx, "full", 0.0, [] { return Holder{}; });
       for (int T : a->budgets) {
         for (bool low : {false, true}) {
           if (low && !a->lowrank) continue;
           const std::string label = low ? fmt::format("{} T={} lowrank r={}", a->method, T, a->lowrank)
                                         : fmt::format("{} T={}", a->method, T);
-          Row r = measure(ctx, label, [&] {
+          measure(ctx, label, full.decode_tps.median, [&] {
             Holder h;
             h.runner = std::make_unique<MethodRunner>(*method, T);
             h.observer = h.runner.get();
@@ -208,7 +259,6 @@ void register_bench_command(CLI::App& app) {
             }
             return h;
           });
-          if (full.decode_tps.median > 0) rows.back().decode_speedup = r.decode_tps.median / full.decode_tps.median;
         }
       }
     }
@@ -225,42 +275,11 @@ void register_bench_command(CLI::App& app) {
                              {"attention_tflops", r.attention_tflops}, {"compress_time_share", r.compress_share},
                              {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
                              {"decode_bound_tokens_per_s", r.decode_bound_tps}, {"decode_efficiency", r.decode_eff},
+                             {"decode_gemv_bandwidth_fraction", r.decode_gemv_eff},
                              {"decode_speedup_vs_full", r.decode_speedup}, {"kv_bytes", r.kv_bytes},
                              {"peak_memory_bytes", r.peak_memory}});
       fmt::print("{}\n", j.dump(2));
       return;
-    }
-    const bool md = a->format == "md";
-    const char* sep = md ? " | " : ",";
-    auto line = [&](const std::vector<std::string>& cells) {
-      std::string s = md ? "| " : "";
-      for (size_t i = 0; i < cells.size(); ++i) s += cells[i] + (i + 1 < cells.size() ? sep : "");
-      fmt::print("{}{}\n", s, md ? " |" : "");
-    };
-    if (md)
-      fmt::print("{} on {} backend; {} peak {:.1f} TFLOP/s, bandwidth {:.1f} GB/s, weights read per decode step "
-                 "{:.0f} MiB; medians of {} runs (min-max)\n\n",
-                 a->model, b.name(), limits.gemm_kind, limits.gemm_gflops / 1e3, limits.bandwidth_gbs,
-                 mib(weights_read), a->repeat);
-    const std::vector<std::string> head = {
-        "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
-        "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",
-        "decode / bound", "decode vs full", "KV MiB", "peak memory MiB"};
-    line(head);
-    if (md) line(std::vector<std::string>(head.size(), "---"));
-    auto pct = [](double x) { return fmt::format("{:.0f}%", 100 * x); };
-    for (const auto& r : rows) {
-      const bool dec = r.decode_bound_tps > 0;
-      line({std::to_string(r.context), r.cache,
-            fmt::format("{:.1f} ({:.1f}-{:.1f})", r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max),
-            fmt::format("{:.3f}", r.prefill_tflops), fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff),
-            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops),
-            r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
-            dec ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max)
-                : "n/a",
-            dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
-            r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-", fmt::format("{:.1f}", mib(r.kv_bytes)),
-            fmt::format("{:.0f}", mib(r.peak_memory))});
     }
   });
 }

@@ -312,7 +312,10 @@ class CudaBackend final : public Backend {
 
   void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
-    cuda::rope(x.data(), n, heads, d, upload_ints(pos), inv_freq_.as<float>(), interleaved_, 1.0f, stream_);
+    bool consecutive = true;
+    for (size_t i = 1; i < pos.size() && consecutive; ++i) consecutive = pos[i] == pos[0] + static_cast<int32_t>(i);
+    cuda::rope(x.data(), n, heads, d, consecutive ? nullptr : upload_ints(pos), pos[0], inv_freq_.as<float>(),
+               interleaved_, 1.0f, stream_);
   }
 
   void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) override {

@@ -17,10 +17,11 @@ void f32_to_bf16(const float* x, uint16_t* y, size_t n, cudaStream_t s);
 // out[i, :] = table[ids[i], :] as fp32.
 void embed_bf16(const uint16_t* table, const int32_t* ids, int n, int dim, float* out, cudaStream_t s);
 void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y, cudaStream_t s);
-// Rotary embedding in place on x[n, heads, d]; inv_freq[d/2]. The angle is the fp32 product
+// Rotary embedding in place on x[n, heads, d]; inv_freq[d/2]. Token t sits at pos[t], or at pos0 + t
+// when pos is null (no upload for the usual consecutive positions). The angle is the fp32 product
 // position x frequency, its cosine and sine taken in double, as the CPU table does.
-void rope(float* x, int n, int heads, int d, const int32_t* pos, const float* inv_freq, bool interleaved,
-          float sign, cudaStream_t s);
+void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq,
+          bool interleaved, float sign, cudaStream_t s);
 void swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t s);
 void add(float* x, const float* y, size_t n, cudaStream_t s);
 void add_bias(float* y, const float* bias, int n, int dim, cudaStream_t s);

@@ -51,7 +51,7 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, int dim, float ep
   for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * r * w[c];
 }
 
-__global__ void rope_kernel(float* x, int n, int heads, int d, const int32_t* pos, const float* inv_freq,
+__global__ void rope_kernel(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq,
                             bool interleaved, float sign) {
   const int half = d / 2;
   const size_t total = size_t(n) * heads * half;
@@ -60,7 +60,7 @@ __global__ void rope_kernel(float* x, int n, int heads, int d, const int32_t* po
     const int i = static_cast<int>(idx % half);
     const size_t row = idx / half;  // token * heads + head
     const int t = static_cast<int>(row / heads);
-    const float angle = static_cast<float>(pos[t]) * inv_freq[i];
+    const float angle = static_cast<float>(pos ? pos[t] : pos0 + t) * inv_freq[i];
     const float c = static_cast<float>(cos(static_cast<double>(angle)));
     const float s = sign * static_cast<float>(sin(static_cast<double>(angle)));
     float* h = x + row * d;
@@ -168,9 +168,9 @@ void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y
   check(cudaGetLastError(), "rmsnorm");
 }
 
-void rope(float* x, int n, int heads, int d, const int32_t* pos, const float* inv_freq, bool interleaved,
-          float sign, cudaStream_t s) {
-  rope_kernel<<<blocks_for(size_t(n) * heads * (d / 2), 256), 256, 0, s>>>(x, n, heads, d, pos, inv_freq,
+void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq,
+          bool interleaved, float sign, cudaStream_t s) {
+  rope_kernel<<<blocks_for(size_t(n) * heads * (d / 2), 256), 256, 0, s>>>(x, n, heads, d, pos, pos0, inv_freq,
                                                                             interleaved, sign);
   check(cudaGetLastError(), "rope");
 }
