@@ -10,6 +10,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/method/method.hpp"
+#include "tasks/task.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
@@ -30,8 +31,17 @@ std::map<std::string, std::string> parse_key_values(const std::vector<std::strin
 void register_list_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("list", "List registered components");
   auto what = std::make_shared<std::string>();
-  cmd->add_option("what", *what, "methods")->required()->check(CLI::IsMember({"methods"}));
+  cmd->add_option("what", *what, "methods or tasks")->required()->check(CLI::IsMember({"methods", "tasks"}));
   cmd->callback([what] {
+    if (*what == "tasks") {
+      const auto& reg = TaskRegistry::get();
+      for (const auto& name : reg.names()) {
+        const TaskInfo& t = reg.info(name);
+        fmt::print("{:14} {}\n", name, t.summary);
+        for (const auto& p : t.options) fmt::print("    {:10} {}  {}\n", p.name, p.describe(), p.help);
+      }
+      return;
+    }
     const auto& reg = MethodRegistry::get();
     for (const auto& name : reg.names()) {
       fmt::print("{:14} {}\n", name, reg.info(name).summary);

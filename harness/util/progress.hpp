@@ -1,0 +1,22 @@
+#pragma once
+// A one-line progress bar on stderr with rate and ETA, redrawn at most every 0.2 s.
+#include <chrono>
+#include <string>
+
+namespace kvb {
+
+class Progress {
+ public:
+  Progress(std::string label, size_t total, std::string unit = "it");
+  // Marks `n` more items done; `note` (e.g. the last score) is shown after the counts.
+  void advance(size_t n = 1, const std::string& note = "");
+  void finish();
+
+ private:
+  void draw(bool force);
+  std::string label_, unit_, note_;
+  size_t total_, done_ = 0;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace kvb

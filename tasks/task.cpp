@@ -1,0 +1,51 @@
+#include "tasks/task.hpp"
+
+#include <cstdlib>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+TaskRegistry& TaskRegistry::get() {
+  static TaskRegistry r;
+  return r;
+}
+
+void TaskRegistry::add(TaskInfo info) {
+  if (tasks_.count(info.name)) fail("task '{}' is registered twice", info.name);
+  tasks_.emplace(info.name, std::move(info));
+}
+
+const TaskInfo& TaskRegistry::info(const std::string& name) const {
+  auto it = tasks_.find(name);
+  if (it == tasks_.end()) {
+    std::string known;
+    for (const auto& [n, _] : tasks_) known += (known.empty() ? "" : ", ") + n;
+    fail("unknown task '{}' (known: {})", name, known);
+  }
+  return it->second;
+}
+
+std::vector<std::string> TaskRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, _] : tasks_) out.push_back(n);
+  return out;
+}
+
+std::unique_ptr<Task> TaskRegistry::create(const std::string& name, const TaskContext& ctx) const {
+  const TaskInfo& ti = info(name);
+  if (!ctx.tokenizer) fail("task '{}' needs the model's tokenizer", name);
+  return ti.make(ctx, Params(ti.options, ctx.options, "task " + name));
+}
+
+bool register_task(TaskInfo info) {
+  TaskRegistry::get().add(std::move(info));
+  return true;
+}
+
+std::string default_data_dir() {
+  if (const char* d = std::getenv("KVBENCH_DATA")) return d;
+  return std::string(KVBENCH_SOURCE_DIR) + "/data";
+}
+
+}  // namespace kvb

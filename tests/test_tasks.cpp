@@ -1,0 +1,95 @@
+// Task registry, Python string semantics for metrics, and the Needle-in-a-Haystack task against the
+// reference protocol (spec/benchmarks.md section 3).
+#include <filesystem>
+#include <fstream>
+
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "tasks/task.hpp"
+#include "tasks/text.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+using namespace kvb::test;
+
+TEST_CASE("Python str.split, lower and strip semantics", "[tasks]") {
+  using V = std::vector<std::string>;
+  CHECK(python_split("  a b\t\nc  ") == V{"a", "b", "c"});
+  CHECK(python_split("") == V{});
+  // \x1c-\x1f, NBSP, ideographic space and U+2028 separate; U+200B (zero width space) does not.
+  CHECK(python_split("a\x1c" "b\xC2\xA0" "c\xE3\x80\x80" "d\xE2\x80\xA8" "e") == V{"a", "b", "c", "d", "e"});
+  CHECK(python_split("a\xE2\x80\x8B" "b") == V{"a\xE2\x80\x8B" "b"});
+  CHECK(python_lower("DAY. \xC3\x89T\xC3\x89 \xCE\xA3") == "day. \xC3\xA9t\xC3\xA9 \xCF\x83");
+  CHECK(python_strip("\xC2\xA0 x y \n\xE3\x80\x80") == "x y");
+  CHECK(python_strip(" \t ").empty());
+}
+
+TEST_CASE("task registry lists niah and rejects unknown tasks and options", "[tasks]") {
+  const auto names = TaskRegistry::get().names();
+  CHECK(std::find(names.begin(), names.end(), "niah") != names.end());
+  require_error([] { TaskRegistry::get().info("nope"); }, {"unknown task 'nope'", "niah"});
+}
+
+namespace {
+
+// A small haystack of invented essays in a temporary directory.
+std::string write_haystack() {
+  const auto dir = std::filesystem::temp_directory_path() / "kvbench_test_haystack" / "PaulGrahamEssays";
+  std::filesystem::create_directories(dir);
+  for (int f = 0; f < 3; ++f) {
+    std::ofstream out(dir / ("essay" + std::to_string(f) + ".txt"));
+    for (int i = 0; i < 400; ++i)
+      out << "Essay " << f << " sentence " << i << " talks about startups, painting and programming. ";
+  }
+  return dir.parent_path().string();
+}
+
+}  // namespace
+
+TEST_CASE("niah: grid, context sizing, needle at a sentence boundary, heatmap score", "[tasks]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  TaskContext ctx;
+  ctx.tokenizer = tok.get();
+  ctx.data_dir = write_haystack();
+  ctx.options = {{"s_len", "1000"}, {"e_len", "3001"}, {"step", "1000"}, {"depths", "10"}};
+  auto task = TaskRegistry::get().create("niah", ctx);
+  REQUIRE(task->size() == 30);
+  const std::vector<int> depths = {0, 11, 22, 33, 44, 56, 67, 78, 89, 100};
+  const std::string needle =
+      "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n";
+  for (size_t i = 0; i < task->size(); ++i) {
+    const Sample s = task->sample(i);
+    const int L = s.meta["length"], d = s.meta["depth"];
+    INFO(s.id);
+    CHECK(L == 1000 * static_cast<int>(1 + i / 10));
+    CHECK(d == depths[i % 10]);
+    // The context keeps 200 tokens for the wrapper and the question: the needle plus haystack fit in L - 200.
+    CHECK(s.meta["context_tokens"].get<int>() <= L - 200);
+    CHECK(s.meta["context_tokens"].get<int>() >= L - 200 - 5);
+    const size_t at = s.prompt.find(needle);
+    REQUIRE(at != std::string::npos);
+    CHECK(s.prompt.find(needle, at + 1) == std::string::npos);
+    if (d == 0) CHECK(s.prompt.compare(at - 6, 6, "book> ") == 0);
+    else if (d == 100) CHECK(s.prompt.compare(at + needle.size(), 8, " </book>") == 0);
+    else CHECK(s.prompt[at - 1] == '.');  // snapped back to the end of a sentence
+    CHECK(s.prompt.rfind("Question: The best thing to do in San Francisco is: \nAnswer:") != std::string::npos);
+    CHECK(s.max_new_tokens == 30);
+  }
+  const Sample s = task->sample(0);
+  CHECK(task->score(s, " eat a sandwich and sit in Dolores Park on a sunny day.") == 1.0);
+  CHECK(task->score(s, "EAT A SANDWICH AND SIT IN DOLORES PARK ON A SUNNY DAY.") == 1.0);
+  CHECK(task->score(s, "eat a sandwich and sit in Dolores Park on a sunny day") == Approx(10.0 / 11));
+  CHECK(task->score(s, "eat a sandwich and eat it again.") == Approx(4.0 / 11));
+  CHECK(task->score(s, "") == 0.0);
+
+  ctx.options["s_len"] = "250";
+  require_error([&] { TaskRegistry::get().create("niah", ctx); }, {"s_len", "250", "[300, 10000000]"});
+  ctx.options = {{"lengths", "5"}};
+  require_error([&] { TaskRegistry::get().create("niah", ctx); }, {"lengths", "s_len"});
+  ctx.options = {};
+  ctx.data_dir = "/nonexistent";
+  require_error([&] { TaskRegistry::get().create("niah", ctx); }, {"/nonexistent/PaulGrahamEssays", "setup.sh"});
+}
