@@ -1,0 +1,153 @@
+"""Golden LongBench metric scores for tests/test_longbench.cpp.
+
+The metric wrappers follow LongBench's metrics.py (SQuAD normalisation and token F1, classification,
+count, retrieval, first-line and code-line rules); ROUGE-L comes from the `rouge` 1.0.1 package and
+code similarity from fuzzywuzzy 0.18.0 with python-Levenshtein, the packages the official scripts use.
+
+    pip install rouge==1.0.1 fuzzywuzzy==0.18.0 python-Levenshtein
+    python3 tools/reference/longbench_metrics.py > tests/fixtures/longbench/metric_cases.json
+"""
+import json
+import random
+import re
+import string
+from collections import Counter
+
+from fuzzywuzzy import fuzz
+from rouge import Rouge
+
+
+def normalize_answer(s):
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def qa_f1(pred, gt):
+    p, g = normalize_answer(pred).split(), normalize_answer(gt).split()
+    same = sum((Counter(p) & Counter(g)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def rouge_l(pred, gt):
+    try:
+        return Rouge().get_scores([pred], [gt], avg=True)["rouge-l"]["f"]
+    except Exception:
+        return 0.0
+
+
+def classification(pred, gt, all_classes):
+    matched = [c for c in all_classes if c in pred]
+    for term in matched:  # removal while iterating, as the reference does
+        if term in gt and term != gt:
+            matched.remove(term)
+    return 1.0 / len(matched) if gt in matched else 0.0
+
+
+def count(pred, gt):
+    nums = re.findall(r"\d+", pred)
+    return sum(str(n) == str(gt) for n in nums) / len(nums) if nums else 0.0
+
+
+def retrieval(pred, gt, zh):
+    gid = re.findall(r"段落(\d+)" if zh else r"Paragraph (\d+)", gt)[0]
+    nums = re.findall(r"\d+", pred)
+    return sum(str(n) == str(gid) for n in nums) / len(nums) if nums else 0.0
+
+
+def code_sim(pred, gt):
+    line = ""
+    for l in pred.lstrip("\n").split("\n"):
+        if "`" not in l and "#" not in l and "//" not in l:
+            line = l
+            break
+    return fuzz.ratio(line, gt) / 100
+
+
+def first_line(pred):
+    return pred.lstrip("\n").split("\n")[0]
+
+
+rng = random.Random(20261122)
+WORDS = ("the a an cat dog sat on mat Paris France capital river bank model cache token attention memory "
+         "value key layer head budget The A An Dolores Park sunny day sandwich eat café naïve Zürich "
+         "über 東京 北京 數學 ümlaut résumé 42 7 2024 1st").split()
+PUNCT = list(".,;:!?'\"-()[]") + ["…", "“", "”", "—"]
+
+
+def phrase(n):
+    out = []
+    for _ in range(n):
+        w = rng.choice(WORDS)
+        if rng.random() < 0.2:
+            w += rng.choice(PUNCT)
+        out.append(w)
+    sep = rng.choice([" ", " ", "  ", "\t", "\n", "\u00a0", " . "])
+    return sep.join(out)
+
+
+def perturb(s):
+    words = s.split()
+    ops = rng.randrange(4)
+    if ops == 0 and words:
+        words = words[: rng.randrange(len(words) + 1)]
+    elif ops == 1:
+        words = words + phrase(rng.randrange(1, 5)).split()
+    elif ops == 2 and words:
+        rng.shuffle(words)
+    return (" " if rng.random() < 0.7 else ".").join(words)
+
+
+cases = []
+fixed = [("", "Paris"), ("Paris", ""), ("The Paris.", "paris"), ("an apple a day", "apple day"),
+         ("Ünïcödé Straße", "ünïcödé straße"), ("...", "a. b."), ("a", "the"), ("北京 东京", "北京")]
+for p, g in fixed:
+    cases.append({"metric": "qa_f1", "prediction": p, "answer": g, "score": qa_f1(p, g)})
+    cases.append({"metric": "rouge", "prediction": p, "answer": g, "score": rouge_l(p, g)})
+for _ in range(90):
+    g = phrase(rng.randrange(1, 12))
+    p = g if rng.random() < 0.15 else perturb(g) if rng.random() < 0.7 else phrase(rng.randrange(0, 15))
+    cases.append({"metric": "qa_f1", "prediction": p, "answer": g, "score": qa_f1(p, g)})
+for _ in range(90):
+    g = ". ".join(phrase(rng.randrange(1, 10)) for _ in range(rng.randrange(1, 4)))
+    p = g if rng.random() < 0.1 else perturb(g) if rng.random() < 0.7 else phrase(rng.randrange(0, 20))
+    cases.append({"metric": "rouge", "prediction": p, "answer": g, "score": rouge_l(p, g)})
+
+classes = ["Description", "Entity", "Abbreviation", "Human being", "Location", "Numeric value", "Human", "Number",
+           "city", "Other location", "Entity abbreviation", "Other entity", "Other location"]
+for _ in range(50):
+    gt = rng.choice(classes)
+    pred = rng.choice(["", gt, " ".join(rng.sample(classes, rng.randrange(1, 4))), gt + " or " + rng.choice(classes),
+                       "Type: " + rng.choice(classes) + "\nmore: " + gt])
+    cases.append({"metric": "classification", "prediction": pred, "answer": gt, "all_classes": classes,
+                  "score": classification(pred, gt, classes)})
+    fl = first_line(pred)
+    cases.append({"metric": "classification_first_line", "prediction": pred, "answer": gt, "all_classes": classes,
+                  "score": classification(fl, gt, classes)})
+for _ in range(30):
+    gt = str(rng.randrange(1, 40))
+    pred = rng.choice(["", gt, f"There are {gt} unique paragraphs.", f"{gt} or {rng.randrange(1, 40)}",
+                       f"I count ٣ or {gt}", "none", f"{gt}{gt}"])
+    cases.append({"metric": "count", "prediction": pred, "answer": gt, "score": count(pred, gt)})
+for _ in range(30):
+    i = rng.randrange(1, 31)
+    gt = f"Paragraph {i}"
+    pred = rng.choice(["", gt, f"Paragraph {i} or Paragraph {i + 10}", f"The answer is Paragraph{i}",
+                       f"Paragraph {rng.randrange(1, 31)}", "no idea"])
+    cases.append({"metric": "retrieval", "prediction": pred, "answer": gt, "score": retrieval(pred, gt, False)})
+    gtz = f"段落{i}"
+    predz = rng.choice(["", gtz, f"答案是段落{i}", f"段落{i}或段落{i + 1}", "不知道"])
+    cases.append({"metric": "retrieval_zh", "prediction": predz, "answer": gtz, "score": retrieval(predz, gtz, True)})
+code = ["    return x + y", "for (int i = 0; i < n; ++i) {", "self.cache = {}", "def f(x):", "}", "x = a // b",
+        "print('héllo wörld')", "    if n <= 1: return n"]
+for _ in range(45):
+    gt = rng.choice(code)
+    pred = rng.choice(["", gt, "\n\n" + gt, "# comment\n" + gt, "```python\n" + gt + "\n```", perturb(gt),
+                       "// note\n" + rng.choice(code) + "\nmore", gt[: rng.randrange(len(gt) + 1)]])
+    cases.append({"metric": "code_sim", "prediction": pred, "answer": gt, "score": code_sim(pred, gt)})
+
+print(json.dumps({"generator": "tools/reference/longbench_metrics.py", "cases": cases}, ensure_ascii=False, indent=0))
