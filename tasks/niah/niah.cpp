@@ -34,7 +34,7 @@ std::string prompt_of(const std::string& context) {
 
 class Niah final : public Task {
  public:
-  Niah(const TaskContext& ctx, const Params& p) : tok_(*ctx.tokenizer) {
+  Niah(const TaskContext& ctx, const Params& p) : tok_(*ctx.tokenizer), chat_(p.get_bool("chat")) {
     const long s = p.get_int("s_len"), e = p.get_int("e_len"), step = p.get_int("step");
     if (e < s) fail("task niah: e_len {} is below s_len {}", e, s);
     for (long L = s; L < e + 1; L += step) lengths_.push_back(static_cast<int>(L));
@@ -79,6 +79,7 @@ class Niah final : public Task {
     Sample s;
     s.id = fmt::format("L{}_d{}", L, depth);
     s.prompt = prompt_of(tok_.decode(ids, true));
+    s.chat = chat_;
     s.answers = {kAnswer};
     s.max_new_tokens = kMaxNewTokens;
     s.stop = {"\n"};
@@ -130,6 +131,7 @@ class Niah final : public Task {
   }
 
   const Tokenizer& tok_;
+  bool chat_;
   std::vector<int> lengths_, depths_;
   std::vector<int32_t> needle_, haystack_;
   std::set<int32_t> periods_;
@@ -142,7 +144,10 @@ const bool registered = register_task(
      {ParamSpec::integer("s_len", 1000, 300, 10000000, "shortest context length (tokens)"),
       ParamSpec::integer("e_len", 8001, 300, 10000000, "lengths run up to e_len inclusive"),
       ParamSpec::integer("step", 1000, 1, 10000000, "length step"),
-      ParamSpec::integer("depths", 10, 1, 101, "depth points, round(linspace(0, 100, n)) percent")},
+      ParamSpec::integer("depths", 10, 1, 101, "depth points, round(linspace(0, 100, n)) percent"),
+      ParamSpec::boolean("chat", false,
+                         "wrap the prompt in the model's chat template (the repos do not; instruct-only models "
+                         "may need it)")},
      [](const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); }});
 
 }  // namespace
