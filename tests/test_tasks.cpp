@@ -1,9 +1,11 @@
 // Task registry, Python string semantics for metrics, and the Needle-in-a-Haystack task against the
 // reference protocol (spec/benchmarks.md section 3).
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "harness/model/model_file.hpp"
+#include "harness/report/heatmap.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "tasks/task.hpp"
 #include "tasks/text.hpp"
@@ -92,4 +94,30 @@ TEST_CASE("niah: grid, context sizing, needle at a sentence boundary, heatmap sc
   ctx.options = {};
   ctx.data_dir = "/nonexistent";
   require_error([&] { TaskRegistry::get().create("niah", ctx); }, {"/nonexistent/PaulGrahamEssays", "setup.sh"});
+}
+
+TEST_CASE("niah heatmap: colour scale and PNG, SVG, CSV files", "[tasks][report]") {
+  const Rgb lo = heatmap_colour(0), mid = heatmap_colour(0.5), hi = heatmap_colour(1), q = heatmap_colour(0.25);
+  CHECK((lo.r == 0xF0 && lo.g == 0x49 && lo.b == 0x6E));
+  CHECK((mid.r == 0xEB && mid.g == 0xB8 && mid.b == 0x39));
+  CHECK((hi.r == 0x0C && hi.g == 0xD7 && hi.b == 0x9F));
+  CHECK(q.r == Approx((0xF0 + 0xEB) / 2.0));
+  Heatmap h;
+  h.title = "Pressure Testing test";
+  h.caption = "FullKV Score: 50.00";
+  h.lengths = {1000, 2000};
+  h.depths = {0, 100};
+  h.cells = {{1.0, 0.0}, {0.5, std::nan("")}};
+  const std::string stem = (std::filesystem::temp_directory_path() / "kvbench_heatmap_test").string();
+  write_heatmap(h, stem);
+  std::ifstream png(stem + ".png", std::ios::binary);
+  char sig[8] = {};
+  png.read(sig, 8);
+  CHECK(std::string(sig + 1, 3) == "PNG");
+  std::ifstream svg(stem + ".svg");
+  std::string svg_text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(svg_text.find("<svg") != std::string::npos);
+  std::ifstream csv(stem + ".csv");
+  std::string csv_text((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());
+  CHECK(csv_text == "depth_percent,1000,2000\n0,1.0000,0.0000\n100,0.5000,\n");
 }

@@ -3,6 +3,7 @@
 // JSONL file one sample at a time, so an interrupted run loses nothing and resumes where it stopped.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,6 +15,7 @@
 #include "harness/engine/generate.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/heatmap.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
@@ -172,6 +174,82 @@ void register_task_commands(CLI::App& app) {
       fmt::print("{} {}: {} samples, score {:.2f} (mean x 100); this run scored {} ({:.2f}); results in {}\n",
                  a->task, label, count, count ? 100 * all / double(count) : 0.0, scored,
                  scored ? 100 * total / double(scored) : 0.0, out);
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("report", "Tables and figures from results files (niah: heatmaps as PNG, SVG, CSV)");
+    auto kind = std::make_shared<std::string>();
+    auto files = std::make_shared<std::vector<std::string>>();
+    auto dir = std::make_shared<std::string>("reports");
+    cmd->add_option("kind", *kind, "niah")->required()->check(CLI::IsMember({"niah"}));
+    cmd->add_option("results", *files, "Results JSONL files of kvbench run-task")->required();
+    cmd->add_option("--out-dir", *dir, "Directory for the figures");
+    cmd->callback([kind, files, dir] {
+      // One heatmap per configuration found in the files.
+      struct Grid {
+        json config;
+        std::map<std::pair<int, int>, std::pair<double, int>> cells;  // (depth, length) -> sum, count
+      };
+      std::map<std::string, Grid> grids;
+      for (const auto& f : *files) {
+        std::ifstream in(f);
+        if (!in) fail("{}: cannot open", f);
+        std::string line;
+        int no = 0;
+        while (std::getline(in, line)) {
+          ++no;
+          if (line.empty()) continue;
+          json j;
+          try {
+            j = json::parse(line);
+          } catch (const json::exception& e) {
+            fail("{}:{}: not a JSON record ({})", f, no, e.what());
+          }
+          if (!j.contains("config") || j["config"].value("task", "") != "niah") continue;
+          if (!j.contains("meta") || !j["meta"].contains("length") || !j["meta"].contains("depth") || !j.contains("score"))
+            fail("{}:{}: a niah record needs meta.length, meta.depth and score", f, no);
+          json cfg = j["config"];
+          // A grid may be assembled from runs over different lengths or depths.
+          for (const char* k : {"s_len", "e_len", "step", "depths"}) cfg["options"].erase(k);
+          Grid& g = grids[cfg.dump()];
+          g.config = cfg;
+          auto& cell = g.cells[{j["meta"]["depth"].get<int>(), j["meta"]["length"].get<int>()}];
+          cell.first += j["score"].get<double>();
+          ++cell.second;
+        }
+      }
+      if (grids.empty()) fail("no niah results in the given files");
+      std::filesystem::create_directories(*dir);
+      for (const auto& [key, g] : grids) {
+        Heatmap h;
+        std::set<int> depths, lengths;
+        double total = 0;
+        int n = 0;
+        for (const auto& [dl, v] : g.cells) {
+          depths.insert(dl.first);
+          lengths.insert(dl.second);
+          total += v.first;
+          n += v.second;
+        }
+        h.depths.assign(depths.begin(), depths.end());
+        h.lengths.assign(lengths.begin(), lengths.end());
+        h.cells.assign(h.depths.size(), std::vector<double>(h.lengths.size(), std::nan("")));
+        for (const auto& [dl, v] : g.cells) {
+          const auto r = std::find(h.depths.begin(), h.depths.end(), dl.first) - h.depths.begin();
+          const auto c = std::find(h.lengths.begin(), h.lengths.end(), dl.second) - h.lengths.begin();
+          h.cells[size_t(r)][size_t(c)] = v.first / v.second;
+        }
+        const std::string method = g.config.value("method", "fullkv");
+        const int budget = g.config.value("budget", 0);
+        const std::string label = method == "fullkv" ? "FullKV" : fmt::format("{} (KV size {})", method, budget);
+        h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
+        h.caption = fmt::format("{} Score: {:.2f}", label, 100.0 * total / n);
+        const bool chat = g.config["options"].value("chat", "false") == "true";
+        const std::string stem = fmt::format("{}/niah-{}{}{}", *dir, method,
+                                             method == "fullkv" ? "" : fmt::format("-T{}", budget), chat ? "-chat" : "");
+        write_heatmap(h, stem);
+        fmt::print("{}: {} ({} results) -> {}.png/.svg/.csv\n", label, h.caption, n, stem);
+      }
     });
   }
 }

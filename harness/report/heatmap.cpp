@@ -1,0 +1,125 @@
+#include "harness/report/heatmap.hpp"
+
+#include <cairo-svg.h>
+#include <cairo.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+Rgb heatmap_colour(double s) {
+  // Linear segmented colormap #F0496E -> #EBB839 -> #0CD79F.
+  const Rgb lo{0xF0, 0x49, 0x6E}, mid{0xEB, 0xB8, 0x39}, hi{0x0C, 0xD7, 0x9F};
+  s = std::clamp(s, 0.0, 1.0);
+  const Rgb& a = s < 0.5 ? lo : mid;
+  const Rgb& b = s < 0.5 ? mid : hi;
+  const double t = s < 0.5 ? s / 0.5 : (s - 0.5) / 0.5;
+  return {a.r + (b.r - a.r) * t, a.g + (b.g - a.g) * t, a.b + (b.b - a.b) * t};
+}
+
+namespace {
+
+constexpr double kCell = 28, kLeft = 90, kTop = 70, kBottom = 70, kBar = 70;
+
+void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0,
+          double angle = 0.0) {
+  cairo_save(cr);
+  cairo_set_font_size(cr, size);
+  cairo_text_extents_t e;
+  cairo_text_extents(cr, s.c_str(), &e);
+  cairo_translate(cr, x, y);
+  cairo_rotate(cr, angle);
+  cairo_move_to(cr, -e.width * align, e.height / 2);
+  cairo_show_text(cr, s.c_str());
+  cairo_restore(cr);
+}
+
+void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  const size_t R = h.depths.size(), C = h.lengths.size();
+  for (size_t r = 0; r < R; ++r)
+    for (size_t c = 0; c < C; ++c) {
+      const double x = kLeft + double(c) * kCell, y = kTop + double(r) * kCell;
+      const double v = h.cells[r][c];
+      if (std::isnan(v)) {
+        cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
+      } else {
+        const Rgb col = heatmap_colour(v);
+        cairo_set_source_rgb(cr, col.r / 255, col.g / 255, col.b / 255);
+      }
+      cairo_rectangle(cr, x, y, kCell, kCell);
+      cairo_fill_preserve(cr);
+      cairo_set_source_rgb(cr, 0.5, 0.5, 0.5);
+      cairo_set_line_width(cr, 0.5);
+      cairo_stroke(cr);
+    }
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  for (size_t c = 0; c < C; ++c)
+    text(cr, kLeft + (double(c) + 0.5) * kCell, kTop + double(R) * kCell + 8, std::to_string(h.lengths[c]), 10, 1.0,
+         -M_PI / 4);
+  for (size_t r = 0; r < R; ++r)
+    text(cr, kLeft - 6, kTop + (double(r) + 0.5) * kCell, std::to_string(h.depths[r]), 10, 1.0);
+  text(cr, kLeft + double(C) * kCell / 2, height - 18, "Token Limit", 12, 0.5);
+  text(cr, 22, kTop + double(R) * kCell / 2, "Depth Percent", 12, 0.5, -M_PI / 2);
+  text(cr, width / 2, 18, h.title, 13, 0.5);
+  text(cr, width / 2, 36, "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")", 11, 0.5);
+  text(cr, width / 2, 54, h.caption, 11, 0.5);
+  // Colour bar.
+  const double bx = kLeft + double(C) * kCell + 20, bh = double(R) * kCell;
+  for (int i = 0; i < 100; ++i) {
+    const Rgb col = heatmap_colour(1.0 - i / 99.0);
+    cairo_set_source_rgb(cr, col.r / 255, col.g / 255, col.b / 255);
+    cairo_rectangle(cr, bx, kTop + bh * i / 100.0, 14, bh / 100.0 + 0.5);
+    cairo_fill(cr);
+  }
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  for (double v : {0.0, 0.5, 1.0}) text(cr, bx + 18, kTop + bh * (1 - v), fmt::format("{:.1f}", v), 10);
+  text(cr, bx + 50, kTop + bh / 2, "Score", 11, 0.5, -M_PI / 2);
+}
+
+}  // namespace
+
+void write_heatmap(const Heatmap& h, const std::string& stem) {
+  if (h.cells.size() != h.depths.size()) fail("heatmap {}: {} rows for {} depths", stem, h.cells.size(), h.depths.size());
+  // Wide enough for the titles however few columns there are.
+  const double width = std::max(kLeft + double(h.lengths.size()) * kCell + kBar + 20, 560.0);
+  const double height = kTop + double(h.depths.size()) * kCell + kBottom;
+
+  cairo_surface_t* png = cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(width) * 2, int(height) * 2);
+  cairo_t* cr = cairo_create(png);
+  cairo_scale(cr, 2, 2);
+  draw(cr, h, width, height);
+  cairo_destroy(cr);
+  const auto st = cairo_surface_write_to_png(png, (stem + ".png").c_str());
+  cairo_surface_destroy(png);
+  if (st != CAIRO_STATUS_SUCCESS) fail("{}.png: cannot write ({})", stem, cairo_status_to_string(st));
+
+  cairo_surface_t* svg = cairo_svg_surface_create((stem + ".svg").c_str(), width, height);
+  cr = cairo_create(svg);
+  draw(cr, h, width, height);
+  cairo_destroy(cr);
+  cairo_surface_finish(svg);
+  const auto sst = cairo_surface_status(svg);
+  cairo_surface_destroy(svg);
+  if (sst != CAIRO_STATUS_SUCCESS) fail("{}.svg: cannot write ({})", stem, cairo_status_to_string(sst));
+
+  std::ofstream csv(stem + ".csv");
+  csv << "depth_percent";
+  for (int L : h.lengths) csv << ',' << L;
+  csv << '\n';
+  for (size_t r = 0; r < h.depths.size(); ++r) {
+    csv << h.depths[r];
+    for (double v : h.cells[r]) csv << ',' << (std::isnan(v) ? std::string() : fmt::format("{:.4f}", v));
+    csv << '\n';
+  }
+  if (!csv) fail("{}.csv: cannot write", stem);
+}
+
+}  // namespace kvb
