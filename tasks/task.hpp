@@ -22,6 +22,7 @@ struct Sample {
   bool chat = false;   // whether the protocol wraps the prompt in the model's chat template
   std::vector<std::string> answers;
   int max_new_tokens = 0;
+  int min_new_tokens = 0;         // end-of-generation tokens are masked before this many
   std::vector<std::string> stop;  // stop strings (the text is cut before the first)
   nlohmann::json meta;            // length, depth, category, ...
 };

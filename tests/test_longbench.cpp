@@ -1,6 +1,9 @@
 // LongBench metrics against golden scores from the reference packages (rouge 1.0.1, fuzzywuzzy with
 // python-Levenshtein) and LongBench's metric rules: tools/reference/longbench_metrics.py.
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
 #include "tasks/longbench/metrics.hpp"
+#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -42,4 +45,63 @@ TEST_CASE("LongBench spec examples and dataset metric table", "[tasks][longbench
   require_error([] { longbench::metric_of("nope"); }, {"unknown LongBench dataset 'nope'"});
   require_error([] { longbench::score("dureader", "x", {"y"}, {}); }, {"dureader", "jieba"});
   require_error([] { longbench::retrieval("1", "no id here", false); }, {"names no paragraph"});
+}
+
+namespace {
+
+std::unique_ptr<Task> longbench_task(const Tokenizer& tok, const std::string& dir,
+                                     std::map<std::string, std::string> options) {
+  TaskContext ctx;
+  ctx.tokenizer = &tok;
+  ctx.data_dir = fixture(dir);
+  ctx.options = std::move(options);
+  return TaskRegistry::get().create("longbench", ctx);
+}
+
+}  // namespace
+
+TEST_CASE("LongBench task: official files, templates, middle truncation, profiles, scoring", "[tasks][longbench]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  auto qasper = longbench_task(*tok, "longbench/data", {{"dataset", "qasper"}});
+  REQUIRE(qasper->size() == 2);
+  const Sample s = qasper->sample(1);
+  CHECK(s.id == "q2");
+  // The qasper template: its leading-space quirk and the filled question.
+  CHECK(s.prompt.rfind("You are given a scientific article and a question.", 0) == 0);
+  CHECK(s.prompt.find("\n\n Answer the question based on the above article") != std::string::npos);
+  CHECK(s.prompt.find("Question: Who wrote the letter?\n\nAnswer:") != std::string::npos);
+  CHECK(s.max_new_tokens == 128);
+  CHECK(s.min_new_tokens == 1);  // pyramidkv2024 sets min_length on every dataset
+  CHECK_FALSE(s.chat);
+  CHECK(qasper->score(s, "Mara wrote it.") == 1.0);
+
+  // Middle truncation keeps max_len tokens' worth of text from both ends.
+  auto cut = longbench_task(*tok, "longbench/data", {{"dataset", "qasper"}, {"max_len", "100"}});
+  const Sample c = cut->sample(0);
+  CHECK(c.meta["truncated"] == true);
+  const auto n = tok->encode_prompt(c.prompt).size();
+  CHECK(n >= 96);
+  CHECK(n <= 104);
+  CHECK(c.prompt.rfind("You are given a scientific article", 0) == 0);
+  CHECK(c.prompt.size() > 20);
+  CHECK(c.prompt.substr(c.prompt.size() - 9) == "\n\nAnswer:");
+
+  auto official = longbench_task(*tok, "longbench/data", {{"dataset", "qasper"}, {"profile", "official"}});
+  CHECK(official->sample(0).chat);
+  CHECK(official->sample(0).min_new_tokens == 0);
+
+  auto trec = longbench_task(*tok, "longbench/data", {{"dataset", "trec"}});
+  const Sample t = trec->sample(0);
+  CHECK(t.prompt.substr(t.prompt.size() - 5) == "Type:");
+  CHECK(trec->score(t, " Location\nQuestion: next") == 1.0);  // first line only
+  CHECK(trec->score(t, "Other location") == 0.0);
+
+  require_error([&] { longbench_task(*tok, "longbench/bad", {{"dataset", "qasper"}}); },
+                {"bad/longbench/qasper.jsonl:2", "'answers'"});
+  require_error([&] { longbench_task(*tok, "longbench/data", {{"dataset", "narrativeqa"}}); },
+                {"longbench/narrativeqa.jsonl", "not found"});
+  require_error([&] { longbench_task(*tok, "longbench/data", {{"dataset", "vcsum"}}); }, {"vcsum", "jieba"});
 }

@@ -143,6 +143,7 @@ void register_task_commands(CLI::App& app) {
         const auto prompt = build_prompt(*m, *tok, s.prompt, s.chat);
         GenerateOptions opt;
         opt.max_new_tokens = s.max_new_tokens;
+        opt.min_new_tokens = s.min_new_tokens;
         opt.stop = s.stop;
         std::unique_ptr<MethodRunner> runner;
         if (method) runner = std::make_unique<MethodRunner>(*method, a->budget);

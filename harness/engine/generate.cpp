@@ -1,6 +1,7 @@
 #include "harness/engine/generate.hpp"
 
 #include <chrono>
+#include <cmath>
 
 #include "harness/engine/engine.hpp"
 #include "harness/model/model_file.hpp"
@@ -36,6 +37,8 @@ Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   g.stop_reason = "max_new_tokens";
   for (int i = 0; i < opt.max_new_tokens; ++i) {
+    if (i < opt.min_new_tokens)
+      for (int32_t id : tok.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
     const int32_t next = argmax(logits);
     if (opt.stop_at_eog && tok.is_end_of_generation(next)) {
       g.stop_reason = "eog";

@@ -20,6 +20,7 @@ std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, 
 
 struct GenerateOptions {
   int max_new_tokens = 128;
+  int min_new_tokens = 0;  // end-of-generation tokens cannot be chosen before this many (HF min_length)
   std::vector<std::string> stop;  // stop strings; the text is cut before the first one found
   bool stop_at_eog = true;        // stop at the tokenizer's end-of-generation tokens
 };
