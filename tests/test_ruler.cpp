@@ -1,8 +1,14 @@
 // Python-compatible randomness (spec/benchmarks.md Appendix A test vectors) and RULER's synthetic tasks.
+#include <filesystem>
+
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
 #include "tasks/ruler/py_random.hpp"
+#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
+using namespace kvb::test;
 
 TEST_CASE("Python random and numpy legacy streams match the reference vectors", "[tasks][ruler]") {
   {
@@ -29,4 +35,73 @@ TEST_CASE("Python random and numpy legacy streams match the reference vectors", 
   CHECK(n.randint(10000, 99999) == 25795);
   CHECK(n.randint(10000, 99999) == 10860);
   CHECK(NumpyRandom(42).randint(0, 100) == 51);
+}
+
+namespace {
+
+std::unique_ptr<Task> ruler(const Tokenizer& tok, const std::string& task, int length, int seed, int samples) {
+  TaskContext ctx;
+  ctx.tokenizer = &tok;
+  ctx.data_dir = default_data_dir();
+  ctx.options = {{"task", task}, {"length", std::to_string(length)}, {"seed", std::to_string(seed)},
+                 {"samples", std::to_string(samples)}};
+  return TaskRegistry::get().create("ruler", ctx);
+}
+
+}  // namespace
+
+TEST_CASE("RULER niah: template, needle format, distractors, length fitted to the target", "[tasks][ruler]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  if (!std::filesystem::exists(default_data_dir() + "/wonderwords/nounlist.txt")) {
+    const char* req = std::getenv("KVBENCH_REQUIRE_MODELS");
+    if (req && std::string(req) == "1") FAIL("wonderwords lists missing (run scripts/setup.sh)");
+    WARN("skipped: wonderwords lists absent (run scripts/setup.sh)");
+    return;
+  }
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  for (const std::string task : {"niah_single_1", "niah_multikey_2", "niah_multikey_3"}) {
+    for (int length : {4096, 8192}) {
+      int within = 0, total = 0;
+      for (int seed : {42, 43, 44}) {
+        auto t = ruler(*tok, task, length, seed, 20);
+        for (size_t i = 0; i < t->size(); ++i) {
+          const Sample s = t->sample(i);
+          INFO(task << " L=" << length << " seed " << seed << " #" << i);
+          const int len = s.meta["length"];
+          // RULER sizes in steps of 25 lines: a sample may fall one step short of the best fit.
+          CHECK(len <= length);
+          CHECK(len >= 0.8 * length);
+          CHECK(len == static_cast<int>(tok->encode(s.prompt).size()) + 128);
+          within += len >= 0.98 * length;
+          ++total;
+          REQUIRE(s.answers.size() == 1);
+          const std::string needle = "One of the special magic " +
+                                     std::string(task == "niah_multikey_3" ? "uuids" : "numbers") + " for ";
+          // The singular template, the needle sentence with its value, and the query key in the question.
+          CHECK(s.prompt.rfind(task == "niah_multikey_3" ? "A special magic uuid is hidden" : "A special magic number is hidden", 0) == 0);
+          CHECK(s.prompt.find(" is: " + s.answers[0] + ".") != std::string::npos);
+          const size_t lines = static_cast<size_t>(std::count(s.prompt.begin(), s.prompt.end(), '\n'));
+          const size_t needles = [&] {
+            size_t n = 0;
+            for (size_t at = s.prompt.find(needle); at != std::string::npos; at = s.prompt.find(needle, at + 1)) ++n;
+            return n;
+          }();
+          if (task == "niah_single_1") {
+            CHECK(needles == 1);
+            CHECK(lines == s.meta["units"].get<size_t>() + 2);  // noise lines + needle, between the two template lines
+          } else {
+            CHECK(needles == s.meta["units"].get<size_t>() + 1);  // every haystack line is a distractor needle
+          }
+          CHECK(t->score(s, " " + s.answers[0] + ".") == 1.0);
+          CHECK(t->score(s, "I do not know") == 0.0);
+        }
+      }
+      WARN(task << " at " << length << ": " << within << "/" << total << " samples within 2% of the target");
+    }
+  }
+  // Reproducible from the seed.
+  CHECK(ruler(*tok, "niah_multikey_3", 4096, 42, 3)->sample(2).prompt ==
+        ruler(*tok, "niah_multikey_3", 4096, 42, 3)->sample(2).prompt);
 }
