@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the default model: Needle-in-a-Haystack at 1K and 2K tokens x 5 depths with the full
-# cache and with SnapKV at KV size 128, then the heatmaps. Results resume if interrupted.
+# The main job on the default model: experiments/quickstart.yaml (Needle-in-a-Haystack, the full cache
+# and the baseline methods at two KV sizes), then its tables and heatmaps. Rerunning resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-GRID=(-o s_len=1000 -o e_len=2000 -o step=1000 -o depths=5 -o chat=true)
-build/kvbench run-task niah --model "$MODEL" "${GRID[@]}" --out runs/quickstart-niah.jsonl
-build/kvbench run-task niah --model "$MODEL" "${GRID[@]}" --method snapkv --budget 128 --out runs/quickstart-niah.jsonl
-build/kvbench report niah runs/quickstart-niah.jsonl --out-dir reports/quickstart
+build/kvbench run experiments/quickstart.yaml
+build/kvbench report runs/quickstart.jsonl --out-dir reports/quickstart
+echo "tables: reports/quickstart/summary.md (and .csv); heatmaps: reports/quickstart/niah-*.png (.svg, .csv)"

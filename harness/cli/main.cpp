@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_bench_command(app);
   kvb::cli::register_list_command(app);
   kvb::cli::register_task_commands(app);
+  kvb::cli::register_run_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,244 @@
+#include "harness/experiment/experiment.hpp"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "harness/engine/engine.hpp"
+#include "harness/engine/generate.hpp"
+#include "harness/method/method.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
+#include "harness/util/error.hpp"
+#include "tasks/task.hpp"
+
+#ifndef KVBENCH_GIT_VERSION
+#define KVBENCH_GIT_VERSION "unknown"
+#endif
+
+namespace kvb {
+
+const char* code_version() { return KVBENCH_GIT_VERSION; }
+
+namespace {
+
+uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+[[noreturn]] void spec_error(const std::string& path, const YAML::Node& n, const std::string& msg) {
+  const auto m = n.Mark();
+  fail("{}:{}:{}: {}", path, m.line + 1, m.column + 1, msg);
+}
+
+std::string scalar(const std::string& path, const YAML::Node& n, const std::string& what) {
+  if (!n.IsScalar()) spec_error(path, n, fmt::format("'{}' must be a single value", what));
+  return n.Scalar();
+}
+
+std::map<std::string, std::string> scalar_map(const std::string& path, const YAML::Node& n, const std::string& what) {
+  if (!n.IsMap()) spec_error(path, n, fmt::format("'{}' must be a mapping of names to values", what));
+  std::map<std::string, std::string> out;
+  for (const auto& kv : n) out[kv.first.Scalar()] = scalar(path, kv.second, what + "." + kv.first.Scalar());
+  return out;
+}
+
+void check_keys(const std::string& path, const YAML::Node& n, const std::vector<std::string>& valid,
+                const std::string& where) {
+  for (const auto& kv : n) {
+    const std::string k = kv.first.Scalar();
+    if (std::find(valid.begin(), valid.end(), k) == valid.end()) {
+      std::string list;
+      for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
+      spec_error(path, kv.first, fmt::format("unknown key '{}' in {} (valid: {})", k, where, list));
+    }
+  }
+}
+
+}  // namespace
+
+ExperimentSpec load_experiment(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    fail("{}: cannot read the experiment spec", path);
+  } catch (const YAML::Exception& e) {
+    fail("{}:{}:{}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
+  check_keys(path, root,
+             {"name", "model", "backend", "threads", "task", "task_options", "data", "limit", "methods", "budgets",
+              "grid", "out"},
+             "the spec");
+  ExperimentSpec s;
+  s.path = path;
+  for (const char* req : {"model", "task", "methods"})
+    if (!root[req]) fail("{}: required key '{}' is missing", path, req);
+  s.name = root["name"] ? scalar(path, root["name"], "name") : std::filesystem::path(path).stem().string();
+  s.model = scalar(path, root["model"], "model");
+  if (!std::filesystem::exists(s.model)) spec_error(path, root["model"], fmt::format("model file {} not found", s.model));
+  if (root["backend"]) s.backend = scalar(path, root["backend"], "backend");
+  if (s.backend != "cpu" && s.backend != "cuda") spec_error(path, root["backend"], "backend must be cpu or cuda");
+  auto integer = [&](const char* key, long min) {
+    const YAML::Node n = root[key];
+    try {
+      const long v = n.as<long>();
+      if (v < min) spec_error(path, n, fmt::format("'{}' must be at least {}", key, min));
+      return v;
+    } catch (const YAML::Exception&) {
+      spec_error(path, n, fmt::format("'{}' must be an integer", key));
+    }
+  };
+  if (root["threads"]) s.threads = static_cast<int>(integer("threads", 0));
+  if (root["limit"]) s.limit = static_cast<size_t>(integer("limit", 0));
+  s.task = scalar(path, root["task"], "task");
+  try {
+    TaskRegistry::get().info(s.task);
+  } catch (const Error& e) {
+    spec_error(path, root["task"], e.what());
+  }
+  if (root["task_options"]) s.task_options = scalar_map(path, root["task_options"], "task_options");
+  s.data = root["data"] ? scalar(path, root["data"], "data") : default_data_dir();
+  s.out = root["out"] ? scalar(path, root["out"], "out") : "runs/" + s.name + ".jsonl";
+
+  std::vector<int> budgets;
+  if (root["budgets"]) {
+    if (!root["budgets"].IsSequence()) spec_error(path, root["budgets"], "'budgets' must be a list of KV sizes");
+    for (const auto& b : root["budgets"]) {
+      int v = 0;
+      try {
+        v = b.as<int>();
+      } catch (const YAML::Exception&) {
+        spec_error(path, b, "a budget must be a positive integer (KV size T)");
+      }
+      if (v <= 0) spec_error(path, b, "a budget must be a positive integer (KV size T)");
+      budgets.push_back(v);
+    }
+  }
+  std::map<std::string, std::map<std::string, std::vector<std::string>>> grid;
+  if (root["grid"]) {
+    if (!root["grid"].IsMap()) spec_error(path, root["grid"], "'grid' maps a method to parameter lists");
+    for (const auto& m : root["grid"]) {
+      if (!m.second.IsMap()) spec_error(path, m.second, "a grid entry maps parameters to lists of values");
+      for (const auto& p : m.second) {
+        if (!p.second.IsSequence()) spec_error(path, p.second, "a grid parameter takes a list of values");
+        for (const auto& v : p.second) grid[m.first.Scalar()][p.first.Scalar()].push_back(scalar(path, v, "grid"));
+      }
+    }
+  }
+  if (!root["methods"].IsSequence()) spec_error(path, root["methods"], "'methods' must be a list");
+  for (const auto& m : root["methods"]) {
+    MethodConfig base;
+    if (m.IsScalar()) {
+      base.name = m.Scalar();
+    } else if (m.IsMap()) {
+      check_keys(path, m, {"name", "params"}, "a method");
+      if (!m["name"]) spec_error(path, m, "a method needs a 'name'");
+      base.name = scalar(path, m["name"], "name");
+      if (m["params"]) base.params = scalar_map(path, m["params"], "params");
+    } else {
+      spec_error(path, m, "a method is a name or {name, params}");
+    }
+    // Expand the method's grid: every combination of the listed values over its parameters.
+    std::vector<std::map<std::string, std::string>> combos = {base.params};
+    if (auto g = grid.find(base.name); g != grid.end())
+      for (const auto& [param, values] : g->second) {
+        std::vector<std::map<std::string, std::string>> next;
+        for (const auto& c : combos)
+          for (const auto& v : values) {
+            auto d = c;
+            d[param] = v;
+            next.push_back(d);
+          }
+        combos = next;
+      }
+    for (const auto& params : combos) {
+      try {
+        Params(MethodRegistry::get().param_specs(base.name), params, "method " + base.name);
+      } catch (const Error& e) {
+        spec_error(path, m, e.what());
+      }
+      if (base.name == "fullkv") {
+        s.configs.push_back({base.name, params, 0});
+        continue;
+      }
+      if (budgets.empty()) spec_error(path, m, fmt::format("method {} needs 'budgets'", base.name));
+      for (int b : budgets) s.configs.push_back({base.name, params, b});
+    }
+  }
+  if (s.configs.empty()) spec_error(path, root["methods"], "no method configurations");
+  return s;
+}
+
+std::string model_fingerprint(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file()) h = fnv1a(fmt::format("{}:{};", e.path().filename().string(), e.file_size()), h);
+    return fmt::format("dir-{:016x}", h);
+  }
+  const uint64_t size = fs::file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  std::string head(std::min<uint64_t>(size, 1 << 20), '\0'), tail(head.size(), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  in.seekg(static_cast<std::streamoff>(size - tail.size()));
+  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  return fmt::format("{}-{:016x}", size, fnv1a(tail, fnv1a(head)));
+}
+
+nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
+                           const std::map<std::string, std::string>& task_options, const Method* method,
+                           int budget) {
+  (void)model;
+  return {{"task", task},
+          {"options", task_options},
+          {"model", std::filesystem::path(model_path).filename().string()},
+          {"model_fingerprint", model_fingerprint(model_path)},
+          {"method", method ? method->name() : "fullkv"},
+          {"budget", method ? budget : 0},
+          {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
+          {"gqa", method ? gqa_mode_name(method->gqa()) : "-"},
+          {"version", code_version()}};
+}
+
+std::string cell_key(const nlohmann::json& config, const std::string& sample_id) {
+  return fmt::format("{:016x}", fnv1a(sample_id, fnv1a(config.dump())));
+}
+
+nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
+                        const Sample& s, Method* method, int budget, const nlohmann::json& config) {
+  const auto prompt = build_prompt(model, tok, s.prompt, s.chat);
+  GenerateOptions opt;
+  opt.max_new_tokens = s.max_new_tokens;
+  opt.min_new_tokens = s.min_new_tokens;
+  opt.stop = s.stop;
+  std::unique_ptr<MethodRunner> runner;
+  if (method) runner = std::make_unique<MethodRunner>(*method, budget);
+  engine.backend().reset_peak_memory();
+  const Generation g = generate(engine, tok, prompt, opt, runner.get());
+  const size_t full = engine.full_kv_bytes(prompt.size());
+  return {{"key", cell_key(config, s.id)},
+          {"id", s.id},
+          {"config", config},
+          {"meta", s.meta},
+          {"protocol", {{"chat", s.chat}, {"max_new_tokens", s.max_new_tokens},
+                        {"min_new_tokens", s.min_new_tokens}, {"stop", s.stop}}},
+          {"prediction", utf8_lossy(g.text)},
+          {"answers", s.answers},
+          {"score", task.score(s, g.text)},
+          {"prompt_tokens", g.prompt_tokens},
+          {"kv_bytes", runner ? runner->prefill_kv_bytes() : full},
+          {"full_kv_bytes", full},
+          {"prefill_seconds", g.prefill_seconds},
+          {"decode_seconds", g.decode_seconds},
+          {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
+          {"peak_memory_bytes", engine.backend().peak_memory_bytes()}};
+}
+
+}  // namespace kvb

@@ -1,0 +1,52 @@
+#pragma once
+// Experiments: a YAML spec names a model, a task with its options, methods (with parameters and an
+// optional parameter grid for ablations) and budgets; it expands into cells (sample x method
+// configuration x budget), each with a stable key, run once and recorded in a results file.
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+class ModelFile;
+class Tokenizer;
+class Engine;
+class Task;
+class Method;
+struct Sample;
+
+struct MethodConfig {
+  std::string name;
+  std::map<std::string, std::string> params;
+  int budget = 0;  // 0 for fullkv
+};
+
+struct ExperimentSpec {
+  std::string path, name, model, backend = "cpu", task, data, out;
+  int threads = 0;
+  size_t limit = 0;
+  std::map<std::string, std::string> task_options;
+  std::vector<MethodConfig> configs;  // methods x grid x budgets, expanded
+};
+
+// Parses and validates a spec; errors name the file, line and column, and list the valid keys.
+ExperimentSpec load_experiment(const std::string& path);
+
+// Size and hash of the first and last MiB: cheap, and changes with any re-quantisation.
+std::string model_fingerprint(const std::string& path);
+// Identity of a configuration's results: everything that moves its numbers.
+nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
+                           const std::map<std::string, std::string>& task_options, const Method* method,
+                           int budget);
+// FNV-1a 64 of the configuration and the sample id, as 16 hex digits.
+std::string cell_key(const nlohmann::json& config, const std::string& sample_id);
+
+// Generates the sample's answer with the method (null: full cache) and returns its record.
+nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
+                        const Sample& sample, Method* method, int budget, const nlohmann::json& config);
+
+// The code version compiled in (git describe at configure time).
+const char* code_version();
+
+}  // namespace kvb
