@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "harness/experiment/results.hpp"
 #include "harness/report/heatmap.hpp"
@@ -95,7 +96,18 @@ void write_report(const std::vector<std::string>& files, const std::string& dir)
                    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   std::string csv = "task,options,method,budget,gqa,params,samples,score,kv_kept_percent\n";
   std::set<std::string> used;
-  for (const auto& [key, g] : groups) {
+  // Rows by task, options, method, then budget (full cache first, budgets ascending).
+  std::vector<const Group*> rows;
+  for (const auto& [key, g] : groups) rows.push_back(&g);
+  std::stable_sort(rows.begin(), rows.end(), [](const Group* a, const Group* b) {
+    auto k = [](const Group* g) {
+      return std::tuple(g->config.value("task", ""), g->config["options"].dump(), g->config.value("method", "") != "fullkv",
+                        g->config.value("method", ""), g->config.value("budget", 0), g->config.dump());
+    };
+    return k(a) < k(b);
+  });
+  for (const Group* gp : rows) {
+    const Group& g = *gp;
     const json& c = g.config;
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
