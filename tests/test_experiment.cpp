@@ -3,9 +3,15 @@
 #include <filesystem>
 #include <fstream>
 
+#include "harness/engine/engine.hpp"
+#include "harness/engine/generate.hpp"
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
+#include "harness/method/method.hpp"
+#include "harness/model/model_file.hpp"
 #include "harness/report/report.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -108,4 +114,41 @@ TEST_CASE("results files: appended records, a torn last line dropped on resume, 
   // A damaged line that is not the last is an error naming the file and line.
   std::ofstream(path, std::ios::app) << "garbage\n{}\n";
   require_error([&] { for_each_record(path, [](const nlohmann::json&, int) {}); }, {"r.jsonl:4", "not a JSON record"});
+}
+
+TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[experiment]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  TaskContext ctx;
+  ctx.tokenizer = tok.get();
+  ctx.data_dir = fixture("longbench/data");
+  ctx.options = {{"dataset", "qasper"}};
+  auto task = TaskRegistry::get().create("longbench", ctx);
+  const Sample s = task->sample(0);
+  Engine engine(*m);
+  std::vector<std::unique_ptr<Method>> methods;
+  methods.push_back(nullptr);
+  for (const char* name : {"snapkv", "h2o", "streamingllm", "pyramidkv"})
+    methods.push_back(MethodRegistry::get().create(name, {}, m->config()));
+  PrefillNeeds needs;
+  for (const auto& meth : methods)
+    if (meth) {
+      needs.window = std::max(needs.window, meth->needs().window);
+      needs.attn_colsum = needs.attn_colsum || meth->needs().attn_colsum;
+      needs.k_pre_rope = needs.k_pre_rope || meth->needs().k_pre_rope;
+    }
+  const auto prompt = build_prompt(*m, *tok, s.prompt, s.chat);
+  REQUIRE(prompt.size() > 200);
+  const PrefillCapture cap = engine.prefill_capture(prompt, needs);
+  for (const auto& meth : methods) {
+    INFO((meth ? meth->name() : "fullkv"));
+    const auto cfg = cell_config(*m, *path, "longbench", ctx.options, meth.get(), 64);
+    auto shared = run_cell(*m, *tok, engine, *task, s, meth.get(), 64, cfg, &cap);
+    auto alone = run_cell(*m, *tok, engine, *task, s, meth.get(), 64, cfg);
+    CHECK(shared["prefill_shared"] == true);
+    for (const char* k : {"key", "prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens"}) CHECK(shared[k] == alone[k]);
+    if (meth) CHECK(shared["kv_bytes"].get<size_t>() < shared["full_kv_bytes"].get<size_t>());
+  }
 }

@@ -186,6 +186,78 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   return logits_of_last(x, n);
 }
 
+namespace {
+
+// Copies every layer's views into a PrefillCapture; keeps no cache.
+class Capturer final : public PrefillObserver {
+ public:
+  Capturer(PrefillCapture& c, int layers) : c_(c) {
+    for (auto* v : {&c_.k, &c_.v, &c_.k_pre_rope, &c_.q_window, &c_.attn_colsum}) v->resize(layers);
+  }
+  PrefillNeeds needs() const override { return c_.needs; }
+  void on_layer(const PrefillView& view, LayerCache&) override {
+    const size_t kv = size_t(view.n_tokens) * view.n_kv_heads * view.head_dim;
+    auto copy = [](const float* p, size_t n, std::vector<float>& into) {
+      if (p) into.assign(p, p + n);
+    };
+    copy(view.k, kv, c_.k[view.layer]);
+    copy(view.v, kv, c_.v[view.layer]);
+    copy(view.k_pre_rope, kv, c_.k_pre_rope[view.layer]);
+    copy(view.q_window, size_t(view.window) * view.n_heads * view.head_dim, c_.q_window[view.layer]);
+    copy(view.attn_colsum, size_t(view.n_heads) * view.n_tokens, c_.attn_colsum[view.layer]);
+    c_.window = view.window;
+  }
+
+ private:
+  PrefillCapture& c_;
+};
+
+}  // namespace
+
+PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs) {
+  PrefillCapture c;
+  c.needs = needs;
+  c.n_tokens = static_cast<int>(ids.size());
+  c.positions.resize(ids.size());
+  std::iota(c.positions.begin(), c.positions.end(), 0);
+  Capturer cap(c, cfg_.n_layers);
+  c.logits = prefill(ids, &cap);
+  pos_ = 0;  // the capture holds no cache to decode from
+  return c;
+}
+
+std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* observer) {
+  const PrefillNeeds want = observer ? observer->needs() : PrefillNeeds{};
+  if (want.window > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) || (want.attn_colsum && !c.needs.attn_colsum))
+    fail("resume: the capture lacks what the method needs (window {} of {}, pre-RoPE keys, accumulated attention)",
+         want.window, c.window);
+  backend_->forget_caches();
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    caches_[l].clear();
+    if (!observer) {
+      caches_[l].append_many(c.k[l].data(), c.v[l].data(), c.n_tokens, c.positions.data());
+      continue;
+    }
+    PrefillView view;
+    view.layer = l;
+    view.n_tokens = c.n_tokens;
+    view.n_heads = cfg_.n_heads;
+    view.n_kv_heads = cfg_.n_kv_heads;
+    view.head_dim = cfg_.head_dim;
+    view.positions = c.positions.data();
+    view.k = c.k[l].data();
+    view.v = c.v[l].data();
+    view.k_pre_rope = want.k_pre_rope ? c.k_pre_rope[l].data() : nullptr;
+    view.attn_colsum = want.attn_colsum ? c.attn_colsum[l].data() : nullptr;
+    view.window = c.window;
+    view.q_window = c.window > 0 ? c.q_window[l].data() : nullptr;
+    observer->on_layer(view, caches_[l]);
+  }
+  pos_ = c.n_tokens;
+  decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
+  return c.logits;
+}
+
 std::vector<float> Engine::decode(int32_t token) {
   if (pos_ == 0) fail("decode: no sequence; call prefill first");
   if (pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);

@@ -18,6 +18,17 @@ namespace kvb {
 
 class ModelFile;
 
+// What a full-attention prefill leaves for compression methods, kept so that several methods can be
+// applied to one prefill (experiment sweeps): per layer the views a PrefillObserver receives.
+struct PrefillCapture {
+  int n_tokens = 0;
+  PrefillNeeds needs;
+  std::vector<int32_t> positions;
+  std::vector<float> logits;  // of the last prompt token (independent of the cache kept)
+  std::vector<std::vector<float>> k, v, k_pre_rope, q_window, attn_colsum;  // per layer
+  int window = 0;
+};
+
 struct EngineOptions {
   std::string backend = "cpu";
   int threads = 0;           // 0: all cores
@@ -38,6 +49,12 @@ class Engine {
   std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr);
   // Appends one token and returns its logits.
   std::vector<float> decode(int32_t token);
+
+  // A prefill whose per-layer views (as much as `needs` asks) are kept instead of filling caches.
+  PrefillCapture prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs);
+  // Starts a sequence from a capture as if `prefill(ids, observer)` had run: the observer (or the
+  // full cache) fills each layer's cache from the captured views; returns the last token's logits.
+  std::vector<float> resume(const PrefillCapture& capture, PrefillObserver* observer = nullptr);
 
   int position() const { return pos_; }
   const std::vector<LayerCache>& caches() const { return caches_; }

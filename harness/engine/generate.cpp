@@ -26,13 +26,16 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
-                    const GenerateOptions& opt, PrefillObserver* observer) {
+namespace {
+
+// Greedy decoding after `start` has begun the sequence and returned the first logits.
+template <typename Start>
+Generation run(Engine& engine, const Tokenizer& tok, int prompt_tokens, const GenerateOptions& opt, Start&& start) {
   using clock = std::chrono::steady_clock;
   Generation g;
-  g.prompt_tokens = static_cast<int>(prompt.size());
+  g.prompt_tokens = prompt_tokens;
   auto t0 = clock::now();
-  std::vector<float> logits = engine.prefill(prompt, observer);
+  std::vector<float> logits = start();
   auto t1 = clock::now();
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   g.stop_reason = "max_new_tokens";
@@ -65,6 +68,20 @@ Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_
   }
   g.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
   if (g.stop_reason != "stop_string") g.text = tok.decode(g.tokens, true);
+  return g;
+}
+
+}  // namespace
+
+Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
+                    const GenerateOptions& opt, PrefillObserver* observer) {
+  return run(engine, tok, static_cast<int>(prompt.size()), opt, [&] { return engine.prefill(prompt, observer); });
+}
+
+Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& capture, const GenerateOptions& opt,
+                    PrefillObserver* observer) {
+  Generation g = run(engine, tok, capture.n_tokens, opt, [&] { return engine.resume(capture, observer); });
+  g.prefill_seconds = 0;
   return g;
 }
 

@@ -12,6 +12,7 @@ class Engine;
 class ModelFile;
 class Tokenizer;
 class PrefillObserver;
+struct PrefillCapture;
 
 // Token ids of a prompt: with `chat`, the text is a user message in the model's chat template
 // (with the generation prompt); without, it is the raw text with BOS as the tokenizer adds it.
@@ -39,5 +40,8 @@ int32_t argmax(std::span<const float> logits);
 
 Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
                     const GenerateOptions& opt, PrefillObserver* observer = nullptr);
+// The same from a shared prefill (prefill_seconds is then 0: the prefill was paid once for all).
+Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& capture, const GenerateOptions& opt,
+                    PrefillObserver* observer = nullptr);
 
 }  // namespace kvb

@@ -212,7 +212,8 @@ std::string cell_key(const nlohmann::json& config, const std::string& sample_id)
 }
 
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
-                        const Sample& s, Method* method, int budget, const nlohmann::json& config) {
+                        const Sample& s, Method* method, int budget, const nlohmann::json& config,
+                        const PrefillCapture* capture) {
   const auto prompt = build_prompt(model, tok, s.prompt, s.chat);
   GenerateOptions opt;
   opt.max_new_tokens = s.max_new_tokens;
@@ -221,7 +222,8 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
   std::unique_ptr<MethodRunner> runner;
   if (method) runner = std::make_unique<MethodRunner>(*method, budget);
   engine.backend().reset_peak_memory();
-  const Generation g = generate(engine, tok, prompt, opt, runner.get());
+  const Generation g = capture ? generate(engine, tok, *capture, opt, runner.get())
+                               : generate(engine, tok, prompt, opt, runner.get());
   const size_t full = engine.full_kv_bytes(prompt.size());
   return {{"key", cell_key(config, s.id)},
           {"id", s.id},
@@ -236,6 +238,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"kv_bytes", runner ? runner->prefill_kv_bytes() : full},
           {"full_kv_bytes", full},
           {"prefill_seconds", g.prefill_seconds},
+          {"prefill_shared", capture != nullptr},
           {"decode_seconds", g.decode_seconds},
           {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
           {"peak_memory_bytes", engine.backend().peak_memory_bytes()}};

@@ -15,6 +15,7 @@ class Engine;
 class Task;
 class Method;
 struct Sample;
+struct PrefillCapture;
 
 struct MethodConfig {
   std::string name;
@@ -42,9 +43,11 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
 // FNV-1a 64 of the configuration and the sample id, as 16 hex digits.
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id);
 
-// Generates the sample's answer with the method (null: full cache) and returns its record.
+// Generates the sample's answer with the method (null: full cache) and returns its record. With a
+// capture, the sample's shared prefill is reused (the record is the same as without, times aside).
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
-                        const Sample& sample, Method* method, int budget, const nlohmann::json& config);
+                        const Sample& sample, Method* method, int budget, const nlohmann::json& config,
+                        const PrefillCapture* capture = nullptr);
 
 // The code version compiled in (git describe at configure time).
 const char* code_version();
