@@ -1,13 +1,25 @@
 // Experiment specs (validation with locations, expansion), cell keys, results files (torn lines,
 // resume) and reports.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
+#include "harness/experiment/sweep.hpp"
 #include "harness/method/method.hpp"
+#include "harness/method/parts.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/report/report.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
@@ -134,11 +146,7 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
     methods.push_back(MethodRegistry::get().create(name, {}, m->config()));
   PrefillNeeds needs;
   for (const auto& meth : methods)
-    if (meth) {
-      needs.window = std::max(needs.window, meth->needs().window);
-      needs.attn_colsum = needs.attn_colsum || meth->needs().attn_colsum;
-      needs.k_pre_rope = needs.k_pre_rope || meth->needs().k_pre_rope;
-    }
+    if (meth) needs.merge(meth->needs());
   const auto prompt = build_prompt(*m, *tok, s.prompt, s.chat);
   REQUIRE(prompt.size() > 200);
   const PrefillCapture cap = engine.prefill_capture(prompt, needs);
@@ -151,4 +159,123 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
     for (const char* k : {"key", "prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens"}) CHECK(shared[k] == alone[k]);
     if (meth) CHECK(shared["kv_bytes"].get<size_t>() < shared["full_kv_bytes"].get<size_t>());
   }
+}
+
+namespace {
+
+// The most recent T tokens, declared as changing prefill so that a sweep must give it its own.
+class OwnPrefill final : public Method {
+ public:
+  LayerCache compress(const PrefillView& v, const Budget& b) override {
+    std::vector<int32_t> keep;
+    for (int j = v.n_tokens - b.tokens; j < v.n_tokens; ++j) keep.push_back(j);
+    return gather(v, gqa(), std::vector<std::vector<int32_t>>(stored_heads(), keep));
+  }
+  bool shares_prefill() const override { return false; }
+};
+const bool own_prefill_registered = register_method(
+    {"test_own_prefill", "test only: recent tokens, own prefill", {}, [] { return std::make_unique<OwnPrefill>(); }});
+
+// A small real sweep: NIAH at 300 and 400 tokens x 2 depths x the methods.
+std::string sweep_spec(const std::string& model, const std::string& name, const std::string& methods,
+                       const std::string& out) {
+  return write_spec(name + ".yaml", "name: " + name + "\nmodel: " + model +
+                                        "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2, "
+                                        "chat: true}\nmethods: [" + methods + "]\nbudgets: [64]\nout: " + out + "\n");
+}
+
+size_t lines_in(const std::string& path) {
+  std::ifstream in(path);
+  size_t n = 0;
+  for (std::string l; std::getline(in, l);) n += !l.empty();
+  return n;
+}
+
+std::map<std::string, nlohmann::json> records_by_key(const std::vector<std::string>& paths) {
+  std::map<std::string, nlohmann::json> out;
+  for (const auto& p : paths)
+    for_each_record(p, [&](const nlohmann::json& r, int) {
+      CHECK(out.count(r["key"].get<std::string>()) == 0);  // each cell recorded exactly once
+      out[r["key"].get<std::string>()] = r;
+    });
+  return out;
+}
+
+bool essays_present() {
+  if (std::filesystem::exists(default_data_dir() + "/PaulGrahamEssays")) return true;
+  const char* req = std::getenv("KVBENCH_REQUIRE_MODELS");
+  if (req && std::string(req) == "1") FAIL("essays missing (run scripts/setup.sh)");
+  WARN("skipped: essays absent (run scripts/setup.sh)");
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a sweep killed part-way resumes with every cell recorded once; shards union to the whole",
+          "[experiment][sweep]") {
+  const auto model = model_file(kDefaultModel);
+  if (!model || !essays_present()) return;
+  const auto dir = std::filesystem::temp_directory_path() / "kvbench_sweep_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string whole = (dir / "whole.jsonl").string();
+  const std::string spec_path = sweep_spec(*model, "sweep_whole", "fullkv, snapkv, streamingllm", whole);
+
+  // The real command line, killed (SIGKILL, no chance to clean up) once two cells are recorded.
+  const std::string cli = KVBENCH_CLI;
+  std::vector<char*> argv = {const_cast<char*>(cli.c_str()), const_cast<char*>("run"),
+                             const_cast<char*>(spec_path.c_str()), nullptr};
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, cli.c_str(), nullptr, nullptr, argv.data(), environ) == 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  int status = 0;
+  bool exited = false;
+  while (lines_in(whole) < 2 && std::chrono::steady_clock::now() < deadline && !exited) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  REQUIRE(WIFSIGNALED(status));  // killed, not finished
+  const size_t before = lines_in(whole);
+  REQUIRE(before >= 2);
+  REQUIRE(before < 12);
+
+  const ExperimentSpec spec = load_experiment(spec_path);
+  const SweepOutcome resumed = Sweep(spec).run(false);
+  CHECK(resumed.already == before);
+  CHECK(resumed.run == 12 - before);
+  const auto all = records_by_key({whole});
+  REQUIRE(all.size() == 12);
+
+  // Shards write separate files; their union is the unsharded sweep, record for record.
+  std::vector<std::string> shard_files;
+  size_t shard_cells = 0;
+  for (int i = 0; i < 2; ++i) {
+    ExperimentSpec part = spec;
+    part.out = (dir / fmt::format("shard{}.jsonl", i)).string();
+    shard_files.push_back(part.out);
+    shard_cells += Sweep(part, parse_shard(fmt::format("{}/2", i))).run(false).run;
+  }
+  CHECK(shard_cells == 12);
+  const auto merged = records_by_key(shard_files);
+  REQUIRE(merged.size() == all.size());
+  for (const auto& [key, r] : all) {
+    INFO(key);
+    REQUIRE(merged.count(key));
+    for (const char* k : {"prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens"})
+      CHECK(merged.at(key)[k] == r[k]);
+  }
+
+  // A method that changes prefill gets its own; the others share one.
+  ExperimentSpec own = load_experiment(sweep_spec(*model, "sweep_own", "snapkv, test_own_prefill",
+                                                  (dir / "own.jsonl").string()));
+  own.limit = 1;
+  CHECK(Sweep(own).run(false).run == 2);
+  for (const auto& [key, r] : records_by_key({own.out}))
+    CHECK(r["prefill_shared"] == (r["config"]["method"] == "snapkv"));
+  require_error([] { parse_shard("2/2"); }, {"--shard 2/2", "0 <= i < N"});
+  require_error([] { parse_shard("1/2x"); }, {"--shard 1/2x"});
 }

@@ -1,6 +1,7 @@
 #pragma once
 // What a compression method sees of one layer after the full-attention prefill, and the hook through
 // which it decides what that layer's KV cache keeps.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +30,13 @@ struct PrefillNeeds {
   int window = 0;            // observation-window queries wanted
   bool k_pre_rope = false;
   bool attn_colsum = false;  // accumulated attention (H2O)
+
+  // What serves both: one shared prefill keeps what the most demanding of its methods reads.
+  void merge(const PrefillNeeds& o) {
+    window = std::max(window, o.window);
+    k_pre_rope = k_pre_rope || o.k_pre_rope;
+    attn_colsum = attn_colsum || o.attn_colsum;
+  }
 };
 
 class PrefillObserver {

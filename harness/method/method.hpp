@@ -52,6 +52,9 @@ class Method {
   // True only for settings that reproduce a reference's known overshoot (PyramidKV's floored
   // schedule); the runner then reports the bytes instead of refusing them.
   virtual bool may_exceed_budget() const { return false; }
+  // False for a method that changes prefill itself (e.g. evicts while prefilling in chunks): a sweep
+  // then gives its cells their own prefill instead of the full-attention one shared by the others.
+  virtual bool shares_prefill() const { return true; }
 
   const std::string& name() const { return name_; }
   const Params& params() const { return params_; }
