@@ -63,7 +63,20 @@ grid:
   CHECK(s.configs[10].params.at("beta") == "10");
   CHECK(s.name == "kvb_spec_ok");
   CHECK(s.out == "runs/kvb_spec_ok.jsonl");
-  CHECK(s.task_options.at("depths") == "3");
+  REQUIRE(s.task_variants.size() == 1);
+  CHECK(s.task_variants[0].at("depths") == "3");
+
+  // List-valued task options are a grid of task variants.
+  const ExperimentSpec r = load_experiment(write_spec("kvb_spec_tasks.yaml", kModelLine + R"(
+task: ruler
+task_options: {task: [niah_single_1, niah_multikey_2], length: [4096, 8192], samples: 5}
+methods: [fullkv]
+)"));
+  REQUIRE(r.task_variants.size() == 4);
+  CHECK(r.task_variants[3] == std::map<std::string, std::string>{
+                                  {"task", "niah_multikey_2"}, {"length", "8192"}, {"samples", "5"}});
+  require_error([&] { load_experiment(write_spec("kvb_e5.yaml", kModelLine + "task: niah\ntask_options: {depths: []}\nmethods: [fullkv]\n")); },
+                {"kvb_e5.yaml:", "task_options.depths", "no values"});
 }
 
 TEST_CASE("experiment specs: errors name the file, line and column", "[experiment]") {

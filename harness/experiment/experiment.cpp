@@ -59,6 +59,23 @@ void check_keys(const std::string& path, const YAML::Node& n, const std::vector<
   }
 }
 
+// Every combination of the listed values over the parameters, on top of `base`.
+std::vector<std::map<std::string, std::string>> expand_grid(
+    const std::map<std::string, std::string>& base, const std::map<std::string, std::vector<std::string>>& grid) {
+  std::vector<std::map<std::string, std::string>> combos = {base};
+  for (const auto& [param, values] : grid) {
+    std::vector<std::map<std::string, std::string>> next;
+    for (const auto& c : combos)
+      for (const auto& v : values) {
+        auto d = c;
+        d[param] = v;
+        next.push_back(d);
+      }
+    combos = next;
+  }
+  return combos;
+}
+
 }  // namespace
 
 ExperimentSpec load_experiment(const std::string& path) {
@@ -102,7 +119,22 @@ ExperimentSpec load_experiment(const std::string& path) {
   } catch (const Error& e) {
     spec_error(path, root["task"], e.what());
   }
-  if (root["task_options"]) s.task_options = scalar_map(path, root["task_options"], "task_options");
+  // A list-valued task option is a grid over task variants (e.g. RULER tasks x lengths).
+  std::map<std::string, std::string> fixed;
+  std::map<std::string, std::vector<std::string>> task_grid;
+  if (const YAML::Node opts = root["task_options"]) {
+    if (!opts.IsMap()) spec_error(path, opts, "'task_options' must be a mapping of option names to values or lists");
+    for (const auto& kv : opts) {
+      const std::string name = "task_options." + kv.first.Scalar();
+      if (kv.second.IsSequence()) {
+        if (kv.second.size() == 0) spec_error(path, kv.second, fmt::format("'{}' lists no values", name));
+        for (const auto& v : kv.second) task_grid[kv.first.Scalar()].push_back(scalar(path, v, name));
+      } else {
+        fixed[kv.first.Scalar()] = scalar(path, kv.second, name);
+      }
+    }
+  }
+  s.task_variants = expand_grid(fixed, task_grid);
   s.data = root["data"] ? scalar(path, root["data"], "data") : default_data_dir();
   s.out = root["out"] ? scalar(path, root["out"], "out") : "runs/" + s.name + ".jsonl";
 
@@ -144,20 +176,8 @@ ExperimentSpec load_experiment(const std::string& path) {
     } else {
       spec_error(path, m, "a method is a name or {name, params}");
     }
-    // Expand the method's grid: every combination of the listed values over its parameters.
-    std::vector<std::map<std::string, std::string>> combos = {base.params};
-    if (auto g = grid.find(base.name); g != grid.end())
-      for (const auto& [param, values] : g->second) {
-        std::vector<std::map<std::string, std::string>> next;
-        for (const auto& c : combos)
-          for (const auto& v : values) {
-            auto d = c;
-            d[param] = v;
-            next.push_back(d);
-          }
-        combos = next;
-      }
-    for (const auto& params : combos) {
+    const auto g = grid.find(base.name);
+    for (const auto& params : g == grid.end() ? std::vector{base.params} : expand_grid(base.params, g->second)) {
       try {
         Params(MethodRegistry::get().param_specs(base.name), params, "method " + base.name);
       } catch (const Error& e) {

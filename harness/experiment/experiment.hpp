@@ -27,7 +27,7 @@ struct ExperimentSpec {
   std::string path, name, model, backend = "cpu", task, data, out;
   int threads = 0;
   size_t limit = 0;
-  std::map<std::string, std::string> task_options;
+  std::vector<std::map<std::string, std::string>> task_variants;  // task options, list values expanded
   std::vector<MethodConfig> configs;  // methods x grid x budgets, expanded
 };
 

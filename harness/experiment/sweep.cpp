@@ -28,17 +28,21 @@ SweepShard parse_shard(const std::string& text) {
 Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_(shard) {
   model_ = ModelFile::open(spec.model);
   tok_ = load_tokenizer(*model_);
-  TaskContext ctx;
-  ctx.tokenizer = tok_.get();
-  ctx.options = spec.task_options;
-  ctx.data_dir = spec.data;
-  task_ = TaskRegistry::get().create(spec.task, ctx);
-  const size_t n = spec.limit ? std::min(spec.limit, task_->size()) : task_->size();
-  for (size_t i = 0; i < n; ++i) samples_.push_back(task_->sample(i));
   // Method objects carry their parameters with defaults filled in; the configurations key the cells.
-  for (const auto& c : spec.configs) {
+  for (const auto& c : spec.configs)
     methods_.push_back(c.name == "fullkv" ? nullptr : MethodRegistry::get().create(c.name, c.params, model_->config()));
-    configs_.push_back(cell_config(*model_, spec.model, spec.task, spec.task_options, methods_.back().get(), c.budget));
+  for (const auto& options : spec.task_variants) {
+    Part p;
+    TaskContext ctx;
+    ctx.tokenizer = tok_.get();
+    ctx.options = options;
+    ctx.data_dir = spec.data;
+    p.task = TaskRegistry::get().create(spec.task, ctx);
+    const size_t n = spec.limit ? std::min(spec.limit, p.task->size()) : p.task->size();
+    for (size_t i = 0; i < n; ++i) p.samples.push_back(p.task->sample(i));
+    for (size_t c = 0; c < spec.configs.size(); ++c)
+      p.configs.push_back(cell_config(*model_, spec.model, spec.task, options, methods_[c].get(), spec.configs[c].budget));
+    parts_.push_back(std::move(p));
   }
 }
 
@@ -49,19 +53,23 @@ bool Sweep::in_shard(const std::string& key) const {
 }
 
 void Sweep::describe() const {
-  size_t cells = 0, tokens = 0, gen = 0;
-  for (const auto& s : samples_) {
-    const size_t p = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
-    for (const auto& c : configs_)
-      if (in_shard(cell_key(c, s.id))) {
-        ++cells;
-        tokens += p;
-        gen += size_t(s.max_new_tokens);
-      }
+  size_t cells = 0, tokens = 0, gen = 0, samples = 0;
+  for (const auto& part : parts_) {
+    samples += part.samples.size();
+    for (const auto& s : part.samples) {
+      const size_t p = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
+      for (const auto& c : part.configs)
+        if (in_shard(cell_key(c, s.id))) {
+          ++cells;
+          tokens += p;
+          gen += size_t(s.max_new_tokens);
+        }
+    }
   }
-  fmt::print("{}: task {} ({} samples) x {} method configurations:\n", spec_.path, spec_.task, samples_.size(),
-             configs_.size());
-  for (const auto& c : configs_)
+  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations:\n", spec_.path, spec_.task,
+             parts_.size(), samples, spec_.configs.size());
+  for (const auto& part : parts_) fmt::print("  task options {}\n", part.configs.front()["options"].dump());
+  for (const auto& c : parts_.front().configs)
     fmt::print("  {} KV size {} gqa {} params {}\n", c["method"].get<std::string>(), c["budget"].get<int>(),
                c["gqa"].get<std::string>(), c["params"].dump());
   fmt::print("{} cells{}: {} prompt tokens to prefill, up to {} tokens to generate; results in {}\n", cells,
@@ -76,41 +84,44 @@ SweepOutcome Sweep::run(bool progress) {
   SweepOutcome o;
   o.already = done.size();
   size_t todo = 0;
-  for (const auto& s : samples_)
-    for (const auto& c : configs_) {
-      const std::string key = cell_key(c, s.id);
-      todo += in_shard(key) && !done.count(key);
-    }
+  for (const auto& part : parts_)
+    for (const auto& s : part.samples)
+      for (const auto& c : part.configs) {
+        const std::string key = cell_key(c, s.id);
+        todo += in_shard(key) && !done.count(key);
+      }
   if (progress)
     fmt::print(stderr, "{}: {} cells to run ({} already recorded in {})\n", spec_.name, todo, done.size(), spec_.out);
   std::unique_ptr<Progress> bar = progress ? std::make_unique<Progress>(spec_.name, todo, "cells") : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& s : samples_) {
-    std::vector<size_t> shared, own;
-    for (size_t c = 0; c < configs_.size(); ++c) {
-      const std::string key = cell_key(configs_[c], s.id);
-      if (!in_shard(key) || done.count(key)) continue;
-      (methods_[c] && !methods_[c]->shares_prefill() ? own : shared).push_back(c);
+  for (const auto& part : parts_)
+    for (const auto& s : part.samples) {
+      std::vector<size_t> shared, own;
+      for (size_t c = 0; c < part.configs.size(); ++c) {
+        const std::string key = cell_key(part.configs[c], s.id);
+        if (!in_shard(key) || done.count(key)) continue;
+        (methods_[c] && !methods_[c]->shares_prefill() ? own : shared).push_back(c);
+      }
+      auto record = [&](size_t c, const PrefillCapture* capture) {
+        auto rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
+                            part.configs[c], capture);
+        out.append(rec);
+        ++o.run;
+        if (bar)
+          bar->advance(1, fmt::format("{} {:.2f}", part.configs[c]["method"].get<std::string>(), rec["score"].get<double>()));
+      };
+      if (!shared.empty()) {
+        // One prefill keeps what the most demanding of the sharing methods reads.
+        PrefillNeeds needs;
+        for (size_t c : shared)
+          if (methods_[c]) needs.merge(methods_[c]->needs());
+        const auto t = std::chrono::steady_clock::now();
+        const PrefillCapture capture = engine.prefill_capture(build_prompt(*model_, *tok_, s.prompt, s.chat), needs);
+        o.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        for (size_t c : shared) record(c, &capture);
+      }
+      for (size_t c : own) record(c, nullptr);
     }
-    auto record = [&](size_t c, const PrefillCapture* capture) {
-      auto rec = run_cell(*model_, *tok_, engine, *task_, s, methods_[c].get(), spec_.configs[c].budget, configs_[c],
-                          capture);
-      out.append(rec);
-      ++o.run;
-      if (bar) bar->advance(1, fmt::format("{} {:.2f}", configs_[c]["method"].get<std::string>(), rec["score"].get<double>()));
-    };
-    if (!shared.empty()) {
-      // One prefill keeps what the most demanding of the sharing methods reads.
-      PrefillNeeds needs;
-      for (size_t c : shared)
-        if (methods_[c]) needs.merge(methods_[c]->needs());
-      const auto t = std::chrono::steady_clock::now();
-      const PrefillCapture capture = engine.prefill_capture(build_prompt(*model_, *tok_, s.prompt, s.chat), needs);
-      o.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-      for (size_t c : shared) record(c, &capture);
-    }
-    for (size_t c : own) record(c, nullptr);
-  }
   if (bar) bar->finish();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return o;

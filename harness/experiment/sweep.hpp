@@ -37,14 +37,20 @@ class Sweep {
  private:
   bool in_shard(const std::string& key) const;
 
+  // One task variant (a combination of list-valued task options) with its samples and the cell
+  // configurations, one per method configuration of the spec.
+  struct Part {
+    std::unique_ptr<Task> task;
+    std::vector<Sample> samples;
+    std::vector<nlohmann::json> configs;
+  };
+
   ExperimentSpec spec_;
   SweepShard shard_;
   std::unique_ptr<ModelFile> model_;
   std::unique_ptr<Tokenizer> tok_;
-  std::unique_ptr<Task> task_;
-  std::vector<Sample> samples_;
   std::vector<std::unique_ptr<Method>> methods_;  // null for the full cache
-  std::vector<nlohmann::json> configs_;
+  std::vector<Part> parts_;
 };
 
 }  // namespace kvb
