@@ -1,5 +1,8 @@
 // Python-compatible randomness (spec/benchmarks.md Appendix A test vectors) and RULER's synthetic tasks.
+#include <fmt/format.h>
+
 #include <filesystem>
+#include <map>
 
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
@@ -105,4 +108,94 @@ TEST_CASE("RULER niah: template, needle format, distractors, length fitted to th
   // Reproducible from the seed.
   CHECK(ruler(*tok, "niah_multikey_3", 4096, 42, 3)->sample(2).prompt ==
         ruler(*tok, "niah_multikey_3", 4096, 42, 3)->sample(2).prompt);
+}
+
+TEST_CASE("RULER tasks generated here equal RULER's own generator, sample for sample", "[tasks][ruler]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  if (!std::filesystem::exists(default_data_dir() + "/wonderwords/verblist.txt")) {
+    const char* req = std::getenv("KVBENCH_REQUIRE_MODELS");
+    if (req && std::string(req) == "1") FAIL("wonderwords lists missing (run scripts/setup.sh)");
+    WARN("skipped: wonderwords lists absent (run scripts/setup.sh)");
+    return;
+  }
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  const auto golden = nlohmann::json::parse(std::ifstream(fixture("ruler/generator.json")));
+  const int n = golden["samples_per_task"];
+  std::map<std::pair<std::string, int>, std::unique_ptr<Task>> tasks;
+  int same = 0, total = 0;
+  for (const auto& r : golden["records"]) {
+    const std::string name = r["task"];
+    const int length = r["length"];
+    auto& t = tasks[{name, length}];
+    if (!t) t = ruler(*tok, name, length, 42, n);
+    const Sample s = t->sample(r["index"].get<size_t>());
+    INFO(name << " L=" << length << " #" << r["index"]);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char c : s.prompt) h = (h ^ c) * 0x100000001b3ull;
+    const bool equal = fmt::format("{:016x}", h) == r["fnv1a64"].get<std::string>();
+    CHECK(equal);
+    CHECK(s.prompt.size() == r["chars"].get<size_t>());  // UTF-8 bytes = characters: ASCII inputs
+    CHECK(s.answers == r["outputs"].get<std::vector<std::string>>());
+    CHECK(s.meta["length"] == r["stored_length"]);
+    same += equal;
+    ++total;
+  }
+  WARN(same << "/" << total << " RULER samples byte-identical to RULER's generator");
+}
+
+TEST_CASE("RULER vt, cwe, fwe: structure and length fitted to the target", "[tasks][ruler]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path || !std::filesystem::exists(default_data_dir() + "/wonderwords/verblist.txt")) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  auto occurrences = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (const std::string task : {"vt", "cwe", "fwe"}) {
+    for (int length : {4096, 8192}) {
+      int within = 0, total = 0, shortest = length;
+      for (int seed : {42, 43, 44}) {
+        auto t = ruler(*tok, task, length, seed, 10);
+        for (size_t i = 0; i < t->size(); ++i) {
+          const Sample s = t->sample(i);
+          INFO(task << " L=" << length << " seed " << seed << " #" << i);
+          const int len = s.meta["length"];
+          CHECK(len <= length);
+          CHECK(len == static_cast<int>(tok->encode(s.prompt).size()) + s.max_new_tokens);
+          within += len >= 0.98 * length;
+          shortest = std::min(shortest, len);
+          ++total;
+          // RULER's own steps bound the fit: 10 noise lines (a re-randomised example that no longer fits
+          // drops a whole step), 10 list words, B / 32 coded words found with another sample's vocabulary.
+          CHECK(len >= (task == "fwe" ? 0.8 : 0.9) * length);
+          if (task == "vt") {
+            // The in-context example's chain, then the real chain of 5 names, each assigned once.
+            REQUIRE(s.answers.size() == 5);
+            CHECK(s.max_new_tokens == 30);
+            CHECK(occurrences(s.prompt, "Memorize and track the chain(s)") == 2);
+            for (size_t j = 1; j < 5; ++j)
+              CHECK(occurrences(s.prompt, "VAR " + s.answers[j] + " = VAR " + s.answers[j - 1] + " \n") == 1);
+          } else if (task == "cwe") {
+            // After the example block, each common word appears 30 times in the real list.
+            REQUIRE(s.answers.size() == 10);
+            const std::string real = s.prompt.substr(s.prompt.find("\nBelow is a numbered list"));
+            for (const auto& w : s.answers) CHECK(occurrences(real, ". " + w + " ") + occurrences(real, ". " + w + "\n") == 30);
+          } else {
+            REQUIRE(s.answers.size() == 3);
+            CHECK(occurrences(s.prompt, " " + s.answers[0] + " ") > occurrences(s.prompt, " " + s.answers[2] + " "));
+          }
+          std::string all;
+          for (const auto& a : s.answers) all += a + ", ";
+          CHECK(t->score(s, all) == 1.0);
+          CHECK(t->score(s, s.answers[0]) == Approx(1.0 / double(s.answers.size())));
+        }
+      }
+      WARN(task << " at " << length << ": " << within << "/" << total
+                << " samples within 2% of the target, shortest " << shortest);
+    }
+  }
 }
