@@ -2,6 +2,8 @@
 
 #include <utf8proc.h>
 
+#include <vector>
+
 #include "harness/tokenizer/unicode.hpp"
 
 namespace kvb {
@@ -26,6 +28,26 @@ uint32_t next_cp(std::string_view s, size_t& i) {
   return static_cast<uint32_t>(cp);
 }
 
+// Unicode "Cased" and "Case_Ignorable" (what Python's final-sigma rule looks at), from the general
+// category and the case mappings.
+bool cased(uint32_t c) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT ||
+         utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) != static_cast<utf8proc_int32_t>(c) ||
+         utf8proc_toupper(static_cast<utf8proc_int32_t>(c)) != static_cast<utf8proc_int32_t>(c);
+}
+bool case_ignorable(uint32_t c) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  if (cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME || cat == UTF8PROC_CATEGORY_CF ||
+      cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_SK)
+    return true;
+  // Word_Break MidLetter, MidNumLet and Single_Quote.
+  for (uint32_t m : {0x27u, 0x2Eu, 0x3Au, 0xB7u, 0x387u, 0x5F4u, 0x2018u, 0x2019u, 0x2024u, 0x2027u, 0xFE13u, 0xFE52u,
+                     0xFE55u, 0xFF07u, 0xFF0Eu, 0xFF1Au})
+    if (c == m) return true;
+  return false;
+}
+
 }  // namespace
 
 std::vector<std::string> python_split(std::string_view s) {
@@ -46,16 +68,35 @@ std::vector<std::string> python_split(std::string_view s) {
 }
 
 std::string python_lower(std::string_view s) {
+  std::vector<uint32_t> cps;  // 0xFFFFFFFF marks an invalid byte, kept as it is
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < s.size();) {
+    starts.push_back(i);
+    cps.push_back(next_cp(s, i));
+  }
+  starts.push_back(s.size());
   std::string out;
   out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const size_t at = i;
-    const uint32_t c = next_cp(s, i);
-    if (c == 0xFFFFFFFFu)
-      out.append(s.substr(at, i - at));
-    else
+  for (size_t k = 0; k < cps.size(); ++k) {
+    const uint32_t c = cps[k];
+    if (c == 0xFFFFFFFFu) {
+      out.append(s.substr(starts[k], starts[k + 1] - starts[k]));
+    } else if (c == 0x130) {  // SpecialCasing: capital I with dot above lowers to i + combining dot
+      out += "i\u0307";
+    } else if (c == 0x3A3) {
+      // Final sigma: preceded by a cased letter and not followed by one (case-ignorables skipped).
+      auto cased_at = [&](size_t j) { return cps[j] != 0xFFFFFFFFu && cased(cps[j]); };
+      auto ignorable_at = [&](size_t j) { return cps[j] != 0xFFFFFFFFu && case_ignorable(cps[j]); };
+      size_t j = k;
+      while (j > 0 && ignorable_at(j - 1)) --j;
+      const bool before = j > 0 && cased_at(j - 1);
+      j = k + 1;
+      while (j < cps.size() && ignorable_at(j)) ++j;
+      const bool after = j < cps.size() && cased_at(j);
+      append_utf8(out, before && !after ? 0x3C2 : 0x3C3);
+    } else {
       append_utf8(out, static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+    }
   }
   return out;
 }

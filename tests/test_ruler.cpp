@@ -7,6 +7,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "tasks/ruler/py_random.hpp"
+#include "tasks/ruler/ruler.hpp"
 #include "tasks/task.hpp"
 #include "test_util.hpp"
 
@@ -198,4 +199,25 @@ TEST_CASE("RULER vt, cwe, fwe: structure and length fitted to the target", "[tas
                 << " samples within 2% of the target, shortest " << shortest);
     }
   }
+}
+
+TEST_CASE("RULER scoring equals RULER's evaluator on constructed pairs", "[tasks][ruler]") {
+  const auto golden = nlohmann::json::parse(std::ifstream(fixture("ruler/metric_cases.json")));
+  double all = 0, part = 0;
+  size_t n = 0;
+  for (const auto& c : golden["cases"]) {
+    const std::string pred = c["prediction"];
+    const auto refs = c["references"].get<std::vector<std::string>>();
+    INFO("prediction " << nlohmann::json(pred).dump() << " references " << c["references"].dump());
+    const double a = ruler_string_match(pred, refs, false), p = ruler_string_match(pred, refs, true);
+    // The evaluator reports round(100 x mean, 2); for one pair that is the pair's score.
+    CHECK(std::round(a * 10000) / 100 == Approx(c["all"].get<double>()).margin(1e-6));
+    CHECK(std::round(p * 10000) / 100 == Approx(c["part"].get<double>()).margin(1e-6));
+    all += a;
+    part += p;
+    ++n;
+  }
+  REQUIRE(n >= 300);
+  CHECK(std::round(all / double(n) * 10000) / 100 == Approx(golden["aggregate"]["all"].get<double>()).margin(1e-6));
+  CHECK(std::round(part / double(n) * 10000) / 100 == Approx(golden["aggregate"]["part"].get<double>()).margin(1e-6));
 }

@@ -56,19 +56,23 @@ Sample RulerTask::sample(size_t i) const {
   return samples_[i];
 }
 
-double RulerTask::score(const Sample& s, const std::string& prediction) const {
-  // evaluate.py's post-processing: strip, control characters to newlines, strip again.
+double ruler_string_match(const std::string& prediction, const std::vector<std::string>& references, bool part) {
+  // evaluate.py: strip, control characters to newlines, strip again.
   std::string p = python_strip(prediction);
   for (char& c : p)
     if (static_cast<unsigned char>(c) < 0x20) c = '\n';
   p = python_lower(python_strip(p));
-  double hit = 0, best = 0;
-  for (const auto& r : s.answers) {
+  double hits = 0, any = 0;
+  for (const auto& r : references) {
     const double h = p.find(python_lower(r)) != std::string::npos ? 1.0 : 0.0;
-    hit += h;
-    best = std::max(best, h);
+    hits += h;
+    any = std::max(any, h);
   }
-  return part_ ? best : hit / double(s.answers.size());
+  return part ? any : hits / double(references.size());
+}
+
+double RulerTask::score(const Sample& s, const std::string& prediction) const {
+  return ruler_string_match(prediction, s.answers, part_);
 }
 
 int RulerTask::count(const std::string& text) const { return static_cast<int>(tok_.encode(text).size()); }

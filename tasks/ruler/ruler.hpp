@@ -23,6 +23,10 @@ std::string fill_template(const std::string& t, const std::map<std::string, std:
 // Python's str.replace (every non-overlapping occurrence, left to right).
 std::string replace_all(std::string s, const std::string& from, const std::string& to);
 
+// RULER's per-sample score in [0, 1] after evaluate.py's post-processing of the prediction:
+// string_match_all (share of references found, case-insensitive) or string_match_part (any found).
+double ruler_string_match(const std::string& prediction, const std::vector<std::string>& references, bool part);
+
 class RulerTask : public Task {
  public:
   RulerTask(const TaskContext& ctx, const Params& p, int tokens_to_generate);
