@@ -221,3 +221,39 @@ TEST_CASE("RULER scoring equals RULER's evaluator on constructed pairs", "[tasks
   CHECK(std::round(all / double(n) * 10000) / 100 == Approx(golden["aggregate"]["all"].get<double>()).margin(1e-6));
   CHECK(std::round(part / double(n) * 10000) / 100 == Approx(golden["aggregate"]["part"].get<double>()).margin(1e-6));
 }
+
+TEST_CASE("RULER official files load in both layouts; bad records are located", "[tasks][ruler]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  auto load = [&](const std::string& task, const std::string& dir) {
+    TaskContext ctx;
+    ctx.tokenizer = tok.get();
+    ctx.options = {{"task", task}, {"length", "4096"}, {"source", "files"}, {"dir", fixture("ruler/files/" + dir)}};
+    return TaskRegistry::get().create("ruler", ctx);
+  };
+  // 2024: the answer prefix is inside `input`.
+  auto niah = load("niah_single_1", "");
+  REQUIRE(niah->size() == 2);
+  const Sample a = niah->sample(1);
+  CHECK(a.prompt.size() > 100);
+  CHECK(a.prompt.ends_with("mentioned in the provided text are"));
+  CHECK(a.answers == std::vector<std::string>{"7654321"});
+  CHECK(a.max_new_tokens == 128);
+  CHECK(a.meta["length"] == 175);
+  CHECK(niah->score(a, " 7654321.") == 1.0);
+  // 2025: `answer_prefix` apart, appended to the input.
+  auto vt = load("vt", "");
+  REQUIRE(vt->size() == 1);
+  const Sample v = vt->sample(0);
+  CHECK(v.prompt.find("in the text above. Answer: According to") != std::string::npos);
+  CHECK(v.max_new_tokens == 30);
+  CHECK(vt->score(v, "ABCDE FGHIJ") == Approx(2.0 / 3));
+  require_error([&] { load("cwe", "bad"); }, {"cwe.jsonl:2", "'outputs'"});
+  require_error([&] { load("fwe", ""); }, {"fwe.jsonl", "fwe/validation.jsonl"});
+  TaskContext ctx;
+  ctx.tokenizer = tok.get();
+  ctx.options = {{"task", "niah_single_2"}};
+  require_error([&] { TaskRegistry::get().create("ruler", ctx); }, {"niah_single_2", "source=files"});
+}

@@ -26,12 +26,17 @@ ParamSpec ParamSpec::choice(std::string name, std::string def, std::vector<std::
   return {std::move(name), Type::Choice, std::move(def), 0, 0, std::move(choices), std::move(help)};
 }
 
+ParamSpec ParamSpec::text(std::string name, std::string def, std::string help) {
+  return {std::move(name), Type::Text, std::move(def), 0, 0, {}, std::move(help)};
+}
+
 std::string ParamSpec::describe() const {
   switch (type) {
     case Type::Int: return fmt::format("int in [{}, {}], default {}", static_cast<long>(min), static_cast<long>(max), default_value);
     case Type::Float: return fmt::format("float in [{}, {}], default {}", min, max, default_value);
     case Type::Bool: return fmt::format("bool, default {}", default_value);
     case Type::Choice: return fmt::format("one of {}, default {}", fmt::join(choices, "|"), default_value);
+    case Type::Text: return default_value.empty() ? "text" : fmt::format("text, default {}", default_value);
   }
   return "";
 }
@@ -59,6 +64,8 @@ std::string normalise(const ParamSpec& s, const std::string& v) {
         return "";
       case ParamSpec::Type::Choice:
         return std::find(s.choices.begin(), s.choices.end(), v) != s.choices.end() ? v : "";
+      case ParamSpec::Type::Text:
+        return v;
     }
   } catch (const std::exception&) {
   }

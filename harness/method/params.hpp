@@ -13,7 +13,7 @@ class Node;
 namespace kvb {
 
 struct ParamSpec {
-  enum class Type { Int, Float, Bool, Choice };
+  enum class Type { Int, Float, Bool, Choice, Text };
   std::string name;
   Type type = Type::Int;
   std::string default_value;
@@ -26,6 +26,8 @@ struct ParamSpec {
   static ParamSpec boolean(std::string name, bool def, std::string help);
   static ParamSpec choice(std::string name, std::string def, std::vector<std::string> choices,
                           std::string help);
+  // Any non-empty text (e.g. a directory); the default may be empty.
+  static ParamSpec text(std::string name, std::string def, std::string help);
   std::string describe() const;  // "int in [1, 512], default 8"
 };
 
