@@ -105,8 +105,8 @@ TEST_CASE("niah heatmap: colour scale and PNG, SVG, CSV files", "[tasks][report]
   Heatmap h;
   h.title = "Pressure Testing test";
   h.caption = "FullKV Score: 50.00";
-  h.lengths = {1000, 2000};
-  h.depths = {0, 100};
+  h.cols = {"1000", "2000"};
+  h.rows = {"0", "100"};
   h.cells = {{1.0, 0.0}, {0.5, std::nan("")}};
   const std::string stem = (std::filesystem::temp_directory_path() / "kvbench_heatmap_test").string();
   write_heatmap(h, stem);

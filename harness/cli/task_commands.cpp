@@ -122,13 +122,15 @@ void register_task_commands(CLI::App& app) {
     });
   }
   {
-    auto* cmd = app.add_subcommand(
-        "report", "Summary tables (Markdown, CSV) and, for NIAH, heatmaps (PNG, SVG, CSV) from results files");
+    auto* cmd = app.add_subcommand("report",
+                                   "Tables (paper layouts; Markdown, CSV, LaTeX) and heatmaps (PNG, SVG) from results");
     auto files = std::make_shared<std::vector<std::string>>();
     auto dir = std::make_shared<std::string>("reports");
-    cmd->add_option("results", *files, "Results JSONL files (kvbench run or run-task)")->required();
+    auto formats = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"md", "csv"});
+    cmd->add_option("results", *files, "Results JSONL files or directories of them (kvbench run or run-task)")->required();
     cmd->add_option("--out-dir", *dir, "Directory for tables and figures");
-    cmd->callback([files, dir] { write_report(*files, *dir); });
+    cmd->add_option("--format", *formats, "Table formats: md, csv, tex (comma-separated)")->delimiter(',');
+    cmd->callback([files, dir, formats] { write_report(*files, *dir, {formats->begin(), formats->end()}); });
   }
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 
@@ -24,7 +25,14 @@ Rgb heatmap_colour(double s) {
 
 namespace {
 
-constexpr double kCell = 28, kLeft = 90, kTop = 70, kBottom = 70, kBar = 70;
+constexpr double kCell = 28, kTop = 70, kBottom = 70, kBar = 70;
+
+// Room for the row labels at font size 10 (about 6 px a character) and the axis title.
+double left_margin(const Heatmap& h) {
+  size_t longest = 0;
+  for (const auto& r : h.rows) longest = std::max(longest, r.size());
+  return std::max(90.0, 48.0 + 6.0 * double(longest));
+}
 
 void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0,
           double angle = 0.0) {
@@ -43,10 +51,11 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
   cairo_set_source_rgb(cr, 1, 1, 1);
   cairo_paint(cr);
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-  const size_t R = h.depths.size(), C = h.lengths.size();
+  const size_t R = h.rows.size(), C = h.cols.size();
+  const double kLeft = left_margin(h), W = h.cell_width;
   for (size_t r = 0; r < R; ++r)
     for (size_t c = 0; c < C; ++c) {
-      const double x = kLeft + double(c) * kCell, y = kTop + double(r) * kCell;
+      const double x = kLeft + double(c) * W, y = kTop + double(r) * kCell;
       const double v = h.cells[r][c];
       if (std::isnan(v)) {
         cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
@@ -54,25 +63,27 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
         const Rgb col = heatmap_colour(v);
         cairo_set_source_rgb(cr, col.r / 255, col.g / 255, col.b / 255);
       }
-      cairo_rectangle(cr, x, y, kCell, kCell);
+      cairo_rectangle(cr, x, y, W, kCell);
       cairo_fill_preserve(cr);
       cairo_set_source_rgb(cr, 0.5, 0.5, 0.5);
       cairo_set_line_width(cr, 0.5);
       cairo_stroke(cr);
+      if (h.annotate && !std::isnan(v)) {
+        cairo_set_source_rgb(cr, 0, 0, 0);
+        text(cr, x + W / 2, y + kCell / 2, fmt::format("{:.1f}", 100 * v), 10, 0.5);
+      }
     }
   cairo_set_source_rgb(cr, 0, 0, 0);
   for (size_t c = 0; c < C; ++c)
-    text(cr, kLeft + (double(c) + 0.5) * kCell, kTop + double(R) * kCell + 8, std::to_string(h.lengths[c]), 10, 1.0,
-         -M_PI / 4);
-  for (size_t r = 0; r < R; ++r)
-    text(cr, kLeft - 6, kTop + (double(r) + 0.5) * kCell, std::to_string(h.depths[r]), 10, 1.0);
-  text(cr, kLeft + double(C) * kCell / 2, height - 18, "Token Limit", 12, 0.5);
-  text(cr, 22, kTop + double(R) * kCell / 2, "Depth Percent", 12, 0.5, -M_PI / 2);
+    text(cr, kLeft + (double(c) + 0.5) * W, kTop + double(R) * kCell + 8, h.cols[c], 10, 1.0, -M_PI / 4);
+  for (size_t r = 0; r < R; ++r) text(cr, kLeft - 6, kTop + (double(r) + 0.5) * kCell, h.rows[r], 10, 1.0);
+  text(cr, kLeft + double(C) * W / 2, height - 18, h.x_label, 12, 0.5);
+  text(cr, 22, kTop + double(R) * kCell / 2, h.y_label, 12, 0.5, -M_PI / 2);
   text(cr, width / 2, 18, h.title, 13, 0.5);
-  text(cr, width / 2, 36, "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")", 11, 0.5);
+  if (!h.subtitle.empty()) text(cr, width / 2, 36, h.subtitle, 11, 0.5);
   text(cr, width / 2, 54, h.caption, 11, 0.5);
   // Colour bar.
-  const double bx = kLeft + double(C) * kCell + 20, bh = double(R) * kCell;
+  const double bx = kLeft + double(C) * W + 20, bh = double(R) * kCell;
   for (int i = 0; i < 100; ++i) {
     const Rgb col = heatmap_colour(1.0 - i / 99.0);
     cairo_set_source_rgb(cr, col.r / 255, col.g / 255, col.b / 255);
@@ -87,10 +98,10 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
 }  // namespace
 
 void write_heatmap(const Heatmap& h, const std::string& stem) {
-  if (h.cells.size() != h.depths.size()) fail("heatmap {}: {} rows for {} depths", stem, h.cells.size(), h.depths.size());
+  if (h.cells.size() != h.rows.size()) fail("heatmap {}: {} rows of cells for {} row labels", stem, h.cells.size(), h.rows.size());
   // Wide enough for the titles however few columns there are.
-  const double width = std::max(kLeft + double(h.lengths.size()) * kCell + kBar + 20, 560.0);
-  const double height = kTop + double(h.depths.size()) * kCell + kBottom;
+  const double width = std::max(left_margin(h) + double(h.cols.size()) * h.cell_width + kBar + 20, 560.0);
+  const double height = kTop + double(h.rows.size()) * kCell + kBottom;
 
   cairo_surface_t* png = cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(width) * 2, int(height) * 2);
   cairo_t* cr = cairo_create(png);
@@ -111,11 +122,13 @@ void write_heatmap(const Heatmap& h, const std::string& stem) {
   if (sst != CAIRO_STATUS_SUCCESS) fail("{}.svg: cannot write ({})", stem, cairo_status_to_string(sst));
 
   std::ofstream csv(stem + ".csv");
-  csv << "depth_percent";
-  for (int L : h.lengths) csv << ',' << L;
+  std::string corner = h.y_label;
+  for (char& ch : corner) ch = ch == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  csv << corner;
+  for (const auto& c : h.cols) csv << ',' << c;
   csv << '\n';
-  for (size_t r = 0; r < h.depths.size(); ++r) {
-    csv << h.depths[r];
+  for (size_t r = 0; r < h.rows.size(); ++r) {
+    csv << h.rows[r];
     for (double v : h.cells[r]) csv << ',' << (std::isnan(v) ? std::string() : fmt::format("{:.4f}", v));
     csv << '\n';
   }

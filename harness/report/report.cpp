@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +14,8 @@
 
 #include "harness/experiment/results.hpp"
 #include "harness/report/heatmap.hpp"
+#include "harness/report/table.hpp"
+#include "tasks/text.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -41,17 +45,18 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
     depths.insert(dl.first);
     lengths.insert(dl.second);
   }
-  h.depths.assign(depths.begin(), depths.end());
-  h.lengths.assign(lengths.begin(), lengths.end());
-  h.cells.assign(h.depths.size(), std::vector<double>(h.lengths.size(), std::nan("")));
+  for (int d : depths) h.rows.push_back(std::to_string(d));
+  for (int l : lengths) h.cols.push_back(std::to_string(l));
+  h.cells.assign(depths.size(), std::vector<double>(lengths.size(), std::nan("")));
   for (const auto& [dl, v] : g.niah) {
-    const auto r = std::find(h.depths.begin(), h.depths.end(), dl.first) - h.depths.begin();
-    const auto c = std::find(h.lengths.begin(), h.lengths.end(), dl.second) - h.lengths.begin();
+    const auto r = std::distance(depths.begin(), depths.find(dl.first));
+    const auto c = std::distance(lengths.begin(), lengths.find(dl.second));
     h.cells[size_t(r)][size_t(c)] = v.first / v.second;
   }
   const std::string method = g.config.value("method", "fullkv");
   const int budget = g.config.value("budget", 0);
   h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
+  h.subtitle = "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")";
   h.caption = fmt::format("{} Score: {:.2f}", method == "fullkv" ? "FullKV" : fmt::format("{} (KV size {})", method, budget),
                           100.0 * g.score / g.n);
   const bool chat = g.config["options"].value("chat", "false") == "true";
@@ -64,39 +69,184 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
   write_heatmap(h, stem);
 }
 
+// One record, reduced to what the tables group by.
+struct Entry {
+  std::string task, method, label, variant;  // variant: the task option a paper table has columns for
+  int budget = 0, length = 0;
+  double score = 0, kv_share = 1;
+  bool empty = false;
+};
+
+struct Mean {
+  double sum = 0;
+  int n = 0;
+  void add(double v) {
+    sum += v;
+    ++n;
+  }
+  double value() const { return n ? sum / n : std::nan(""); }
+};
+
+std::string pct(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", 100 * v); }
+std::string budget_name(int b) { return b ? std::to_string(b) : "Full"; }
+
+// Methods in the order the papers list them (the full cache first), then by name.
+bool method_order(const std::string& a, const std::string& b) {
+  return std::pair(a != "FullKV", a) < std::pair(b != "FullKV", b);
+}
+
+// LongBench v1 columns (spec 5.1): dataset, short name, category; the Chinese datasets close each
+// category.
+struct LbColumn {
+  const char* dataset;
+  const char* name;
+  const char* category;
+};
+const std::vector<LbColumn>& longbench_columns() {
+  static const std::vector<LbColumn> c = {
+      {"narrativeqa", "NrtvQA", "Single-Doc QA"},     {"qasper", "Qasper", "Single-Doc QA"},
+      {"multifieldqa_en", "MF-en", "Single-Doc QA"},  {"multifieldqa_zh", "MF-zh", "Single-Doc QA"},
+      {"hotpotqa", "HotpotQA", "Multi-Doc QA"},       {"2wikimqa", "2WikiMQA", "Multi-Doc QA"},
+      {"musique", "Musique", "Multi-Doc QA"},         {"dureader", "DuReader", "Multi-Doc QA"},
+      {"gov_report", "GovReport", "Summarization"},   {"qmsum", "QMSum", "Summarization"},
+      {"multi_news", "MultiNews", "Summarization"},   {"vcsum", "VCSUM", "Summarization"},
+      {"trec", "TREC", "Few-shot Learning"},          {"triviaqa", "TriviaQA", "Few-shot Learning"},
+      {"samsum", "SAMSum", "Few-shot Learning"},      {"lsht", "LSHT", "Few-shot Learning"},
+      {"passage_count", "PCount", "Synthetic"},       {"passage_retrieval_en", "PRe", "Synthetic"},
+      {"passage_retrieval_zh", "PRe-zh", "Synthetic"}, {"lcc", "Lcc", "Code"},
+      {"repobench-p", "RB-P", "Code"}};
+  return c;
+}
+
+// RULER columns in the papers' order (spec 2.1) with their abbreviations.
+const std::vector<std::pair<std::string, std::string>>& ruler_columns() {
+  static const std::vector<std::pair<std::string, std::string>> c = {
+      {"niah_single_1", "S1"},   {"niah_single_2", "S2"},    {"niah_single_3", "S3"},   {"niah_multikey_1", "MK1"},
+      {"niah_multikey_2", "MK2"}, {"niah_multikey_3", "MK3"}, {"niah_multivalue", "MV"}, {"niah_multiquery", "MQ"},
+      {"vt", "VT"},              {"cwe", "CWE"},             {"fwe", "FWE"},            {"qa_1", "QA-1"},
+      {"qa_2", "QA-2"}};
+  return c;
+}
+
+// Rows = methods, columns = the given column keys, one block per KV size (the full cache in each).
+template <typename Key>
+Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& keys,
+                   const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls) {
+  std::set<int> budgets;
+  std::set<std::string> labels;
+  for (const Entry* e : es) {
+    if (e->budget) budgets.insert(e->budget);
+    labels.insert(e->label);
+  }
+  if (budgets.empty()) budgets.insert(0);
+  std::vector<std::string> order(labels.begin(), labels.end());
+  std::sort(order.begin(), order.end(), method_order);
+  Table t;
+  for (int b : budgets) {
+    Table::Block block;
+    block.heading = b ? fmt::format("KV size = {}", b) : "Full cache";
+    for (const auto& label : order) {
+      // A column pooling several task variants (RULER's per-length summary) averages their means.
+      std::vector<std::map<std::string, Mean>> cols(keys.size());
+      Mean avg;
+      int empty = 0;
+      bool any = false;
+      for (const Entry* e : es) {
+        if (e->label != label || (e->budget && e->budget != b)) continue;
+        for (size_t k = 0; k < keys.size(); ++k)
+          if (in_column(*e, keys[k])) {
+            cols[k][e->variant].add(e->score);
+            any = true;
+            empty += e->empty;
+          }
+      }
+      if (!any) continue;
+      std::vector<std::string> row = {label};
+      for (const auto& c : cols) {
+        Mean m;
+        for (const auto& [variant, v] : c) m.add(v.value());
+        row.push_back(pct(m.value()));
+        if (m.n) avg.add(m.value());
+      }
+      row.push_back(pct(avg.value()));
+      if (nulls) row.push_back(std::to_string(empty));
+      block.rows.push_back(row);
+    }
+    t.blocks.push_back(block);
+  }
+  return t;
+}
+
 }  // namespace
 
-void write_report(const std::vector<std::string>& files, const std::string& dir) {
+void write_report(const std::vector<std::string>& inputs, const std::string& dir, const std::set<std::string>& formats) {
+  for (const auto& f : formats)
+    if (f != "md" && f != "csv" && f != "tex") fail("report format '{}': expected md, csv or tex", f);
+  std::vector<std::string> files;
+  for (const auto& in : inputs) {
+    if (!std::filesystem::exists(in)) fail("{}: not found", in);
+    if (std::filesystem::is_directory(in)) {
+      std::vector<std::string> found;
+      for (const auto& e : std::filesystem::directory_iterator(in))
+        if (e.path().extension() == ".jsonl") found.push_back(e.path().string());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.push_back(in);
+    }
+  }
   std::map<std::string, Group> groups;
+  std::vector<Entry> entries;
+  std::map<std::string, std::set<std::string>> method_configs;  // method -> distinct parameter sets
   for (const auto& f : files) {
-    if (!std::filesystem::exists(f)) fail("{}: not found", f);
     for_each_record(f, [&](const json& j, int no) {
       if (!j.contains("config") || !j.contains("score") || !j["score"].is_number())
         fail("{}:{}: not a kvbench result record (config and score expected)", f, no);
       json cfg = j["config"];
+      Entry e;
+      e.task = cfg.value("task", "");
+      const json opts = cfg.value("options", json::object());
+      if (e.task == "ruler") e.variant = opts.value("task", "niah_single_1");
+      if (e.task == "longbench" || e.task == "longbench-e") e.variant = opts.value("dataset", "");
+      e.length = e.task == "ruler" ? std::stoi(opts.value("length", "4096")) : 0;
+      // LongBench-E's buckets are by the record's own length field (eval.py: <4000, <8000, else).
+      if (e.task == "longbench-e" && j.contains("meta") && j["meta"].contains("length"))
+        e.length = j["meta"]["length"].get<int>();
       // Runs over different parts of one grid belong to one configuration.
-      for (const char* k : {"s_len", "e_len", "step", "depths", "samples"}) cfg["options"].erase(k);
+      for (const char* k : {"s_len", "e_len", "step", "depths", "samples", "task", "dataset", "length"})
+        cfg["options"].erase(k);
       cfg.erase("version");
       Group& g = groups[cfg.dump()];
       g.config = cfg;
       g.score += j["score"].get<double>();
       const double full = j.value("full_kv_bytes", 0.0);
-      g.kv_share += full > 0 ? j.value("kv_bytes", 0.0) / full : 1.0;
+      e.kv_share = full > 0 ? j.value("kv_bytes", 0.0) / full : 1.0;
+      g.kv_share += e.kv_share;
       ++g.n;
-      if (cfg.value("task", "") == "niah" && j.contains("meta") && j["meta"].contains("depth")) {
+      if (e.task == "niah" && j.contains("meta") && j["meta"].contains("depth")) {
         auto& cell = g.niah[{j["meta"]["depth"].get<int>(), j["meta"]["length"].get<int>()}];
         cell.first += j["score"].get<double>();
         ++cell.second;
       }
+      e.method = cfg.value("method", "fullkv");
+      e.budget = cfg.value("budget", 0);
+      e.score = j["score"].get<double>();
+      e.empty = python_strip(j.value("prediction", "")).empty();
+      e.label = cfg.value("params", json::object()).dump() + "|" + cfg.value("gqa", "-");  // made readable below
+      method_configs[e.method].insert(e.label);
+      entries.push_back(e);
     });
   }
   if (groups.empty()) fail("no result records in the given files");
+  // A method's row label is its name, with its parameters where the records hold several settings.
+  for (Entry& e : entries) {
+    const std::string params = e.label.substr(0, e.label.rfind('|'));
+    const std::string name = e.method == "fullkv" ? "FullKV" : e.method;
+    e.label = method_configs[e.method].size() > 1 ? name + " (" + params_text(json::parse(params)) + ")" : name;
+  }
   std::filesystem::create_directories(dir);
-  std::string md = "| task | options | method | KV size | gqa | params | samples | score | KV kept |\n"
-                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-  std::string csv = "task,options,method,budget,gqa,params,samples,score,kv_kept_percent\n";
   std::set<std::string> used;
-  // Rows by task, options, method, then budget (full cache first, budgets ascending).
+  // Summary of every configuration: rows by task, options, method, then budget (full cache first).
   std::vector<const Group*> rows;
   for (const auto& [key, g] : groups) rows.push_back(&g);
   std::stable_sort(rows.begin(), rows.end(), [](const Group* a, const Group* b) {
@@ -106,27 +256,150 @@ void write_report(const std::vector<std::string>& files, const std::string& dir)
     };
     return k(a) < k(b);
   });
+  Table summary;
+  summary.columns = {"task", "options", "method", "KV size", "gqa", "params", "samples", "score", "KV kept"};
+  summary.blocks.emplace_back();
   for (const Group* gp : rows) {
     const Group& g = *gp;
     const json& c = g.config;
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
-    if (opts.empty()) opts = "-";
-    const std::string budget = c.value("budget", 0) ? std::to_string(c.value("budget", 0)) : "full";
-    const double score = 100.0 * g.score / g.n, kv = 100.0 * g.kv_share / g.n;
-    const std::string params = params_text(c.value("params", json::object()));
-    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.1f}% |\n", c.value("task", ""), opts,
-                      c.value("method", ""), budget, c.value("gqa", "-"), params, g.n, score, kv);
-    csv += fmt::format("{},\"{}\",{},{},{},\"{}\",{},{:.4f},{:.2f}\n", c.value("task", ""), opts, c.value("method", ""),
-                       budget, c.value("gqa", "-"), params, g.n, score, kv);
+    summary.blocks[0].rows.push_back({c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""),
+                                      budget_name(c.value("budget", 0)), c.value("gqa", "-"),
+                                      params_text(c.value("params", json::object())), std::to_string(g.n),
+                                      fmt::format("{:.2f}", 100.0 * g.score / g.n),
+                                      fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n)});
     if (!g.niah.empty()) write_niah_heatmap(g, dir, used);
   }
-  std::ofstream(dir + "/summary.md") << md;
-  std::ofstream(dir + "/summary.csv") << csv;
-  fmt::print("{}\nwrote {}/summary.md, summary.csv{}\n", md, dir,
-             std::any_of(groups.begin(), groups.end(), [](const auto& g) { return !g.second.niah.empty(); })
-                 ? " and NIAH heatmaps (niah-*.png, .svg, .csv)"
-                 : "");
+  summary.note = "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled); KV kept: "
+                 "the compressed cache's bytes as a share of the full cache's.";
+  write_table(summary, dir + "/summary", formats);
+  std::string written = "summary";
+
+  std::set<std::string> tasks;
+  for (const auto& e : entries) tasks.insert(e.task);
+  for (const auto& task : tasks) {
+    std::vector<const Entry*> es;
+    for (const auto& e : entries)
+      if (e.task == task) es.push_back(&e);
+    // Method x budget: mean score and the share of the full cache kept; as a table and a heatmap.
+    std::set<int> budgets;
+    std::set<std::string> labels;
+    for (const Entry* e : es) {
+      budgets.insert(e->budget);
+      labels.insert(e->label);
+    }
+    std::vector<std::string> order(labels.begin(), labels.end());
+    std::sort(order.begin(), order.end(), method_order);
+    Table mb;
+    mb.caption = task + ": score by method and KV size (KV kept as a share of the full cache)";
+    mb.columns = {"Method"};
+    for (int b : budgets) mb.columns.push_back(budget_name(b));
+    mb.blocks.emplace_back();
+    Heatmap h;
+    h.title = task + ": score by method and KV size";
+    h.x_label = "KV size";
+    h.y_label = "Method";
+    h.annotate = true;
+    h.cell_width = 56;
+    for (int b : budgets) h.cols.push_back(budget_name(b));
+    Mean overall;
+    for (const auto& label : order) {
+      std::vector<std::string> row = {label};
+      std::vector<double> cells;
+      for (int b : budgets) {
+        Mean sc, kv;
+        for (const Entry* e : es)
+          if (e->label == label && e->budget == b) {
+            sc.add(e->score);
+            kv.add(e->kv_share);
+          }
+        row.push_back(sc.n ? fmt::format("{} ({:.1f}%)", pct(sc.value()), 100 * kv.value()) : "-");
+        cells.push_back(sc.value());
+        if (sc.n) overall.add(sc.value());
+      }
+      mb.blocks[0].rows.push_back(row);
+      h.rows.push_back(label);
+      h.cells.push_back(cells);
+    }
+    h.caption = fmt::format("mean over samples, x 100; mean of the cells {:.2f}", 100 * overall.value());
+    write_table(mb, dir + "/" + task + "-method-budget", formats);
+    write_heatmap(h, dir + "/" + task + "-method-budget");
+    written += ", " + task + "-method-budget";
+
+    if (task == "ruler") {
+      std::vector<std::pair<std::string, std::string>> cols;
+      for (const auto& c : ruler_columns())
+        if (std::any_of(es.begin(), es.end(), [&](const Entry* e) { return e->variant == c.first; })) cols.push_back(c);
+      std::set<int> lengths;
+      for (const Entry* e : es) lengths.insert(e->length);
+      for (int L : lengths) {
+        std::vector<const Entry*> at;
+        for (const Entry* e : es)
+          if (e->length == L) at.push_back(e);
+        Table t = blocks_table<std::pair<std::string, std::string>>(
+            at, cols, [](const Entry& e, const auto& c) { return e.variant == c.first; }, true);
+        t.caption = fmt::format("RULER, context length = {}", L);
+        t.columns = {"Method"};
+        for (const auto& c : cols) t.columns.push_back(c.second);
+        t.columns.push_back("Avg.");
+        t.columns.push_back("Nulls");
+        t.note = "Scores x 100 (string_match_all; string_match_part for QA); Avg. over the tasks shown; Nulls = "
+                 "empty predictions.";
+        write_table(t, fmt::format("{}/ruler-{}", dir, L), formats);
+        written += fmt::format(", ruler-{}", L);
+      }
+      // RULER's own summary: the mean over tasks at each length, per method and KV size.
+      Table t = blocks_table<int>(es, std::vector<int>(lengths.begin(), lengths.end()),
+                                  [](const Entry& e, const int& L) { return e.length == L; }, false);
+      t.caption = "RULER: mean task score per context length";
+      t.columns = {"Method"};
+      for (int L : lengths) t.columns.push_back(std::to_string(L));
+      t.columns.push_back("Avg.");
+      t.note = "Each length column is the mean of the task scores at that length (tasks present in the records).";
+      write_table(t, dir + "/ruler-lengths", formats);
+      written += ", ruler-lengths";
+    }
+    if (task == "longbench" || task == "longbench-e") {
+      std::vector<LbColumn> cols;
+      for (const auto& c : longbench_columns())
+        if (std::any_of(es.begin(), es.end(), [&](const Entry* e) { return e->variant == c.dataset; })) cols.push_back(c);
+      Table t = blocks_table<LbColumn>(es, cols, [](const Entry& e, const LbColumn& c) { return e.variant == c.dataset; }, false);
+      t.caption = task == "longbench" ? "LongBench" : "LongBench-E";
+      t.columns = {"Method"};
+      for (const auto& c : cols) {
+        t.columns.push_back(c.name);
+        if (t.groups.empty() || t.groups.back().first != c.category) t.groups.push_back({c.category, 0});
+        ++t.groups.back().second;
+      }
+      t.columns.push_back("Avg.");
+      t.note = fmt::format("Scores x 100 with each dataset's official metric; Avg. = mean of the {} datasets shown{}.",
+                           cols.size(), cols.size() < 16 ? " (datasets without results are left out)" : "");
+      write_table(t, dir + "/" + task, formats);
+      written += ", " + task;
+      if (task == "longbench-e") {
+        static const std::vector<std::pair<std::string, std::pair<int, int>>> buckets = {
+            {"0-4k", {0, 4000}}, {"4-8k", {4000, 8000}}, {"8k+", {8000, INT32_MAX}}};
+        Table lt = blocks_table<std::pair<std::string, std::pair<int, int>>>(
+            es, buckets,
+            [](const Entry& e, const auto& b) { return e.length >= b.second.first && e.length < b.second.second; },
+            false);
+        lt.caption = "LongBench-E: mean dataset score per length range";
+        lt.columns = {"Method", "0-4k", "4-8k", "8k+", "Avg."};
+        lt.note = "Each range column is the mean over datasets of their mean score on the records in that range "
+                  "(the record's length field, as LongBench's eval.py buckets them).";
+        write_table(lt, dir + "/longbench-e-lengths", formats);
+        written += ", longbench-e-lengths";
+      }
+    }
+  }
+  fmt::print("{}\nwrote to {}: {} (tables as {}){}\n", to_markdown(summary), dir, written,
+             [&] {
+               std::string f;
+               for (const auto& x : formats) f += (f.empty() ? "" : ", ") + x;
+               return f;
+             }(),
+             used.empty() ? "" : "; NIAH heatmaps niah-*.png, .svg, .csv");
 }
 
 }  // namespace kvb

@@ -1,13 +1,18 @@
 #pragma once
-// Reports from results files: a summary table per configuration (Markdown and CSV: score as the
-// benchmarks report it, mean x 100, and the KV cache kept as a share of the full cache) and, for
-// Needle-in-a-Haystack, one heatmap per configuration.
+// Reports from results files (or directories of them): a summary table per configuration (score as
+// the benchmarks report it, mean x 100, and the KV cache kept as a share of the full cache); per task
+// a method x KV size table and heatmap; the papers' tables for LongBench (categories over datasets,
+// one block per KV size) and RULER (per context length, and across lengths); for
+// Needle-in-a-Haystack one depth x length heatmap per configuration.
+#include <set>
 #include <string>
 #include <vector>
 
 namespace kvb {
 
-// Writes <dir>/summary.md, <dir>/summary.csv and the NIAH heatmaps; prints the Markdown table.
-void write_report(const std::vector<std::string>& results_files, const std::string& dir);
+// Writes the tables in the given formats (md, csv, tex) and the figures (PNG, SVG) under `dir`;
+// prints the summary table.
+void write_report(const std::vector<std::string>& results, const std::string& dir,
+                  const std::set<std::string>& formats = {"md", "csv"});
 
 }  // namespace kvb

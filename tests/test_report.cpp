@@ -1,0 +1,101 @@
+// Reports: the papers' table layouts (LongBench categories over datasets, RULER per length and across
+// lengths), method x KV size tables and heatmaps, the three table formats, directory inputs.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "harness/report/report.hpp"
+#include "harness/report/table.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+using namespace kvb::test;
+using nlohmann::json;
+
+namespace {
+
+json record(const std::string& task, json options, const std::string& method, int budget, double score,
+            const std::string& prediction = "x") {
+  return {{"config",
+           {{"task", task}, {"options", options}, {"method", method}, {"budget", budget}, {"gqa", "native"},
+            {"params", json::object()}, {"model", "m.gguf"}, {"version", "test"}}},
+          {"key", fmt::format("{}-{}-{}-{}", task, options.dump(), method, budget)},
+          {"score", score},
+          {"prediction", prediction},
+          {"kv_bytes", budget ? 25 : 100},
+          {"full_kv_bytes", 100}};
+}
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  REQUIRE(in.good());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size, formats", "[report]") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "runs");
+  {
+    std::ofstream out(dir / "runs" / "a.jsonl");
+    // LongBench: three datasets in two categories; snapkv listed before the full cache on purpose.
+    for (const auto& [ds, full, snap] : {std::tuple{"qasper", 0.40, 0.30}, {"multifieldqa_en", 0.50, 0.45},
+                                         std::tuple{"hotpotqa", 0.30, 0.20}}) {
+      out << record("longbench", {{"dataset", ds}}, "snapkv", 128, snap).dump() << "\n";
+      out << record("longbench", {{"dataset", ds}}, "fullkv", 0, full).dump() << "\n";
+    }
+    // LongBench-E: two datasets, records in two length ranges.
+    for (const auto& [ds, len, score] : {std::tuple{"qasper", 3000, 0.6}, {"qasper", 9000, 0.2},
+                                         std::tuple{"hotpotqa", 3500, 0.4}, {"hotpotqa", 3900, 0.2}}) {
+      json r = record("longbench-e", {{"dataset", ds}}, "fullkv", 0, score);
+      r["meta"] = {{"length", len}};
+      out << r.dump() << "\n";
+    }
+    // RULER: two tasks at two lengths, two samples each (one empty prediction).
+    for (int L : {4096, 8192})
+      for (const char* t : {"vt", "niah_single_1"}) {
+        out << record("ruler", {{"task", t}, {"length", std::to_string(L)}}, "fullkv", 0, 1.0).dump() << "\n";
+        out << record("ruler", {{"task", t}, {"length", std::to_string(L)}}, "fullkv", 0, std::string(t) == "vt" ? 0.0 : 1.0,
+                      std::string(t) == "vt" && L == 4096 ? " " : "x")
+                   .dump()
+            << "\n";
+      }
+  }
+  write_report({(dir / "runs").string()}, (dir / "rep").string(), {"md", "csv", "tex"});
+  const auto rep = dir / "rep";
+  const std::string lb = read(rep / "longbench.md");
+  INFO(lb);
+  // Categories head the columns; the dataset names open the body, in the papers' order.
+  CHECK(lb.find("| Method | Single-Doc QA |  | Multi-Doc QA | Avg. |") != std::string::npos);
+  CHECK(lb.find("|  | Qasper | MF-en | HotpotQA |  |") != std::string::npos);
+  // One block per KV size, the full cache first; Avg. is the mean of the datasets shown.
+  const size_t block = lb.find("*KV size = 128*"), full = lb.find("| FullKV | 40.00 | 50.00 | 30.00 | 40.00 |"),
+               snap = lb.find("| snapkv | 30.00 | 45.00 | 20.00 | 31.67 |");
+  CHECK(block < full);
+  CHECK(full < snap);
+  CHECK(snap != std::string::npos);
+  const std::string tex = read(rep / "longbench.tex");
+  CHECK(tex.find("\\multicolumn{2}{c}{Single-Doc QA} & \\multicolumn{1}{c}{Multi-Doc QA}") != std::string::npos);
+  CHECK(tex.find("\\cmidrule(lr){2-3}\\cmidrule(lr){4-4}") != std::string::npos);
+  CHECK(read(rep / "longbench.csv").find("block,Method,Single-Doc QA/Qasper,Single-Doc QA/MF-en,Multi-Doc QA/HotpotQA,Avg.") == 0);
+  // LongBench-E per length range: the mean of the datasets' means (qasper 0.6, hotpotqa 0.3 below 4k).
+  const std::string lbe = read(rep / "longbench-e-lengths.md");
+  INFO(lbe);
+  CHECK(lbe.find("| Method | 0-4k | 4-8k | 8k+ | Avg. |") != std::string::npos);
+  CHECK(lbe.find("| FullKV | 45.00 | - | 20.00 | 32.50 |") != std::string::npos);
+  // RULER per length: tasks in the papers' order (S1 before VT), Nulls counts empty predictions.
+  const std::string r4 = read(rep / "ruler-4096.md");
+  INFO(r4);
+  CHECK(r4.find("| Method | S1 | VT | Avg. | Nulls |") != std::string::npos);
+  CHECK(r4.find("| FullKV | 100.00 | 50.00 | 75.00 | 1 |") != std::string::npos);
+  CHECK(read(rep / "ruler-lengths.md").find("| FullKV | 75.00 | 75.00 | 75.00 |") != std::string::npos);
+  // Method x KV size, with the share of the full cache kept, and its heatmap.
+  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%) |") != std::string::npos);
+  for (const char* f : {"longbench-method-budget.png", "longbench-method-budget.svg", "ruler-method-budget.png"})
+    CHECK(std::filesystem::file_size(rep / f) > 2000);
+  CHECK(read(rep / "ruler-4096.tex").find("string\\_match\\_all") != std::string::npos);
+  require_error([&] { write_report({(dir / "runs").string()}, (rep).string(), {"html"}); }, {"html", "md, csv or tex"});
+  require_error([&] { write_report({(dir / "nope.jsonl").string()}, rep.string()); }, {"nope.jsonl", "not found"});
+}
