@@ -34,6 +34,9 @@ double left_margin(const Heatmap& h) {
   return std::max(90.0, 48.0 + 6.0 * double(longest));
 }
 
+// Labels, cells and colour bar side by side.
+double plot_width(const Heatmap& h) { return left_margin(h) + double(h.cols.size()) * h.cell_width + kBar + 20; }
+
 void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0,
           double angle = 0.0) {
   cairo_save(cr);
@@ -52,7 +55,8 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
   cairo_paint(cr);
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
   const size_t R = h.rows.size(), C = h.cols.size();
-  const double kLeft = left_margin(h), W = h.cell_width;
+  // The plot is centred under the titles, which set the width when there are few columns.
+  const double x0 = (width - plot_width(h)) / 2, kLeft = x0 + left_margin(h), W = h.cell_width;
   for (size_t r = 0; r < R; ++r)
     for (size_t c = 0; c < C; ++c) {
       const double x = kLeft + double(c) * W, y = kTop + double(r) * kCell;
@@ -78,10 +82,10 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
     text(cr, kLeft + (double(c) + 0.5) * W, kTop + double(R) * kCell + 8, h.cols[c], 10, 1.0, -M_PI / 4);
   for (size_t r = 0; r < R; ++r) text(cr, kLeft - 6, kTop + (double(r) + 0.5) * kCell, h.rows[r], 10, 1.0);
   text(cr, kLeft + double(C) * W / 2, height - 18, h.x_label, 12, 0.5);
-  text(cr, 22, kTop + double(R) * kCell / 2, h.y_label, 12, 0.5, -M_PI / 2);
+  text(cr, x0 + 22, kTop + double(R) * kCell / 2, h.y_label, 12, 0.5, -M_PI / 2);
   text(cr, width / 2, 18, h.title, 13, 0.5);
   if (!h.subtitle.empty()) text(cr, width / 2, 36, h.subtitle, 11, 0.5);
-  text(cr, width / 2, 54, h.caption, 11, 0.5);
+  text(cr, width / 2, h.subtitle.empty() ? 40 : 54, h.caption, 11, 0.5);
   // Colour bar.
   const double bx = kLeft + double(C) * W + 20, bh = double(R) * kCell;
   for (int i = 0; i < 100; ++i) {
@@ -100,7 +104,7 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
 void write_heatmap(const Heatmap& h, const std::string& stem) {
   if (h.cells.size() != h.rows.size()) fail("heatmap {}: {} rows of cells for {} row labels", stem, h.cells.size(), h.rows.size());
   // Wide enough for the titles however few columns there are.
-  const double width = std::max(left_margin(h) + double(h.cols.size()) * h.cell_width + kBar + 20, 560.0);
+  const double width = std::max(plot_width(h), 560.0);
   const double height = kTop + double(h.rows.size()) * kCell + kBottom;
 
   cairo_surface_t* png = cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(width) * 2, int(height) * 2);
