@@ -92,8 +92,13 @@ void RulerTask::add(Built b, nlohmann::json meta) {
 
 std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const std::function<Built(int)>& build,
                                                const std::function<void(Built&)>& finish) const {
+  return fit(z, n, [&](int units, size_t) { return build(units); }, finish);
+}
+
+std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const std::function<Built(int, size_t)>& build,
+                                               const std::function<void(Built&)>& finish) const {
   auto built = [&](int units) {
-    Built b = build(units);
+    Built b = build(units, 0);
     // Upstream raises inside its size search where a per-sample build would merely retry.
     if (!b.ok) fail("ruler {}: RULER's generator aborts here (name collision while sizing); try another seed", name_);
     return b;
@@ -116,7 +121,7 @@ std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const s
   for (size_t i = 0; i < n; ++i) {
     int units = best;
     for (int attempt = 0;; ++attempt) {
-      Built b = build(units);
+      Built b = build(units, i);
       if (b.ok && finish) finish(b);
       if (b.ok && b.tokens + z.gen <= z.length) {
         out.push_back({std::move(b), units});
@@ -190,7 +195,8 @@ class RulerFiles final : public RulerTask {
 const std::map<std::string, std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)>>& generators() {
   static const std::map<std::string, std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)>> f = {
       {"niah_single_1", make_ruler_niah}, {"niah_multikey_2", make_ruler_niah}, {"niah_multikey_3", make_ruler_niah},
-      {"vt", make_ruler_vt},          {"cwe", make_ruler_cwe},         {"fwe", make_ruler_fwe}};
+      {"vt", make_ruler_vt},          {"cwe", make_ruler_cwe},         {"fwe", make_ruler_fwe},
+      {"qa_1", make_ruler_qa},        {"qa_2", make_ruler_qa}};
   return f;
 }
 
@@ -198,15 +204,16 @@ std::unique_ptr<Task> make_ruler(const TaskContext& ctx, const Params& p) {
   if (p.get("source") == "files") return std::make_unique<RulerFiles>(ctx, p);
   const auto g = generators().find(p.get("task"));
   if (g == generators().end())
-    fail("ruler {}: not generated natively yet (the essay haystacks need NLTK's Punkt splitter, qa needs SQuAD/"
-         "HotpotQA); load RULER's own files with source=files dir=<directory>",
+    fail("ruler {}: not generated natively yet (the essay haystacks need NLTK's Punkt splitter); load RULER's own "
+         "files with source=files dir=<directory>",
          p.get("task"));
   return g->second(ctx, p);
 }
 
 const bool registered = register_task(
     {"ruler",
-     "RULER: the niah noise/needle variants, vt, cwe, fwe generated natively; all 13 tasks from official files",
+     "RULER: the niah noise/needle variants, vt, cwe, fwe and qa generated natively; all 13 tasks from official "
+     "files",
      {ParamSpec::choice("task", "niah_single_1",
                         {"niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"},
@@ -216,7 +223,10 @@ const bool registered = register_task(
       ParamSpec::integer("seed", 42, 0, 2147483647, "random seed (RULER: 42)"),
       ParamSpec::choice("source", "generate", {"generate", "files"},
                         "generate natively, or load official RULER JSONL files from dir"),
-      ParamSpec::text("dir", "", "with source=files: <dir>/<length>/<task>.jsonl or <dir>/<task>/validation.jsonl")},
+      ParamSpec::text("dir", "", "with source=files: <dir>/<length>/<task>.jsonl or <dir>/<task>/validation.jsonl"),
+      ParamSpec::text("qa_file", "",
+                      "qa_1: SQuAD 2.0 dev (dev-v2.0.json), qa_2: HotpotQA dev distractor "
+                      "(hotpot_dev_distractor_v1.json); default <data>/ruler/squad.json or hotpotqa.json")},
      make_ruler});
 
 }  // namespace

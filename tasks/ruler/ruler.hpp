@@ -2,7 +2,7 @@
 // RULER's synthetic tasks (spec/benchmarks.md section 2), generated natively with the 2025 code's
 // behaviour: Python-compatible randomness replayed call for call (every candidate build consumes the
 // stream, as upstream), inputs sized to a target token length with the model's own tokenizer, and
-// RULER's scoring. Each family (niah, vt, cwe, fwe) derives from RulerTask in its own file.
+// RULER's scoring. Each family (niah, vt, cwe, fwe, qa) derives from RulerTask in its own file.
 #include <functional>
 #include <map>
 #include <memory>
@@ -58,6 +58,10 @@ class RulerTask : public Task {
   };
   std::vector<Fitted> fit(const Sizing& z, size_t n, const std::function<Built(int units)>& build,
                           const std::function<void(Built&)>& finish = {}) const;
+  // The same where a build depends on the sample being made (qa draws sample i's question; the size
+  // search uses sample 0's).
+  std::vector<Fitted> fit(const Sizing& z, size_t n, const std::function<Built(int units, size_t sample)>& build,
+                          const std::function<void(Built&)>& finish = {}) const;
   // Adds a sample (input, answers, length = its tokens + the generated ones).
   void add(Built b, nlohmann::json meta);
   int count(const std::string& text) const;
@@ -76,5 +80,6 @@ std::unique_ptr<Task> make_ruler_niah(const TaskContext& ctx, const Params& p);
 std::unique_ptr<Task> make_ruler_vt(const TaskContext& ctx, const Params& p);
 std::unique_ptr<Task> make_ruler_cwe(const TaskContext& ctx, const Params& p);
 std::unique_ptr<Task> make_ruler_fwe(const TaskContext& ctx, const Params& p);
+std::unique_ptr<Task> make_ruler_qa(const TaskContext& ctx, const Params& p);
 
 }  // namespace kvb
