@@ -5,6 +5,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "tasks/longbench/jieba.hpp"
+#include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
 #include "test_util.hpp"
@@ -58,6 +59,49 @@ TEST_CASE("LongBench spec examples and dataset metric table", "[tasks][longbench
 
 namespace {
 
+// Length in code points, as Python's len() on the decoded string.
+size_t chars(const std::string& s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// SHA-256 (FIPS 180-4) as lowercase hex, for the template digests of the spec.
+std::string sha256_hex(const std::string& msg) {
+  static constexpr uint32_t k[64] = {
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+      0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+      0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+      0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+      0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+      0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+      0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+      0xc67178f2};
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  std::string m = msg + '\x80';
+  while (m.size() % 64 != 56) m += '\0';
+  for (int i = 7; i >= 0; --i) m += static_cast<char>((uint64_t(msg.size()) * 8) >> (8 * i));
+  auto rotr = [](uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
+  for (size_t off = 0; off < m.size(); off += 64) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = uint32_t(uint8_t(m[off + 4 * i])) << 24 | uint32_t(uint8_t(m[off + 4 * i + 1])) << 16 |
+             uint32_t(uint8_t(m[off + 4 * i + 2])) << 8 | uint32_t(uint8_t(m[off + 4 * i + 3]));
+    for (int i = 16; i < 64; ++i)
+      w[i] = w[i - 16] + (rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+             (rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10));
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int i = 0; i < 64; ++i) {
+      const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    const uint32_t add[8] = {a, b, c, d, e, f, g, hh};
+    for (int i = 0; i < 8; ++i) h[i] += add[i];
+  }
+  std::string out;
+  for (uint32_t x : h) out += fmt::format("{:08x}", x);
+  return out;
+}
+
 std::unique_ptr<Task> longbench_task(const Tokenizer& tok, const std::string& dir,
                                      std::map<std::string, std::string> options) {
   TaskContext ctx;
@@ -68,6 +112,31 @@ std::unique_ptr<Task> longbench_task(const Tokenizer& tok, const std::string& di
 }
 
 }  // namespace
+
+TEST_CASE("LongBench templates match the SHA-256 prefixes and lengths of the spec", "[tasks][longbench]") {
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha256_hex(std::string(100, 'a')) == "2816597888e4a0d3a36b82b83316ab32680eb8f00f8cd3b904d681246d285a0e");
+  // spec/benchmarks.md 1.3: dataset, first 16 hex digits of SHA-256, length in characters.
+  const std::vector<std::tuple<std::string, std::string, size_t>> table = {
+      {"narrativeqa", "aada7ed24b06abac", 378}, {"qasper", "0fbdd123fe7f83d6", 725},
+      {"multifieldqa_en", "20b4666a2de8a1f7", 201}, {"hotpotqa", "9ec4ae308865bd0c", 288},
+      {"2wikimqa", "9ec4ae308865bd0c", 288}, {"musique", "9ec4ae308865bd0c", 288},
+      {"gov_report", "91c25d585b189ced", 161}, {"qmsum", "dca23b678fe0183b", 261},
+      {"multi_news", "2af3f28c40b902e6", 150}, {"trec", "0eff8bebdba99d91", 104},
+      {"triviaqa", "00a802e6377e72fc", 159}, {"samsum", "a68d884234907eef", 103},
+      {"passage_count", "986550b6c61009c6", 464}, {"passage_retrieval_en", "39b96b7fa52bdd2a", 320},
+      {"lcc", "6a1f24cf0bb83cd9", 67}, {"repobench-p", "ee9ec182ea5ffeb7", 74},
+      {"multifieldqa_zh", "344b3a4e557cd547", 80}, {"dureader", "ae53329f51b17908", 62},
+      {"vcsum", "3e5d8241bc9b512e", 53}, {"lsht", "f3edabdf7fae53d6", 38},
+      {"passage_retrieval_zh", "c1e2346e245eb365", 107}};
+  for (const auto& [dataset, digest, length] : table) {
+    const std::string& t = longbench::prompt_template(dataset);
+    INFO(dataset);
+    CHECK(sha256_hex(t).substr(0, 16) == digest);
+    CHECK(chars(t) == length);
+  }
+  require_error([] { longbench::prompt_template("nope"); }, {"unknown LongBench dataset 'nope'"});
+}
 
 TEST_CASE("LongBench task: official files, templates, middle truncation, profiles, scoring", "[tasks][longbench]") {
   const auto path = model_file(kDefaultModel);
@@ -154,9 +223,6 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
       if (i == 0) {
         CHECK(s.prompt.rfind(w.head, 0) == 0);
         CHECK(s.prompt.ends_with(w.tail));
-        const auto chars = [](const std::string& x) {
-          return static_cast<size_t>(std::count_if(x.begin(), x.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-        };
         CHECK(chars(s.prompt) == w.template_chars - 16 + chars(raw.at("context")) + chars(raw.at("input")));
       }
       INFO(w.dataset << " record " << i << ": " << s.answers.at(0));

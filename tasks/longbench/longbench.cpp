@@ -9,6 +9,7 @@
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
 #include "tasks/longbench/jieba.hpp"
+#include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
 
@@ -87,6 +88,16 @@ const std::map<std::string, std::string>& templates() {
   return t;
 }
 
+}  // namespace
+
+const std::string& longbench::prompt_template(const std::string& dataset) {
+  const auto it = templates().find(dataset);
+  if (it == templates().end()) fail("unknown LongBench dataset '{}'", dataset);
+  return it->second;
+}
+
+namespace {
+
 // Replaces {context} and {input} once each, without rescanning inserted text.
 std::string fill(const std::string& tmpl, const std::string& context, const std::string& input) {
   std::string out;
@@ -115,7 +126,7 @@ class LongBench final : public Task {
   LongBench(const TaskContext& ctx, const Params& p, bool e_variant)
       : tok_(*ctx.tokenizer), dataset_(p.get("dataset")), max_len_(static_cast<int>(p.get_int("max_len"))),
         official_(p.get("profile") == "official") {
-    template_ = templates().at(dataset_);
+    template_ = longbench::prompt_template(dataset_);
     info_ = datasets().at(dataset_);
     const std::string metric = longbench::metric_of(dataset_);
     if (metric == "qa_f1_zh" || metric == "rouge_zh") jieba_ = &longbench::Jieba::load(ctx.data_dir);
