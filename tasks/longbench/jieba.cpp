@@ -80,15 +80,18 @@ Jieba::Jieba(const std::string& dir) {
   const std::string dict = dir + "/dict.txt";
   std::ifstream in(dict);
   if (!in) fail("{}: not found; run scripts/setup.sh (it fetches jieba 0.42.1's dictionary)", dict);
-  freq_.reserve(600000);
   int64_t total = 0;
   std::string line;
   for (int no = 1; std::getline(in, line); ++no) {
-    // gen_pfdict: strip, then "word freq [tag]"; a later entry of the same word replaces the earlier.
-    const size_t b = line.find_first_not_of(" \t\n\r\v\f"), e = line.find_last_not_of(" \t\n\r\v\f");
-    const std::string_view l = b == std::string::npos ? std::string_view() : std::string_view(line).substr(b, e - b + 1);
+    // gen_pfdict: strip ASCII whitespace, then "word freq [tag]" split on single spaces; a later entry
+    // of the same word replaces the earlier one, and every entry counts towards the total.
+    constexpr const char* ws = " \t\n\r\v\f";
+    const size_t b = line.find_first_not_of(ws);
+    const std::string_view l =
+        b == std::string::npos ? std::string_view() : std::string_view(line).substr(b, line.find_last_not_of(ws) + 1 - b);
     const size_t sp = l.find(' ');
-    const std::string_view word = l.substr(0, sp), f = sp == std::string_view::npos ? "" : l.substr(sp + 1, l.find(' ', sp + 1) - sp - 1);
+    const std::string_view word = l.substr(0, sp);
+    const std::string_view f = sp == std::string_view::npos ? "" : l.substr(sp + 1, l.find(' ', sp + 1) - sp - 1);
     int64_t n = 0;
     const auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), n);
     if (f.empty() || ec != std::errc() || end != f.data() + f.size())

@@ -4,6 +4,7 @@
 // the prefix dictionary's maximum-probability route, runs of unknown single characters go through the
 // finalseg HMM, and every other character is a segment of its own ("\r\n" and whitespace included).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
