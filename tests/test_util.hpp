@@ -6,6 +6,7 @@
 
 #include "harness/engine/backend.hpp"
 #include "harness/util/error.hpp"
+#include "tasks/task.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -44,6 +45,17 @@ inline std::optional<std::string> model_file(const std::string& rel) {
   if (req && std::string(req) == "1") FAIL("missing " << path << " (run scripts/setup.sh)");
   WARN("skipped: " << path << " is absent (run scripts/setup.sh)");
   return std::nullopt;
+}
+
+// Whether default_data_dir()/rel, fetched by scripts/setup.sh, exists; otherwise a warning, or a
+// failure under KVBENCH_REQUIRE_MODELS=1.
+inline bool setup_data(const std::string& rel) {
+  const std::string path = default_data_dir() + "/" + rel;
+  if (std::filesystem::exists(path)) return true;
+  const char* req = std::getenv("KVBENCH_REQUIRE_MODELS");
+  if (req && std::string(req) == "1") FAIL("missing " << path << " (run scripts/setup.sh)");
+  WARN("skipped: " << path << " is absent (run scripts/setup.sh)");
+  return false;
 }
 
 inline const char* kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";

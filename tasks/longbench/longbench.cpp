@@ -8,6 +8,8 @@
 
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "tasks/longbench/jieba.hpp"
+#include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
 
@@ -36,22 +38,28 @@ const std::map<std::string, Dataset>& datasets() {
   return d;
 }
 
-// dataset2prompt.json's English templates, byte for byte (their SHA-256 prefixes were checked against
+// dataset2prompt.json's templates, byte for byte (their SHA-256 prefixes were checked against
 // spec/benchmarks.md 1.3 when they were written here; tests check the lengths and tricky spots).
 const std::map<std::string, std::string>& templates() {
   static const std::map<std::string, std::string> t = {
       {"2wikimqa",
        "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
+      {"dureader",
+       "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答："},
       {"gov_report",
        "You are given a report by a government agency. Write a one-page summary of the report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"},
       {"hotpotqa",
        "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
       {"lcc",
        "Please complete the code given below. \n{context}Next line of code:\n"},
+      {"lsht",
+       "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}"},
       {"multi_news",
        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:"},
       {"multifieldqa_en",
        "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question based on the above text, only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
+      {"multifieldqa_zh",
+       "阅读以下文字并用中文简短回答：\n\n{context}\n\n现在请基于上面的文章回答下面的问题，只告诉我答案，不要输出任何其他字词。\n\n问题：{input}\n回答："},
       {"musique",
        "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
       {"narrativeqa",
@@ -60,6 +68,8 @@ const std::map<std::string, std::string>& templates() {
        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully read these paragraphs and determine how many unique paragraphs there are after removing duplicates. In other words, how many non-repeating paragraphs are there in total?\n\n{context}\n\nPlease enter the final count of unique paragraphs after removing duplicates. The output format should only contain the number, such as 1, 2, 3, and so on.\n\nThe final answer is: "},
       {"passage_retrieval_en",
        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\nPlease enter the number of the paragraph that the abstract is from. The answer format must be like \"Paragraph 1\", \"Paragraph 2\", etc.\n\nThe answer is: "},
+      {"passage_retrieval_zh",
+       "以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n{input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n答案是："},
       {"qasper",
        "You are given a scientific article and a question. Answer the question as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on the above article as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"},
       {"qmsum",
@@ -72,9 +82,21 @@ const std::map<std::string, std::string>& templates() {
        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"},
       {"triviaqa",
        "Answer the question based on the given passage. Only give me the answer and do not output any other words. The following are some examples.\n\n{context}\n\n{input}"},
+      {"vcsum",
+       "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n会议记录：\n{context}\n\n会议总结："},
   };
   return t;
 }
+
+}  // namespace
+
+const std::string& longbench::prompt_template(const std::string& dataset) {
+  const auto it = templates().find(dataset);
+  if (it == templates().end()) fail("unknown LongBench dataset '{}'", dataset);
+  return it->second;
+}
+
+namespace {
 
 // Replaces {context} and {input} once each, without rescanning inserted text.
 std::string fill(const std::string& tmpl, const std::string& context, const std::string& input) {
@@ -104,13 +126,10 @@ class LongBench final : public Task {
   LongBench(const TaskContext& ctx, const Params& p, bool e_variant)
       : tok_(*ctx.tokenizer), dataset_(p.get("dataset")), max_len_(static_cast<int>(p.get_int("max_len"))),
         official_(p.get("profile") == "official") {
-    const auto& t = templates();
-    auto it = t.find(dataset_);
-    if (it == t.end())
-      fail("LongBench {}: the Chinese datasets need jieba-based metrics, which kvbench does not implement yet",
-           dataset_);
-    template_ = it->second;
+    template_ = longbench::prompt_template(dataset_);
     info_ = datasets().at(dataset_);
+    const std::string metric = longbench::metric_of(dataset_);
+    if (metric == "qa_f1_zh" || metric == "rouge_zh") jieba_ = &longbench::Jieba::load(ctx.data_dir);
     path_ = fmt::format("{}/longbench/{}{}.jsonl", ctx.data_dir, dataset_, e_variant ? "_e" : "");
     load();
   }
@@ -143,7 +162,8 @@ class LongBench final : public Task {
   }
 
   double score(const Sample& s, const std::string& prediction) const override {
-    return longbench::score(dataset_, prediction, s.answers, s.meta.at("all_classes").get<std::vector<std::string>>());
+    return longbench::score(dataset_, prediction, s.answers, s.meta.at("all_classes").get<std::vector<std::string>>(),
+                            jieba_);
   }
 
  private:
@@ -197,6 +217,7 @@ class LongBench final : public Task {
   Dataset info_{};
   int max_len_;
   bool official_;
+  const longbench::Jieba* jieba_ = nullptr;  // the segmenter of the Chinese metrics
   std::vector<Record> records_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
+#include "tasks/longbench/jieba.hpp"
 #include "tasks/text.hpp"
 
 namespace kvb::longbench {
@@ -175,6 +176,37 @@ double qa_f1(std::string_view prediction, std::string_view reference) {
   return f1_of(python_split(normalize_answer(prediction)), python_split(normalize_answer(reference)));
 }
 
+std::string normalize_zh_answer(std::string_view s) {
+  // string.punctuation and metrics.py's cn_punctuation, verbatim (it has 》 but not 《).
+  static const auto punct = [] {
+    const auto cps = code_points(
+        "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+        "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏.");
+    return std::set<uint32_t>(cps.begin(), cps.end());
+  }();
+  const auto cps = code_points(python_lower(s));
+  std::string kept;
+  for (uint32_t c : cps)
+    if (!punct.count(c)) append_utf8(kept, c);
+  std::string out;
+  for (const auto& w : python_split(kept)) out += w;
+  return out;
+}
+
+double qa_f1_zh(std::string_view prediction, std::string_view reference, const Jieba& jieba) {
+  auto tokens = [&](std::string_view text) {
+    std::vector<std::string> out;
+    for (const auto& seg : jieba.cut(text))
+      if (auto t = normalize_zh_answer(seg); !t.empty()) out.push_back(std::move(t));
+    return out;
+  };
+  return f1_of(tokens(prediction), tokens(reference));
+}
+
+double rouge_zh(std::string_view prediction, std::string_view reference, const Jieba& jieba) {
+  return rouge_l(join_words(jieba.cut(prediction)), join_words(jieba.cut(reference)));
+}
+
 double rouge_l(std::string_view prediction, std::string_view reference) {
   const auto hyp = rouge_sentences(prediction), ref = rouge_sentences(reference);
   if (hyp.empty() || ref.empty()) return 0.0;  // the package raises; metrics.py scores 0
@@ -261,8 +293,10 @@ std::string metric_of(const std::string& dataset) {
 }
 
 double score(const std::string& dataset, std::string_view prediction, const std::vector<std::string>& answers,
-             const std::vector<std::string>& all_classes) {
+             const std::vector<std::string>& all_classes, const Jieba* jieba) {
   const std::string metric = metric_of(dataset);
+  if ((metric == "qa_f1_zh" || metric == "rouge_zh") && !jieba)
+    fail("LongBench {}: metric {} needs jieba's tables (Jieba::load)", dataset, metric);
   const bool first = dataset == "trec" || dataset == "triviaqa" || dataset == "samsum" || dataset == "lsht";
   const std::string pred = first ? first_line(prediction) : std::string(prediction);
   double best = 0;
@@ -275,7 +309,8 @@ double score(const std::string& dataset, std::string_view prediction, const std:
     else if (metric == "retrieval") s = retrieval(pred, ans, false);
     else if (metric == "retrieval_zh") s = retrieval(pred, ans, true);
     else if (metric == "code_sim") s = code_sim(pred, ans);
-    else fail("LongBench {}: metric {} needs jieba segmentation, which kvbench does not implement yet", dataset, metric);
+    else if (metric == "qa_f1_zh") s = qa_f1_zh(pred, ans, *jieba);
+    else s = rouge_zh(pred, ans, *jieba);
     best = std::max(best, s);
   }
   return best;

@@ -3,18 +3,23 @@
 The metric wrappers follow LongBench's metrics.py (SQuAD normalisation and token F1, classification,
 count, retrieval, first-line and code-line rules); ROUGE-L comes from the `rouge` 1.0.1 package and
 code similarity from fuzzywuzzy 0.18.0 with python-Levenshtein, the packages the official scripts use.
+The Chinese variants (qa_f1_zh, rouge_zh) segment with jieba 0.42.1 as metrics.py does.
 
-    pip install rouge==1.0.1 fuzzywuzzy==0.18.0 python-Levenshtein
+    pip install rouge==1.0.1 fuzzywuzzy==0.18.0 python-Levenshtein jieba==0.42.1
     python3 tools/reference/longbench_metrics.py > tests/fixtures/longbench/metric_cases.json
 """
 import json
+import logging
 import random
 import re
 import string
 from collections import Counter
 
+import jieba
 from fuzzywuzzy import fuzz
 from rouge import Rouge
+
+jieba.setLogLevel(logging.WARNING)
 
 
 def normalize_answer(s):
@@ -38,6 +43,26 @@ def rouge_l(pred, gt):
         return Rouge().get_scores([pred], [gt], avg=True)["rouge-l"]["f"]
     except Exception:
         return 0.0
+
+
+def normalize_zh_answer(s):
+    cn_punctuation = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+    all_punctuation = set(string.punctuation + cn_punctuation)
+    return "".join("".join(ch for ch in s.lower() if ch not in all_punctuation).split())
+
+
+def qa_f1_zh(pred, gt):
+    p = [t for t in (normalize_zh_answer(x) for x in jieba.cut(pred, cut_all=False)) if len(t) > 0]
+    g = [t for t in (normalize_zh_answer(x) for x in jieba.cut(gt, cut_all=False)) if len(t) > 0]
+    same = sum((Counter(p) & Counter(g)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def rouge_zh(pred, gt):
+    return rouge_l(" ".join(jieba.cut(pred, cut_all=False)), " ".join(jieba.cut(gt, cut_all=False)))
 
 
 def classification(pred, gt, all_classes):
@@ -149,5 +174,57 @@ for _ in range(45):
     pred = rng.choice(["", gt, "\n\n" + gt, "# comment\n" + gt, "```python\n" + gt + "\n```", perturb(gt),
                        "// note\n" + rng.choice(code) + "\nmore", gt[: rng.randrange(len(gt) + 1)]])
     cases.append({"metric": "code_sim", "prediction": pred, "answer": gt, "score": code_sim(pred, gt)})
+
+# Chinese cases, from their own generator so that the cases above stay as they were.
+zrng = random.Random(20261123)
+ZH = ("北京 上海 中国科学院 计算所 研究 生命 起源 的 了 是 在 和 第十八届 年会 南京大学 举办 会议 总结 讨论 预算 "
+      "项目 进度 问题 答案 段落 苹果 公司 发布 新款 iPhone 手机 价格 1999 元 2024 年 3.5% GDP 增长 "
+      "王小明 欧阳娜娜 柯蒂斯霍普 ABC abc Python 模型 缓存 压缩").split()
+ZPUNCT = ["，", "。", "！", "？", "、", "：", "；", "“", "”", "《", "》", "（", "）", "【", "】", "…", "—", ",", ".", "!",
+          " ", "　", "\n", "～", "·"]
+
+
+def zh_phrase(n):
+    out = ""
+    for _ in range(n):
+        out += zrng.choice(ZH)
+        if zrng.random() < 0.3:
+            out += zrng.choice(ZPUNCT)
+    return out
+
+
+def zh_perturb(s):
+    segs = list(jieba.cut(s, cut_all=False))
+    op = zrng.randrange(4)
+    if op == 0 and segs:
+        segs = segs[: zrng.randrange(len(segs) + 1)]
+    elif op == 1:
+        segs += list(jieba.cut(zh_phrase(zrng.randrange(1, 4))))
+    elif op == 2:
+        zrng.shuffle(segs)
+    else:
+        segs = [x + zrng.choice(ZPUNCT) if zrng.random() < 0.3 else x for x in segs]
+    return "".join(segs)
+
+
+zh_fixed = [("", "北京"), ("北京", ""), ("北京", "北京"), ("北京。", "北京"), ("，。！", "北京"), ("，。！", "，。！"),
+            ("…—“”", "《》"), ("南京大学", "在南京大学举办"), ("ABC abc", "abc"), ("iPhone 15", "iphone15"),
+            ("   ", "\n"), ("答案是段落3", "段落3"), ("王小明和欧阳娜娜", "欧阳娜娜"), ("3.5%", "3.5%"),
+            ("中国科学院计算所", "中国 科学院 计算所"), ("...", "。。。"), ("全国美国文学研究会", "全国美国文学研究会第十八届年会")]
+zh_pairs = list(zh_fixed)
+longbench_dir = "/work/shared/data/longbench"
+with open(f"{longbench_dir}/multifieldqa_zh.jsonl", encoding="utf-8") as f:
+    real_answers = [json.loads(line)["answers"][0] for line in f if line.strip()]
+for g in zrng.sample(real_answers, 30):
+    zh_pairs.append((g, g))
+    zh_pairs.append((zh_perturb(g), g))
+    zh_pairs.append((zrng.choice(real_answers), g))
+for _ in range(50):
+    g = zh_phrase(zrng.randrange(1, 10))
+    p = g if zrng.random() < 0.15 else zh_perturb(g) if zrng.random() < 0.7 else zh_phrase(zrng.randrange(0, 12))
+    zh_pairs.append((p, g))
+for p, g in zh_pairs:
+    cases.append({"metric": "qa_f1_zh", "prediction": p, "answer": g, "score": qa_f1_zh(p, g)})
+    cases.append({"metric": "rouge_zh", "prediction": p, "answer": g, "score": rouge_zh(p, g)})
 
 print(json.dumps({"generator": "tools/reference/longbench_metrics.py", "cases": cases}, ensure_ascii=False, indent=0))
