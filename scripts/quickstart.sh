@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build/kvbench run experiments/quickstart.yaml
-build/kvbench report runs/quickstart.jsonl --out-dir reports/quickstart
-echo "tables: reports/quickstart/summary.md (and .csv); heatmaps: reports/quickstart/niah-*.png (.svg, .csv)"
+build/kvbench report runs/quickstart.jsonl --out-dir reports/quickstart --format md,csv,tex
+echo "tables: reports/quickstart/summary.md, niah-method-budget.md (and .csv, .tex); heatmaps: reports/quickstart/niah-*.png (.svg, .csv)"
