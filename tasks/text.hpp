@@ -1,6 +1,7 @@
 #pragma once
 // Python string semantics that benchmark metrics depend on (spec/benchmarks.md 0.1), so that scores
 // computed here equal the reference scripts' scores.
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,5 +14,14 @@ std::vector<std::string> python_split(std::string_view s);
 std::string python_lower(std::string_view s);
 // str.strip() with no argument.
 std::string python_strip(std::string_view s);
+// re.sub(r"\s+", " ", s): every run of Unicode whitespace becomes one space.
+std::string python_collapse_space(std::string_view s);
+// len(s[b:].rstrip()) + b: where the text ends once trailing whitespace is stripped.
+size_t python_rstrip_end(std::string_view s, size_t b = 0);
+
+// Python's str.isspace() for one code point.
+bool python_space(uint32_t c);
+// Decodes the code point at s[i] (an invalid byte stands for itself as 0xFFFFFFFF) and advances i.
+uint32_t next_cp(std::string_view s, size_t& i);
 
 }  // namespace kvb
