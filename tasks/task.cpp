@@ -1,6 +1,10 @@
 #include "tasks/task.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "harness/util/error.hpp"
 
@@ -46,6 +50,30 @@ bool register_task(TaskInfo info) {
 std::string default_data_dir() {
   if (const char* d = std::getenv("KVBENCH_DATA")) return d;
   return std::string(KVBENCH_SOURCE_DIR) + "/data";
+}
+
+Essays read_essays(const std::string& data_dir, const std::string& task) {
+  namespace fs = std::filesystem;
+  const std::string dir = data_dir + "/PaulGrahamEssays";
+  if (!fs::is_directory(dir))
+    fail("task {}: haystack directory {} not found (scripts/setup.sh fetches the Paul Graham essays; or set "
+         "KVBENCH_DATA to a directory holding PaulGrahamEssays/*.txt)",
+         task, dir);
+  std::vector<fs::path> paths;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".txt") paths.push_back(e.path());
+  if (paths.empty()) fail("task {}: {} holds no .txt essays", task, dir);
+  std::sort(paths.begin(), paths.end());
+  Essays out;
+  out.files = static_cast<int>(paths.size());
+  for (const auto& p : paths) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) fail("task {}: cannot read {}", task, p.string());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.text += ss.str();
+  }
+  return out;
 }
 
 }  // namespace kvb

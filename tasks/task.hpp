@@ -69,4 +69,12 @@ bool register_task(TaskInfo info);
 // Default directory of benchmark data fetched by scripts/setup.sh ($KVBENCH_DATA or <source>/data).
 std::string default_data_dir();
 
+// The Paul Graham essays of the haystacks (<data>/PaulGrahamEssays/*.txt) concatenated in file-name
+// order, as the NIAH repositories and RULER's essay file join them; errors name `task`.
+struct Essays {
+  std::string text;
+  int files = 0;
+};
+Essays read_essays(const std::string& data_dir, const std::string& task);
+
 }  // namespace kvb

@@ -9,6 +9,7 @@
 #include "tasks/ruler/py_random.hpp"
 #include "tasks/ruler/ruler.hpp"
 #include "tasks/task.hpp"
+#include "ruler_fixture.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -111,6 +112,54 @@ TEST_CASE("RULER niah: template, needle format, distractors, length fitted to th
         ruler(*tok, "niah_multikey_3", 4096, 42, 3)->sample(2).prompt);
 }
 
+TEST_CASE("RULER essay niah: needles between Punkt sentences, k/v/q counts, length fitted to the target",
+          "[tasks][ruler]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path || !setup_data("punkt/english/ortho_context.tab") || !setup_data("wonderwords/nounlist.txt")) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  struct Expect {
+    const char* task;
+    size_t needles, answers;
+    bool uuid, plural;
+  };
+  for (const Expect x : {Expect{"niah_single_2", 1, 1, false, false}, {"niah_single_3", 1, 1, true, false},
+                         {"niah_multikey_1", 4, 1, false, false}, {"niah_multivalue", 4, 4, false, true},
+                         {"niah_multiquery", 4, 4, false, true}}) {
+    for (int length : {4096, 8192}) {
+      int within = 0, total = 0, shortest = length;
+      for (int seed : {42, 43}) {
+        auto t = ruler(*tok, x.task, length, seed, 5);
+        for (size_t i = 0; i < t->size(); ++i) {
+          const Sample s = t->sample(i);
+          INFO(x.task << " L=" << length << " seed " << seed << " #" << i);
+          const int len = s.meta["length"];
+          CHECK(len <= length);
+          CHECK(len == static_cast<int>(tok->encode(s.prompt).size()) + 128);
+          within += len >= 0.98 * length;
+          shortest = std::min(shortest, len);
+          ++total;
+          CHECK(s.prompt.rfind(x.plural ? "Some special magic numbers are hidden" : x.uuid ? "A special magic uuid is hidden"
+                                                                                           : "A special magic number is hidden",
+                               0) == 0);
+          size_t needles = 0;
+          const std::string needle = std::string("One of the special magic ") + (x.uuid ? "uuids" : "numbers") + " for ";
+          for (size_t at = s.prompt.find(needle); at != std::string::npos; at = s.prompt.find(needle, at + 1)) ++needles;
+          CHECK(needles == x.needles);
+          REQUIRE(s.answers.size() == x.answers);
+          for (const auto& a : s.answers) CHECK(s.prompt.find(" is: " + a + ".") != std::string::npos);
+          CHECK(s.prompt.find("\n") != std::string::npos);  // the template's lines around one essay paragraph
+          CHECK(t->score(s, " " + s.answers.front() + ".") == (x.answers == 1 ? 1.0 : 0.25));
+        }
+      }
+      // RULER sizes the essay in steps of 500 words: a sample whose fresh draws no longer fit the best
+      // size drops a whole step.
+      WARN(x.task << " at " << length << ": " << within << "/" << total << " samples within 2% of the target, shortest "
+                  << shortest);
+    }
+  }
+}
+
 TEST_CASE("RULER tasks generated here equal RULER's own generator, sample for sample", "[tasks][ruler]") {
   const auto path = model_file(kDefaultModel);
   if (!path) return;
@@ -122,27 +171,11 @@ TEST_CASE("RULER tasks generated here equal RULER's own generator, sample for sa
   }
   auto m = ModelFile::open(*path);
   auto tok = load_tokenizer(*m);
-  const auto golden = nlohmann::json::parse(std::ifstream(fixture("ruler/generator.json")));
-  const int n = golden["samples_per_task"];
-  std::map<std::pair<std::string, int>, std::unique_ptr<Task>> tasks;
-  int same = 0, total = 0;
-  for (const auto& r : golden["records"]) {
-    const std::string name = r["task"];
-    const int length = r["length"];
-    auto& t = tasks[{name, length}];
-    if (!t) t = ruler(*tok, name, length, 42, n);
-    const Sample s = t->sample(r["index"].get<size_t>());
-    INFO(name << " L=" << length << " #" << r["index"]);
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char c : s.prompt) h = (h ^ c) * 0x100000001b3ull;
-    const bool equal = fmt::format("{:016x}", h) == r["fnv1a64"].get<std::string>();
-    CHECK(equal);
-    CHECK(s.prompt.size() == r["chars"].get<size_t>());  // UTF-8 bytes = characters: ASCII inputs
-    CHECK(s.answers == r["outputs"].get<std::vector<std::string>>());
-    CHECK(s.meta["length"] == r["stored_length"]);
-    same += equal;
-    ++total;
-  }
+  int total = 0;
+  const int same = compare_with_ruler_fixture(
+      "ruler/generator.json", [&](const std::string& task, int length, int n) { return ruler(*tok, task, length, 42, n); },
+      total);
+  CHECK(total == 66);  // 11 tasks x 1024, 4096 x 3
   WARN(same << "/" << total << " RULER samples byte-identical to RULER's generator");
 }
 
@@ -255,5 +288,6 @@ TEST_CASE("RULER official files load in both layouts; bad records are located", 
   TaskContext ctx;
   ctx.tokenizer = tok.get();
   ctx.options = {{"task", "niah_single_2"}};
-  require_error([&] { TaskRegistry::get().create("ruler", ctx); }, {"niah_single_2", "source=files"});
+  ctx.data_dir = "/nonexistent";  // generated natively from data the set-up fetches
+  require_error([&] { TaskRegistry::get().create("ruler", ctx); }, {"/nonexistent/wonderwords/", "scripts/setup.sh"});
 }

@@ -46,7 +46,7 @@ class Niah final : public Task {
       fail("task niah: s_len {} leaves no room for the haystack (the prompt keeps {} tokens for the question "
            "and the needle takes {})",
            lengths_.front(), kLengthBuffer, needle_.size());
-    load_haystack(ctx.data_dir + "/PaulGrahamEssays");
+    load_haystack(ctx.data_dir);
     for (int32_t id = 0; id < tok_.vocab_size(); ++id) {
       const std::string t = tok_.token_text(id);
       if (t == "." || t == "\xC4\xA0." || t == "\xE2\x96\x81.") periods_.insert(id);  // ".", "Ġ.", "▁."
@@ -100,26 +100,11 @@ class Niah final : public Task {
   }
 
  private:
-  void load_haystack(const std::string& dir) {
-    namespace fs = std::filesystem;
-    if (!fs::is_directory(dir))
-      fail("task niah: haystack directory {} not found (scripts/setup.sh fetches the Paul Graham essays; or set "
-           "KVBENCH_DATA to a directory holding PaulGrahamEssays/*.txt)",
-           dir);
-    std::vector<fs::path> paths;
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.is_regular_file() && e.path().extension() == ".txt") paths.push_back(e.path());
-    if (paths.empty()) fail("task niah: {} holds no .txt essays", dir);
-    std::sort(paths.begin(), paths.end());  // file-name order, as KVCache-Factory since 485af3c
-    files_ = static_cast<int>(paths.size());
-    std::string text;
-    for (const auto& p : paths) {
-      std::ifstream in(p, std::ios::binary);
-      if (!in) fail("task niah: cannot read {}", p.string());
-      std::stringstream ss;
-      ss << in.rdbuf();
-      text += ss.str();
-    }
+  void load_haystack(const std::string& data_dir) {
+    // File-name order, as KVCache-Factory since 485af3c.
+    Essays essays = read_essays(data_dir, "niah");
+    files_ = essays.files;
+    const std::string text = std::move(essays.text);
     // Repeat the whole set until it covers the longest context.
     const int longest = *std::max_element(lengths_.begin(), lengths_.end());
     std::string hay = text;

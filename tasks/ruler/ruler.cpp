@@ -194,7 +194,9 @@ class RulerFiles final : public RulerTask {
 
 const std::map<std::string, std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)>>& generators() {
   static const std::map<std::string, std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)>> f = {
-      {"niah_single_1", make_ruler_niah}, {"niah_multikey_2", make_ruler_niah}, {"niah_multikey_3", make_ruler_niah},
+      {"niah_single_1", make_ruler_niah},   {"niah_single_2", make_ruler_niah},   {"niah_single_3", make_ruler_niah},
+      {"niah_multikey_1", make_ruler_niah}, {"niah_multikey_2", make_ruler_niah}, {"niah_multikey_3", make_ruler_niah},
+      {"niah_multivalue", make_ruler_niah}, {"niah_multiquery", make_ruler_niah},
       {"vt", make_ruler_vt},          {"cwe", make_ruler_cwe},         {"fwe", make_ruler_fwe},
       {"qa_1", make_ruler_qa},        {"qa_2", make_ruler_qa}};
   return f;
@@ -204,16 +206,14 @@ std::unique_ptr<Task> make_ruler(const TaskContext& ctx, const Params& p) {
   if (p.get("source") == "files") return std::make_unique<RulerFiles>(ctx, p);
   const auto g = generators().find(p.get("task"));
   if (g == generators().end())
-    fail("ruler {}: not generated natively yet (the essay haystacks need NLTK's Punkt splitter); load RULER's own "
-         "files with source=files dir=<directory>",
-         p.get("task"));
+    fail("ruler {}: no native generator; load RULER's own files with source=files dir=<directory>", p.get("task"));
   return g->second(ctx, p);
 }
 
 const bool registered = register_task(
     {"ruler",
-     "RULER: the niah noise/needle variants, vt, cwe, fwe and qa generated natively; all 13 tasks from official "
-     "files",
+     "RULER: the 13 tasks generated natively (qa from the user's SQuAD/HotpotQA files) or loaded from RULER's "
+     "official files",
      {ParamSpec::choice("task", "niah_single_1",
                         {"niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"},

@@ -48,18 +48,15 @@ def constructed(r):
     return cases
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default="data")
-    ap.add_argument("--out", default="tests/fixtures/ruler/punkt_cases.json")
-    args = ap.parse_args()
+def english_tokenizer(data):
+    """nltk's PunktSentenceTokenizer with the tables load_punkt_params reads from a punkt_tab
+    directory (its path guard refuses directories outside nltk_data, so they are read here)."""
     from collections import defaultdict
 
     from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
 
-    # What nltk's load_punkt_params reads from a punkt_tab directory (its path guard refuses ours).
     def lines(name):
-        with open(os.path.join(args.data, "punkt", "english", name), encoding="utf-8") as f:
+        with open(os.path.join(data, "punkt", "english", name), encoding="utf-8") as f:
             return [line[:-1] if line.endswith("\n") else line for line in f]
 
     params = PunktParameters()
@@ -67,7 +64,15 @@ def main():
     params.sent_starters = set(lines("sent_starters.txt"))
     params.collocations = {tuple(line.split("\t")) for line in lines("collocations.tab")}
     params.ortho_context = defaultdict(int, {a: int(b) for a, b in (line.split("\t") for line in lines("ortho_context.tab"))})
-    tok = PunktSentenceTokenizer(params)
+    return PunktSentenceTokenizer(params)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="data")
+    ap.add_argument("--out", default="tests/fixtures/ruler/punkt_cases.json")
+    args = ap.parse_args()
+    tok = english_tokenizer(args.data)
     r = random.Random(20261123)
     cases = [{"text": t, "sentences": tok.tokenize(t)} for t in constructed(r)]
     essays = []

@@ -12,7 +12,6 @@ answer_prefix), the outputs and the stored length to tests/fixtures/ruler/qa_gen
 
 Needs: transformers, gguf, numpy, tqdm, tenacity.
 """
-import argparse
 import json
 import os
 import random
@@ -21,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ruler_generate import fnv1a64  # noqa: E402
+from ruler_generate import arguments, fnv1a64, prepare  # noqa: E402
 
 TEMPLATE = ("Answer the question based on the given documents. Only give me the answer and do not output any other "
             "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
@@ -83,13 +82,9 @@ def hotpotqa(r):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ruler", required=True)
-    ap.add_argument("--gguf", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap = arguments()
     ap.add_argument("--fixtures", default="tests/fixtures/ruler")
     args = ap.parse_args()
-    from transformers import AutoTokenizer
-
     r = random.Random(20261123)
     os.makedirs(os.path.join(args.fixtures, "qa"), exist_ok=True)
     data = {"squad": squad(r), "hotpotqa": hotpotqa(r)}
@@ -97,18 +92,11 @@ def main():
         with open(os.path.join(args.fixtures, "qa", name + ".json"), "w") as f:
             json.dump(content, f, ensure_ascii=False, indent=0)
 
-    work = tempfile.mkdtemp()
-    if os.path.isdir(os.path.join(args.ruler, "scripts")):
-        subprocess.run(["cp", "-r", os.path.join(args.ruler, "scripts"), work], check=True)
-    else:  # a bare git directory
-        subprocess.run(f"git --git-dir={args.ruler} archive HEAD scripts/data | tar -x -C {work}", shell=True, check=True)
-    synthetic = os.path.join(work, "scripts/data/synthetic")
+    synthetic, tok_dir = prepare(args.ruler, args.gguf, args.data, tempfile.mkdtemp())
+    work = os.path.dirname(tok_dir)
     for name in data:  # qa.py reads json/<dataset>.json beside itself
         subprocess.run(["cp", os.path.join(args.fixtures, "qa", name + ".json"), os.path.join(synthetic, "json")],
                        check=True)
-    tok_dir = os.path.join(work, "tokenizer")
-    d, name = os.path.split(os.path.abspath(args.gguf))
-    AutoTokenizer.from_pretrained(d, gguf_file=name).save_pretrained(tok_dir)
     records = []
     for dataset, lengths in RUNS:
         task = "qa_1" if dataset == "squad" else "qa_2"
