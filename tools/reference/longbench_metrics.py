@@ -29,13 +29,17 @@ def normalize_answer(s):
     return " ".join(s.split())
 
 
-def qa_f1(pred, gt):
-    p, g = normalize_answer(pred).split(), normalize_answer(gt).split()
+def token_f1(p, g):
+    """metrics.py's f1_score over two token lists."""
     same = sum((Counter(p) & Counter(g)).values())
     if same == 0:
         return 0.0
     precision, recall = same / len(p), same / len(g)
     return 2 * precision * recall / (precision + recall)
+
+
+def qa_f1(pred, gt):
+    return token_f1(normalize_answer(pred).split(), normalize_answer(gt).split())
 
 
 def rouge_l(pred, gt):
@@ -54,11 +58,7 @@ def normalize_zh_answer(s):
 def qa_f1_zh(pred, gt):
     p = [t for t in (normalize_zh_answer(x) for x in jieba.cut(pred, cut_all=False)) if len(t) > 0]
     g = [t for t in (normalize_zh_answer(x) for x in jieba.cut(gt, cut_all=False)) if len(t) > 0]
-    same = sum((Counter(p) & Counter(g)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(g)
-    return 2 * precision * recall / (precision + recall)
+    return token_f1(p, g)
 
 
 def rouge_zh(pred, gt):
