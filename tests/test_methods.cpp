@@ -12,68 +12,19 @@
 #include "harness/method/parts.hpp"
 #include "harness/model/model_file.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "synthetic_layer.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
+using kvb::test::SyntheticLayer;
+using kvb::test::kept_positions;
 
 namespace {
 
-// A synthetic layer: random post-RoPE Q/K/V for S tokens, window queries and column sums computed by
-// the CPU backend, as the engine would hand them to a method.
-struct SyntheticLayer {
-  ModelConfig cfg;
-  std::vector<float> q, k, v, colsum;
-  std::vector<int32_t> pos;
-  PrefillView view;
-
-  // Recomputes the column sums after the test edits q or k.
-  void refresh_colsum() {
-    auto be = make_cpu_backend();
-    Buffer qb(*be, q.size()), kb(*be, k.size()), vb(*be, v.size()), ob(*be, q.size());
-    be->upload(qb, q);
-    be->upload(kb, k);
-    be->upload(vb, v);
-    be->attention_prefill(qb, kb, vb, view.n_tokens, view.n_heads, view.n_kv_heads, view.head_dim, ob, &colsum);
-    view.attn_colsum = colsum.data();
-  }
-
-  SyntheticLayer(int S, int hq, int hkv, int d, int window, uint32_t seed, float sharpness = 3.0f) {
-    cfg.n_layers = 4;
-    cfg.n_heads = hq;
-    cfg.n_kv_heads = hkv;
-    cfg.head_dim = d;
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, sharpness / std::sqrt(static_cast<float>(d)) * 4);
-    q.resize(size_t(S) * hq * d);
-    k.resize(size_t(S) * hkv * d);
-    v.resize(size_t(S) * hkv * d);
-    for (auto& x : q) x = nd(rng);
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    pos.resize(S);
-    std::iota(pos.begin(), pos.end(), 0);
-    view.layer = 0;
-    view.n_tokens = S;
-    view.n_heads = hq;
-    view.n_kv_heads = hkv;
-    view.head_dim = d;
-    view.positions = pos.data();
-    view.window = window;
-    view.q_window = q.data() + size_t(S - window) * hq * d;
-    view.k = k.data();
-    view.v = v.data();
-    refresh_colsum();
-  }
-};
-
-std::vector<std::vector<int32_t>> kept_positions(const LayerCache& c) {
-  std::vector<std::vector<int32_t>> out;
-  for (int h = 0; h < c.n_cache_heads(); ++h) {
-    std::vector<int32_t> p;
-    for (const auto& s : c.segments(h)) p.insert(p.end(), s->positions().begin(), s->positions().end());
-    out.push_back(p);
-  }
-  return out;
+// A registered method's test parameters (those that stand in for a real model's artifacts) plus `extra`.
+std::map<std::string, std::string> test_params(const std::string& name, std::map<std::string, std::string> extra = {}) {
+  for (const auto& [k, v] : MethodRegistry::get().info(name).test_params) extra.emplace(k, v);
+  return extra;
 }
 
 // Shapes for tests that only create methods.
@@ -110,7 +61,7 @@ TEST_CASE("every registered method: bytes within budget, valid sorted positions,
       for (int T : {40, 64, 100}) {
         SyntheticLayer L(300, 6, 2, 16, 32, 11);
         INFO(name << " gqa=" << gqa << " T=" << T);
-        auto m = reg.create(name, {{"gqa", gqa}}, L.cfg);
+        auto m = reg.create(name, test_params(name, {{"gqa", gqa}}), L.cfg);
         MethodRunner runner(*m, T);
         for (int layer = 0; layer < L.cfg.n_layers; ++layer) {
           L.view.layer = layer;
@@ -124,7 +75,7 @@ TEST_CASE("every registered method: bytes within budget, valid sorted positions,
             CHECK((p.empty() || (p.front() >= 0 && p.back() < 300)));
           }
           LayerCache again(6, 2, 16);
-          auto m2 = reg.create(name, {{"gqa", gqa}}, L.cfg);
+          auto m2 = reg.create(name, test_params(name, {{"gqa", gqa}}), L.cfg);
           MethodRunner r2(*m2, T);
           r2.on_layer(L.view, again);
           CHECK(kept_positions(again) == kept);
@@ -142,7 +93,7 @@ TEST_CASE("every registered method keeps everything when the prompt fits the bud
   SyntheticLayer L(50, 6, 2, 16, 32, 3);
   for (const auto& name : reg.names()) {
     INFO(name);
-    auto m = reg.create(name, {}, L.cfg);
+    auto m = reg.create(name, test_params(name), L.cfg);
     MethodRunner runner(*m, 50);
     LayerCache c(6, 2, 16);
     runner.on_layer(L.view, c);
@@ -164,7 +115,7 @@ TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", 
   for (const auto& name : reg.names()) {
     for (const char* gqa : {"native", "repeat"}) {
       INFO(name << " " << gqa);
-      auto m = reg.create(name, {{"gqa", gqa}}, e.config());
+      auto m = reg.create(name, test_params(name, {{"gqa", gqa}}), e.config());
       MethodRunner runner(*m, 64);
       e.prefill(ids, &runner);
       CHECK(e.decode(500) == full);  // bit-identical

@@ -1,5 +1,6 @@
 #include "harness/cache/lowrank_segment.hpp"
 
+#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,6 +8,10 @@
 #include <numeric>
 
 #include "harness/util/error.hpp"
+
+// LAPACK (Fortran ABI), provided by OpenBLAS.
+extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
+                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
 
 namespace kvb {
 
@@ -130,7 +135,34 @@ void jacobi_eigen(std::vector<double>& a, int n, std::vector<double>& vals, std:
   for (int i = 0; i < n; ++i) vals[i] = a[size_t(i) * n + i];
 }
 
-std::vector<float> top_eigenvectors(const float* x, int n, int d, int rank) {
+// Uncentered second moment X^T X / n of the rows of x[n, d], in double.
+std::vector<double> second_moment(const float* x, int n, int d) {
+  std::vector<double> xd(x, x + size_t(n) * d), c(size_t(d) * d, 0.0);
+  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, n, 1.0 / n, xd.data(), d, 0.0, c.data(), d);
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < i; ++j) c[size_t(i) * d + j] = c[size_t(j) * d + i];
+  return c;
+}
+
+// Columns `order[0..rank)` of the column-major or row-major eigenvector matrix as a [d, rank] basis.
+std::vector<float> take_columns(const std::vector<double>& vecs, int d, int rank, const std::vector<int>& order,
+                                bool column_major) {
+  std::vector<float> P(size_t(d) * rank);
+  for (int j = 0; j < rank; ++j)
+    for (int i = 0; i < d; ++i)
+      P[size_t(i) * rank + j] = static_cast<float>(
+          column_major ? vecs[size_t(order[j]) * d + i] : vecs[size_t(i) * d + order[j]]);
+  return P;
+}
+
+std::vector<int> descending(const std::vector<double>& vals) {
+  std::vector<int> order(vals.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return vals[a] > vals[b]; });
+  return order;
+}
+
+std::vector<float> top_eigenvectors_ref(const float* x, int n, int d, int rank) {
   std::vector<double> c(size_t(d) * d, 0.0);
   for (int t = 0; t < n; ++t)
     for (int i = 0; i < d; ++i)
@@ -139,24 +171,47 @@ std::vector<float> top_eigenvectors(const float* x, int n, int d, int rank) {
     for (int j = i; j < d; ++j) c[size_t(j) * d + i] = c[size_t(i) * d + j] /= n;
   std::vector<double> vals, vecs;
   jacobi_eigen(c, d, vals, vecs);
-  std::vector<int> order(d);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return vals[a] > vals[b]; });
-  std::vector<float> P(size_t(d) * rank);
-  for (int j = 0; j < rank; ++j)
-    for (int i = 0; i < d; ++i) P[size_t(i) * rank + j] = static_cast<float>(vecs[size_t(i) * d + order[j]]);
-  return P;
+  return take_columns(vecs, d, rank, descending(vals), false);
+}
+
+// LAPACK's divide-and-conquer symmetric eigensolver (in OpenBLAS), as numpy.linalg.eigh uses.
+std::vector<float> top_eigenvectors(const float* x, int n, int d, int rank) {
+  std::vector<double> a = second_moment(x, n, d), vals(d);
+  char jobz = 'V', uplo = 'U';
+  int nn = d, lda = d, lwork = -1, liwork = -1, info = 0, iwork_query = 0;
+  double work_query = 0;
+  dsyevd_(&jobz, &uplo, &nn, a.data(), &lda, vals.data(), &work_query, &lwork, &iwork_query, &liwork, &info);
+  lwork = static_cast<int>(work_query);
+  liwork = iwork_query;
+  std::vector<double> work(static_cast<size_t>(lwork));
+  std::vector<int> iwork(static_cast<size_t>(liwork));
+  dsyevd_(&jobz, &uplo, &nn, a.data(), &lda, vals.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
+  if (info != 0) fail("pca_basis: the eigensolver failed (LAPACK dsyevd info {})", info);
+  // The matrix is symmetric, so its row-major copy is its column-major copy: eigenvectors are columns
+  // in Fortran order.
+  return take_columns(a, d, rank, descending(vals), true);
 }
 
 }  // namespace
 
 LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank) {
   if (rank < 0 || rank > d) fail("pca_basis: rank {} outside [0, {}]", rank, d);
+  if (n <= 0) fail("pca_basis: no rows");
   LowRankBasis b;
   b.head_dim = d;
   b.rank = rank;
   b.k = top_eigenvectors(k, n, d, rank);
   b.v = top_eigenvectors(v, n, d, rank);
+  return b;
+}
+
+LowRankBasis pca_basis_ref(const float* k, const float* v, int n, int d, int rank) {
+  if (rank < 0 || rank > d) fail("pca_basis: rank {} outside [0, {}]", rank, d);
+  LowRankBasis b;
+  b.head_dim = d;
+  b.rank = rank;
+  b.k = top_eigenvectors_ref(k, n, d, rank);
+  b.v = top_eigenvectors_ref(v, n, d, rank);
   return b;
 }
 

@@ -56,7 +56,10 @@ class LowRankSegment final : public Segment {
 };
 
 // Uncentered PCA basis of the rows of k and v ([n, d] each): eigenvectors of X^T X / n by
-// descending eigenvalue, the first `rank` of them (Jacobi eigensolver in double).
+// descending eigenvalue, the first `rank` of them (second moment by BLAS and LAPACK's symmetric
+// eigensolver, in double). Eigenvector signs are arbitrary; compare bases by their projectors.
 LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank);
+// Reference: the moment by plain loops and cyclic Jacobi rotations.
+LowRankBasis pca_basis_ref(const float* k, const float* v, int n, int d, int rank);
 
 }  // namespace kvb

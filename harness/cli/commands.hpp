@@ -13,6 +13,7 @@ void register_bench_command(CLI::App& app);
 void register_list_command(CLI::App& app);
 void register_task_commands(CLI::App& app);
 void register_run_command(CLI::App& app);
+void register_calibrate_command(CLI::App& app);
 
 // "key=value" items of --param options; Error naming a malformed one.
 std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items);

@@ -44,8 +44,13 @@ void register_list_command(CLI::App& app) {
     }
     const auto& reg = MethodRegistry::get();
     for (const auto& name : reg.names()) {
-      fmt::print("{:14} {}\n", name, reg.info(name).summary);
+      const MethodInfo& info = reg.info(name);
+      fmt::print("{:14} {}\n", name, info.summary);
       for (const auto& p : reg.param_specs(name)) fmt::print("    {:10} {}  {}\n", p.name, p.describe(), p.help);
+      if (info.calibrate) {
+        fmt::print("    offline step: kvbench calibrate {} MODEL [--out FILE] [-o key=value ...]\n", name);
+        for (const auto& p : info.calibration) fmt::print("      {:10} {}  {}\n", p.name, p.describe(), p.help);
+      }
     }
   });
 }

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_list_command(app);
   kvb::cli::register_task_commands(app);
   kvb::cli::register_run_command(app);
+  kvb::cli::register_calibrate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,6 +13,7 @@
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/hash.hpp"
 #include "tasks/task.hpp"
 
 #ifndef KVBENCH_GIT_VERSION
@@ -24,11 +25,6 @@ namespace kvb {
 const char* code_version() { return KVBENCH_GIT_VERSION; }
 
 namespace {
-
-uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 [[noreturn]] void spec_error(const std::string& path, const YAML::Node& n, const std::string& msg) {
   const auto m = n.Mark();
@@ -195,31 +191,13 @@ ExperimentSpec load_experiment(const std::string& path) {
   return s;
 }
 
-std::string model_fingerprint(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(path)) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file()) h = fnv1a(fmt::format("{}:{};", e.path().filename().string(), e.file_size()), h);
-    return fmt::format("dir-{:016x}", h);
-  }
-  const uint64_t size = fs::file_size(path);
-  std::ifstream in(path, std::ios::binary);
-  std::string head(std::min<uint64_t>(size, 1 << 20), '\0'), tail(head.size(), '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  in.seekg(static_cast<std::streamoff>(size - tail.size()));
-  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
-  return fmt::format("{}-{:016x}", size, fnv1a(tail, fnv1a(head)));
-}
-
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
                            int budget) {
-  (void)model;
   return {{"task", task},
           {"options", task_options},
           {"model", std::filesystem::path(model_path).filename().string()},
-          {"model_fingerprint", model_fingerprint(model_path)},
+          {"model_fingerprint", model.config().fingerprint},
           {"method", method ? method->name() : "fullkv"},
           {"budget", method ? budget : 0},
           {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},

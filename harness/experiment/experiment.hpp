@@ -34,8 +34,6 @@ struct ExperimentSpec {
 // Parses and validates a spec; errors name the file, line and column, and list the valid keys.
 ExperimentSpec load_experiment(const std::string& path);
 
-// Size and hash of the first and last MiB: cheap, and changes with any re-quantisation.
-std::string model_fingerprint(const std::string& path);
 // Identity of a configuration's results: everything that moves its numbers.
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,

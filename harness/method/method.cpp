@@ -62,6 +62,7 @@ std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
   m->params_ = Params(param_specs(name), params, "method " + name);
   m->gqa_ = m->params_.get("gqa") == "repeat" ? GqaMode::Repeat : GqaMode::Native;
   m->model_ = &model;
+  m->setup();
   return m;
 }
 
@@ -87,12 +88,36 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
   }
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   bytes_ += cache.bytes();
+  for (int h = 0; h < cache.n_cache_heads(); ++h) {
+    size_t kept = 0;
+    for (const auto& seg : cache.segments(h)) {
+      format_tokens_[seg->format()] += seg->size();
+      kept += seg->size();
+    }
+    min_head_ = std::min(min_head_, kept);
+    max_head_ = std::max(max_head_, kept);
+    prompt_slots_ += size_t(view.n_tokens);
+  }
+  if (compressed_) {
+    auto stats = method_.layer_stats();
+    if (!stats.is_null()) layer_stats_.push_back(std::move(stats));
+  }
   // A method may shift memory between layers (PyramidKV) but not exceed the total.
   const size_t limit = budget_.bytes_per_layer * size_t(method_.model().n_layers);
   if (view.layer + 1 == method_.model().n_layers && compressed_ && bytes_ > limit &&
       !method_.may_exceed_budget())
     fail("method {} kept {} bytes, more than its budget of {} bytes (KV size {})", method_.name(),
          bytes_, limit, budget_.tokens);
+}
+
+nlohmann::json MethodRunner::cache_profile() const {
+  size_t kept = 0;
+  for (const auto& [f, n] : format_tokens_) kept += n;
+  nlohmann::json p = {{"formats", format_tokens_},
+                      {"evicted", prompt_slots_ - std::min(prompt_slots_, kept)},
+                      {"tokens_per_head", {{"min", min_head_ == SIZE_MAX ? 0 : min_head_}, {"max", max_head_}}}};
+  if (!layer_stats_.empty()) p["layers"] = layer_stats_;
+  return p;
 }
 
 }  // namespace kvb

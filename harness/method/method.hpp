@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -40,15 +41,20 @@ class Method {
  public:
   virtual ~Method() = default;
 
+  // Called once the parameters are set: loads what the method reads (artifacts), so that a missing
+  // one is reported before any work starts.
+  virtual void setup() {}
   // What the method needs from prefill besides K and V.
   virtual PrefillNeeds needs() const { return {}; }
-  virtual void calibrate(CalibrationContext&) {}
   // The layer's cache for decoding. Called only when the prompt is longer than the budget.
   virtual LayerCache compress(const PrefillView& view, const Budget& budget) = 0;
   // After each decode step's attention, with the new token already in the cache.
   virtual void on_decode(LayerCache&, const DecodeView&) {}
   // Whether on_decode does anything (the engine skips the call otherwise).
   virtual bool acts_on_decode() const { return false; }
+  // What the last compress() decided beyond the cache itself (e.g. a Lagrange multiplier), for the
+  // record of the sample; null when there is nothing to report.
+  virtual nlohmann::json layer_stats() const { return nullptr; }
   // True only for settings that reproduce a reference's known overshoot (PyramidKV's floored
   // schedule); the runner then reports the bytes instead of refusing them.
   virtual bool may_exceed_budget() const { return false; }
@@ -76,6 +82,13 @@ struct MethodInfo {
   std::string summary;
   std::vector<ParamSpec> params;  // the method's own; `gqa` is added for all
   std::function<std::unique_ptr<Method>()> make;
+  // Its offline step (`kvbench calibrate NAME MODEL`), if it has one: profiles or fits on the model
+  // and writes the artifact the method loads (artifact.hpp), with the options declared here.
+  std::vector<ParamSpec> calibration = {};
+  std::function<void(CalibrationContext&)> calibrate = {};
+  // Parameters under which the registry-driven tests run it on synthetic layers, for a method that
+  // otherwise needs an artifact of a real model (e.g. scores=uniform).
+  std::map<std::string, std::string> test_params = {};
 };
 
 class MethodRegistry {
@@ -113,6 +126,10 @@ class MethodRunner : public PrefillObserver {
 
   const Budget& budget() const { return budget_; }
   bool compressed() const { return compressed_; }
+  // What the prefill left in the caches, for the record: tokens kept per segment format (the width
+  // histogram of mixed-dimension caches), tokens evicted, the range of tokens kept per stored head
+  // (ragged per-head budgets), and the method's per-layer stats when it reports any.
+  nlohmann::json cache_profile() const;
   size_t prefill_kv_bytes() const { return bytes_; }  // bytes kept after prefill, all layers
   double compress_seconds() const { return seconds_; }
 
@@ -122,6 +139,10 @@ class MethodRunner : public PrefillObserver {
   bool compressed_ = false;
   size_t bytes_ = 0;
   double seconds_ = 0;
+  std::map<std::string, size_t> format_tokens_;
+  size_t prompt_slots_ = 0;  // prompt tokens x stored heads, summed over layers
+  size_t min_head_ = SIZE_MAX, max_head_ = 0;
+  nlohmann::json layer_stats_ = nlohmann::json::array();
 };
 
 }  // namespace kvb

@@ -157,9 +157,16 @@ std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k) {
 
 std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w) {
   if (k < 0) fail("the KV size leaves no room beyond the {}-token window; use a larger budget or window", w);
+  return select_per_head(scores, std::vector<int>(scores.size(), k), S, w);
+}
+
+std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, const std::vector<int>& caps, int S,
+                                                  int w) {
+  if (caps.size() != scores.size()) fail("internal: {} capacities for {} stored heads", caps.size(), scores.size());
   std::vector<std::vector<int32_t>> keep;
-  for (const auto& s : scores) {
-    auto kept = top_k_sorted(s, k);
+  for (size_t h = 0; h < scores.size(); ++h) {
+    if (caps[h] < 0) fail("internal: negative capacity {} for head {}", caps[h], h);
+    auto kept = top_k_sorted(scores[h], caps[h]);
     for (int j = S - w; j < S; ++j) kept.push_back(j);
     keep.push_back(std::move(kept));
   }
@@ -230,14 +237,14 @@ std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exac
 }
 
 std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<double>>& scores, int T, int w,
-                                               double beta, double temperature) {
+                                               double beta, double temperature, CapRounding rounding) {
   if (T <= w) fail("per-head budgets: KV size {} must exceed the window {}", T, w);
   if (!(beta >= 1)) fail("per-head budgets: beta must be at least 1, got {}", beta);
   size_t heads = 0;
   double total = 0;
   for (const auto& layer : scores)
     for (double x : layer) {
-      if (!(x >= 0)) fail("per-head budgets: head scores must be non-negative, found {}", x);
+      if (!(x >= 0) || !std::isfinite(x)) fail("per-head budgets: head scores must be finite and non-negative, found {}", x);
       total += std::pow(x, temperature);
       ++heads;
     }
@@ -246,9 +253,28 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
   const double pool = std::floor(b / beta) * static_cast<double>(heads);
   const double min_each = b - std::floor(b / beta);
   std::vector<std::vector<int>> caps;
+  std::vector<double> raw;
   for (const auto& layer : scores) {
     auto& row = caps.emplace_back();
-    for (double x : layer) row.push_back(static_cast<int>(std::lround(std::pow(x, temperature) / total * pool + min_each)));
+    for (double x : layer) {
+      raw.push_back(std::pow(x, temperature) / total * pool + min_each);
+      // torch.round: half to even (the default floating-point rounding mode).
+      row.push_back(static_cast<int>(rounding == CapRounding::Nearest ? std::nearbyint(raw.back()) : std::floor(raw.back())));
+    }
+  }
+  if (rounding == CapRounding::ExactTotal) {
+    // Largest remainders: the raw capacities sum to heads x b, so the floors fall short by an integer;
+    // the heads with the largest fractional parts (ties to the earlier head) get one more slot each.
+    long missing = static_cast<long>(heads) * b;
+    for (const auto& row : caps)
+      for (int c : row) missing -= c;
+    std::vector<size_t> order(raw.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t c) {
+      return raw[a] - std::floor(raw[a]) > raw[c] - std::floor(raw[c]);
+    });
+    const size_t per_layer = scores.front().size();
+    for (size_t i = 0; i < order.size() && missing > 0; ++i, --missing) ++caps[order[i] / per_layer][order[i] % per_layer];
   }
   return caps;
 }

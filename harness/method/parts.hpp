@@ -60,8 +60,18 @@ std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exac
 // HeadKV's per-head budgets (spec/methods-b.md 5.2): selected (non-window) slots for every head of
 // every layer from importance scores [layer][head]. With b = T - w, each head is guaranteed
 // b - b//beta slots and shares a pool of (b//beta) x heads in proportion to its score raised to
-// `temperature` (1 = proportional); rounded per head as the reference code does (mean within 0.5 of b).
+// `temperature` (1 = proportional). Nearest rounds each head half to even as the reference code
+// (torch.round), so the total can miss heads x b by up to heads/2 either way; ExactTotal hands out
+// the rounding by largest remainders so that the capacities sum to exactly heads x b.
+enum class CapRounding { Nearest, ExactTotal };
 std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<double>>& scores, int T, int w,
-                                               double beta, double temperature = 1.0);
+                                               double beta, double temperature = 1.0,
+                                               CapRounding rounding = CapRounding::Nearest);
+
+// Kept positions of every stored head when each has its own count: the top caps[h] of its scores
+// (all of them when caps[h] exceeds the prefix; the surplus is not redistributed, as in HeadKV) plus
+// the window [S - w, S).
+std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, const std::vector<int>& caps, int S,
+                                                  int w);
 
 }  // namespace kvb

@@ -45,6 +45,9 @@ struct ModelConfig {
   bool tied_embeddings = false;
   bool qkv_bias = false;
   int sliding_window = 0;  // Mistral v0.1 declares one; 0 = none
+  // model_fingerprint() of the file the config was read from (offline artifacts are keyed by it);
+  // empty for configs built in memory.
+  std::string fingerprint;
 
   int gqa_group() const { return n_heads / n_kv_heads; }
   // Checks internal consistency; `source` names the file in the error.

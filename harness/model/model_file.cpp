@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "harness/model/gguf.hpp"
 #include "harness/model/safetensors.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/hash.hpp"
 #include "kernels/cpu/dequant.hpp"
 
 namespace kvb {
@@ -73,7 +75,29 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
   std::sort(m->tensors_.begin(), m->tensors_.end(),
             [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
   if (m->st_) m->config_.tied_embeddings = m->find("output.weight") == nullptr;
+  m->config_.fingerprint = model_fingerprint(path);
   return m;
+}
+
+std::string model_fingerprint(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    // Names and sizes, in name order (directory iteration order differs between file systems).
+    std::vector<std::pair<std::string, uint64_t>> files;
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file()) files.emplace_back(e.path().filename().string(), e.file_size());
+    std::sort(files.begin(), files.end());
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const auto& [name, size] : files) h = fnv1a(fmt::format("{}:{};", name, size), h);
+    return fmt::format("dir-{:016x}", h);
+  }
+  const uint64_t size = fs::file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  std::string head(std::min<uint64_t>(size, 1 << 20), '\0'), tail(head.size(), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  in.seekg(static_cast<std::streamoff>(size - tail.size()));
+  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  return fmt::format("{}-{:016x}", size, fnv1a(tail, fnv1a(head)));
 }
 
 const TensorRef* ModelFile::find(const std::string& name) const {

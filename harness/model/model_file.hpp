@@ -54,6 +54,10 @@ class ModelFile {
   std::vector<TensorRef> tensors_;
 };
 
+// Size and hash of the first and last MiB (a directory: its files' names and sizes): cheap, and
+// changes with any re-quantisation. Results and offline artifacts are keyed by it.
+std::string model_fingerprint(const std::string& path);
+
 // Canonical name of a Hugging Face tensor name, or nullopt if it is not part of the model.
 std::optional<std::string> canonical_tensor_name(const std::string& hf_name);
 

@@ -1,0 +1,56 @@
+// kvbench calibrate METHOD MODEL: a method's offline step (profiling, fitting), writing the artifact
+// the method then finds by the model's fingerprint.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "harness/cli/commands.hpp"
+#include "harness/engine/engine.hpp"
+#include "harness/method/artifact.hpp"
+#include "harness/method/calibration.hpp"
+#include "harness/method/method.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/util/error.hpp"
+#include "tasks/task.hpp"
+
+namespace kvb::cli {
+
+void register_calibrate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("calibrate", "Run a method's offline step on a model and write its artifact");
+  struct Args {
+    std::string method, model, out, backend = "cpu", data = default_data_dir(), haystack, tokens;
+    std::vector<std::string> text, options;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("method", a->method, "Method (kvbench list methods shows which have an offline step)")->required();
+  cmd->add_option("model", a->model, "Model: .gguf file or Hugging Face directory")->required();
+  cmd->add_option("--out", a->out, "Artifact path (default: artifacts/<kind>/<model fingerprint>.json)");
+  cmd->add_option("--haystack", a->haystack, "Text file(s) for needle prompts (option 'haystack')");
+  cmd->add_option("--text", a->text, "Text files to fit on (option 'text')");
+  cmd->add_option("--tokens", a->tokens, "Tokens to fit on (option 'tokens')");
+  cmd->add_option("-o,--option", a->options, "key=value: any calibration option (see kvbench list methods)");
+  cmd->add_option("--data", a->data, "Benchmark data directory (default: $KVBENCH_DATA or <source>/data)");
+  cmd->add_option("--backend", a->backend, "cpu or cuda");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->callback([a] {
+    const auto& reg = MethodRegistry::get();
+    const MethodInfo& info = reg.info(a->method);
+    if (!info.calibrate) fail("method {} has no offline step to calibrate", a->method);
+    auto given = parse_key_values(a->options);
+    if (!a->haystack.empty()) given["haystack"] = a->haystack;
+    if (!a->text.empty()) given["text"] = fmt::format("{}", fmt::join(a->text, ","));
+    if (!a->tokens.empty()) given["tokens"] = a->tokens;
+    Params options(info.calibration, given, "kvbench calibrate " + a->method);
+    auto model = ModelFile::open(a->model);
+    auto tok = load_tokenizer(*model);
+    EngineOptions eo;
+    eo.backend = a->backend;
+    eo.threads = a->threads;
+    Engine engine(*model, eo);
+    CalibrationContext ctx{*model, *tok, engine, std::move(options), a->out, a->data, true};
+    info.calibrate(ctx);
+  });
+}
+
+}  // namespace kvb::cli

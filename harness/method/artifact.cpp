@@ -1,0 +1,79 @@
+#include "harness/method/artifact.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+namespace fs = std::filesystem;
+
+std::string artifacts_dir() {
+  const char* env = std::getenv("KVBENCH_ARTIFACTS");
+  return env && *env ? std::string(env) : std::string("artifacts");
+}
+
+std::string default_artifact_path(const std::string& kind, const ModelConfig& model) {
+  if (model.fingerprint.empty())
+    fail("{} artifact: the model has no fingerprint (not loaded from a file); give the artifact's path", kind);
+  return (fs::path(artifacts_dir()) / kind / (model.fingerprint + ".json")).string();
+}
+
+nlohmann::json artifact_header(const std::string& kind, const ModelConfig& model, const std::string& model_path) {
+  return {{"kind", kind},
+          {"model", {{"file", fs::path(model_path).filename().string()},
+                     {"fingerprint", model.fingerprint},
+                     {"name", model.name},
+                     {"layers", model.n_layers},
+                     {"heads", model.n_heads},
+                     {"kv_heads", model.n_kv_heads},
+                     {"head_dim", model.head_dim}}}};
+}
+
+LoadedArtifact load_artifact(const std::string& kind, const std::string& path, const ModelConfig& model,
+                             const std::string& make_command) {
+  LoadedArtifact a;
+  a.path = path.empty() ? default_artifact_path(kind, model) : path;
+  if (!fs::exists(a.path)) {
+    if (path.empty())
+      fail("no {} artifact for this model (fingerprint {}) at {}; make it with `{}`", kind, model.fingerprint,
+           a.path, make_command);
+    fail("{}: no such {} artifact; make one with `{}`", a.path, kind, make_command);
+  }
+  std::ifstream in(a.path);
+  try {
+    a.body = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON ({})", a.path, e.what());
+  }
+  if (!a.body.is_object()) fail("{}: expected a JSON object", a.path);
+  if (a.body.contains("header")) {
+    const auto& h = a.body["header"];
+    a.has_header = true;
+    if (!h.is_object() || !h.contains("kind") || !h.contains("model") || !h["model"].contains("fingerprint"))
+      fail("{}: field 'header' must hold 'kind' and 'model.fingerprint'", a.path);
+    if (h["kind"] != kind) fail("{}: a {} artifact, expected {}", a.path, h["kind"].dump(), kind);
+    const std::string fp = h["model"]["fingerprint"].get<std::string>();
+    if (!model.fingerprint.empty() && fp != model.fingerprint)
+      fail("{}: made for model {} (fingerprint {}), not this one (fingerprint {}); make this model's with `{}`",
+           a.path, h["model"].value("file", std::string("?")), fp, model.fingerprint, make_command);
+  }
+  return a;
+}
+
+void write_artifact(const std::string& path, const nlohmann::json& body) {
+  const fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  const std::string tmp = path + ".part";
+  {
+    std::ofstream out(tmp);
+    if (!out) fail("{}: cannot write", tmp);
+    out << body.dump() << "\n";
+    if (!out.flush()) fail("{}: write failed", tmp);
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace kvb

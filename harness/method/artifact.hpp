@@ -1,0 +1,36 @@
+#pragma once
+// Offline artifacts of methods (head-importance scores, regression maps, profiles): JSON files written
+// by `kvbench calibrate METHOD MODEL`, keyed by the model's fingerprint so that a method never runs
+// with another model's calibration. The default location is artifacts/<kind>/<fingerprint>.json under
+// $KVBENCH_ARTIFACTS or the working directory; a method parameter may name a file instead.
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness/model/config.hpp"
+
+namespace kvb {
+
+// $KVBENCH_ARTIFACTS, or ./artifacts.
+std::string artifacts_dir();
+// Where `kvbench calibrate` writes the artifact of `kind` for this model by default.
+std::string default_artifact_path(const std::string& kind, const ModelConfig& model);
+
+// The header every artifact carries: what it is, which model (fingerprint and shapes) it belongs to.
+nlohmann::json artifact_header(const std::string& kind, const ModelConfig& model, const std::string& model_path);
+
+struct LoadedArtifact {
+  std::string path;
+  nlohmann::json body;
+  bool has_header = false;  // false for a foreign file in a reference layout (checked by shape only)
+};
+
+// Reads the artifact at `path`, or at the default location when `path` is empty. A missing file says
+// which command makes it (`make_command`); a file with a header for another model, or of another
+// kind, is an error naming both fingerprints. Files without our header are accepted as they are.
+LoadedArtifact load_artifact(const std::string& kind, const std::string& path, const ModelConfig& model,
+                             const std::string& make_command);
+
+// Writes atomically (temporary file, then rename), creating directories.
+void write_artifact(const std::string& path, const nlohmann::json& body);
+
+}  // namespace kvb

@@ -1,0 +1,33 @@
+#pragma once
+// Head-importance scores (HeadKV, spec/methods-b.md 5.4), shared by every method that budgets heads
+// by them (HeadKV, MixedDimKV-H). The file layout is the HeadKV repository's, {"l-h": [score of each
+// successful profiling test]}, plus a "header" object in the files kvbench writes; the repository's own
+// score files load too (checked by shape, since they carry no model fingerprint).
+#include <string>
+#include <vector>
+
+#include "harness/method/method.hpp"
+#include "harness/model/config.hpp"
+
+namespace kvb {
+
+// Which profiling the scores come from: retrieval-reasoning (HeadKV-R2) or retrieval (HeadKV-R).
+enum class HeadScoreKind { RetrievalReasoning, Retrieval };
+HeadScoreKind parse_head_score_kind(const std::string& s);  // "r2" or "r"
+std::string artifact_kind(HeadScoreKind k);                  // "headkv_r2", "headkv_r"
+
+struct HeadImportance {
+  std::vector<std::vector<double>> score;  // [layer][query head]: mean over the successful tests
+  std::string source;                      // the file, or "uniform"
+};
+
+// Loads the scores at `path` ("" = this model's artifact, "uniform" = every head alike, which reduces
+// HeadKV to SnapKV with mean reduction). Errors name the file and the problem: a missing "l-h" key,
+// a key beyond the model's layers or heads, an empty list, or a value that is not a finite number >= 0.
+HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path, const ModelConfig& model);
+
+// Scores per stored head: query heads as they are (repeat), or summed over each KV head's group
+// (native; spec 5.2: the group mean of the query heads' capacities).
+std::vector<std::vector<double>> head_scores_for_gqa(const HeadImportance& imp, int n_kv_heads, GqaMode mode);
+
+}  // namespace kvb

@@ -1,0 +1,61 @@
+// MixedDimKV (Wang et al. 2026, spec/methods-a.md 1.2): instead of keeping or evicting each prompt
+// token, each prefix token of each KV head is kept at one of a few widths in the head's own PCA bases
+// of the prompt's keys and values. Widths are chosen per layer, jointly over heads and tokens, to
+// minimise the estimated change of the window's attention outputs under the layer's budget
+// (Lagrangian relaxation, bisection on the multiplier); the observation window stays full width.
+#include "harness/method/mixed_dim.hpp"
+#include "harness/method/parts.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+class MixedDimKV final : public Method {
+ public:
+  PrefillNeeds needs() const override { return {window(), false, false}; }
+
+  void setup() override { ws_ = parse_widths(params().get("widths"), model().head_dim); }
+
+  LayerCache compress(const PrefillView& v, const Budget& b) override {
+    const int w = window(), T = b.tokens;
+    const WidthSet& ws = ws_;
+    if (ws.r_max > 0 && T - w - ws.r_max < 0)
+      fail("mixeddimkv: KV size {} leaves {} units per head after the {}-token window, less than the {} units its "
+           "PCA bases cost (widths {}); use a larger budget, a smaller window or widths=0,1",
+           T, T - w, w, ws.r_max, params().get("widths"));
+    const auto slices = head_slices(v, gqa(), w);
+    const auto bases = head_bases(v, gqa(), ws.r_max);
+    std::vector<HeadLosses> losses(slices.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < static_cast<int>(slices.size()); ++s)
+      losses[s] = width_losses(slices[s], v.n_tokens, v.head_dim, w, bases[s].get(), ws);
+    std::vector<const HeadLosses*> all;
+    for (const auto& l : losses) all.push_back(&l);
+    // One problem per layer: every stored head pays for its bases (r_max units) and its window.
+    const double heads = static_cast<double>(slices.size());
+    const MixedChoice c = solve_mixed(all, ws, heads * (T - w - ws.r_max), heads * (T - w), params().get_bool("top_up"));
+    stats_ = mixed_stats({c}, ws);
+    return build_mixed_cache(v, gqa(), w, ws, bases, c.alloc.width);
+  }
+
+  nlohmann::json layer_stats() const override { return stats_; }
+
+ private:
+  int window() const { return static_cast<int>(params().get_int("window")); }
+  WidthSet ws_;
+  nlohmann::json stats_;
+};
+
+const bool registered = register_method(
+    {"mixeddimkv", "per-token widths in per-head PCA bases, chosen per layer by Lagrangian bisection",
+     {ParamSpec::integer("window", 8, 1, 4096, "observation window alpha (kept at full width, inside T)"),
+      ParamSpec::text("widths", "0,0.125,0.25,1", "candidate width ratios; must include 0 and 1"),
+      ParamSpec::boolean("top_up", true, "greedy top-up of the items that flip inside the final bracket")},
+     [] { return std::make_unique<MixedDimKV>(); },
+     {},
+     {},
+     // The synthetic layers of the registry tests have 16-dimensional heads.
+     {{"widths", "0,0.5,1"}}});
+
+}  // namespace
+}  // namespace kvb

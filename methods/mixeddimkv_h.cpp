@@ -1,0 +1,74 @@
+// MixedDimKV-H (spec/methods-a.md 1.3): HeadKV's per-head quotas from profiled head importance, and
+// MixedDimKV's width allocation inside each head's quota (one problem per head). A head whose quota
+// cannot pay for its bases, or does better without them, falls back to plain eviction (spec A9).
+#include "harness/method/head_scores.hpp"
+#include "harness/method/mixed_dim.hpp"
+#include "harness/method/parts.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+class MixedDimKVH final : public Method {
+ public:
+  PrefillNeeds needs() const override { return {window(), false, false}; }
+
+  void setup() override {
+    ws_ = parse_widths(params().get("widths"), model().head_dim);
+    importance_ = load_head_importance(parse_head_score_kind(params().get("heads")), params().get("scores"), model());
+  }
+
+  LayerCache compress(const PrefillView& v, const Budget& b) override {
+    const int w = window();
+    const WidthSet& ws = ws_;
+    // Single heads whose quota cannot pay for bases fall back to eviction; an average head must.
+    if (ws.r_max > 0 && b.tokens - w < ws.r_max)
+      fail("mixeddimkv_h: KV size {} leaves {} units per head after the {}-token window, less than the {} units its "
+           "PCA bases cost (widths {}); use a larger budget, a smaller window or widths=0,1",
+           b.tokens, b.tokens - w, w, ws.r_max, params().get("widths"));
+    const auto caps = per_head_budgets(head_scores_for_gqa(importance_, v.n_kv_heads, gqa()), b.tokens, w,
+                                       params().get_float("beta"), params().get_float("temp"),
+                                       params().get("caps") == "exact" ? CapRounding::ExactTotal : CapRounding::Nearest);
+    const auto slices = head_slices(v, gqa(), w);
+    const auto bases = head_bases(v, gqa(), ws.r_max);
+    std::vector<MixedChoice> choices(slices.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < static_cast<int>(slices.size()); ++s) {
+      const HeadLosses l = width_losses(slices[s], v.n_tokens, v.head_dim, w, bases[s].get(), ws);
+      const double cap = caps[v.layer][s];
+      choices[s] = solve_mixed({&l}, ws, cap - ws.r_max, cap, params().get_bool("top_up"));
+    }
+    stats_ = mixed_stats(choices, ws);
+    std::vector<std::vector<int>> width;
+    for (auto& c : choices) width.push_back(std::move(c.alloc.width[0]));
+    return build_mixed_cache(v, gqa(), w, ws, bases, width);
+  }
+
+  nlohmann::json layer_stats() const override { return stats_; }
+  bool may_exceed_budget() const override { return params().get("caps") == "repro"; }
+
+ private:
+  int window() const { return static_cast<int>(params().get_int("window")); }
+  WidthSet ws_;
+  HeadImportance importance_;
+  nlohmann::json stats_;
+};
+
+const bool registered = register_method(
+    {"mixeddimkv_h", "MixedDimKV's width allocation inside HeadKV's per-head quotas",
+     {ParamSpec::integer("window", 8, 1, 4096, "observation window alpha (kept at full width, inside T)"),
+      ParamSpec::text("widths", "0,0.125,0.25,1", "candidate width ratios; must include 0 and 1"),
+      ParamSpec::boolean("top_up", true, "greedy top-up of the items that flip inside the final bracket"),
+      ParamSpec::choice("heads", "r2", {"r2", "r"}, "head scores: retrieval-reasoning (r2) or retrieval (r)"),
+      ParamSpec::text("scores", "", "head-score file (default: this model's artifact; 'uniform': all heads alike)"),
+      ParamSpec::real("beta", 1.1, 1.0, 1000.0, "HeadKV's beta: each head is guaranteed b - b//beta of b = T - w"),
+      ParamSpec::real("temp", 1.0, 0.0, 100.0, "HeadKV's temperature on the normalised scores"),
+      ParamSpec::choice("caps", "exact", {"exact", "repro"},
+                        "exact: quotas sum to L x heads x (T - w); repro: per-head torch.round as HeadKV")},
+     [] { return std::make_unique<MixedDimKVH>(); },
+     {},
+     {},
+     {{"scores", "uniform"}, {"widths", "0,0.5,1"}}});
+
+}  // namespace
+}  // namespace kvb
