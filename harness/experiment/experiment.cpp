@@ -239,6 +239,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"prefill_shared", capture != nullptr},
           {"decode_seconds", g.decode_seconds},
           {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
+          {"cache", runner ? runner->cache_profile() : nlohmann::json(nullptr)},
           {"peak_memory_bytes", engine.backend().peak_memory_bytes()}};
 }
 

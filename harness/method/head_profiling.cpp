@@ -25,7 +25,10 @@ std::vector<Needle> builtin_needles() {
   const std::string lena =
       "Lena's favorite thing is to paint watercolor landscapes by the river and drink a cup of mint tea afterward.";
   const std::string ages = " Omar is 34 years old. Lena is 29 years old.";
-  return {{" " + omar + " " + lena + ages, "What is the favorite thing of the older one between Omar and Lena?", omar, omar},
+  // The answer sentence opens each needle without a leading space, so that it tokenizes in the prompt
+  // as it does alone and the span search finds exactly it (a leading space changes the first token,
+  // and the reference's ties-to-the-later-window rule then drifts onto the next sentence).
+  return {{omar + " " + lena + ages, "What is the favorite thing of the older one between Omar and Lena?", omar, omar},
           {lena + " " + omar + ages, "What is the favorite thing of the younger one between Omar and Lena?", lena, lena}};
 }
 
