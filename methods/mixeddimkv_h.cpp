@@ -18,6 +18,10 @@ class MixedDimKVH final : public Method {
     importance_ = load_head_importance(parse_head_score_kind(params().get("heads")), params().get("scores"), model());
   }
 
+  nlohmann::json artifacts() const override {
+    return {{"head_scores", {{"file", importance_.source}, {"digest", importance_.digest}}}};
+  }
+
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     const int w = window();
     const WidthSet& ws = ws_;

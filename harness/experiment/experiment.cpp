@@ -194,7 +194,7 @@ ExperimentSpec load_experiment(const std::string& path) {
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
                            int budget) {
-  return {{"task", task},
+  nlohmann::json c = {{"task", task},
           {"options", task_options},
           {"model", std::filesystem::path(model_path).filename().string()},
           {"model_fingerprint", model.config().fingerprint},
@@ -203,6 +203,14 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
           {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
           {"gqa", method ? gqa_mode_name(method->gqa()) : "-"},
           {"version", code_version()}};
+  // A recalibrated artifact changes the numbers: its digest is part of the key (the path is not).
+  if (method && !method->artifacts().is_null()) {
+    nlohmann::json a = method->artifacts();
+    for (auto& [k, v] : a.items())
+      if (v.is_object()) v.erase("file");
+    c["artifacts"] = a;
+  }
+  return c;
 }
 
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id) {

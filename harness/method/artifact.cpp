@@ -3,8 +3,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "harness/util/error.hpp"
+#include "harness/util/hash.hpp"
 
 namespace kvb {
 
@@ -42,9 +44,11 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
            a.path, make_command);
     fail("{}: no such {} artifact; make one with `{}`", a.path, kind, make_command);
   }
-  std::ifstream in(a.path);
+  std::ifstream in(a.path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  a.digest = fmt::format("{:016x}", fnv1a(text));
   try {
-    a.body = nlohmann::json::parse(in);
+    a.body = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON ({})", a.path, e.what());
   }

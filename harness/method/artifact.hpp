@@ -22,6 +22,7 @@ struct LoadedArtifact {
   std::string path;
   nlohmann::json body;
   bool has_header = false;  // false for a foreign file in a reference layout (checked by shape only)
+  std::string digest;       // fnv1a-64 of the file's text, as 16 hex digits
 };
 
 // Reads the artifact at `path`, or at the default location when `path` is empty. A missing file says

@@ -32,6 +32,7 @@ HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path,
                                        kind == HeadScoreKind::RetrievalReasoning ? "r2" : "r");
   const LoadedArtifact a = load_artifact(artifact_kind(kind), path, m, make);
   imp.source = a.path;
+  imp.digest = a.digest;
   imp.score.assign(L, std::vector<double>(H, std::nan("")));
   static const std::regex key_re(R"((\d+)-(\d+))");
   for (const auto& [key, value] : a.body.items()) {

@@ -19,6 +19,7 @@ std::string artifact_kind(HeadScoreKind k);                  // "headkv_r2", "he
 struct HeadImportance {
   std::vector<std::vector<double>> score;  // [layer][query head]: mean over the successful tests
   std::string source;                      // the file, or "uniform"
+  std::string digest;                      // fnv1a-64 of the file's text (results are keyed by it)
 };
 
 // Loads the scores at `path` ("" = this model's artifact, "uniform" = every head alike, which reduces

@@ -52,6 +52,8 @@ class Method {
   virtual void on_decode(LayerCache&, const DecodeView&) {}
   // Whether on_decode does anything (the engine skips the call otherwise).
   virtual bool acts_on_decode() const { return false; }
+  // The offline artifacts the method read (file, digest), part of every result's key; null if none.
+  virtual nlohmann::json artifacts() const { return nullptr; }
   // What the last compress() decided beyond the cache itself (e.g. a Lagrange multiplier), for the
   // record of the sample; null when there is nothing to report.
   virtual nlohmann::json layer_stats() const { return nullptr; }

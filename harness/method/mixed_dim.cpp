@@ -391,6 +391,18 @@ LayerCache build_mixed_cache(const PrefillView& v, GqaMode mode, int window, con
   return cache;
 }
 
+std::vector<std::vector<int>> cache_widths(const LayerCache& cache, int n_tokens) {
+  std::vector<std::vector<int>> out(cache.n_cache_heads(), std::vector<int>(n_tokens, 0));
+  for (int h = 0; h < cache.n_cache_heads(); ++h)
+    for (const auto& seg : cache.segments(h)) {
+      const auto* lr = dynamic_cast<const LowRankSegment*>(seg.get());
+      const int width = lr ? lr->k_rank() : cache.head_dim();
+      for (int32_t p : seg->positions())
+        if (p >= 0 && p < n_tokens) out[h][p] = width;
+    }
+  return out;
+}
+
 nlohmann::json mixed_stats(const std::vector<MixedChoice>& choices, const WidthSet& ws) {
   std::vector<size_t> hist(ws.rho.size(), 0);
   double primal = 0, dual = 0;

@@ -80,6 +80,10 @@ LayerCache build_mixed_cache(const PrefillView& v, GqaMode mode, int window, con
                              const std::vector<std::shared_ptr<const LowRankBasis>>& bases,
                              const std::vector<std::vector<int>>& width);
 
+// The width each stored head keeps each prompt position at: 0 when evicted, the head dimension when
+// dense, the key rank when low-rank. [stored head][position], for positions [0, n_tokens).
+std::vector<std::vector<int>> cache_widths(const LayerCache& cache, int n_tokens);
+
 // The uncentered PCA basis of each stored head of the layer at rank ws.r_max (null when r_max = 0).
 std::vector<std::shared_ptr<const LowRankBasis>> head_bases(const PrefillView& v, GqaMode mode, int r_max);
 
