@@ -161,7 +161,7 @@ TEST_CASE("headkv: score files and artifacts: clear errors", "[headkv]") {
   test::require_error([&] { load(R"({"0-0": [1], "0-1": [1], "1-0": [1], "1-1": [1], "2-0": [1]})"); },
                       {"'2-0'", "2 layers x 2 query heads"});
   test::require_error([&] { load(R"({"0-0": [NaN], "0-1": [1], "1-0": [1], "1-1": [1]})"); },
-                      {"kvbench_bad_scores.json", "not valid JSON"});
+                      {"kvbench_bad_scores.json", "holds NaN", "finite"});
   test::require_error([&] { load(R"({"0-0": [-1], "0-1": [1], "1-0": [1], "1-1": [1]})"); }, {"'0-0'", "-1"});
   test::require_error([&] { load(R"({"0-0": [], "0-1": [1], "1-0": [1], "1-1": [1]})"); }, {"'0-0' is empty"});
   test::require_error([&] { load(R"({"a-b": [1]})"); }, {"'a-b'", "layer-head"});

@@ -50,6 +50,10 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
   try {
     a.body = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
+    // Python's json.dump writes NaN and Infinity, which JSON has no words for.
+    for (const char* word : {"NaN", "Infinity"})
+      if (text.find(word) != std::string::npos)
+        fail("{}: holds {} (not valid JSON), expected finite numbers; was the profiling run broken?", a.path, word);
     fail("{}: not valid JSON ({})", a.path, e.what());
   }
   if (!a.body.is_object()) fail("{}: expected a JSON object", a.path);
