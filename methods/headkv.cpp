@@ -94,7 +94,7 @@ void profile_r2(CalibrationContext& ctx) {
         }
         const std::string response = python_strip(ctx.tokenizer.decode(out, true));
         const double f1 = 100.0 * longbench::qa_f1(response, nd.answer);
-        if (f1 > 50) {
+        if (f1 > o.get_float("min_f1")) {
           ++ok;
           for (int l = 0; l < L; ++l)
             for (int h = 0; h < H; ++h) lists[l][h].push_back(probe.score[l][h]);
@@ -108,9 +108,9 @@ void profile_r2(CalibrationContext& ctx) {
   bar.finish();
   if (ok == 0) {
     for (const auto& t : log) fmt::print(stderr, "  {}\n", t.dump());
-    fail("kvbench calibrate headkv: the model answered none of the {} needle tests (F1 > 0.5, log above); no head "
-         "scores (an instruct model may need -o chat=true)",
-         done);
+    fail("kvbench calibrate headkv: the model answered none of the {} needle tests (F1 x 100 > {}, log above); no "
+         "head scores (an instruct model may need -o chat=true; a small model may need a lower -o min_f1)",
+         done, o.get_float("min_f1"));
   }
   nlohmann::json body;
   body["header"] = artifact_header("headkv_r2", cfg, ctx.model.path());
@@ -123,6 +123,7 @@ void profile_r2(CalibrationContext& ctx) {
                               "this default uses the NIAH essays instead"
                             : "user-supplied"},
       {"chat_template", o.get_bool("chat")},
+      {"min_f1", o.get_float("min_f1")},
       {"needles", o.get("needles").empty() ? "kvbench built-in retrieval-reasoning needles" : o.get("needles")},
       {"lengths", lengths},
       {"depths", depths},
@@ -198,7 +199,9 @@ const bool registered = register_method(
       ParamSpec::integer("e_len", 0, 0, 10000000, "longest context length (0: 10000 or the model's context length)"),
       ParamSpec::integer("lengths", 5, 1, 1000, "context lengths, round(linspace(s_len, e_len, n))"),
       ParamSpec::integer("depths", 10, 1, 101, "needle depths, round(linspace(0, 100, n)) percent"),
-      ParamSpec::boolean("chat", false, "wrap each prompt in the model's chat template (the reference does not)")},
+      ParamSpec::boolean("chat", false, "wrap each prompt in the model's chat template (the reference does not)"),
+      ParamSpec::real("min_f1", 50.0, 0.0, 100.0,
+                      "a test counts when its answer's F1 x 100 exceeds this (the reference: 50)")},
      profile_r2,
      {{"scores", "uniform"}}});
 
