@@ -48,9 +48,7 @@ class MixedDimKV final : public Method {
 
 const bool registered = register_method(
     {"mixeddimkv", "per-token widths in per-head PCA bases, chosen per layer by Lagrangian bisection",
-     {ParamSpec::integer("window", 8, 1, 4096, "observation window alpha (kept at full width, inside T)"),
-      ParamSpec::text("widths", "0,0.125,0.25,1", "candidate width ratios; must include 0 and 1"),
-      ParamSpec::boolean("top_up", true, "greedy top-up of the items that flip inside the final bracket")},
+     mixed_dim_params(),
      [] { return std::make_unique<MixedDimKV>(); },
      {},
      {},

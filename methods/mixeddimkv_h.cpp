@@ -58,17 +58,19 @@ class MixedDimKVH final : public Method {
   nlohmann::json stats_;
 };
 
+std::vector<ParamSpec> mixeddimkv_h_params() {
+  auto p = mixed_dim_params();
+  p.push_back(ParamSpec::choice("heads", "r2", {"r2", "r"}, "head scores: retrieval-reasoning (r2) or retrieval (r)"));
+  p.push_back(ParamSpec::text("scores", "", "head-score file (default: this model's artifact; 'uniform': all heads alike)"));
+  p.push_back(ParamSpec::real("beta", 1.1, 1.0, 1000.0, "HeadKV's beta: each head is guaranteed b - b//beta of b = T - w"));
+  p.push_back(ParamSpec::real("temp", 1.0, 0.0, 100.0, "HeadKV's temperature on the normalised scores"));
+  p.push_back(ParamSpec::choice("caps", "exact", {"exact", "repro"},
+                                "exact: quotas sum to L x heads x (T - w); repro: per-head torch.round as HeadKV"));
+  return p;
+}
+
 const bool registered = register_method(
-    {"mixeddimkv_h", "MixedDimKV's width allocation inside HeadKV's per-head quotas",
-     {ParamSpec::integer("window", 8, 1, 4096, "observation window alpha (kept at full width, inside T)"),
-      ParamSpec::text("widths", "0,0.125,0.25,1", "candidate width ratios; must include 0 and 1"),
-      ParamSpec::boolean("top_up", true, "greedy top-up of the items that flip inside the final bracket"),
-      ParamSpec::choice("heads", "r2", {"r2", "r"}, "head scores: retrieval-reasoning (r2) or retrieval (r)"),
-      ParamSpec::text("scores", "", "head-score file (default: this model's artifact; 'uniform': all heads alike)"),
-      ParamSpec::real("beta", 1.1, 1.0, 1000.0, "HeadKV's beta: each head is guaranteed b - b//beta of b = T - w"),
-      ParamSpec::real("temp", 1.0, 0.0, 100.0, "HeadKV's temperature on the normalised scores"),
-      ParamSpec::choice("caps", "exact", {"exact", "repro"},
-                        "exact: quotas sum to L x heads x (T - w); repro: per-head torch.round as HeadKV")},
+    {"mixeddimkv_h", "MixedDimKV's width allocation inside HeadKV's per-head quotas", mixeddimkv_h_params(),
      [] { return std::make_unique<MixedDimKVH>(); },
      {},
      {},

@@ -194,25 +194,28 @@ std::vector<float> top_eigenvectors(const float* x, int n, int d, int rank) {
 
 }  // namespace
 
-LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank) {
+namespace {
+
+template <typename Eigen>
+LowRankBasis basis_of(const float* k, const float* v, int n, int d, int rank, Eigen top) {
   if (rank < 0 || rank > d) fail("pca_basis: rank {} outside [0, {}]", rank, d);
   if (n <= 0) fail("pca_basis: no rows");
   LowRankBasis b;
   b.head_dim = d;
   b.rank = rank;
-  b.k = top_eigenvectors(k, n, d, rank);
-  b.v = top_eigenvectors(v, n, d, rank);
+  b.k = top(k, n, d, rank);
+  b.v = top(v, n, d, rank);
   return b;
 }
 
+}  // namespace
+
+LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank) {
+  return basis_of(k, v, n, d, rank, top_eigenvectors);
+}
+
 LowRankBasis pca_basis_ref(const float* k, const float* v, int n, int d, int rank) {
-  if (rank < 0 || rank > d) fail("pca_basis: rank {} outside [0, {}]", rank, d);
-  LowRankBasis b;
-  b.head_dim = d;
-  b.rank = rank;
-  b.k = top_eigenvectors_ref(k, n, d, rank);
-  b.v = top_eigenvectors_ref(v, n, d, rank);
-  return b;
+  return basis_of(k, v, n, d, rank, top_eigenvectors_ref);
 }
 
 }  // namespace kvb

@@ -14,6 +14,12 @@
 
 namespace kvb {
 
+std::vector<ParamSpec> mixed_dim_params() {
+  return {ParamSpec::integer("window", 8, 1, 4096, "observation window alpha (kept at full width, inside T)"),
+          ParamSpec::text("widths", "0,0.125,0.25,1", "candidate width ratios; must include 0 and 1"),
+          ParamSpec::boolean("top_up", true, "greedy top-up of the items that flip inside the final bracket")};
+}
+
 WidthSet parse_widths(const std::string& text, int head_dim, const std::string& param) {
   WidthSet ws;
   std::stringstream in(text);

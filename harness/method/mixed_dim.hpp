@@ -17,6 +17,9 @@
 
 namespace kvb {
 
+// The parameters MixedDimKV and MixedDimKV-H share: window, widths, top_up.
+std::vector<ParamSpec> mixed_dim_params();
+
 // Candidate widths: ratios rho (ascending, 0 and 1 included) and the dimensions they give.
 struct WidthSet {
   std::vector<double> rho;
