@@ -147,7 +147,7 @@ class HeadKV final : public Method {
   PrefillNeeds needs() const override { return {static_cast<int>(params().get_int("window")), false, false}; }
 
   void setup() override {
-    importance_ = load_head_importance(parse_head_score_kind(params().get("heads")), params().get("scores"), model());
+    importance_ = load_head_importance(params(), model());
   }
 
   nlohmann::json artifacts() const override {
@@ -157,9 +157,7 @@ class HeadKV final : public Method {
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
     if (caps_tokens_ != b.tokens) {
-      caps_ = per_head_budgets(head_scores_for_gqa(importance_, v.n_kv_heads, gqa()), b.tokens, w,
-                               params().get_float("beta"), params().get_float("temp"),
-                               params().get("caps") == "exact" ? CapRounding::ExactTotal : CapRounding::Nearest);
+      caps_ = head_capacities(importance_, params(), v.n_kv_heads, gqa(), b.tokens, w);
       caps_tokens_ = b.tokens;
     }
     const HeadScores s = pooled_window_scores(v, params(), gqa());
@@ -179,12 +177,7 @@ std::vector<ParamSpec> headkv_params() {
   for (auto& s : p) {  // HeadKV's defaults: w = 8, max pooling of 7, mean over the window rows
     if (s.name == "window") s.default_value = "8";
   }
-  p.push_back(ParamSpec::choice("heads", "r2", {"r2", "r"}, "head scores: retrieval-reasoning (HeadKV-R2) or retrieval (HeadKV-R)"));
-  p.push_back(ParamSpec::text("scores", "", "head-score file (default: this model's artifact; 'uniform': all heads alike)"));
-  p.push_back(ParamSpec::real("beta", 1.1, 1.0, 1000.0, "each head is guaranteed b - b//beta of b = T - w"));
-  p.push_back(ParamSpec::real("temp", 1.0, 0.0, 100.0, "temperature on the normalised head scores"));
-  p.push_back(ParamSpec::choice("caps", "exact", {"exact", "repro"},
-                                "exact: capacities sum to L x heads x (T - w); repro: per-head torch.round as HeadKV"));
+  for (auto& h : head_budget_params()) p.push_back(std::move(h));
   return p;
 }
 

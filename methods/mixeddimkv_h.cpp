@@ -15,7 +15,7 @@ class MixedDimKVH final : public Method {
 
   void setup() override {
     ws_ = parse_widths(params().get("widths"), model().head_dim);
-    importance_ = load_head_importance(parse_head_score_kind(params().get("heads")), params().get("scores"), model());
+    importance_ = load_head_importance(params(), model());
   }
 
   nlohmann::json artifacts() const override {
@@ -30,9 +30,7 @@ class MixedDimKVH final : public Method {
       fail("mixeddimkv_h: KV size {} leaves {} units per head after the {}-token window, less than the {} units its "
            "PCA bases cost (widths {}); use a larger budget, a smaller window or widths=0,1",
            b.tokens, b.tokens - w, w, ws.r_max, params().get("widths"));
-    const auto caps = per_head_budgets(head_scores_for_gqa(importance_, v.n_kv_heads, gqa()), b.tokens, w,
-                                       params().get_float("beta"), params().get_float("temp"),
-                                       params().get("caps") == "exact" ? CapRounding::ExactTotal : CapRounding::Nearest);
+    const auto caps = head_capacities(importance_, params(), v.n_kv_heads, gqa(), b.tokens, w);
     const auto slices = head_slices(v, gqa(), w);
     const auto bases = head_bases(v, gqa(), ws.r_max);
     std::vector<MixedChoice> choices(slices.size());
@@ -60,12 +58,7 @@ class MixedDimKVH final : public Method {
 
 std::vector<ParamSpec> mixeddimkv_h_params() {
   auto p = mixed_dim_params();
-  p.push_back(ParamSpec::choice("heads", "r2", {"r2", "r"}, "head scores: retrieval-reasoning (r2) or retrieval (r)"));
-  p.push_back(ParamSpec::text("scores", "", "head-score file (default: this model's artifact; 'uniform': all heads alike)"));
-  p.push_back(ParamSpec::real("beta", 1.1, 1.0, 1000.0, "HeadKV's beta: each head is guaranteed b - b//beta of b = T - w"));
-  p.push_back(ParamSpec::real("temp", 1.0, 0.0, 100.0, "HeadKV's temperature on the normalised scores"));
-  p.push_back(ParamSpec::choice("caps", "exact", {"exact", "repro"},
-                                "exact: quotas sum to L x heads x (T - w); repro: per-head torch.round as HeadKV"));
+  for (auto& h : head_budget_params()) p.push_back(std::move(h));
   return p;
 }
 

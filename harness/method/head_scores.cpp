@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "harness/method/artifact.hpp"
+#include "harness/method/parts.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -84,6 +85,25 @@ std::vector<std::vector<double>> head_scores_for_gqa(const HeadImportance& imp, 
     for (size_t h = 0; h < layer.size(); ++h) row[h / G] += layer[h];
   }
   return out;
+}
+
+std::vector<ParamSpec> head_budget_params() {
+  return {ParamSpec::choice("heads", "r2", {"r2", "r"}, "head scores: retrieval-reasoning (r2) or retrieval (r)"),
+          ParamSpec::text("scores", "", "head-score file (default: this model's artifact; 'uniform': all heads alike)"),
+          ParamSpec::real("beta", 1.1, 1.0, 1000.0, "each head is guaranteed b - b//beta of b = T - w"),
+          ParamSpec::real("temp", 1.0, 0.0, 100.0, "temperature on the normalised head scores"),
+          ParamSpec::choice("caps", "exact", {"exact", "repro"},
+                            "exact: capacities sum to L x heads x (T - w); repro: per-head torch.round as HeadKV")};
+}
+
+HeadImportance load_head_importance(const Params& p, const ModelConfig& model) {
+  return load_head_importance(parse_head_score_kind(p.get("heads")), p.get("scores"), model);
+}
+
+std::vector<std::vector<int>> head_capacities(const HeadImportance& imp, const Params& p, int n_kv_heads,
+                                              GqaMode mode, int T, int w) {
+  return per_head_budgets(head_scores_for_gqa(imp, n_kv_heads, mode), T, w, p.get_float("beta"), p.get_float("temp"),
+                          p.get("caps") == "exact" ? CapRounding::ExactTotal : CapRounding::Nearest);
 }
 
 }  // namespace kvb

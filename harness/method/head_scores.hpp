@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "harness/method/method.hpp"
+#include "harness/method/params.hpp"
 #include "harness/model/config.hpp"
 
 namespace kvb {
@@ -30,5 +31,14 @@ HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path,
 // Scores per stored head: query heads as they are (repeat), or summed over each KV head's group
 // (native; spec 5.2: the group mean of the query heads' capacities).
 std::vector<std::vector<double>> head_scores_for_gqa(const HeadImportance& imp, int n_kv_heads, GqaMode mode);
+
+// The parameters of HeadKV's head budgets, shared by the methods that use them: heads, scores, beta,
+// temp, caps.
+std::vector<ParamSpec> head_budget_params();
+// Loads the scores the parameters name (Method::setup of those methods).
+HeadImportance load_head_importance(const Params& p, const ModelConfig& model);
+// Non-window capacities [layer][stored head] for KV size T and window w under those parameters.
+std::vector<std::vector<int>> head_capacities(const HeadImportance& imp, const Params& p, int n_kv_heads,
+                                              GqaMode mode, int T, int w);
 
 }  // namespace kvb
