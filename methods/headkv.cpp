@@ -1,14 +1,16 @@
 // HeadKV (Fu et al. 2024, spec/methods-b.md 5): heads matter unequally. An offline profiling run
-// scores every attention head by how much of its attention lands on the answer sentence of needle
-// tests while the model answers (retrieval-reasoning needles for HeadKV-R2); at inference each head
-// gets a guaranteed share of the budget plus a slice of a shared pool in proportion to its score, and
-// selects its tokens SnapKV-style inside that share (ragged per-head caches).
+// scores every attention head on needle tests while the model answers; at inference each head gets a
+// guaranteed share of the budget plus a slice of a shared pool in proportion to its score, and selects
+// its tokens SnapKV-style inside that share (ragged per-head caches).
 //
-// `kvbench calibrate headkv MODEL` is the profiling (Important_Head/retrieval_head_detection_r2.py of
-// the HeadKV repository): a length x depth grid of needle prompts; for every decode step of the greedy
-// answer and every (layer, query head), the top-k attended positions of the step's query, k the token
-// length of the answer sentence, add attention/k where they fall inside that sentence; a test counts
-// only if its answer scores F1 > 0.5; a head's importance is its mean over the counted tests.
+// `kvbench calibrate headkv MODEL` is the profiling, on a length x depth grid of needle prompts:
+// - heads=r2 (HeadKV-R2, Important_Head/retrieval_head_detection_r2.py): at every decode step of the
+//   greedy answer, each (layer, query head) adds attention/k for those of its query's top-k positions
+//   that fall inside the answer sentence, k its token length; a test counts if its answer has F1 > 0.5.
+// - heads=r (HeadKV-R, retrieval_head_detection.py after Wu et al.'s retrieval heads): a head adds
+//   1/k when its top-1 position lies in the needle's answer text and holds the token just generated
+//   (it copies); a test counts if its answer's stemmed ROUGE-1 recall of that text exceeds 0.5.
+// A head's importance is its mean over the counted tests.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include "harness/util/error.hpp"
 #include "harness/util/progress.hpp"
 #include "tasks/longbench/metrics.hpp"
+#include "tasks/rouge_score.hpp"
 #include "tasks/text.hpp"
 
 namespace kvb {
@@ -36,12 +39,20 @@ namespace {
 // ---------------------------------------------------------------------------------------------------
 // Profiling
 
-void profile_r2(CalibrationContext& ctx) {
+// The reference scripts' decode stop: SentencePiece's newline byte token (it never fires for byte-level
+// BPE vocabularies such as Llama 3's or SmolLM2's) or id 144.
+bool reference_stop(const Tokenizer& tok, int32_t id) { return tok.token_text(id) == "<0x0A>" || id == 144; }
+
+void profile_heads(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
   const auto t0 = std::chrono::steady_clock::now();
   const Params& o = ctx.options;
-  const std::vector<Needle> needles =
-      o.get("needles").empty() ? builtin_needles() : load_needles(o.get("needles"));
+  const HeadScoreKind kind = parse_head_score_kind(o.get("heads"));
+  const bool reasoning = kind == HeadScoreKind::RetrievalReasoning;
+  const std::string name = reasoning ? "r2" : "r";
+  const std::vector<Needle> needles = o.get("needles").empty()
+                                          ? (reasoning ? builtin_reasoning_needles() : builtin_retrieval_needles())
+                                          : load_needles(o.get("needles"), reasoning);
   const long e_len = o.get_int("e_len") > 0 ? o.get_int("e_len") : std::min<long>(10000, cfg.context_length);
   const long n_len = o.get_int("lengths"), n_depth = o.get_int("depths"), s_len = o.get_int("s_len");
   if (e_len < s_len) fail("kvbench calibrate headkv: e_len {} is below s_len {}", e_len, s_len);
@@ -63,7 +74,7 @@ void profile_r2(CalibrationContext& ctx) {
   const int L = cfg.n_layers, H = cfg.n_heads;
   std::vector<std::vector<std::vector<double>>> lists(L, std::vector<std::vector<double>>(H));
   nlohmann::json log = nlohmann::json::array();
-  Progress bar("headkv r2 profiling", needles.size() * lengths.size() * depths.size(), "prompt");
+  Progress bar(fmt::format("headkv {} profiling", name), needles.size() * lengths.size() * depths.size(), "prompt");
   size_t ok = 0, done = 0;
   for (size_t ni = 0; ni < needles.size(); ++ni) {
     const Needle& nd = needles[ni];
@@ -77,54 +88,64 @@ void profile_r2(CalibrationContext& ctx) {
         if (static_cast<long>(ids.size()) + 50 > cfg.context_length)
           fail("kvbench calibrate headkv: a {}-token prompt leaves no room to decode in the model's context of {}",
                ids.size(), cfg.context_length);
-        const auto [s, e] = prompts.span(ids, nd.real_needle);
-        RetrievalProbe probe(L, H, s, e);
+        // R2 scores the attention mass on the answer sentence, R the copies out of the needle
+        // (retrieval_head_detection_r2.py and retrieval_head_detection.py respectively).
+        const auto [s, e] = reasoning ? prompts.span(ids, nd.real_needle) : prompts.first_span(ids, nd.real_needle, 0.9);
+        RetrievalProbe probe(L, H, s, e, reasoning ? ProbeRule::AttentionMass : ProbeRule::Copy, ids);
         ctx.engine.prefill(std::span(ids).first(ids.size() - 1), &probe);
         std::vector<int32_t> out;
         int32_t inp = ids.back();
+        const auto& eos = ctx.tokenizer.special().eos;
         for (int step = 0; step < 50; ++step) {
           const int32_t next = argmax(ctx.engine.decode(inp));
           out.push_back(next);
-          const auto& eos = ctx.tokenizer.special().eos;
-          // The reference's stop test: SentencePiece's newline byte token (it never fires for
-          // byte-level BPE vocabularies such as Llama 3's or SmolLM2's), EOS, or the answer's length.
-          if (ctx.tokenizer.token_text(next) == "<0x0A>" || (eos && next == *eos) || out.size() >= answer_tokens.size())
+          probe.generated(next);
+          // R2 also stops at EOS and at the answer's token count; R runs until the newline test.
+          if (reference_stop(ctx.tokenizer, next) ||
+              (reasoning && ((eos && next == *eos) || out.size() >= answer_tokens.size())))
             break;
           inp = next;
         }
         const std::string response = python_strip(ctx.tokenizer.decode(out, true));
-        const double f1 = 100.0 * longbench::qa_f1(response, nd.answer);
-        if (f1 > o.get_float("min_f1")) {
+        const double score = reasoning ? 100.0 * longbench::qa_f1(response, nd.answer)
+                                       : 100.0 * rouge_n(nd.real_needle, response, 1).recall;
+        if (score > o.get_float("min_score")) {
           ++ok;
           for (int l = 0; l < L; ++l)
             for (int h = 0; h < H; ++h) lists[l][h].push_back(probe.score[l][h]);
         }
         log.push_back({{"needle", ni}, {"length", len}, {"depth", depth}, {"prompt_tokens", ids.size()},
-                       {"span", {s, e}}, {"response", utf8_lossy(response)}, {"f1", f1}});
+                       {"span", {s, e}}, {"response", utf8_lossy(response)}, {reasoning ? "f1" : "rouge1_recall", score}});
         bar.advance(1, fmt::format("{} of {} counted", ok, ++done));
       }
     }
   }
   bar.finish();
+  const char* metric = reasoning ? "F1" : "ROUGE-1 recall";
   if (ok == 0) {
     for (const auto& t : log) fmt::print(stderr, "  {}\n", t.dump());
-    fail("kvbench calibrate headkv: the model answered none of the {} needle tests (F1 x 100 > {}, log above); no "
-         "head scores (an instruct model may need -o chat=true; a small model may need a lower -o min_f1)",
-         done, o.get_float("min_f1"));
+    fail("kvbench calibrate headkv: the model answered none of the {} needle tests ({} x 100 > {}, log above); no "
+         "head scores (an instruct model may need -o chat=true; a small model may need a lower -o min_score)",
+         done, metric, o.get_float("min_score"));
   }
+  const std::string akind = artifact_kind(kind);
   nlohmann::json body;
-  body["header"] = artifact_header("headkv_r2", cfg, ctx.model.path());
+  body["header"] = artifact_header(akind, cfg, ctx.model.path());
   body["header"]["tokenizer"] = ctx.tokenizer.kind();
   body["header"]["profiling"] = {
-      {"scores", "retrieval-reasoning (HeadKV-R2): mean over counted tests of the attention on the answer sentence"},
+      {"scores", reasoning ? "retrieval-reasoning (HeadKV-R2): mean over counted tests of the attention on the answer sentence"
+                           : "retrieval (HeadKV-R): mean over counted tests of the share of the needle's tokens the head "
+                             "copied (top-1 attention on the needle token that was generated)"},
       {"haystack", haystack_desc},
       {"haystack_note", o.get("haystack").empty()
-                            ? "the HeadKV paper profiles on book text (its repository's haystack_for_detect_r2); "
-                              "this default uses the NIAH essays instead"
+                            ? fmt::format("the HeadKV paper profiles on book text (its repository's {}); this default "
+                                          "uses the NIAH essays instead",
+                                          reasoning ? "haystack_for_detect_r2" : "haystack_for_detect")
                             : "user-supplied"},
       {"chat_template", o.get_bool("chat")},
-      {"min_f1", o.get_float("min_f1")},
-      {"needles", o.get("needles").empty() ? "kvbench built-in retrieval-reasoning needles" : o.get("needles")},
+      {"success", fmt::format("{} x 100 > {}", metric, o.get_float("min_score"))},
+      {"needles", o.get("needles").empty() ? fmt::format("kvbench built-in {} needles", reasoning ? "retrieval-reasoning" : "retrieval")
+                                           : o.get("needles")},
       {"lengths", lengths},
       {"depths", depths},
       {"tests", done},
@@ -133,9 +154,9 @@ void profile_r2(CalibrationContext& ctx) {
       {"log", log}};
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) body[fmt::format("{}-{}", l, h)] = lists[l][h];
-  const std::string path = ctx.out.empty() ? default_artifact_path("headkv_r2", cfg) : ctx.out;
+  const std::string path = ctx.out.empty() ? default_artifact_path(akind, cfg) : ctx.out;
   write_artifact(path, body);
-  fmt::print("headkv r2 scores: {} of {} tests counted, {:.0f} s; written to {}\n", ok, done,
+  fmt::print("headkv {} scores: {} of {} tests counted, {:.0f} s; written to {}\n", name, ok, done,
              body["header"]["profiling"]["seconds"].get<double>(), path);
 }
 
@@ -184,18 +205,18 @@ std::vector<ParamSpec> headkv_params() {
 const bool registered = register_method(
     {"headkv", "profiled head importance -> per-head budgets, SnapKV selection inside each head",
      headkv_params(), [] { return std::make_unique<HeadKV>(); },
-     // Retrieval (HeadKV-R) profiling is not implemented: its success test is rouge_score's stemmed
-     // ROUGE-1 recall; HeadKV-R runs with the reference repository's score files (scores=FILE).
-     {      ParamSpec::text("haystack", "", "haystack text files or directories, comma-separated (default: the NIAH essays)"),
-      ParamSpec::text("needles", "", "needle JSONL in the HeadKV repository's layout (default: built-in)"),
+     {ParamSpec::choice("heads", "r2", {"r2", "r"}, "which scores: retrieval-reasoning (r2) or retrieval (r) heads"),
+      ParamSpec::text("haystack", "", "haystack text files or directories, comma-separated (default: the NIAH essays)"),
+      ParamSpec::text("needles", "", "needle JSONL in the HeadKV repository's layouts (default: built-in)"),
       ParamSpec::integer("s_len", 0, 0, 10000000, "shortest context length (tokens)"),
       ParamSpec::integer("e_len", 0, 0, 10000000, "longest context length (0: 10000 or the model's context length)"),
       ParamSpec::integer("lengths", 5, 1, 1000, "context lengths, round(linspace(s_len, e_len, n))"),
       ParamSpec::integer("depths", 10, 1, 101, "needle depths, round(linspace(0, 100, n)) percent"),
       ParamSpec::boolean("chat", false, "wrap each prompt in the model's chat template (the reference does not)"),
-      ParamSpec::real("min_f1", 50.0, 0.0, 100.0,
-                      "a test counts when its answer's F1 x 100 exceeds this (the reference: 50)")},
-     profile_r2,
+      ParamSpec::real("min_score", 50.0, 0.0, 100.0,
+                      "a test counts when its answer's score x 100 exceeds this: LongBench F1 (r2) or stemmed "
+                      "ROUGE-1 recall of the needle (r); the reference: 50")},
+     profile_heads,
      {{"scores", "uniform"}}});
 
 }  // namespace

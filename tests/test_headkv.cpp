@@ -141,12 +141,30 @@ TEST_CASE("headkv: the profiling probe scores attention on the answer span", "[h
   std::vector<float> q(size_t(2) * d, 0.0f);
   q[0] = 4.0f;      // head 0: e^100 on each span key
   q[d + 1] = 4.0f;  // head 1
-  RetrievalProbe probe(1, 2, 10, 15);
+  RetrievalProbe probe(1, 2, 10, 15, ProbeRule::AttentionMass);
   probe.on_decode(0, cache, q.data(), N);
   CHECK(probe.score[0][0] == Approx(1.0 / 5));
   CHECK(probe.score[0][1] == Approx(0.0).margin(1e-12));
   probe.on_decode(0, cache, q.data(), N);
   CHECK(probe.score[0][0] == Approx(2.0 / 5));
+
+  // The copy rule (HeadKV-R): head 0's top-1 is the first span key (ties to the lowest position),
+  // position 10, which holds token 7; a step scores 1/5 only when it generates that token.
+  std::vector<int32_t> prompt(N, 1);
+  prompt[10] = 7;
+  RetrievalProbe copy(1, 2, 10, 15, ProbeRule::Copy, prompt);
+  copy.on_decode(0, cache, q.data(), N);
+  copy.generated(7);
+  CHECK(copy.score[0][0] == Approx(1.0 / 5));
+  CHECK(copy.score[0][1] == 0.0);  // its top-1, position 3, is outside the span
+  copy.on_decode(0, cache, q.data(), N);
+  copy.generated(8);  // not a copy
+  CHECK(copy.score[0][0] == Approx(1.0 / 5));
+  // No span found: nothing scores.
+  RetrievalProbe none(1, 2, -1, -1, ProbeRule::Copy, prompt);
+  none.on_decode(0, cache, q.data(), N);
+  none.generated(7);
+  CHECK(none.score[0][0] == 0.0);
 }
 
 TEST_CASE("headkv: score files and artifacts: clear errors", "[headkv]") {
@@ -185,7 +203,7 @@ TEST_CASE("headkv: needle prompts and the answer span on the default model's tok
   auto model = ModelFile::open(*path);
   auto tok = load_tokenizer(*model);
   const NeedlePrompts np(*tok);
-  const Needle n = builtin_needles()[0];
+  const Needle n = builtin_reasoning_needles()[0];
   std::string hay;
   for (int i = 0; i < 400; ++i) hay += "The quick brown fox jumps over the lazy dog. ";
   const std::string ctx = np.trimmed(hay, 1000);
@@ -198,4 +216,35 @@ TEST_CASE("headkv: needle prompts and the answer span on the default model's tok
     CHECK(tok->decode(std::span(ids).subspan(size_t(s), size_t(e - s))) == n.real_needle);
     CHECK(int(ids.size()) <= 1000 - 200 + 40);
   }
+}
+
+TEST_CASE("headkv: retrieval needles, the first-window span rule and the needle file layouts", "[headkv][model]") {
+  // The reference's retrieval needle file has no answer field; the reasoning one needs it.
+  const std::string plain = write_temp("kvbench_needles_r.jsonl",
+                                       R"({"needle": "A b c.", "question": "What?", "real_needle": "b c."})"
+                                       "\n");
+  CHECK(load_needles(plain, false).size() == 1);
+  test::require_error([&] { load_needles(plain, true); }, {"kvbench_needles_r.jsonl:1", "'answer'"});
+  for (const Needle& n : builtin_retrieval_needles()) CHECK(n.needle.find(n.real_needle) != std::string::npos);
+
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  auto tok = load_tokenizer(*model);
+  const NeedlePrompts np(*tok);
+  std::string hay;
+  for (int i = 0; i < 400; ++i) hay += "The quick brown fox jumps over the lazy dog. ";
+  const std::string ctx = np.trimmed(hay, 1000);
+  for (const Needle& n : builtin_retrieval_needles()) {
+    const auto ids = tok->encode_prompt(np.prompt_text(ctx, n, 1000, 50));
+    const auto [s, e] = np.first_span(ids, n.real_needle, 0.9);
+    REQUIRE(s >= 0);
+    CHECK(e - s == int(tok->encode(n.real_needle).size()));
+    // The first window over 90% starts at most one token before the answer text (its leading space
+    // may tokenize apart) and covers it.
+    const std::string got = tok->decode(std::span(ids).subspan(size_t(s), size_t(e - s)));
+    CHECK(got.find(n.real_needle.substr(0, n.real_needle.size() - 1)) != std::string::npos);
+  }
+  CHECK(np.first_span(tok->encode_prompt("nothing here at all"), builtin_retrieval_needles()[0].real_needle, 0.9) ==
+        std::pair{-1, -1});
 }

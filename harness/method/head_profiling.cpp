@@ -19,7 +19,7 @@
 
 namespace kvb {
 
-std::vector<Needle> builtin_needles() {
+std::vector<Needle> builtin_reasoning_needles() {
   const std::string omar =
       "Omar's favorite thing is to build model sailboats in his garage and listen to old jazz records.";
   const std::string lena =
@@ -32,7 +32,19 @@ std::vector<Needle> builtin_needles() {
           {lena + " " + omar + ages, "What is the favorite thing of the younger one between Omar and Lena?", lena, lena}};
 }
 
-std::vector<Needle> load_needles(const std::string& path) {
+std::vector<Needle> builtin_retrieval_needles() {
+  return {{"The secret ingredient in Grandma Rosa's lemon cake is a spoonful of lavender honey folded into the batter.",
+           "What is the secret ingredient in Grandma Rosa's lemon cake?",
+           "a spoonful of lavender honey folded into the batter.", ""},
+          {"The old lighthouse on Gull Island was repainted bright green in the spring of 1987 by a crew of volunteers.",
+           "What happened to the old lighthouse on Gull Island?",
+           "repainted bright green in the spring of 1987 by a crew of volunteers.", ""},
+          {"Captain Ortega never sails on a Friday because a storm once sank his first boat on a Friday morning.",
+           "Why does Captain Ortega never sail on a Friday?",
+           "because a storm once sank his first boat on a Friday morning.", ""}};
+}
+
+std::vector<Needle> load_needles(const std::string& path, bool with_answer) {
   std::ifstream in(path);
   if (!in) fail("{}: cannot read the needle file", path);
   std::vector<Needle> out;
@@ -48,6 +60,7 @@ std::vector<Needle> load_needles(const std::string& path) {
     Needle n;
     for (auto [field, into] : {std::pair{"needle", &n.needle}, {"question", &n.question},
                                {"real_needle", &n.real_needle}, {"answer", &n.answer}}) {
+      if (!with_answer && into == &n.answer) continue;
       if (!j.contains(field) || !j[field].is_string()) fail("{}:{}: field '{}' must be a string", path, no, field);
       *into = j[field].get<std::string>();
     }
@@ -165,8 +178,28 @@ std::pair<int, int> NeedlePrompts::span(const std::vector<int32_t>& ids, const s
   return out;
 }
 
-RetrievalProbe::RetrievalProbe(int layers, int heads, int start, int end)
-    : score(layers, std::vector<double>(heads, 0.0)), start_(start), end_(end) {}
+std::pair<int, int> NeedlePrompts::first_span(const std::vector<int32_t>& ids, const std::string& real_needle,
+                                              double min_overlap) const {
+  const auto needle = tok_.encode(real_needle);
+  const std::set<int32_t> want(needle.begin(), needle.end());
+  if (want.empty()) fail("the answer text '{}' has no tokens", real_needle);
+  const int n = static_cast<int>(needle.size()), N = static_cast<int>(ids.size());
+  for (int i = 0; i < N; ++i) {
+    const std::set<int32_t> got(ids.begin() + i, ids.begin() + std::min(N, i + n));
+    size_t common = 0;
+    for (int32_t t : got) common += want.count(t);
+    if (static_cast<double>(common) / static_cast<double>(want.size()) > min_overlap) return {i, i + n};
+  }
+  return {-1, -1};
+}
+
+RetrievalProbe::RetrievalProbe(int layers, int heads, int start, int end, ProbeRule rule, std::vector<int32_t> prompt)
+    : score(layers, std::vector<double>(heads, 0.0)),
+      start_(start),
+      end_(end),
+      rule_(rule),
+      prompt_(std::move(prompt)),
+      top1_(layers, std::vector<int32_t>(heads, -1)) {}
 
 void RetrievalProbe::on_layer(const PrefillView& v, LayerCache& cache) { cache = keep_all(v, GqaMode::Native); }
 
@@ -183,6 +216,10 @@ void RetrievalProbe::on_decode(int layer, LayerCache& cache, const float* q, int
       pos.insert(pos.end(), seg->positions().begin(), seg->positions().end());
     }
     for (auto& x : p) x /= std::sqrt(static_cast<float>(d));
+    if (rule_ == ProbeRule::Copy) {  // softmax keeps the order: the top-1 of the logits (ties: lowest)
+      top1_[layer][h] = pos[static_cast<size_t>(std::max_element(p.begin(), p.end()) - p.begin())];
+      continue;
+    }
     softmax_inplace(p.data(), static_cast<int>(p.size()));
     // torch.topk of the row; ties (unspecified there) to the lower position.
     std::vector<int> idx(p.size());
@@ -193,6 +230,17 @@ void RetrievalProbe::on_decode(int layer, LayerCache& cache, const float* q, int
     for (int i = 0; i < top; ++i)
       if (pos[idx[i]] >= start_ && pos[idx[i]] < end_) score[layer][h] += double(p[idx[i]]) / k;
   }
+}
+
+void RetrievalProbe::generated(int32_t token) {
+  if (rule_ != ProbeRule::Copy || end_ <= start_) return;
+  for (size_t l = 0; l < top1_.size(); ++l)
+    for (size_t h = 0; h < top1_[l].size(); ++h) {
+      const int32_t i = top1_[l][h];
+      if (i >= start_ && i < end_ && static_cast<size_t>(i) < prompt_.size() && prompt_[static_cast<size_t>(i)] == token)
+        score[l][h] += 1.0 / (end_ - start_);
+      top1_[l][h] = -1;
+    }
 }
 
 }  // namespace kvb
