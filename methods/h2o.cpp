@@ -28,19 +28,19 @@ class H2O final : public Method {
   }
   bool acts_on_decode() const override { return params().get_bool("decode_eviction"); }
 
-  LayerCache compress(const PrefillView& v, const Budget& b) override {
+  std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
-    const HeadScores s = reduce_for_gqa(scores(v, w), v.n_kv_heads, gqa());
-    const auto keep = select_with_window(s, b.tokens - w, v.n_tokens, w);
+    Selection sel = select_top(scores(v, w), v.n_kv_heads, gqa(), std::vector<int>(stored_heads(), b.tokens - w),
+                               v.n_tokens, w);
     if (acts_on_decode()) {
       // Running scores start from the prompt's accumulated attention of every kept token.
       const HeadScores all = reduce_for_gqa(scores(v, 0), v.n_kv_heads, gqa());
       auto& layer = running(v.layer);
-      layer.assign(keep.size(), {});
-      for (size_t h = 0; h < keep.size(); ++h)
-        for (int32_t p : keep[h]) layer[h].push_back(all[h][p]);
+      layer.assign(sel.keep.size(), {});
+      for (size_t h = 0; h < sel.keep.size(); ++h)
+        for (int32_t p : sel.keep[h]) layer[h].push_back(all[h][p]);
     }
-    return gather(v, gqa(), keep);
+    return sel;
   }
 
   void on_decode(LayerCache& cache, const DecodeView& dv) override {
@@ -113,12 +113,15 @@ class H2O final : public Method {
 };
 
 const bool registered = register_method(
-    {"h2o", "heavy hitters by accumulated attention + recent window",
-     {ParamSpec::integer("window", 32, 0, 4096, "recent tokens always kept"),
-      ParamSpec::boolean("decode_eviction", false, "keep evicting during decoding so each head holds at most T"),
-      ParamSpec::choice("mask", "causal", {"causal", "legacy_window_only"},
-                        "causal scoring, or the paper-era code's mask covering only the last w rows")},
-     [] { return std::make_unique<H2O>(); }});
+    {.name = "h2o",
+     .summary = "heavy hitters by accumulated attention + recent window",
+     .params = {ParamSpec::integer("window", 32, 0, 4096, "recent tokens always kept"),
+                ParamSpec::boolean("decode_eviction", false,
+                                   "keep evicting during decoding so each head holds at most T (not with a wrapper)"),
+                ParamSpec::choice("mask", "causal", {"causal", "legacy_window_only"},
+                                  "causal scoring, or the paper-era code's mask covering only the last w rows")},
+     .make = [] { return std::make_unique<H2O>(); },
+     .composition = Composition::Selector});
 
 }  // namespace
 }  // namespace kvb

@@ -175,14 +175,13 @@ class HeadKV final : public Method {
     return {{"head_scores", {{"file", importance_.source}, {"digest", importance_.digest}}}};
   }
 
-  LayerCache compress(const PrefillView& v, const Budget& b) override {
+  std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
     if (caps_tokens_ != b.tokens) {
       caps_ = head_capacities(importance_, params(), v.n_kv_heads, gqa(), b.tokens, w);
       caps_tokens_ = b.tokens;
     }
-    const HeadScores s = pooled_window_scores(v, params(), gqa());
-    return gather(v, gqa(), select_per_head(s, caps_[v.layer], v.n_tokens, w));
+    return select_top(pooled_window_scores(v, params()), v.n_kv_heads, gqa(), caps_[v.layer], v.n_tokens, w);
   }
 
   bool may_exceed_budget() const override { return params().get("caps") == "repro"; }
@@ -217,7 +216,8 @@ const bool registered = register_method(
                       "a test counts when its answer's score x 100 exceeds this: LongBench F1 (r2) or stemmed "
                       "ROUGE-1 recall of the needle (r); the reference: 50")},
      profile_heads,
-     {{"scores", "uniform"}}});
+     {{"scores", "uniform"}},
+     Composition::Selector});
 
 }  // namespace
 }  // namespace kvb

@@ -9,12 +9,12 @@ class PyramidKV final : public Method {
  public:
   PrefillNeeds needs() const override { return {static_cast<int>(params().get_int("window")), false, false}; }
 
-  LayerCache compress(const PrefillView& v, const Budget& b) override {
+  std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
     const auto caps = pyramid_budgets(b.tokens, w, static_cast<int>(params().get_int("beta")), v.n_tokens,
                                       model().n_layers, params().get("schedule") == "exact");
-    const HeadScores s = pooled_window_scores(v, params(), gqa());
-    return gather(v, gqa(), select_with_window(s, caps[v.layer] - w, v.n_tokens, w));
+    return select_top(pooled_window_scores(v, params()), v.n_kv_heads, gqa(),
+                      std::vector<int>(stored_heads(), caps[v.layer] - w), v.n_tokens, w);
   }
 
   // The reference's floored schedule sums to a few percent over L x T; reported, not refused.
@@ -29,8 +29,11 @@ std::vector<ParamSpec> pyramid_params() {
   return p;
 }
 
-const bool registered = register_method({"pyramidkv", "SnapKV selection with pyramidal per-layer budgets",
-                                         pyramid_params(), [] { return std::make_unique<PyramidKV>(); }});
+const bool registered = register_method({.name = "pyramidkv",
+                                         .summary = "SnapKV selection with pyramidal per-layer budgets",
+                                         .params = pyramid_params(),
+                                         .make = [] { return std::make_unique<PyramidKV>(); },
+                                         .composition = Composition::Selector});
 
 }  // namespace
 }  // namespace kvb

@@ -9,15 +9,18 @@ class SnapKV final : public Method {
  public:
   PrefillNeeds needs() const override { return {static_cast<int>(params().get_int("window")), false, false}; }
 
-  LayerCache compress(const PrefillView& v, const Budget& b) override {
+  std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
     const int w = static_cast<int>(params().get_int("window"));
-    const HeadScores s = pooled_window_scores(v, params(), gqa());
-    return gather(v, gqa(), select_with_window(s, b.tokens - w, v.n_tokens, w));
+    return select_top(pooled_window_scores(v, params()), v.n_kv_heads, gqa(),
+                      std::vector<int>(stored_heads(), b.tokens - w), v.n_tokens, w);
   }
 };
 
-const bool registered = register_method({"snapkv", "observation-window attention with pooling, top-k per head",
-                                         window_scorer_params(), [] { return std::make_unique<SnapKV>(); }});
+const bool registered = register_method({.name = "snapkv",
+                                         .summary = "observation-window attention with pooling, top-k per head",
+                                         .params = window_scorer_params(),
+                                         .make = [] { return std::make_unique<SnapKV>(); },
+                                         .composition = Composition::Selector});
 
 }  // namespace
 }  // namespace kvb

@@ -19,6 +19,7 @@
 #include "harness/method/parts.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"
+#include "width_fixture.hpp"
 
 using namespace kvb;
 using kvb::test::SyntheticLayer;
@@ -337,27 +338,6 @@ TEST_CASE("mixeddimkv and mixeddimkv_h: bytes within budget, widths logged, erro
 namespace {
 
 // Records the widths the wrapped runner's caches keep at some layers.
-class WidthRecorder final : public PrefillObserver {
- public:
-  WidthRecorder(MethodRunner& r, std::set<int> layers) : runner_(r), layers_(std::move(layers)) {}
-  PrefillNeeds needs() const override { return runner_.needs(); }
-  void on_layer(const PrefillView& v, LayerCache& cache) override {
-    runner_.on_layer(v, cache);
-    if (layers_.count(v.layer)) widths[v.layer] = cache_widths(cache, v.n_tokens);
-  }
-  std::map<int, std::vector<std::vector<int>>> widths;
-
- private:
-  MethodRunner& runner_;
-  std::set<int> layers_;
-};
-
-std::string widths_hash(const std::vector<int>& row) {
-  std::string s;
-  for (size_t i = 0; i < row.size(); ++i) s += (i ? "," : "") + std::to_string(row[i]);
-  return fmt::format("{:016x}", fnv1a(s));
-}
-
 }  // namespace
 
 TEST_CASE("mixeddimkv and headkv: kept widths equal the independent Python reference on real prompts",
@@ -366,42 +346,10 @@ TEST_CASE("mixeddimkv and headkv: kept widths equal the independent Python refer
   // kept sets of HeadKV from the tensors kvbench dumped, for NIAH prompts of 1K-8K tokens; the fixture
   // holds hashes of its widths. Here the prompts up to 3K are rerun (the longer ones stay out of CI's
   // time; the script's counts cover all six).
-  auto path = test::model_file(test::kDefaultModel);
-  if (!path || !test::setup_data("PaulGrahamEssays")) return;
-  const auto fx = nlohmann::json::parse(std::ifstream(test::fixture("mixeddimkv/reference.json")));
-  auto model = ModelFile::open(*path);
-  auto tok = load_tokenizer(*model);
-  Engine engine(*model);
-  std::map<std::tuple<int, std::string, int>, std::vector<nlohmann::json>> runs;
-  for (const auto& r : fx["records"])
-    if (r["length"].get<int>() <= 3000) runs[{r["length"], r["method"], r["budget"]}].push_back(r);
-  REQUIRE(runs.size() == 12);
-  size_t heads = 0, same = 0;
-  for (const auto& [key, recs] : runs) {
-    const auto& [length, method, budget] = key;
-    TaskContext ctx;
-    ctx.tokenizer = tok.get();
-    ctx.data_dir = default_data_dir();
-    ctx.options = {{"s_len", std::to_string(length)}, {"e_len", std::to_string(length)}, {"depths", "3"}, {"chat", "true"}};
-    const Sample s = TaskRegistry::get().create("niah", ctx)->sample(1);
-    const auto ids = build_prompt(*model, *tok, s.prompt, s.chat);
-    std::map<std::string, std::string> params;
-    if (method == "headkv") params["scores"] = test::fixture("mixeddimkv/headkv_scores.json");
-    auto m = MethodRegistry::get().create(method, params, engine.config());
-    MethodRunner runner(*m, budget);
-    std::set<int> layers;
-    for (const auto& r : recs) layers.insert(r["layer"].get<int>());
-    WidthRecorder rec(runner, layers);
-    engine.prefill(ids, &rec);
-    for (const auto& r : recs) {
-      REQUIRE(r["n_tokens"].get<size_t>() == ids.size());
-      const auto& got = rec.widths.at(r["layer"].get<int>());
-      for (size_t h = 0; h < got.size(); ++h) {
-        ++heads;
-        same += widths_hash(got[h]) == r["heads"][h].get<std::string>();
-      }
-    }
-  }
-  INFO(same << " of " << heads << " (prompt, layer, head) width rows equal the reference");
-  CHECK(same == heads);
+  const auto r = test::width_fixture_agreement("mixeddimkv/reference.json", 3000,
+                                               {{"headkv", {{"scores", test::fixture("mixeddimkv/headkv_scores.json")}}}});
+  if (r.runs == 0) return;
+  CHECK(r.runs == 12);
+  INFO(r.same << " of " << r.heads << " (prompt, layer, head) width rows equal the reference");
+  CHECK(r.same == r.heads);
 }

@@ -99,3 +99,25 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   require_error([&] { write_report({(dir / "runs").string()}, (rep).string(), {"html"}); }, {"html", "md, csv or tex"});
   require_error([&] { write_report({(dir / "nope.jsonl").string()}, rep.string()); }, {"nope.jsonl", "not found"});
 }
+
+TEST_CASE("reports: a method's rows name only the parameters that differ between its settings", "[report]") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_labels";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "a.jsonl");
+    for (const char* base : {"h2o", "snapkv"}) {
+      json r = record("ruler", {{"task", "vt"}, {"length", "4096"}}, "kvcrush", 64, 1.0);
+      r["config"]["params"] = {{"base", base}, {"base.window", "32"}, {"ratio", "0.25"}};
+      r["key"] = std::string("k-") + base;
+      out << r.dump() << "\n";
+    }
+    out << record("ruler", {{"task", "vt"}, {"length", "4096"}}, "snapkv", 64, 0.0).dump() << "\n";
+  }
+  write_report({dir.string()}, (dir / "rep").string(), {"md"});
+  const std::string t = read(dir / "rep" / "ruler-method-budget.md");
+  INFO(t);
+  CHECK(t.find("| kvcrush (base=h2o) |") != std::string::npos);
+  CHECK(t.find("| kvcrush (base=snapkv) |") != std::string::npos);
+  CHECK(t.find("| snapkv |") != std::string::npos);
+}

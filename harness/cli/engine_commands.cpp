@@ -1,5 +1,6 @@
 // kvbench generate / logits: run the model.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -47,6 +48,12 @@ void register_list_command(CLI::App& app) {
       const MethodInfo& info = reg.info(name);
       fmt::print("{:14} {}\n", name, info.summary);
       for (const auto& p : reg.param_specs(name)) fmt::print("    {:10} {}  {}\n", p.name, p.describe(), p.help);
+      if (info.composition == Composition::Wrapper)
+        fmt::print("    base.NAME  any parameter of the base method (or base_params: in YAML); the base's gqa is this "
+                   "method's\n    wraps: {}\n",
+                   fmt::join(reg.names(Composition::Selector), ", "));
+      if (info.composition == Composition::Selector)
+        fmt::print("    can be wrapped by: {}\n", fmt::join(reg.names(Composition::Wrapper), ", "));
       if (info.calibrate) {
         fmt::print("    offline step: kvbench calibrate {} MODEL [--out FILE] [-o key=value ...]\n", name);
         for (const auto& p : info.calibration) fmt::print("      {:10} {}  {}\n", p.name, p.describe(), p.help);

@@ -165,17 +165,24 @@ ExperimentSpec load_experiment(const std::string& path) {
     if (m.IsScalar()) {
       base.name = m.Scalar();
     } else if (m.IsMap()) {
-      check_keys(path, m, {"name", "params"}, "a method");
+      check_keys(path, m, {"name", "params", "base_params"}, "a method");
       if (!m["name"]) spec_error(path, m, "a method needs a 'name'");
       base.name = scalar(path, m["name"], "name");
       if (m["params"]) base.params = scalar_map(path, m["params"], "params");
+      // A wrapper's base parameters, the same as base.NAME keys in `params`.
+      if (m["base_params"])
+        for (const auto& [k, v] : scalar_map(path, m["base_params"], "base_params")) {
+          if (base.params.count("base." + k))
+            spec_error(path, m["base_params"], fmt::format("base parameter '{}' is also given as base.{} in params", k, k));
+          base.params["base." + k] = v;
+        }
     } else {
-      spec_error(path, m, "a method is a name or {name, params}");
+      spec_error(path, m, "a method is a name or {name, params, base_params}");
     }
     const auto g = grid.find(base.name);
     for (const auto& params : g == grid.end() ? std::vector{base.params} : expand_grid(base.params, g->second)) {
       try {
-        Params(MethodRegistry::get().param_specs(base.name), params, "method " + base.name);
+        MethodRegistry::get().resolve(base.name, params);
       } catch (const Error& e) {
         spec_error(path, m, e.what());
       }

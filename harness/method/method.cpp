@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "harness/method/parts.hpp"
@@ -47,10 +48,36 @@ std::vector<std::string> MethodRegistry::names() const {
   return n;
 }
 
+std::vector<std::string> MethodRegistry::names(Composition role) const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : methods_)
+    if (v.composition == role) n.push_back(k);
+  return n;
+}
+
 std::vector<ParamSpec> MethodRegistry::param_specs(const std::string& name) const {
   auto specs = info(name).params;
   specs.push_back(gqa_param());
   return specs;
+}
+
+Params MethodRegistry::resolve(const std::string& name, const std::map<std::string, std::string>& given) const {
+  auto specs = param_specs(name);
+  if (info(name).composition == Composition::Wrapper) {
+    // The base's own parameters join the wrapper's as base.NAME; its GQA mode is the wrapper's.
+    auto spec = std::find_if(specs.begin(), specs.end(), [](const ParamSpec& p) { return p.name == "base"; });
+    if (spec == specs.end()) fail("internal: wrapper method {} declares no 'base' parameter", name);
+    const auto it = given.find("base");
+    const std::string base = it == given.end() ? spec->default_value : it->second;
+    if (!methods_.count(base) || methods_.at(base).composition != Composition::Selector)
+      fail("method {}: base '{}' cannot be wrapped; a base must be a method that selects tokens by score: {}", name,
+           base, fmt::join(names(Composition::Selector), ", "));
+    for (ParamSpec p : info(base).params) {
+      p.name = "base." + p.name;
+      specs.push_back(std::move(p));
+    }
+  }
+  return Params(specs, given, "method " + name);
 }
 
 std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
@@ -59,11 +86,17 @@ std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
   const MethodInfo& mi = info(name);
   auto m = mi.make();
   m->name_ = name;
-  m->params_ = Params(param_specs(name), params, "method " + name);
+  m->params_ = resolve(name, params);
   m->gqa_ = m->params_.get("gqa") == "repeat" ? GqaMode::Repeat : GqaMode::Native;
   m->model_ = &model;
   m->setup();
   return m;
+}
+
+LayerCache Method::compress(const PrefillView& view, const Budget& budget) {
+  auto s = select(view, budget);
+  if (!s) fail("internal: method {} has neither compress() nor select()", name());
+  return gather(view, gqa(), s->keep);
 }
 
 size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,18 @@ struct DecodeView {
   int budget_tokens = 0;   // T
 };
 
+// scores[h][j] for query heads h < Hq and prefix positions j < S - w.
+using HeadScores = std::vector<std::vector<float>>;
+
+// What an eviction method decided for one layer before its cache is built. A wrapper (KVCrush,
+// VECTOR) asks its base method for this and changes the decision.
+struct Selection {
+  HeadScores query_scores;  // the base's token scores per query head, before GQA reduction
+  HeadScores scores;        // per stored head, as the base ranked them (query_scores reduced for GQA)
+  std::vector<std::vector<int32_t>> keep;  // per stored head: kept positions, ascending, window included
+  int window = 0;                          // the last `window` prompt positions, kept by every head
+};
+
 class CalibrationContext;
 
 class Method {
@@ -46,8 +59,12 @@ class Method {
   virtual void setup() {}
   // What the method needs from prefill besides K and V.
   virtual PrefillNeeds needs() const { return {}; }
-  // The layer's cache for decoding. Called only when the prompt is longer than the budget.
-  virtual LayerCache compress(const PrefillView& view, const Budget& budget) = 0;
+  // The layer's cache for decoding. Called only when the prompt is longer than the budget. By default
+  // the dense cache of select()'s kept positions.
+  virtual LayerCache compress(const PrefillView& view, const Budget& budget);
+  // Eviction methods that score tokens and keep the best (those a wrapper can wrap) return their
+  // decision here; others return nullopt and override compress().
+  virtual std::optional<Selection> select(const PrefillView&, const Budget&) { return std::nullopt; }
   // After each decode step's attention, with the new token already in the cache.
   virtual void on_decode(LayerCache&, const DecodeView&) {}
   // Whether on_decode does anything (the engine skips the call otherwise).
@@ -79,6 +96,10 @@ class Method {
   const ModelConfig* model_ = nullptr;
 };
 
+// How a method composes with others: a selector's select() can be wrapped; a wrapper takes a selector
+// as its parameter `base` (with the base's parameters as base.NAME) and changes its decision.
+enum class Composition { Standalone, Selector, Wrapper };
+
 struct MethodInfo {
   std::string name;
   std::string summary;
@@ -91,6 +112,7 @@ struct MethodInfo {
   // Parameters under which the registry-driven tests run it on synthetic layers, for a method that
   // otherwise needs an artifact of a real model (e.g. scores=uniform).
   std::map<std::string, std::string> test_params = {};
+  Composition composition = Composition::Standalone;
 };
 
 class MethodRegistry {
@@ -99,8 +121,14 @@ class MethodRegistry {
   void add(MethodInfo info);
   const MethodInfo& info(const std::string& name) const;  // Error listing the methods if unknown
   std::vector<std::string> names() const;
-  // All parameters of a method, `gqa` included.
+  // All parameters of a method, `gqa` included (a wrapper's base.NAME parameters are not listed).
   std::vector<ParamSpec> param_specs(const std::string& name) const;
+  // The method's parameters validated and completed with defaults; for a wrapper, also its base's
+  // (base.NAME keys, validated against the base, every one filled in), so that results are keyed by
+  // the whole composition. Errors name the method, the base and the parameter.
+  Params resolve(const std::string& name, const std::map<std::string, std::string>& given) const;
+  // Names of the methods with the given composition role.
+  std::vector<std::string> names(Composition role) const;
   std::unique_ptr<Method> create(const std::string& name, const std::map<std::string, std::string>& params,
                                  const ModelConfig& model) const;
 

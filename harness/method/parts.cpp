@@ -112,13 +112,13 @@ std::vector<ParamSpec> window_scorer_params() {
           ParamSpec::choice("reduce", "mean", {"mean", "sum"}, "reduction over the window queries")};
 }
 
-HeadScores pooled_window_scores(const PrefillView& v, const Params& p, GqaMode mode) {
+HeadScores pooled_window_scores(const PrefillView& v, const Params& p) {
   const auto reduce = p.get("reduce") == "sum" ? WindowReduce::Sum : WindowReduce::Mean;
   HeadScores s = window_attention_scores(v, static_cast<int>(p.get_int("window")), reduce);
   const int kernel = static_cast<int>(p.get_int("kernel"));
   const Pooling pooling = parse_pooling(p.get("pooling"));
   for (auto& h : s) h = pool1d(h, kernel, pooling);
-  return reduce_for_gqa(s, v.n_kv_heads, mode);
+  return s;
 }
 
 HeadScores accumulated_attention_scores(const PrefillView& v, int w) {
@@ -171,6 +171,18 @@ std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, cons
     keep.push_back(std::move(kept));
   }
   return keep;
+}
+
+Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, const std::vector<int>& caps, int S,
+                     int w) {
+  for (int c : caps)
+    if (c < 0) fail("the KV size leaves no room beyond the {}-token window; use a larger budget or window", w);
+  Selection s;
+  s.scores = reduce_for_gqa(query_scores, n_kv_heads, mode);
+  s.query_scores = std::move(query_scores);
+  s.keep = select_per_head(s.scores, caps, S, w);
+  s.window = w;
+  return s;
 }
 
 LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vector<int32_t>>& keep) {

@@ -12,9 +12,6 @@
 
 namespace kvb {
 
-// scores[h][j] for query heads h < Hq and prefix positions j < S - w.
-using HeadScores = std::vector<std::vector<float>>;
-
 enum class Pooling { None, Max, Avg };
 enum class WindowReduce { Sum, Mean };
 Pooling parse_pooling(const std::string& s);
@@ -30,9 +27,9 @@ HeadScores window_attention_scores_ref(const PrefillView& v, int w, WindowReduce
 std::vector<float> pool1d(const std::vector<float>& x, int kernel, Pooling p);
 
 // SnapKV's scorer as SnapKV and PyramidKV configure it, from the parameters window_scorer_params()
-// declares: window attention, reduced over the window, pooled per head, then reduced for the GQA mode.
+// declares: window attention, reduced over the window, pooled, per query head.
 std::vector<ParamSpec> window_scorer_params();
-HeadScores pooled_window_scores(const PrefillView& v, const Params& p, GqaMode mode);
+HeadScores pooled_window_scores(const PrefillView& v, const Params& p);
 
 // H2O's scorer: attention each prefix key received summed over all S queries (causal), from the
 // column sums the engine gathered during prefill.
@@ -46,6 +43,9 @@ std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k);
 
 // Kept positions of every stored head: top-k of its scores plus the window [S - w, S).
 std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w);
+// The Selection of a top-k method: query-head scores reduced for the GQA mode, each stored head keeping
+// the top caps[h] (all of them when caps[h] exceeds the prefix) plus the window.
+Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, const std::vector<int>& caps, int S, int w);
 
 // A cache holding, for each stored head, exactly the listed prompt positions (Dense segments).
 LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vector<int32_t>>& keep);

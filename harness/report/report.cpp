@@ -238,11 +238,31 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     });
   }
   if (groups.empty()) fail("no result records in the given files");
-  // A method's row label is its name, with its parameters where the records hold several settings.
+  // A method's row label is its name, with the parameters that differ between its settings where the
+  // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
+  std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
+  for (const auto& [method, configs] : method_configs) {
+    std::map<std::string, std::set<std::string>> values;
+    std::map<std::string, size_t> present;
+    for (const auto& c : configs) {
+      const json params = json::parse(c.substr(0, c.rfind('|')));
+      for (const auto& [k, v] : params.items()) {
+        values[k].insert(v.dump());
+        ++present[k];
+      }
+    }
+    for (const auto& [k, v] : values)
+      if (v.size() > 1 || present[k] != configs.size()) varying[method].insert(k);
+  }
   for (Entry& e : entries) {
-    const std::string params = e.label.substr(0, e.label.rfind('|'));
+    const json params = json::parse(e.label.substr(0, e.label.rfind('|')));
     const std::string name = e.method == "fullkv" ? "FullKV" : e.method;
-    e.label = method_configs[e.method].size() > 1 ? name + " (" + params_text(json::parse(params)) + ")" : name;
+    json shown = json::object();
+    for (const auto& [k, v] : params.items())
+      if (varying[e.method].count(k)) shown[k] = v;
+    e.label = method_configs[e.method].size() > 1
+                  ? name + " (" + (shown.empty() ? params_text(params) : params_text(shown)) + ")"
+                  : name;
   }
   std::filesystem::create_directories(dir);
   std::set<std::string> used;
