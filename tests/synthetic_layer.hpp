@@ -8,14 +8,16 @@
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
+#include "harness/engine/rope_freqs.hpp"
 #include "harness/engine/prefill_view.hpp"
 #include "harness/model/config.hpp"
+#include "kernels/cpu/ops.hpp"
 
 namespace kvb::test {
 
 struct SyntheticLayer {
   ModelConfig cfg;
-  std::vector<float> q, k, v, colsum;
+  std::vector<float> q, k, v, colsum, k_pre;
   std::vector<int32_t> pos;
   PrefillView view;
 
@@ -55,6 +57,12 @@ struct SyntheticLayer {
     view.q_window = q.data() + size_t(S - window) * hq * d;
     view.k = k.data();
     view.v = v.data();
+    // The pre-RoPE keys the post-RoPE ones came from, under the config's rotary frequencies.
+    k_pre = k;
+    RopeTable rope(rope_inv_freq(cfg), RopeStyle::NeoX);
+    rope.ensure(S + 1);
+    rope.apply_inverse(k_pre.data(), S, hkv, d, pos.data());
+    view.k_pre_rope = k_pre.data();
     refresh_colsum();
   }
 };

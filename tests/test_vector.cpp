@@ -1,0 +1,236 @@
+// VECTOR (spec/methods-b.md 7.7): least-squares maps against their references, the RoPE round trip at
+// long positions, the tier accounting, p_a = 0 as the base, the approximated set as the best-predicted
+// pool tokens, and an exact map recovering the base at the pool budget.
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "harness/engine/rope_freqs.hpp"
+#include "harness/method/artifact.hpp"
+#include "harness/method/compose.hpp"
+#include "harness/method/ols.hpp"
+#include "harness/method/parts.hpp"
+#include "harness/util/base64.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "synthetic_layer.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+using kvb::test::kept_positions;
+using kvb::test::SyntheticLayer;
+
+namespace {
+
+// A synthetic layer whose keys are the RoPE rotation of known pre-RoPE keys and whose values are an
+// exact linear map M of them, except the `noisy` tokens, whose values get noise.
+struct ExactLayer {
+  SyntheticLayer L;
+  std::vector<float> pre, m;
+  ExactLayer(int S, const std::set<int>& noisy, uint32_t seed) : L(S, 6, 2, 16, 32, seed) {
+    const int d = 16, hkv = 2;
+    std::mt19937 rng(seed + 1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    pre = L.k;
+    m.resize(size_t(hkv) * d * d);
+    for (auto& x : m) x = nd(rng) * 0.25f;
+    RopeTable rope(rope_inv_freq(L.cfg), L.cfg.rope_layout == RopeLayout::Interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
+    rope.ensure(S + 1);
+    L.k = pre;
+    rope.apply(L.k.data(), S, hkv, d, L.pos.data());
+    for (int t = 0; t < S; ++t)
+      for (int g = 0; g < hkv; ++g)
+        for (int i = 0; i < d; ++i) {
+          float s = 0;
+          for (int j = 0; j < d; ++j) s += m[(size_t(g) * d + i) * d + j] * pre[(size_t(t) * hkv + g) * d + j];
+          L.v[(size_t(t) * hkv + g) * d + i] = s + (noisy.count(t) ? nd(rng) * 3.0f : 0.0f);
+        }
+    L.view.k = L.k.data();
+    L.view.v = L.v.data();
+    L.view.k_pre_rope = pre.data();
+    L.refresh_colsum();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("least squares: BLAS sums equal the loops; an exact map is recovered; R2", "[vector]") {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int dx = 12, dy = 9, n = 500;
+  std::vector<float> x(size_t(n) * dx), y(size_t(n) * dy), m(size_t(dy) * dx);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : m) v = nd(rng);
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < dy; ++i) {
+      float s = 0;
+      for (int j = 0; j < dx; ++j) s += m[size_t(i) * dx + j] * x[size_t(t) * dx + j];
+      y[size_t(t) * dy + i] = s;
+    }
+  OlsFit fast(dx, dy), ref(dx, dy);
+  fast.add(x.data(), dx, y.data(), dy, 200);
+  fast.add(x.data() + 200 * dx, dx, y.data() + 200 * dy, dy, n - 200);
+  ref.add_ref(x.data(), dx, y.data(), dy, n);
+  for (int i = 0; i < dx; ++i)
+    for (int j = i; j < dx; ++j) CHECK(fast.gxx()[size_t(i) * dx + j] == Approx(ref.gxx()[size_t(i) * dx + j]).epsilon(1e-12));
+  for (size_t i = 0; i < fast.gxy().size(); ++i) CHECK(fast.gxy()[i] == Approx(ref.gxy()[i]).epsilon(1e-12).margin(1e-9));
+  const auto w = fast.solve(1e-9);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    err += (w[i] - m[i]) * (w[i] - m[i]);
+    norm += double(m[i]) * m[i];
+  }
+  CHECK(std::sqrt(err / norm) < 1e-4);
+  R2Score exact(dy), mean_only(dy);
+  std::vector<double> pred(size_t(n) * dy), zeros(size_t(n) * dy, 0.0);
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < dy; ++i) {
+      double s = 0;
+      for (int j = 0; j < dx; ++j) s += w[size_t(i) * dx + j] * x[size_t(t) * dx + j];
+      pred[size_t(t) * dy + i] = s;
+    }
+  exact.add(pred.data(), y.data(), dy, n);
+  mean_only.add(zeros.data(), y.data(), dy, n);
+  CHECK(exact.r2() > 0.999999);
+  CHECK(mean_only.r2() < 0.01);  // zero is about the mean of these values
+  test::require_error([] { OlsFit(3, 3).solve(1e-6); }, {"no rows"});
+  OlsFit singular(3, 1);
+  std::vector<float> zx(9, 0.0f), zy(3, 1.0f);
+  singular.add(zx.data(), 3, zy.data(), 1, 3);
+  test::require_error([&] { singular.solve(0.0); }, {"not positive definite"});
+}
+
+TEST_CASE("base64 round trip and bad text", "[vector]") {
+  const std::vector<float> x = {1.5f, -0.0f, 3.0e-38f, 1e30f, 7.25f};
+  CHECK(floats_from_base64(floats_to_base64(x), "t") == x);
+  for (size_t n = 0; n < 7; ++n) {
+    std::vector<uint8_t> b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = uint8_t(250 - 37 * i);
+    CHECK(base64_decode(base64_encode(b), "t") == b);
+  }
+  CHECK(base64_encode(std::vector<uint8_t>{'M', 'a'}) == "TWE=");
+  test::require_error([] { base64_decode("TWE", "maps[0][1]"); }, {"maps[0][1]", "multiple of 4"});
+  test::require_error([] { base64_decode("TW!=", "f"); }, {"invalid base64", "offset 2"});
+  test::require_error([] { floats_from_base64("TWE=", "f"); }, {"not whole float32"});
+}
+
+TEST_CASE("RoPE inverse round trip up to 128K positions with Llama 3 scaled frequencies", "[vector]") {
+  ModelConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 500000.0;
+  c.rope_scaling.type = RopeScaling::Type::Llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.original_context = 8192;
+  RopeTable rope(rope_inv_freq(c), RopeStyle::NeoX);
+  rope.ensure(131072);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  double worst = 0;
+  for (int32_t pos : {0, 1, 4095, 8192, 65537, 100000, 131071}) {
+    std::vector<float> x(128), y;
+    for (auto& v : x) v = nd(rng);
+    y = x;
+    rope.apply(y.data(), 1, 1, 128, &pos);
+    rope.apply_inverse(y.data(), 1, 1, 128, &pos);
+    for (int i = 0; i < 128; ++i) worst = std::max(worst, double(std::abs(y[i] - x[i])));
+  }
+  CHECK(worst < 1e-5);
+}
+
+TEST_CASE("vector: tier accounting, p_a = 0 is the base, the best-predicted pool tokens lose their value",
+          "[vector]") {
+  const std::set<int> noisy = {5, 40, 77, 130, 200, 260};
+  for (const char* gqa : {"native", "repeat"}) {
+    ExactLayer E(300, noisy, 3);
+    INFO(gqa);
+    const int T = 64;
+    // p_c 0.75 -> p_a = (0.25 - 1e-3) / 2, a = round(p_a / 0.25 x 64) = 32: pool P = 96, A = 64, R = 32.
+    auto m = MethodRegistry::get().create(
+        "vector", {{"maps", "prompt"}, {"p_c", "0.75"}, {"gqa", gqa}, {"base.window", "8"}}, E.L.cfg);
+    MethodRunner runner(*m, T);
+    LayerCache c(6, 2, 16);
+    runner.on_layer(E.L.view, c);
+    const auto pool = kept_positions(c);
+    const auto base_pool = [&] {
+      auto b = MethodRegistry::get().create("snapkv", {{"gqa", gqa}, {"window", "8"}}, E.L.cfg);
+      MethodRunner r(*b, T + 32);
+      LayerCache bc(6, 2, 16);
+      r.on_layer(E.L.view, bc);
+      return kept_positions(bc);
+    }();
+    for (int s = 0; s < c.n_cache_heads(); ++s) {
+      std::vector<int32_t> sorted = pool[s];
+      std::sort(sorted.begin(), sorted.end());
+      CHECK(sorted == base_pool[s]);  // the pool is the base at n + a
+      size_t approx = 0, dense = 0;
+      for (const auto& seg : c.segments(s)) (seg->format() == "dense" ? dense : approx) += seg->size();
+      CHECK(approx == 64);  // A = 2a
+      CHECK(dense == 32);   // R = n - a
+      CHECK(approx + 2 * dense == size_t(2 * T));  // P keys + R values = 2n
+      // The noisy tokens in the pool predict worst: they keep their values.
+      for (const auto& seg : c.segments(s))
+        if (seg->format() != "dense")
+          for (int32_t p : seg->positions()) CHECK_FALSE(noisy.count(p));
+    }
+    CHECK(runner.prefill_kv_bytes() <= runner.budget().bytes_per_layer);
+
+    auto zero = MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"p_a", "0"}, {"gqa", gqa}, {"base.window", "8"}},
+                                             E.L.cfg);
+    auto base = MethodRegistry::get().create("snapkv", {{"gqa", gqa}, {"window", "8"}}, E.L.cfg);
+    MethodRunner rz(*zero, T), rb(*base, T);
+    LayerCache cz(6, 2, 16), cb(6, 2, 16);
+    rz.on_layer(E.L.view, cz);
+    rb.on_layer(E.L.view, cb);
+    CHECK(kept_positions(cz) == kept_positions(cb));
+    CHECK(rz.prefill_kv_bytes() == rb.prefill_kv_bytes());
+  }
+}
+
+TEST_CASE("vector: with the exact map, decoding equals the base at the pool budget", "[vector]") {
+  ExactLayer E(300, {}, 4);
+  auto m = MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"p_c", "0.9"}, {"base.window", "8"}}, E.L.cfg);
+  auto pool = MethodRegistry::get().create("snapkv", {{"window", "8"}}, E.L.cfg);
+  // p_c 0.9 -> p_a = 0.05, a = round(0.5 x 64) = 32: the pool is SnapKV at 96.
+  MethodRunner rv(*m, 64), rp(*pool, 96);
+  LayerCache cv(6, 2, 16), cp(6, 2, 16);
+  rv.on_layer(E.L.view, cv);
+  rp.on_layer(E.L.view, cp);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  std::vector<float> q(6 * 16), o1(q.size()), o2(q.size());
+  for (auto& x : q) x = nd(rng);
+  attend(cv, q.data(), o1.data());
+  attend(cp, q.data(), o2.data());
+  for (size_t i = 0; i < o1.size(); ++i) CHECK(o1[i] == Approx(o2[i]).margin(2e-3));
+}
+
+TEST_CASE("vector: bad maps and parameters are clear errors", "[vector]") {
+  SyntheticLayer L(100, 6, 2, 16, 32, 1);
+  L.cfg.fingerprint = "123-abc";
+  const auto dir = std::filesystem::temp_directory_path();
+  auto write = [&](const std::string& name, const nlohmann::json& body) {
+    const auto p = (dir / name).string();
+    write_artifact(p, body);
+    return p;
+  };
+  nlohmann::json body = {{"header", artifact_header("vector", L.cfg, "m.gguf")}};
+  body["maps"] = nlohmann::json::array();
+  for (int l = 0; l < 4; ++l) body["maps"].push_back({floats_to_base64(std::vector<float>(256, 0.1f)),
+                                                      floats_to_base64(std::vector<float>(256, 0.1f))});
+  CHECK_NOTHROW(MethodRegistry::get().create("vector", {{"maps", write("kvb_vec_ok.json", body)}}, L.cfg));
+  auto bad = body;
+  bad["maps"][2][1] = floats_to_base64(std::vector<float>(100, 0.1f));
+  test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", write("kvb_vec_bad.json", bad)}}, L.cfg); },
+                      {"kvb_vec_bad.json", "maps[2][1]", "100 values", "16 x 16"});
+  bad = body;
+  bad["maps"].erase(3);
+  test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", write("kvb_vec_l.json", bad)}}, L.cfg); },
+                      {"kvb_vec_l.json", "4 layers"});
+  bad = body;
+  bad["header"]["model"]["fingerprint"] = "999-fff";
+  test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", write("kvb_vec_fp.json", bad)}}, L.cfg); },
+                      {"kvb_vec_fp.json", "999-fff", "kvbench calibrate vector"});
+  test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"p_c", "0.5"}, {"p_a", "0.6"}}, L.cfg); },
+                      {"p_a 0.6", "1 - p_c"});
+  test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"base", "mixeddimkv"}}, L.cfg); },
+                      {"'mixeddimkv' cannot be wrapped"});
+}
