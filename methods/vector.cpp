@@ -32,6 +32,7 @@
 #include "harness/util/base64.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/progress.hpp"
+#include "harness/util/text_files.hpp"
 #include "tasks/task.hpp"
 
 namespace kvb {
@@ -43,42 +44,15 @@ namespace {
 // The calibration documents: the files given (a directory means its *.txt in name order), or the
 // NIAH essays set-up fetched. Each file is one document.
 std::vector<std::string> read_documents(const std::string& spec, const std::string& data_dir, std::string& described) {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  if (spec.empty()) {
-    const fs::path dir = fs::path(data_dir) / "PaulGrahamEssays";
-    if (!fs::is_directory(dir))
-      fail("kvbench calibrate vector: no --text given and {} is missing (scripts/setup.sh fetches it)", dir.string());
-    described = "the Paul Graham essays of the NIAH haystack (" + dir.string() + "); the paper fits on C4";
-    files.push_back(dir);
-  } else {
+  if (!spec.empty()) {
     described = spec;
-    std::stringstream ss(spec);
-    for (std::string item; std::getline(ss, item, ',');) files.push_back(item);
+    return read_text_files(spec, "text");
   }
-  std::vector<fs::path> expanded;
-  for (const auto& f : files) {
-    if (fs::is_directory(f)) {
-      std::vector<fs::path> in_dir;
-      for (const auto& e : fs::directory_iterator(f))
-        if (e.is_regular_file() && e.path().extension() == ".txt") in_dir.push_back(e.path());
-      std::sort(in_dir.begin(), in_dir.end());
-      if (in_dir.empty()) fail("kvbench calibrate vector: text directory {} holds no .txt files", f.string());
-      expanded.insert(expanded.end(), in_dir.begin(), in_dir.end());
-    } else if (fs::is_regular_file(f)) {
-      expanded.push_back(f);
-    } else {
-      fail("kvbench calibrate vector: text '{}': no such file or directory", f.string());
-    }
-  }
-  std::vector<std::string> docs;
-  for (const auto& f : expanded) {
-    std::ifstream in(f, std::ios::binary);
-    std::stringstream buf;
-    buf << in.rdbuf();
-    docs.push_back(buf.str());
-  }
-  return docs;
+  const auto dir = std::filesystem::path(data_dir) / "PaulGrahamEssays";
+  if (!std::filesystem::is_directory(dir))
+    fail("kvbench calibrate vector: no --text given and {} is missing (scripts/setup.sh fetches it)", dir.string());
+  described = "the Paul Graham essays of the NIAH haystack (" + dir.string() + "); the paper fits on C4";
+  return read_text_files(dir.string(), "text");
 }
 
 // Token sequences of `len` (BOS + text, as the paper's C4 rows), cut from the documents joined by

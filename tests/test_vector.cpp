@@ -2,10 +2,16 @@
 // long positions, the tier accounting, p_a = 0 as the base, the approximated set as the best-predicted
 // pool tokens, and an exact map recovering the base at the pool budget.
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 
+#include "harness/engine/engine.hpp"
 #include "harness/engine/rope_freqs.hpp"
+#include "harness/method/calibration.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "tasks/task.hpp"
 #include "harness/method/artifact.hpp"
 #include "harness/method/compose.hpp"
 #include "harness/method/ols.hpp"
@@ -233,4 +239,42 @@ TEST_CASE("vector: bad maps and parameters are clear errors", "[vector]") {
                       {"p_a 0.6", "1 - p_c"});
   test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"base", "mixeddimkv"}}, L.cfg); },
                       {"'mixeddimkv' cannot be wrapped"});
+}
+
+TEST_CASE("vector calibration on the default model: maps, held-out R2, an artifact vector loads", "[vector][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  auto tok = load_tokenizer(*model);
+  Engine engine(*model);
+  const auto dir = std::filesystem::temp_directory_path() / "kvb_vector_cal";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (int i = 0; i < 4; ++i) {
+    std::ofstream out(dir / fmt::format("doc{}.txt", i));
+    for (int r = 0; r < 40; ++r) out << "Document " << i << " line " << r << ": the quick brown fox jumps over the lazy dog. ";
+  }
+  const MethodInfo& info = MethodRegistry::get().info("vector");
+  Params options(info.calibration,
+                 {{"text", dir.string()}, {"tokens", "600"}, {"heldout_tokens", "200"}, {"heldout_every", "4"},
+                  {"seq_len", "300"}},
+                 "test");
+  const std::string out = (dir / "maps.json").string();
+  CalibrationContext ctx{*model, *tok, engine, options, out, default_data_dir(), false};
+  info.calibrate(ctx);
+  const auto body = nlohmann::json::parse(std::ifstream(out));
+  const auto& c = body["header"]["calibration"];
+  CHECK(c["documents"]["fitting"] == 3);
+  CHECK(c["documents"]["held_out"] == 1);
+  CHECK(c["fitting_tokens"].get<int>() >= 600);
+  const auto& head = c["r2_per_head_maps"], full = c["r2_full_layer_map"];
+  CHECK(head["per_layer"].size() == size_t(model->config().n_layers));
+  CHECK(head["mean"].get<double>() <= 1.0);
+  CHECK(full["mean"].get<double>() <= 1.0);
+  auto m = MethodRegistry::get().create("vector", {{"maps", out}}, engine.config());
+  CHECK(m->artifacts()["vector_maps"]["digest"].get<std::string>().size() == 16);
+  // Held-out and fitting text must both exist.
+  Params one(info.calibration, {{"text", (dir / "doc0.txt").string()}}, "test");
+  CalibrationContext bad{*model, *tok, engine, one, out, default_data_dir(), false};
+  test::require_error([&] { info.calibrate(bad); }, {"cannot be split", "heldout_every"});
 }

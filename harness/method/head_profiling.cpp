@@ -13,6 +13,7 @@
 #include "harness/method/parts.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/text_files.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "tasks/task.hpp"
 #include "tasks/text.hpp"
@@ -71,35 +72,13 @@ std::vector<Needle> load_needles(const std::string& path, bool with_answer) {
 }
 
 std::string read_haystack(const std::string& spec, const std::string& data_dir, size_t words, std::string& described) {
-  namespace fs = std::filesystem;
   std::string text;
   if (spec.empty()) {
     const Essays e = read_essays(data_dir, "calibrate headkv");
     text = e.text;
     described = fmt::format("{} Paul Graham essays of the NIAH haystack ({}/PaulGrahamEssays)", e.files, data_dir);
   } else {
-    std::vector<fs::path> files;
-    std::stringstream ss(spec);
-    for (std::string item; std::getline(ss, item, ',');) {
-      if (fs::is_directory(item)) {
-        std::vector<fs::path> in_dir;
-        for (const auto& e : fs::directory_iterator(item))
-          if (e.is_regular_file() && e.path().extension() == ".txt") in_dir.push_back(e.path());
-        std::sort(in_dir.begin(), in_dir.end());
-        if (in_dir.empty()) fail("haystack directory {} holds no .txt files", item);
-        files.insert(files.end(), in_dir.begin(), in_dir.end());
-      } else if (fs::is_regular_file(item)) {
-        files.push_back(item);
-      } else {
-        fail("haystack '{}': no such file or directory", item);
-      }
-    }
-    for (const auto& f : files) {
-      std::ifstream in(f, std::ios::binary);
-      std::stringstream buf;
-      buf << in.rdbuf();
-      text += buf.str();
-    }
+    for (const auto& t : read_text_files(spec, "haystack")) text += t;
     described = spec;
   }
   if (python_split(text).empty()) fail("the haystack '{}' holds no words", described);
