@@ -53,7 +53,10 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
     const auto c = std::distance(lengths.begin(), lengths.find(dl.second));
     h.cells[size_t(r)][size_t(c)] = v.first / v.second;
   }
-  const std::string method = g.config.value("method", "fullkv");
+  // A wrapper is named with its base (kvcrush-snapkv), as the papers name "SnapKV + KVCrush".
+  const json& params = g.config.contains("params") ? g.config["params"] : json::object();
+  const std::string method = g.config.value("method", "fullkv") +
+                             (params.contains("base") ? "-" + params["base"].get<std::string>() : "");
   const int budget = g.config.value("budget", 0);
   h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
   h.subtitle = "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")";
@@ -243,16 +246,15 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
   for (const auto& [method, configs] : method_configs) {
     std::map<std::string, std::set<std::string>> values;
-    std::map<std::string, size_t> present;
     for (const auto& c : configs) {
       const json params = json::parse(c.substr(0, c.rfind('|')));
       for (const auto& [k, v] : params.items()) {
         values[k].insert(v.dump());
-        ++present[k];
       }
     }
+    // A key only some settings have (a base's own parameter) is shown when its values differ.
     for (const auto& [k, v] : values)
-      if (v.size() > 1 || present[k] != configs.size()) varying[method].insert(k);
+      if (v.size() > 1) varying[method].insert(k);
   }
   for (Entry& e : entries) {
     const json params = json::parse(e.label.substr(0, e.label.rfind('|')));
