@@ -17,9 +17,10 @@ import argparse
 import json
 import math
 import os
-import subprocess
 
 import numpy as np
+
+from prefill_dump import add_arguments, dump_niah, load_layer, row_hashes
 
 LENGTHS = [1000, 2000, 3000, 4000, 6000, 8000]  # NIAH prompts, needle at 50% depth, chat template
 LAYERS = [0, 5, 10, 15, 20, 25, 29]
@@ -29,13 +30,6 @@ RATIO = 0.25
 BITS = 0.5
 # (anchor, group): the spec's default, the paper's mean anchor, and OpenVINO's stride picks.
 VARIANTS = [("alternate", "sorted_stride"), ("mean", "sorted_stride"), ("alternate", "floor_stride")]
-
-
-def fnv1a(text):
-    h = 0xCBF29CE484222325
-    for b in text.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
 
 
 def snapkv_scores(k, qw, window):
@@ -108,11 +102,7 @@ def kvcrush_widths(k, qw, window, budget, anchor_mode, group):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kvbench", default="build/kvbench")
-    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap.add_argument("--work", default="/tmp/kvcrush_ref")
-    ap.add_argument("--out", default="tests/fixtures/kvcrush")
-    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="NIAH prompt lengths")
+    add_arguments(ap, "/tmp/kvcrush_ref", "tests/fixtures/kvcrush", LENGTHS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     records, totals = [], {}
@@ -121,18 +111,9 @@ def main():
             for budget in BUDGETS:
                 work = os.path.join(args.work, f"L{length}_{anchor_mode}_{group}_T{budget}")
                 params = {"anchor": anchor_mode, "group": group, "base.window": str(WINDOW)}
-                cmd = [args.kvbench, "dump-prefill", "niah", "-m", args.model, "-o", f"s_len={length}",
-                       "-o", f"e_len={length}", "-o", "depths=3", "-o", "chat=true", "-i", "1",
-                       "--layers", ",".join(map(str, LAYERS)), "--window", str(WINDOW), "--method", "kvcrush",
-                       "--budget", str(budget), "--out", work]
-                for kv in params.items():
-                    cmd += ["--param", "=".join(kv)]
-                subprocess.run(cmd, check=True, capture_output=True)
-                meta = json.load(open(os.path.join(work, "meta.json")))
+                meta = dump_niah(args, work, length, LAYERS, WINDOW, "kvcrush", budget, params)
                 for layer in LAYERS:
-                    k = np.load(os.path.join(work, f"layer{layer}.k.npy"))
-                    qw = np.load(os.path.join(work, f"layer{layer}.q_window.npy"))
-                    got = np.load(os.path.join(work, f"layer{layer}.widths.npy"))
+                    k, _, qw, got = load_layer(work, layer)
                     want = kvcrush_widths(k, qw, WINDOW, budget, anchor_mode, group)
                     key = (anchor_mode, group, budget)
                     same, heads, slots, same_slots = totals.get(key, (0, 0, 0, 0))
@@ -140,7 +121,7 @@ def main():
                                    slots + got.size, same_slots + int((got == want).sum()))
                     records.append({"length": length, "method": "kvcrush", "params": params, "budget": budget,
                                     "layer": layer, "n_tokens": meta["n_tokens"],
-                                    "heads": [fnv1a(",".join(map(str, row))) for row in want.tolist()]})
+                                    "heads": row_hashes(want)})
                 print(f"L={length} {anchor_mode}/{group} T={budget}: {totals[key]}", flush=True)
     with open(os.path.join(args.out, "reference.json"), "w") as f:
         json.dump({"note": "KVCrush over SnapKV (native GQA) by tools/reference/kvcrush_reference.py; heads hold "

@@ -18,6 +18,8 @@ import subprocess
 
 import numpy as np
 
+from prefill_dump import add_arguments, dump_niah, load_layer, row_hashes
+
 LENGTHS = [1000, 2000, 3000, 4000, 6000, 8000]  # NIAH prompts, needle at 50% depth, chat template
 LAYERS = [0, 5, 10, 15, 20, 25, 29]
 BUDGETS = [64, 128]
@@ -25,13 +27,6 @@ WIDTHS = [0.0, 0.125, 0.25, 1.0]
 WINDOW = 8  # MixedDimKV and HeadKV default observation window
 HEADKV_BETA = 1.1
 SEED = 7
-
-
-def fnv1a(text):
-    h = 0xCBF29CE484222325
-    for b in text.encode():
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
 
 
 def attention(q, k, q_pos):
@@ -172,11 +167,7 @@ def headkv_widths(k, qw, n_kv, window, budget, scores, layer):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kvbench", default="build/kvbench")
-    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap.add_argument("--work", default="/tmp/mdkv_ref")
-    ap.add_argument("--out", default="tests/fixtures/mixeddimkv")
-    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="NIAH prompt lengths")
+    add_arguments(ap, "/tmp/mdkv_ref", "tests/fixtures/mixeddimkv", LENGTHS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     meta0 = json.loads(subprocess.run([args.kvbench, "info", args.model, "--json"], check=True,
@@ -194,19 +185,10 @@ def main():
         for method in ["mixeddimkv", "headkv"]:
             for budget in BUDGETS:
                 work = os.path.join(args.work, f"{method}_L{length}_T{budget}")
-                cmd = [args.kvbench, "dump-prefill", "niah", "-m", args.model, "-o", f"s_len={length}",
-                       "-o", f"e_len={length}", "-o", "depths=3", "-o", "chat=true", "-i", "1",
-                       "--layers", ",".join(map(str, LAYERS)), "--window", str(WINDOW), "--method", method,
-                       "--budget", str(budget), "--out", work]
-                if method == "headkv":
-                    cmd += ["--param", f"scores={scores_path}"]
-                subprocess.run(cmd, check=True, capture_output=True)
-                meta = json.load(open(os.path.join(work, "meta.json")))
+                params = {"scores": scores_path} if method == "headkv" else {}
+                meta = dump_niah(args, work, length, LAYERS, WINDOW, method, budget, params)
                 for layer in LAYERS:
-                    k = np.load(os.path.join(work, f"layer{layer}.k.npy"))
-                    v = np.load(os.path.join(work, f"layer{layer}.v.npy"))
-                    qw = np.load(os.path.join(work, f"layer{layer}.q_window.npy"))
-                    got = np.load(os.path.join(work, f"layer{layer}.widths.npy"))
+                    k, v, qw, got = load_layer(work, layer)
                     if method == "mixeddimkv":
                         want = mixeddimkv_widths(k, v, qw, meta["n_kv_heads"], WINDOW, budget)
                     else:
@@ -216,7 +198,7 @@ def main():
                     totals[key] = (same + int((got == want).sum()), total + got.size)
                     records.append({"length": length, "method": method, "budget": budget, "layer": layer,
                                     "n_tokens": meta["n_tokens"],
-                                    "heads": [fnv1a(",".join(map(str, row))) for row in want.tolist()],
+                                    "heads": row_hashes(want),
                                     "histogram": {str(x): int((want == x).sum()) for x in np.unique(want)}})
                 print(f"L={length} {method} T={budget}: {totals[(method, budget)]}", flush=True)
     with open(os.path.join(args.out, "reference.json"), "w") as f:
