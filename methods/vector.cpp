@@ -185,7 +185,7 @@ void calibrate_vector(CalibrationContext& ctx) {
   bar.finish();
 
   std::vector<double> head_r2, full_r2;
-  nlohmann::json maps = nlohmann::json::array();
+  nlohmann::json maps = nlohmann::json::array(), full_maps = nlohmann::json::array();
   for (int l = 0; l < cfg.n_layers; ++l) {
     R2Score layer(cfg.head_dim);
     nlohmann::json heads = nlohmann::json::array();
@@ -197,6 +197,8 @@ void calibrate_vector(CalibrationContext& ctx) {
     head_r2.push_back(layer.r2());
     full_r2.push_back(tap.full_r2_[l].r2());
     maps.push_back(heads);
+    const auto& w = tap.full_w_[l];
+    full_maps.push_back(floats_to_base64(std::vector<float>(w.begin(), w.end())));
   }
   nlohmann::json body;
   body["header"] = artifact_header("vector", cfg, ctx.model.path());
@@ -205,6 +207,10 @@ void calibrate_vector(CalibrationContext& ctx) {
   body["header"]["calibration"] = {
       {"maps", "per (layer, KV head): v = W k~, k~ the pre-RoPE key; W row-major [head_dim, head_dim], float32 "
                "little-endian in base64, no bias"},
+      {"full_maps", o.get_bool("full_layer_map")
+                        ? "per layer: all KV heads' values from all their pre-RoPE keys, W row-major "
+                          "[n_kv_heads x head_dim]^2, float32 little-endian in base64, no bias"
+                        : "not stored (calibrate with -o full_layer_map=true)"},
       {"text", described},
       {"documents", {{"fitting", fit_docs.size()}, {"held_out", held_docs.size()}}},
       {"sequence_length", len},
@@ -216,6 +222,7 @@ void calibrate_vector(CalibrationContext& ctx) {
       {"fitting_tokens_per_second", double(fit_tokens) / fit_seconds},
       {"seconds", seconds}};
   body["maps"] = maps;
+  if (o.get_bool("full_layer_map")) body["full_maps"] = full_maps;
   const std::string path = ctx.out.empty() ? default_artifact_path("vector", cfg) : ctx.out;
   write_artifact(path, body);
   const auto& c = body["header"]["calibration"];
@@ -236,9 +243,11 @@ class Vector final : public WrapperMethod {
     const ModelConfig& m = model();
     rope_ = std::make_shared<RopeTable>(rope_inv_freq(m), m.rope_layout == RopeLayout::Interleaved ? RopeStyle::Interleaved
                                                                                                  : RopeStyle::NeoX);
-    const double pc = params().get_float("p_c");
-    pa_ = params().get_float("p_a") >= 0 ? params().get_float("p_a") : std::min(pc / 2, (1 - pc - 1e-3) / 2);
-    if (pa_ >= 1 - pc) fail("method vector: p_a {} must be below 1 - p_c = {}", pa_, 1 - pc);
+    if (params().get_float("p_c") >= 0) (void)approximation_ratio(params().get_float("p_c"));  // fail early
+    full_ = params().get_bool("full_layer_map");
+    if (full_ && !params().get_bool("materialize"))
+      fail("method vector: full_layer_map=true needs materialize=true: decoding cannot rebuild a value from the keys "
+           "of heads that evicted the token");
     if (params().get("maps") == "prompt") return;
     const LoadedArtifact a = load_artifact("vector", params().get("maps"), m, "kvbench calibrate vector MODEL");
     digest_ = a.digest;
@@ -261,6 +270,23 @@ class Vector final : public WrapperMethod {
         est_.back().push_back(std::make_shared<AffineValueEstimator>(m.head_dim, std::move(w), std::vector<float>{}));
       }
     }
+    if (!full_) return;
+    const size_t row = size_t(m.n_kv_heads) * m.head_dim;
+    if (!a.body.contains("full_maps"))
+      fail("{}: no field 'full_maps' (full_layer_map=true needs them): recalibrate with kvbench calibrate vector MODEL "
+           "-o full_layer_map=true",
+           a.path);
+    const auto& fm = a.body["full_maps"];
+    if (!fm.is_array() || fm.size() != size_t(m.n_layers)) fail("{}: field 'full_maps' must list {} layers", a.path, m.n_layers);
+    for (int l = 0; l < m.n_layers; ++l) {
+      const std::string where = fmt::format("{}: field 'full_maps[{}]'", a.path, l);
+      if (!fm[l].is_string()) fail("{} must be base64 text", where);
+      auto w = floats_from_base64(fm[l].get<std::string>(), where);
+      if (w.size() != row * row) fail("{} holds {} values, expected {} x {}", where, w.size(), row, row);
+      for (float x : w)
+        if (!std::isfinite(x)) fail("{} holds a non-finite value", where);
+      full_maps_.push_back(std::move(w));
+    }
   }
 
   PrefillNeeds needs() const override {
@@ -277,13 +303,28 @@ class Vector final : public WrapperMethod {
     return a;
   }
 
+  // p_a: the parameter, or the paper's Eq. 1 from p_c.
+  double approximation_ratio(double pc) const {
+    const double pa = params().get_float("p_a") >= 0 ? params().get_float("p_a") : std::min(pc / 2, (1 - pc - 1e-3) / 2);
+    if (pa >= 1 - pc) fail("method vector: p_a {} must be below 1 - p_c = {}", pa, 1 - pc);
+    return pa;
+  }
+
   LayerCache compress(const PrefillView& v, const Budget& b) override {
-    // Fixed-T form of step 1: n = T, a = round(p_a / (1 - p_c) n); the base runs at n + a for the pool.
-    const double ratio = pa_ / (1 - params().get_float("p_c"));
+    // Step 1. A run at a compression ratio has n = floor(S (1 - p_c)) and a = round(p_a S); a run at a
+    // KV size T has n = T and a = round(p_a / (1 - p_c) T), so that a keeps its ratio to the budget.
+    // The base runs at n + a for the pool.
+    const double pc_param = params().get_float("p_c");
+    if (b.compression_ratio > 0 && pc_param >= 0 && std::abs(pc_param - b.compression_ratio) > 1e-12)
+      fail("method vector: p_c={} but the run asks for compression ratio {}; leave p_c unset (-1) in ratio runs",
+           pc_param, b.compression_ratio);
+    const double pc = b.compression_ratio > 0 ? b.compression_ratio : pc_param >= 0 ? pc_param : 0.9;
+    const double pa = approximation_ratio(pc);
+    const int extra = static_cast<int>(std::nearbyint(b.compression_ratio > 0 ? pa * v.n_tokens : pa / (1 - pc) * b.tokens));
     if (!v.k_pre_rope) fail("internal: the prefill did not keep the pre-RoPE keys vector asked for");
     const Selection at_n = base_select(v, b);
     Budget relaxed = b;
-    relaxed.tokens = b.tokens + static_cast<int>(std::nearbyint(ratio * b.tokens));
+    relaxed.tokens = std::min(b.tokens + extra, v.n_tokens);
     relaxed.bytes_per_layer = b.bytes_per_layer / size_t(std::max(1, b.tokens)) * size_t(relaxed.tokens);
     const Selection pool = relaxed.tokens == b.tokens ? at_n : base_select(v, relaxed);
     rope_->ensure(v.n_tokens + 1);
@@ -294,9 +335,20 @@ class Vector final : public WrapperMethod {
     long approximated = 0, retained = 0;
     std::vector<float> pred(d);
     const auto estimators = layer_estimators(v);
+    const bool materialize = params().get_bool("materialize");
+    const size_t row = size_t(hkv) * d;
+    const std::vector<float> full_map = full_ ? layer_full_map(v) : std::vector<float>{};
+    // v^ of token j in KV head g: from its own pre-RoPE key, or from all heads' with the full-layer map.
+    auto predict = [&](int g, int32_t j, float* out) {
+      if (!full_) return estimators[g]->predict(v.k_pre_rope + (size_t(j) * hkv + g) * d, out);
+      const float* x = v.k_pre_rope + size_t(j) * row;
+      for (int i = 0; i < d; ++i) {
+        const float* w = full_map.data() + (size_t(g) * d + i) * row;
+        out[i] = std::inner_product(w, w + row, x, 0.0f);
+      }
+    };
     for (int s = 0; s < stored; ++s) {
       const int g = s / G;
-      const auto& est = *estimators[g];
       const auto& P = pool.keep[s];
       const int n = static_cast<int>(at_n.keep[s].size());
       const int a = std::max(0, static_cast<int>(P.size()) - n);
@@ -305,7 +357,7 @@ class Vector final : public WrapperMethod {
       for (int32_t j : P) {
         if (protect && j >= v.n_tokens - pool.window) continue;
         const size_t off = (size_t(j) * hkv + g) * d;
-        est.predict(v.k_pre_rope + off, pred.data());
+        predict(g, j, pred.data());
         double e = 0;
         for (int i = 0; i < d; ++i) e += double(v.v[off + i] - pred[i]) * (v.v[off + i] - pred[i]);
         eps.push_back({e, j});
@@ -315,18 +367,24 @@ class Vector final : public WrapperMethod {
       std::vector<char> approx(size_t(v.n_tokens), 0);
       for (size_t i = 0; i < A; ++i) approx[size_t(eps[i].second)] = 1;
       auto seg_a = std::make_unique<ApproxValueSegment>(d, estimators[g], rope_, false);
+      auto seg_m = std::make_unique<MaterializedValueSegment>(d, full_ ? "full-layer affine" : "affine");
       auto seg_d = std::make_unique<DenseSegment>(d);
       for (int32_t j : P) {
         const size_t off = (size_t(j) * hkv + g) * d;
-        if (approx[size_t(j)])
-          seg_a->append(v.k + off, j);
-        else
+        if (!approx[size_t(j)]) {
           seg_d->append(v.k + off, v.v + off, j);
+        } else if (materialize) {
+          predict(g, j, pred.data());
+          seg_m->append(v.k + off, pred.data(), j);
+        } else {
+          seg_a->append(v.k + off, j);
+        }
       }
-      approximated += static_cast<long>(seg_a->size());
+      approximated += static_cast<long>(seg_a->size() + seg_m->size());
       retained += static_cast<long>(seg_d->size());
       // Approximated tokens first: decode appends to the dense tail.
       if (seg_a->size()) cache.segments(s).push_back(std::move(seg_a));
+      if (seg_m->size()) cache.segments(s).push_back(std::move(seg_m));
       cache.segments(s).push_back(std::move(seg_d));
     }
     stats_ = {{"layer", v.layer},
@@ -355,9 +413,20 @@ class Vector final : public WrapperMethod {
     return out;
   }
 
+  // This layer's full map [row x row], row = n_kv_heads x head_dim; with maps=prompt, fitted on the prompt.
+  std::vector<float> layer_full_map(const PrefillView& v) const {
+    if (!full_maps_.empty()) return full_maps_[size_t(v.layer)];
+    const size_t row = size_t(v.n_kv_heads) * v.head_dim;
+    OlsFit fit(static_cast<int>(row), static_cast<int>(row));
+    fit.add(v.k_pre_rope, row, v.v, row, size_t(v.n_tokens));
+    const auto w = fit.solve(1e-6);
+    return {w.begin(), w.end()};
+  }
+
   std::vector<std::vector<std::shared_ptr<const ValueEstimator>>> est_;  // [layer][KV head]
+  std::vector<std::vector<float>> full_maps_;                           // [layer], with full_layer_map
+  bool full_ = false;
   std::shared_ptr<RopeTable> rope_;
-  double pa_ = 0;
   std::string digest_, source_;
   nlohmann::json stats_;
 };
@@ -366,11 +435,20 @@ const bool registered = register_method(
     {.name = "vector",
      .summary = "retain / approximate (value rebuilt from the key by a fitted map) / evict over a base selector",
      .params = {base_method_param(),
-                ParamSpec::real("p_c", 0.9, 0.0, 0.999, "compression ratio p_c the approximation share is set from"),
+                ParamSpec::real("p_c", -1.0, -1.0, 0.999,
+                                "compression ratio p_c the approximation share is set from (-1: the run's own ratio "
+                                "in ratio runs, 0.9 at a KV size)"),
                 ParamSpec::real("p_a", -1.0, -1.0, 0.999,
                                 "approximation ratio p_a (-1: the paper's Eq. 1, min(p_c/2, (1 - p_c - 1e-3)/2)); "
-                                "the pool grows by round(p_a / (1 - p_c) T) and twice that many lose their value"),
+                                "the pool grows by a = round(p_a S) at a ratio, round(p_a / (1 - p_c) T) at a KV size, "
+                                "and 2a tokens lose their value"),
                 ParamSpec::boolean("protect_window", false, "never approximate the base's observation window"),
+                ParamSpec::boolean("materialize", false,
+                                   "accuracy-only runs: estimate the values once at prefill and store them (bytes "
+                                   "still counted as keys only; decoding as fast as dense)"),
+                ParamSpec::boolean("full_layer_map", false,
+                                   "estimate each head's values from all KV heads' keys with the per-layer map (needs "
+                                   "materialize and an artifact calibrated with -o full_layer_map=true)"),
                 ParamSpec::text("maps", "", "map file (default: this model's artifact from kvbench calibrate vector; "
                                             "'prompt': maps fitted on each prompt itself, an oracle)")},
      .make = [] { return std::make_unique<Vector>(); },
@@ -380,7 +458,10 @@ const bool registered = register_method(
                      ParamSpec::integer("heldout_tokens", 16384, 1, 100000000000L, "held-out tokens for R2"),
                      ParamSpec::integer("heldout_every", 10, 2, 1000000, "every n-th document is held out"),
                      ParamSpec::integer("seq_len", 4096, 16, 1000000, "tokens per sequence (BOS + text)"),
-                     ParamSpec::real("ridge", 1e-6, 0.0, 1.0, "ridge lambda as a share of trace(Gkk)/dim")},
+                     ParamSpec::real("ridge", 1e-6, 0.0, 1.0, "ridge lambda as a share of trace(Gkk)/dim"),
+                     ParamSpec::boolean("full_layer_map", false,
+                                        "also store the per-layer maps over all KV heads (the paper's granularity; "
+                                        "their R2 is reported either way)")},
      .calibrate = calibrate_vector,
      .test_params = {{"maps", "prompt"}},
      .composition = Composition::Wrapper});

@@ -79,6 +79,31 @@ methods: [fullkv]
                 {"kvb_e5.yaml:", "task_options.depths", "no values"});
 }
 
+TEST_CASE("experiment specs: compression ratios expand beside KV sizes and key their cells", "[experiment]") {
+  const ExperimentSpec s = load_experiment(write_spec("kvb_spec_ratio.yaml", kModelLine + R"(
+task: niah
+methods: [fullkv, snapkv]
+budgets: [64]
+ratios: [0.5, 0.9]
+)"));
+  REQUIRE(s.configs.size() == 1 + 3);
+  CHECK(s.configs[1].budget == KvBudget(64));
+  CHECK(s.configs[2].budget == KvBudget::compression_ratio(0.5));
+  CHECK(s.configs[3].budget.is_ratio());
+  CHECK(s.configs[3].budget.name() == "p_c=0.9");
+  // T = floor(S (1 - p_c)) in doubles, as kvpress's int(q_len * (1 - compression_ratio)): 1 - 0.9 is
+  // 0.09999999999999998, so 1000 tokens keep 99. Never below one token.
+  CHECK(KvBudget::compression_ratio(0.9).tokens_for(1000) == 99);
+  CHECK(KvBudget::compression_ratio(0.5).tokens_for(1001) == 500);
+  CHECK(KvBudget::compression_ratio(0.75).tokens_for(4095) == 1023);
+  CHECK(KvBudget::compression_ratio(0.99).tokens_for(50) == 1);
+  require_error([&] { load_experiment(write_spec("kvb_r1.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [1.5]\n")); },
+                {"kvb_r1.yaml:4:", "compression ratio", "(0, 1)"});
+  require_error([&] { load_experiment(write_spec("kvb_r2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [x]\n")); },
+                {"kvb_r2.yaml:4:", "compression ratio"});
+  require_error([] { (void)KvBudget::compression_ratio(0); }, {"compression ratio 0", "(0, 1)"});
+}
+
 TEST_CASE("experiment specs: errors name the file, line and column", "[experiment]") {
   require_error([&] { load_experiment(write_spec("kvb_e1.yaml", kModelLine + "task: niah\nmethods: [fullkv]\nbugdets: [1]\n")); },
                 {"kvb_e1.yaml:4:1", "unknown key 'bugdets'", "budgets"});
@@ -91,7 +116,7 @@ TEST_CASE("experiment specs: errors name the file, line and column", "[experimen
   require_error([&] { load_experiment(write_spec("kvb_e5.yaml", kModelLine + "task: nope\nmethods: [fullkv]\n")); },
                 {"kvb_e5.yaml:2:7", "unknown task 'nope'"});
   require_error([&] { load_experiment(write_spec("kvb_e6.yaml", kModelLine + "task: niah\nmethods: [snapkv]\n")); },
-                {"needs 'budgets'"});
+                {"needs 'budgets' or 'ratios'"});
   require_error([&] { load_experiment(write_spec("kvb_e7.yaml", "task: [unclosed\n")); }, {"kvb_e7.yaml:"});
 }
 

@@ -103,6 +103,26 @@ TEST_CASE("every registered method keeps everything when the prompt fits the bud
   }
 }
 
+TEST_CASE("in ratio mode every method keeps floor(S (1 - p_c)) tokens per head of every prompt", "[methods]") {
+  const auto& reg = MethodRegistry::get();
+  for (int S : {50, 300}) {
+    SyntheticLayer L(S, 6, 2, 16, 32, 5);
+    for (const std::string name : {"snapkv", "h2o", "streamingllm"}) {
+      INFO(name << " S=" << S);
+      auto m = reg.create(name, test_params(name, name == "streamingllm" ? std::map<std::string, std::string>{}
+                                                                           : std::map<std::string, std::string>{{"window", "8"}}),
+                          L.cfg);
+      MethodRunner runner(*m, KvBudget::compression_ratio(0.75));
+      LayerCache c(6, 2, 16);
+      runner.on_layer(L.view, c);
+      CHECK(runner.compressed());
+      CHECK(runner.budget().tokens == S / 4);
+      CHECK(runner.cache_profile()["budget_tokens"] == S / 4);
+      for (const auto& p : kept_positions(c)) CHECK(static_cast<int>(p.size()) == S / 4);
+    }
+  }
+}
+
 TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", "[methods][model]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;

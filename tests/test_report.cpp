@@ -121,3 +121,29 @@ TEST_CASE("reports: a method's rows name only the parameters that differ between
   CHECK(t.find("| kvcrush (base=snapkv) |") != std::string::npos);
   CHECK(t.find("| snapkv |") != std::string::npos);
 }
+
+TEST_CASE("reports: compression-ratio runs get their own columns and blocks beside KV sizes", "[report]") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_ratios";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "a.jsonl");
+    out << record("longbench", {{"dataset", "multi_news"}}, "fullkv", 0, 0.30).dump() << "\n";
+    out << record("longbench", {{"dataset", "multi_news"}}, "snapkv", 128, 0.20).dump() << "\n";
+    for (const auto& [p, score] : {std::pair{0.5, 0.28}, {0.9, 0.10}}) {
+      json r = record("longbench", {{"dataset", "multi_news"}}, "snapkv", 0, score);
+      r["config"]["compression_ratio"] = p;
+      r["key"] = fmt::format("r{}", p);
+      r["kv_bytes"] = 100 * (1 - p);
+      out << r.dump() << "\n";
+    }
+  }
+  write_report({dir.string()}, (dir / "rep").string(), {"md"});
+  const std::string mb = read(dir / "rep" / "longbench-method-budget.md");
+  INFO(mb);
+  CHECK(mb.find("| Method | Full | p_c=0.5 | p_c=0.9 | 128 |") != std::string::npos);
+  CHECK(mb.find("| snapkv | - | 28.00 (50.0%) | 10.00 (10.0%) | 20.00 (25.0%) |") != std::string::npos);
+  const std::string lb = read(dir / "rep" / "longbench.md");
+  CHECK(lb.find("Compression ratio = 0.9") != std::string::npos);
+  CHECK(lb.find("KV size = 128") != std::string::npos);
+}

@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "harness/cache/approx_value_segment.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/rope_freqs.hpp"
 #include "harness/method/calibration.hpp"
@@ -207,6 +208,86 @@ TEST_CASE("vector: with the exact map, decoding equals the base at the pool budg
   attend(cv, q.data(), o1.data());
   attend(cp, q.data(), o2.data());
   for (size_t i = 0; i < o1.size(); ++i) CHECK(o1[i] == Approx(o2[i]).margin(2e-3));
+}
+
+TEST_CASE("vector: materialized, factored and per-token values decode alike at the same bytes", "[vector]") {
+  ExactLayer E(300, {3, 50, 120, 250}, 6);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  std::vector<float> q(6 * 16);
+  for (auto& x : q) x = nd(rng);
+  auto run = [&](std::map<std::string, std::string> p, std::vector<float>& out, const ExactLayer& X) {
+    p.insert({{"maps", "prompt"}, {"p_c", "0.75"}, {"base.window", "8"}});
+    auto m = MethodRegistry::get().create("vector", p, X.L.cfg);
+    MethodRunner r(*m, 64);
+    LayerCache c(6, 2, 16);
+    r.on_layer(X.L.view, c);
+    out.assign(q.size(), 0.0f);
+    attend(c, q.data(), out.data());
+    return std::pair{kept_positions(c), r.prefill_kv_bytes()};
+  };
+  std::vector<float> factored, materialized, full;
+  const auto [kept_f, bytes_f] = run({}, factored, E);
+  const auto [kept_m, bytes_m] = run({{"materialize", "true"}}, materialized, E);
+  CHECK(kept_f == kept_m);
+  CHECK(bytes_f == bytes_m);  // charged as keys only, whatever the buffer holds
+  for (size_t i = 0; i < q.size(); ++i) CHECK(factored[i] == Approx(materialized[i]).margin(1e-4));
+
+  // Per token: each approximated value rebuilt from its inverse-rotated key, as dense rows.
+  auto m = MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"p_c", "0.75"}, {"base.window", "8"}}, E.L.cfg);
+  MethodRunner r(*m, 64);
+  LayerCache c(6, 2, 16), dense(6, 2, 16);
+  r.on_layer(E.L.view, c);
+  for (int s = 0; s < c.n_cache_heads(); ++s)
+    for (const auto& seg : c.segments(s)) {
+      auto d = std::make_unique<DenseSegment>(16);
+      std::vector<float> k, v;
+      if (const auto* a = dynamic_cast<const ApproxValueSegment*>(seg.get())) {
+        a->reconstruct(k, v);
+      } else {
+        const auto* ds = dynamic_cast<const DenseSegment*>(seg.get());
+        REQUIRE(ds);
+        k.assign(ds->k(), ds->k() + ds->size() * 16);
+        v.assign(ds->v(), ds->v() + ds->size() * 16);
+      }
+      for (size_t t = 0; t < seg->size(); ++t) d->append(k.data() + t * 16, v.data() + t * 16, seg->positions()[t]);
+      dense.segments(s).push_back(std::move(d));
+    }
+  std::vector<float> per_token(q.size(), 0.0f);
+  attend(dense, q.data(), per_token.data());
+  for (size_t i = 0; i < q.size(); ++i) CHECK(factored[i] == Approx(per_token[i]).margin(1e-4));
+
+  // The full-layer map contains the per-head one (block diagonal): on a noise-free exact layer both
+  // recover every value, so decoding is the same whichever tokens they approximate.
+  const ExactLayer clean(300, {}, 6);
+  std::vector<float> per_head;
+  const auto [kept_h, bytes_h] = run({}, per_head, clean);
+  const auto [kept_l, bytes_l] = run({{"materialize", "true"}, {"full_layer_map", "true"}}, full, clean);
+  CHECK(bytes_l == bytes_h);
+  for (size_t i = 0; i < q.size(); ++i) CHECK(full[i] == Approx(per_head[i]).margin(2e-3));
+  test::require_error([&] { MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"full_layer_map", "true"}}, E.L.cfg); },
+                      {"full_layer_map=true needs materialize=true"});
+}
+
+TEST_CASE("vector: a compression-ratio run takes n = floor(S (1 - p_c)) and a = round(p_a S)", "[vector]") {
+  ExactLayer E(300, {}, 8);
+  // p_c 0.5: p_a = 0.2495 (Eq. 1), n = 150, a = round(74.85) = 75; P = 225, A = 150, R = 75.
+  auto m = MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"base.window", "8"}}, E.L.cfg);
+  MethodRunner r(*m, KvBudget::compression_ratio(0.5));
+  LayerCache c(6, 2, 16);
+  r.on_layer(E.L.view, c);
+  CHECK(r.budget().tokens == 150);
+  for (int s = 0; s < c.n_cache_heads(); ++s) {
+    size_t approx = 0, dense = 0;
+    for (const auto& seg : c.segments(s)) (seg->format() == "dense" ? dense : approx) += seg->size();
+    CHECK(approx == 150);
+    CHECK(dense == 75);
+  }
+  // p_c set to another ratio than the run's is a contradiction.
+  auto bad = MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"p_c", "0.9"}, {"base.window", "8"}}, E.L.cfg);
+  MethodRunner rb(*bad, KvBudget::compression_ratio(0.5));
+  LayerCache cb(6, 2, 16);
+  test::require_error([&] { rb.on_layer(E.L.view, cb); }, {"p_c=0.9", "compression ratio 0.5"});
 }
 
 TEST_CASE("vector: bad maps and parameters are clear errors", "[vector]") {

@@ -1,5 +1,7 @@
 #include "harness/cache/approx_value_segment.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <numeric>
 
@@ -79,4 +81,19 @@ void ApproxValueSegment::accumulate(const float* p, float* acc) const {
   }
 }
 
+void MaterializedValueSegment::append(const float* k, const float* v, int32_t pos) {
+  k_.insert(k_.end(), k, k + d_);
+  v_.insert(v_.end(), v, v + d_);
+  pos_.push_back(pos);
+}
+
+void MaterializedValueSegment::logits(const float* q, float* scores) const {
+  if (size()) cblas_sgemv(CblasRowMajor, CblasNoTrans, int(size()), d_, 1.0f, k_.data(), d_, q, 1, 0.0f, scores, 1);
+}
+
+void MaterializedValueSegment::accumulate(const float* p, float* acc) const {
+  if (size()) cblas_sgemv(CblasRowMajor, CblasTrans, int(size()), d_, 1.0f, v_.data(), d_, p, 1, 1.0f, acc, 1);
+}
+
 }  // namespace kvb
+

@@ -68,4 +68,30 @@ class ApproxValueSegment final : public Segment {
   std::vector<int32_t> pos_;
 };
 
+// VECTOR's accuracy-only shortcut (vector_materialize): the estimated values computed once at prefill
+// and stored beside the keys, so that decoding reads them like dense values. Its bytes are those of
+// the on-the-fly form (keys only): what the method would hold, not what this buffer holds. Also the
+// only form for a map that reads other heads' keys (the full-layer map), which decoding cannot rebuild
+// once those heads have evicted the token.
+class MaterializedValueSegment final : public Segment {
+ public:
+  MaterializedValueSegment(int head_dim, std::string estimator) : d_(head_dim), est_(std::move(estimator)) {}
+  std::string format() const override { return "approx_value(" + est_ + ", materialized)"; }
+  size_t size() const override { return pos_.size(); }
+  std::span<const int32_t> positions() const override { return pos_; }
+  size_t bytes() const override { return k_.size() * sizeof(float); }
+  void logits(const float* q, float* scores) const override;
+  void accumulate(const float* p, float* acc) const override;
+
+  void append(const float* k_post_rope, const float* v_estimated, int32_t pos);
+  const std::vector<float>& keys() const { return k_; }
+  const std::vector<float>& values() const { return v_; }
+
+ private:
+  int d_;
+  std::string est_;
+  std::vector<float> k_, v_;
+  std::vector<int32_t> pos_;
+};
+
 }  // namespace kvb

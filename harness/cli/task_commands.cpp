@@ -171,6 +171,7 @@ void register_task_commands(CLI::App& app) {
     struct Args : TaskArgs {
       std::string backend = "cpu", method, out;
       int budget = 0, threads = 0;
+      double ratio = 0;
       size_t limit = 0;
       std::vector<std::string> params;
     };
@@ -179,7 +180,11 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("--backend", a->backend, "cpu or cuda");
     cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
     cmd->add_option("--method", a->method, "KV-cache compression method (default: full cache)");
-    cmd->add_option("--budget", a->budget, "KV size T for --method")->check(CLI::PositiveNumber);
+    auto* budget_opt = cmd->add_option("--budget", a->budget, "KV size T for --method")->check(CLI::PositiveNumber);
+    cmd->add_option("--ratio", a->ratio,
+                    "Compression ratio for --method instead of --budget: the fraction of each prompt removed, "
+                    "T = floor(S (1 - ratio))")
+        ->excludes(budget_opt);
     cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
     cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)");
     cmd->add_option("--out", a->out, "Results JSONL (appended; default runs/<task>-<method>[-T<budget>].jsonl)");
@@ -189,15 +194,19 @@ void register_task_commands(CLI::App& app) {
       auto task = make_task(*a, *tok);
       Engine engine(*m, {a->backend, a->threads});
       std::unique_ptr<Method> method;
+      KvBudget budget = a->budget;
       if (!a->method.empty()) {
-        if (a->budget <= 0) fail("--method needs --budget T");
+        if (a->ratio != 0) budget = KvBudget::compression_ratio(a->ratio);
+        if (a->budget <= 0 && a->ratio == 0) fail("--method needs --budget T or --ratio P");
         method = MethodRegistry::get().create(a->method, parse_key_values(a->params), engine.config());
-      } else if (a->budget > 0 || !a->params.empty()) {
-        fail("--budget and --param need --method");
+      } else if (a->budget > 0 || a->ratio != 0 || !a->params.empty()) {
+        fail("--budget, --ratio and --param need --method");
       }
-      const std::string label = a->method.empty() ? "fullkv" : fmt::format("{}-T{}", a->method, a->budget);
+      const std::string label = a->method.empty() ? "fullkv"
+                                : budget.is_ratio() ? fmt::format("{}-r{}", a->method, budget.ratio)
+                                                    : fmt::format("{}-T{}", a->method, a->budget);
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
-      const json config = cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), a->budget);
+      const json config = cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget);
       const auto done = out.recorded("key");
       const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
       Progress bar(fmt::format("{} {}", a->task, label), n, "samples");
@@ -207,7 +216,7 @@ void register_task_commands(CLI::App& app) {
           bar.advance(1, "(done before)");
           continue;
         }
-        const json rec = run_cell(*m, *tok, engine, *task, s, method.get(), a->budget, config);
+        const json rec = run_cell(*m, *tok, engine, *task, s, method.get(), budget, config);
         out.append(rec);
         bar.advance(1, fmt::format("score {:.2f}", rec["score"].get<double>()));
       }

@@ -490,6 +490,10 @@ class CudaBackend final : public Backend {
       d.k = add(as->keys());
       d.w = shared_upload(m, aff->w().data(), aff->w());
       d.c = aff->c().empty() ? nullptr : shared_upload(m, aff->c().data(), aff->c());
+    } else if (const auto* ms = dynamic_cast<const MaterializedValueSegment*>(&s)) {
+      d.kind = cuda::kDense;  // never the tail: decoding appends to the dense segment after it
+      d.k = add(ms->keys());
+      d.v = add(ms->values());
     } else {
       fail("CUDA decode: segment format '{}' has no GPU form; use --backend cpu", s.format());
     }

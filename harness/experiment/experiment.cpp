@@ -85,7 +85,7 @@ ExperimentSpec load_experiment(const std::string& path) {
   }
   if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
   check_keys(path, root,
-             {"name", "model", "backend", "threads", "task", "task_options", "data", "limit", "methods", "budgets",
+             {"name", "model", "backend", "threads", "task", "task_options", "data", "limit", "methods", "budgets", "ratios",
               "grid", "out"},
              "the spec");
   ExperimentSpec s;
@@ -134,7 +134,7 @@ ExperimentSpec load_experiment(const std::string& path) {
   s.data = root["data"] ? scalar(path, root["data"], "data") : default_data_dir();
   s.out = root["out"] ? scalar(path, root["out"], "out") : "runs/" + s.name + ".jsonl";
 
-  std::vector<int> budgets;
+  std::vector<KvBudget> budgets;
   if (root["budgets"]) {
     if (!root["budgets"].IsSequence()) spec_error(path, root["budgets"], "'budgets' must be a list of KV sizes");
     for (const auto& b : root["budgets"]) {
@@ -145,7 +145,23 @@ ExperimentSpec load_experiment(const std::string& path) {
         spec_error(path, b, "a budget must be a positive integer (KV size T)");
       }
       if (v <= 0) spec_error(path, b, "a budget must be a positive integer (KV size T)");
-      budgets.push_back(v);
+      budgets.emplace_back(v);
+    }
+  }
+  // Compression ratios (kvpress, VECTOR): T = floor(S (1 - p_c)) per prompt.
+  if (root["ratios"]) {
+    if (!root["ratios"].IsSequence())
+      spec_error(path, root["ratios"], "'ratios' must be a list of compression ratios (fractions removed)");
+    for (const auto& r : root["ratios"]) {
+      double v = 0;
+      try {
+        v = r.as<double>();
+      } catch (const YAML::Exception&) {
+        spec_error(path, r, "a compression ratio must be a number in (0, 1), the fraction of the prompt removed");
+      }
+      if (!(v > 0 && v < 1))
+        spec_error(path, r, "a compression ratio must be a number in (0, 1), the fraction of the prompt removed");
+      budgets.push_back(KvBudget::compression_ratio(v));
     }
   }
   std::map<std::string, std::map<std::string, std::vector<std::string>>> grid;
@@ -187,11 +203,11 @@ ExperimentSpec load_experiment(const std::string& path) {
         spec_error(path, m, e.what());
       }
       if (base.name == "fullkv") {
-        s.configs.push_back({base.name, params, 0});
+        s.configs.push_back({base.name, params, {}});
         continue;
       }
-      if (budgets.empty()) spec_error(path, m, fmt::format("method {} needs 'budgets'", base.name));
-      for (int b : budgets) s.configs.push_back({base.name, params, b});
+      if (budgets.empty()) spec_error(path, m, fmt::format("method {} needs 'budgets' or 'ratios'", base.name));
+      for (const KvBudget& b : budgets) s.configs.push_back({base.name, params, b});
     }
   }
   if (s.configs.empty()) spec_error(path, root["methods"], "no method configurations");
@@ -200,16 +216,17 @@ ExperimentSpec load_experiment(const std::string& path) {
 
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
-                           int budget) {
+                           KvBudget budget) {
   nlohmann::json c = {{"task", task},
           {"options", task_options},
           {"model", std::filesystem::path(model_path).filename().string()},
           {"model_fingerprint", model.config().fingerprint},
           {"method", method ? method->name() : "fullkv"},
-          {"budget", method ? budget : 0},
+          {"budget", method ? budget.tokens : 0},
           {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
           {"gqa", method ? gqa_mode_name(method->gqa()) : "-"},
           {"version", code_version()}};
+  if (method && budget.is_ratio()) c["compression_ratio"] = budget.ratio;
   // A recalibrated artifact changes the numbers: its digest is part of the key (the path is not).
   if (method && !method->artifacts().is_null()) {
     nlohmann::json a = method->artifacts();
@@ -225,7 +242,7 @@ std::string cell_key(const nlohmann::json& config, const std::string& sample_id)
 }
 
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
-                        const Sample& s, Method* method, int budget, const nlohmann::json& config,
+                        const Sample& s, Method* method, KvBudget budget, const nlohmann::json& config,
                         const PrefillCapture* capture) {
   const auto prompt = build_prompt(model, tok, s.prompt, s.chat);
   GenerateOptions opt;

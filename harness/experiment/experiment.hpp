@@ -7,20 +7,21 @@
 #include <string>
 #include <vector>
 
+#include "harness/method/method.hpp"
+
 namespace kvb {
 
 class ModelFile;
 class Tokenizer;
 class Engine;
 class Task;
-class Method;
 struct Sample;
 struct PrefillCapture;
 
 struct MethodConfig {
   std::string name;
   std::map<std::string, std::string> params;
-  int budget = 0;  // 0 for fullkv
+  KvBudget budget;  // none for fullkv
 };
 
 struct ExperimentSpec {
@@ -28,7 +29,7 @@ struct ExperimentSpec {
   int threads = 0;
   size_t limit = 0;
   std::vector<std::map<std::string, std::string>> task_variants;  // task options, list values expanded
-  std::vector<MethodConfig> configs;  // methods x grid x budgets, expanded
+  std::vector<MethodConfig> configs;  // methods x grid x (budgets, then ratios), expanded
 };
 
 // Parses and validates a spec; errors name the file, line and column, and list the valid keys.
@@ -37,14 +38,14 @@ ExperimentSpec load_experiment(const std::string& path);
 // Identity of a configuration's results: everything that moves its numbers.
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
-                           int budget);
+                           KvBudget budget);
 // FNV-1a 64 of the configuration and the sample id, as 16 hex digits.
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id);
 
 // Generates the sample's answer with the method (null: full cache) and returns its record. With a
 // capture, the sample's shared prefill is reused (the record is the same as without, times aside).
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
-                        const Sample& sample, Method* method, int budget, const nlohmann::json& config,
+                        const Sample& sample, Method* method, KvBudget budget, const nlohmann::json& config,
                         const PrefillCapture* capture = nullptr);
 
 // The code version compiled in (git describe at configure time).

@@ -70,7 +70,9 @@ void Sweep::describe() const {
              parts_.size(), samples, spec_.configs.size());
   for (const auto& part : parts_) fmt::print("  task options {}\n", part.configs.front()["options"].dump());
   for (const auto& c : parts_.front().configs)
-    fmt::print("  {} KV size {} gqa {} params {}\n", c["method"].get<std::string>(), c["budget"].get<int>(),
+    fmt::print("  {} {} gqa {} params {}\n", c["method"].get<std::string>(),
+               c.contains("compression_ratio") ? fmt::format("compression ratio {}", c["compression_ratio"].get<double>())
+                                               : fmt::format("KV size {}", c["budget"].get<int>()),
                c["gqa"].get<std::string>(), c["params"].dump());
   fmt::print("{} cells{}: {} prompt tokens to prefill, up to {} tokens to generate; results in {}\n", cells,
              shard_.count > 1 ? fmt::format(" in shard {}/{}", shard_.index, shard_.count) : "", tokens, gen,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "harness/method/parts.hpp"
 #include "harness/util/error.hpp"
@@ -104,14 +105,36 @@ size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens) {
   return size_t(tokens) * heads * m.head_dim * 2 * sizeof(float);
 }
 
-MethodRunner::MethodRunner(Method& method, int budget_tokens) : method_(method) {
-  if (budget_tokens <= 0) fail("budget must be a positive number of tokens, got {}", budget_tokens);
-  budget_.tokens = budget_tokens;
-  budget_.bytes_per_layer = dense_layer_bytes(method.model(), method.gqa(), budget_tokens);
+KvBudget KvBudget::compression_ratio(double p_c) {
+  if (!(p_c > 0 && p_c < 1)) fail("compression ratio {} is outside (0, 1): it is the fraction of the prompt removed", p_c);
+  KvBudget b;
+  b.ratio = p_c;
+  return b;
+}
+
+int KvBudget::tokens_for(int prompt_tokens) const {
+  if (!is_ratio()) return tokens;
+  return std::max(1, static_cast<int>(std::floor(prompt_tokens * (1 - ratio))));
+}
+
+std::string KvBudget::name() const {
+  if (is_ratio()) return fmt::format("p_c={}", ratio);
+  return tokens ? std::to_string(tokens) : "Full";
+}
+
+MethodRunner::MethodRunner(Method& method, KvBudget budget) : method_(method), asked_(budget) {
+  if (!budget.is_ratio() && budget.tokens <= 0) fail("budget must be a positive number of tokens, got {}", budget.tokens);
+  budget_.tokens = budget.tokens;
+  budget_.bytes_per_layer = dense_layer_bytes(method.model(), method.gqa(), budget.tokens);
 }
 
 void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (asked_.is_ratio() && view.layer == 0) {
+    budget_.tokens = asked_.tokens_for(view.n_tokens);
+    budget_.bytes_per_layer = dense_layer_bytes(method_.model(), method_.gqa(), budget_.tokens);
+    budget_.compression_ratio = asked_.ratio;
+  }
   if (view.n_tokens <= budget_.tokens) {
     // The prompt fits: every method keeps everything (reference repos skip compression here).
     cache = keep_all(view, method_.gqa());
@@ -146,7 +169,8 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
 nlohmann::json MethodRunner::cache_profile() const {
   size_t kept = 0;
   for (const auto& [f, n] : format_tokens_) kept += n;
-  nlohmann::json p = {{"formats", format_tokens_},
+  nlohmann::json p = {{"budget_tokens", budget_.tokens},
+                      {"formats", format_tokens_},
                       {"evicted", prompt_slots_ - std::min(prompt_slots_, kept)},
                       {"tokens_per_head", {{"min", min_head_ == SIZE_MAX ? 0 : min_head_}, {"max", max_head_}}}};
   if (!layer_stats_.empty()) p["layers"] = layer_stats_;

@@ -27,6 +27,23 @@ std::string gqa_mode_name(GqaMode m);
 struct Budget {
   int tokens = 0;                 // T
   size_t bytes_per_layer = 0;     // T x stored heads x head_dim x 2 x bytes per value
+  double compression_ratio = 0;   // p_c when the run asked for a ratio (T = floor(S (1 - p_c))), else 0
+};
+
+// What a run asks for: a KV size T, or a compression ratio p_c, the fraction of the prompt removed
+// (kvpress, VECTOR): T = floor(S (1 - p_c)) for a prompt of S tokens, window included, so that every
+// prompt is compressed.
+struct KvBudget {
+  int tokens = 0;     // T, in KV-size mode
+  double ratio = 0;   // p_c in (0, 1), in ratio mode
+  KvBudget() = default;
+  KvBudget(int t) : tokens(t) {}  // NOLINT(google-explicit-constructor): a KV size is the usual budget
+  static KvBudget compression_ratio(double p_c);
+  bool is_ratio() const { return ratio > 0; }
+  bool is_full() const { return tokens == 0 && ratio == 0; }
+  int tokens_for(int prompt_tokens) const;
+  std::string name() const;  // "128", "p_c=0.5", "Full"
+  auto operator<=>(const KvBudget&) const = default;
 };
 
 struct DecodeView {
@@ -146,7 +163,7 @@ size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens);
 // otherwise asks the method, and checks the bytes it returns.
 class MethodRunner : public PrefillObserver {
  public:
-  MethodRunner(Method& method, int budget_tokens);
+  MethodRunner(Method& method, KvBudget budget);
   PrefillNeeds needs() const override { return method_.needs(); }
   void on_layer(const PrefillView& view, LayerCache& cache) override;
   bool acts_on_decode() const override { return method_.acts_on_decode(); }
@@ -154,6 +171,7 @@ class MethodRunner : public PrefillObserver {
     method_.on_decode(cache, DecodeView{layer, pos, q, budget_.tokens});
   }
 
+  // In ratio mode, T is known once the prompt is: after the first layer.
   const Budget& budget() const { return budget_; }
   bool compressed() const { return compressed_; }
   // What the prefill left in the caches, for the record: tokens kept per segment format (the width
@@ -165,6 +183,7 @@ class MethodRunner : public PrefillObserver {
 
  private:
   Method& method_;
+  KvBudget asked_;
   Budget budget_;
   bool compressed_ = false;
   size_t bytes_ = 0;

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "harness/experiment/results.hpp"
+#include "harness/method/method.hpp"
 #include "harness/report/heatmap.hpp"
 #include "harness/report/table.hpp"
 #include "tasks/text.hpp"
@@ -29,6 +30,16 @@ struct Group {
   int n = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> niah;  // (depth, length) -> sum, count
 };
+
+// A record's budget: its KV size, or the compression ratio it ran at; none for the full cache.
+KvBudget budget_of(const json& config) {
+  if (config.contains("compression_ratio")) return KvBudget::compression_ratio(config["compression_ratio"].get<double>());
+  return config.value("budget", 0);
+}
+
+std::string budget_heading(const KvBudget& b) {
+  return b.is_ratio() ? fmt::format("compression ratio {}", b.ratio) : fmt::format("KV size {}", b.tokens);
+}
 
 std::string params_text(const json& p) {
   std::string s;
@@ -57,14 +68,14 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
   const json& params = g.config.contains("params") ? g.config["params"] : json::object();
   const std::string method = g.config.value("method", "fullkv") +
                              (params.contains("base") ? "-" + params["base"].get<std::string>() : "");
-  const int budget = g.config.value("budget", 0);
+  const KvBudget budget = budget_of(g.config);
   h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
   h.subtitle = "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")";
-  h.caption = fmt::format("{} Score: {:.2f}", method == "fullkv" ? "FullKV" : fmt::format("{} (KV size {})", method, budget),
+  h.caption = fmt::format("{} Score: {:.2f}", method == "fullkv" ? "FullKV" : fmt::format("{} ({})", method, budget_heading(budget)),
                           100.0 * g.score / g.n);
   const bool chat = g.config["options"].value("chat", "false") == "true";
   const std::string base =
-      fmt::format("{}/niah-{}{}{}{}", dir, method, method == "fullkv" ? "" : fmt::format("-T{}", budget),
+      fmt::format("{}/niah-{}{}{}{}", dir, method, method == "fullkv" ? "" : budget.is_ratio() ? fmt::format("-r{}", budget.ratio) : fmt::format("-T{}", budget.tokens),
                   chat ? "-chat" : "", g.config.value("gqa", "-") == "repeat" ? "-repeat" : "");
   std::string stem = base;
   for (int i = 2; used.count(stem); ++i) stem = fmt::format("{}-{}", base, i);
@@ -75,7 +86,8 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
 // One record, reduced to what the tables group by.
 struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
-  int budget = 0, length = 0;
+  KvBudget budget;
+  int length = 0;
   double score = 0, kv_share = 1;
   bool empty = false;
 };
@@ -91,7 +103,6 @@ struct Mean {
 };
 
 std::string pct(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", 100 * v); }
-std::string budget_name(int b) { return b ? std::to_string(b) : "Full"; }
 
 // Methods in the order the papers list them (the full cache first), then by name.
 bool method_order(const std::string& a, const std::string& b) {
@@ -135,19 +146,20 @@ const std::vector<std::pair<std::string, std::string>>& ruler_columns() {
 template <typename Key>
 Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& keys,
                    const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls) {
-  std::set<int> budgets;
+  std::set<KvBudget> budgets;
   std::set<std::string> labels;
   for (const Entry* e : es) {
-    if (e->budget) budgets.insert(e->budget);
+    if (!e->budget.is_full()) budgets.insert(e->budget);
     labels.insert(e->label);
   }
-  if (budgets.empty()) budgets.insert(0);
+  if (budgets.empty()) budgets.insert(KvBudget{});
   std::vector<std::string> order(labels.begin(), labels.end());
   std::sort(order.begin(), order.end(), method_order);
   Table t;
-  for (int b : budgets) {
+  for (const KvBudget& b : budgets) {
     Table::Block block;
-    block.heading = b ? fmt::format("KV size = {}", b) : "Full cache";
+    block.heading = b.is_full() ? "Full cache" : b.is_ratio() ? fmt::format("Compression ratio = {}", b.ratio)
+                                                               : fmt::format("KV size = {}", b.tokens);
     for (const auto& label : order) {
       // A column pooling several task variants (RULER's per-length summary) averages their means.
       std::vector<std::map<std::string, Mean>> cols(keys.size());
@@ -155,7 +167,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
       int empty = 0;
       bool any = false;
       for (const Entry* e : es) {
-        if (e->label != label || (e->budget && e->budget != b)) continue;
+        if (e->label != label || (!e->budget.is_full() && e->budget != b)) continue;
         for (size_t k = 0; k < keys.size(); ++k)
           if (in_column(*e, keys[k])) {
             cols[k][e->variant].add(e->score);
@@ -232,7 +244,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         ++cell.second;
       }
       e.method = cfg.value("method", "fullkv");
-      e.budget = cfg.value("budget", 0);
+      e.budget = budget_of(cfg);
       e.score = j["score"].get<double>();
       e.empty = python_strip(j.value("prediction", "")).empty();
       e.label = cfg.value("params", json::object()).dump() + "|" + cfg.value("gqa", "-");  // made readable below
@@ -274,7 +286,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   std::stable_sort(rows.begin(), rows.end(), [](const Group* a, const Group* b) {
     auto k = [](const Group* g) {
       return std::tuple(g->config.value("task", ""), g->config["options"].dump(), g->config.value("method", "") != "fullkv",
-                        g->config.value("method", ""), g->config.value("budget", 0), g->config.dump());
+                        g->config.value("method", ""), budget_of(g->config), g->config.dump());
     };
     return k(a) < k(b);
   });
@@ -287,7 +299,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
     summary.blocks[0].rows.push_back({c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""),
-                                      budget_name(c.value("budget", 0)), c.value("gqa", "-"),
+                                      budget_of(c).name(), c.value("gqa", "-"),
                                       params_text(c.value("params", json::object())), std::to_string(g.n),
                                       fmt::format("{:.2f}", 100.0 * g.score / g.n),
                                       fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n)});
@@ -305,7 +317,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     for (const auto& e : entries)
       if (e.task == task) es.push_back(&e);
     // Method x budget: mean score and the share of the full cache kept; as a table and a heatmap.
-    std::set<int> budgets;
+    std::set<KvBudget> budgets;
     std::set<std::string> labels;
     for (const Entry* e : es) {
       budgets.insert(e->budget);
@@ -316,7 +328,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     Table mb;
     mb.caption = task + ": score by method and KV size (KV kept as a share of the full cache)";
     mb.columns = {"Method"};
-    for (int b : budgets) mb.columns.push_back(budget_name(b));
+    for (const KvBudget& b : budgets) mb.columns.push_back(b.name());
     mb.blocks.emplace_back();
     Heatmap h;
     h.title = task + ": score by method and KV size";
@@ -324,12 +336,12 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     h.y_label = "Method";
     h.annotate = true;
     h.cell_width = 56;
-    for (int b : budgets) h.cols.push_back(budget_name(b));
+    for (const KvBudget& b : budgets) h.cols.push_back(b.name());
     Mean overall;
     for (const auto& label : order) {
       std::vector<std::string> row = {label};
       std::vector<double> cells;
-      for (int b : budgets) {
+      for (const KvBudget& b : budgets) {
         Mean sc, kv;
         for (const Entry* e : es)
           if (e->label == label && e->budget == b) {
