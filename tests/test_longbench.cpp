@@ -4,6 +4,7 @@
 
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
 #include "tasks/longbench/jieba.hpp"
 #include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
@@ -231,6 +232,18 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
       ones += score == 1.0;
     }
     CHECK(ones == 200);
+    // Middle truncation through text cuts Chinese characters (several byte-level tokens each) at the
+    // seam: each half decodes as Hugging Face decodes, with U+FFFD for the broken character.
+    ctx.options = {{"dataset", w.dataset}, {"max_len", "301"}};
+    auto cut = TaskRegistry::get().create("longbench", ctx);
+    size_t replaced = 0;
+    for (size_t i = 0; i < 20; ++i) {
+      std::string p;
+      REQUIRE_NOTHROW(p = cut->sample(i).prompt);
+      CHECK(utf8_invalid_at(p) == std::string::npos);
+      replaced += p.find("\xEF\xBF\xBD") != std::string::npos;
+    }
+    CHECK(replaced > 0);
   }
   std::filesystem::remove_all(dir);
 }

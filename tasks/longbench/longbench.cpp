@@ -7,6 +7,7 @@
 #include <map>
 
 #include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 #include "tasks/longbench/jieba.hpp"
 #include "tasks/longbench/longbench.hpp"
@@ -140,12 +141,14 @@ class LongBench final : public Task {
     if (index >= records_.size()) fail("{}: sample {} of {}", path_, index, records_.size());
     const Record& r = records_[index];
     std::string prompt = fill(template_, r.context, r.input);
-    // Middle truncation through text, as pred.py does: the two halves are decoded and joined.
+    // Middle truncation through text, as pred.py does: the two halves are decoded and joined. Each
+    // half is decoded as Hugging Face decodes (a character cut at the seam becomes U+FFFD).
     const auto ids = tok_.encode_prompt(prompt);
     bool truncated = false;
     if (static_cast<int>(ids.size()) > max_len_) {
       const size_t half = static_cast<size_t>(max_len_ / 2);
-      prompt = tok_.decode(std::span(ids).first(half), true) + tok_.decode(std::span(ids).last(half), true);
+      prompt = utf8_lossy(tok_.decode(std::span(ids).first(half), true)) +
+               utf8_lossy(tok_.decode(std::span(ids).last(half), true));
       truncated = true;
     }
     Sample s;
