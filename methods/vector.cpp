@@ -313,20 +313,32 @@ class Vector final : public WrapperMethod {
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     // Step 1. A run at a compression ratio has n = floor(S (1 - p_c)) and a = round(p_a S); a run at a
     // KV size T has n = T and a = round(p_a / (1 - p_c) T), so that a keeps its ratio to the budget.
-    // The base runs at n + a for the pool.
+    // Where the base gives each layer or head its own n_s (PyramidKV, HeadKV), a scales with it:
+    // a_s = round(a n_s / T) (spec 7.5.3). The pool of each stored head is then the base's own choice
+    // at n_s plus the next a_s tokens of its ranking. (Rerunning the base at a larger budget instead
+    // would let PyramidKV's clamp reshape its pyramid, and a layer could get a > n.)
     const double pc_param = params().get_float("p_c");
     if (b.compression_ratio > 0 && pc_param >= 0 && std::abs(pc_param - b.compression_ratio) > 1e-12)
       fail("method vector: p_c={} but the run asks for compression ratio {}; leave p_c unset (-1) in ratio runs",
            pc_param, b.compression_ratio);
     const double pc = b.compression_ratio > 0 ? b.compression_ratio : pc_param >= 0 ? pc_param : 0.9;
     const double pa = approximation_ratio(pc);
-    const int extra = static_cast<int>(std::nearbyint(b.compression_ratio > 0 ? pa * v.n_tokens : pa / (1 - pc) * b.tokens));
+    const double extra_per_token = (b.compression_ratio > 0 ? pa * v.n_tokens : pa / (1 - pc) * b.tokens) / b.tokens;
     if (!v.k_pre_rope) fail("internal: the prefill did not keep the pre-RoPE keys vector asked for");
     const Selection at_n = base_select(v, b);
-    Budget relaxed = b;
-    relaxed.tokens = std::min(b.tokens + extra, v.n_tokens);
-    relaxed.bytes_per_layer = b.bytes_per_layer / size_t(std::max(1, b.tokens)) * size_t(relaxed.tokens);
-    const Selection pool = relaxed.tokens == b.tokens ? at_n : base_select(v, relaxed);
+    Selection pool = at_n;
+    for (size_t s = 0; s < pool.keep.size(); ++s) {
+      const int n_s = static_cast<int>(at_n.keep[s].size());
+      const int a_s = static_cast<int>(std::nearbyint(extra_per_token * n_s));
+      if (a_s == 0) continue;
+      if (at_n.scores[s].size() != size_t(v.n_tokens - at_n.window))
+        fail("internal: the base scored {} positions, expected {} outside its window",
+             at_n.scores[s].size(), v.n_tokens - at_n.window);
+      // Top-k with a strict order (score, then position) is nested, so this contains the base's choice.
+      auto& keep = pool.keep[s];
+      keep = top_k_sorted(at_n.scores[s], n_s - at_n.window + a_s);
+      for (int j = v.n_tokens - at_n.window; j < v.n_tokens; ++j) keep.push_back(j);
+    }
     rope_->ensure(v.n_tokens + 1);
     const int d = v.head_dim, hkv = v.n_kv_heads, stored = static_cast<int>(pool.keep.size());
     const int G = stored / hkv;  // 1 in native mode; query heads per KV head in repeat mode

@@ -120,7 +120,7 @@ TEST_CASE("quantized segment bytes: codes plus fp16 scale and minimum per group"
   // 2-bit with groups of 32 costs 3.0 bits per element (spec/methods-a.md 3.2).
   CHECK(static_cast<double>(s.bytes()) * 8 / (64.0 * d * 2) == 3.0);
   test::require_error([&] { QuantizedSegment(d, 3, 3, 11, 32); }, {"3-bit values"});
-  test::require_error([&] { s.append(k.data(), v.data(), 10, pos.data()); }, {"10 tokens", "32-token key groups"});
+  test::require_error([&] { s.append(k.data(), v.data(), 10, pos.data()); }, {"10 tokens", "32-token groups"});
 }
 
 TEST_CASE("low-rank segments: PCA basis, nesting, pre-RoPE keys, attention equals reconstruction",

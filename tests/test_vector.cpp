@@ -290,6 +290,39 @@ TEST_CASE("vector: a compression-ratio run takes n = floor(S (1 - p_c)) and a = 
   test::require_error([&] { rb.on_layer(E.L.view, cb); }, {"p_c=0.9", "compression ratio 0.5"});
 }
 
+TEST_CASE("vector over PyramidKV: each layer's pool grows with its own budget, never past 2n", "[vector]") {
+  // At p_c 0.5 the pool of a relaxed PyramidKV run would hit its clamp and reshape the pyramid (top
+  // layers would get a > n); a_l = round(a n_l / T) keeps every layer within its own bytes.
+  ExactLayer E(300, {}, 9);
+  for (const KvBudget budget : {KvBudget::compression_ratio(0.5), KvBudget(64)}) {
+    auto m = MethodRegistry::get().create("vector", {{"maps", "prompt"}, {"base", "pyramidkv"}, {"base.window", "8"}},
+                                          E.L.cfg);
+    auto base = MethodRegistry::get().create("pyramidkv", {{"window", "8"}}, E.L.cfg);
+    MethodRunner rv(*m, budget), rb(*base, budget);
+    size_t bytes_v = 0, bytes_b = 0;
+    for (int l = 0; l < E.L.cfg.n_layers; ++l) {
+      E.L.view.layer = l;
+      LayerCache cv(6, 2, 16), cb(6, 2, 16);
+      REQUIRE_NOTHROW(rv.on_layer(E.L.view, cv));
+      rb.on_layer(E.L.view, cb);
+      bytes_v += cv.bytes();
+      bytes_b += cb.bytes();
+      auto kv = kept_positions(cv), kb = kept_positions(cb);
+      for (int s = 0; s < cv.n_cache_heads(); ++s) {
+        std::sort(kv[s].begin(), kv[s].end());
+        std::sort(kb[s].begin(), kb[s].end());
+        // The pool contains the base's own choice; keys + values = 2 n_l per head.
+        CHECK(std::includes(kv[s].begin(), kv[s].end(), kb[s].begin(), kb[s].end()));
+        size_t approx = 0, dense = 0;
+        for (const auto& seg : cv.segments(s)) (seg->format() == "dense" ? dense : approx) += seg->size();
+        CHECK(approx + 2 * dense == 2 * kb[s].size());
+      }
+    }
+    CHECK(bytes_v == bytes_b);
+    E.L.view.layer = 0;
+  }
+}
+
 TEST_CASE("vector: bad maps and parameters are clear errors", "[vector]") {
   SyntheticLayer L(100, 6, 2, 16, 32, 1);
   L.cfg.fingerprint = "123-abc";

@@ -1,13 +1,62 @@
 #pragma once
 // KV tokens quantized as KVmix stores them: keys per channel (groups of k_group consecutive tokens
 // of one channel), values per token (groups of v_group consecutive channels of one token), 1-4 bits,
-// fp16 scale and minimum per group, codes packed into 32-bit words (3 bits: 11 per word).
+// fp16 scale and minimum per group, codes packed into 32-bit words (3 bits: 11 per word). The key and
+// value stores are separate classes, so that a cache can quantize keys and values up to different
+// tokens (KVmix's independent K/V boundaries, harness/cache/kvmix_segment.*).
 #include <cstdint>
 #include <vector>
 
 #include "harness/cache/layer_cache.hpp"
 
 namespace kvb {
+
+// Keys quantized per channel along tokens, in whole groups of `group` tokens.
+class QuantizedKeys {
+ public:
+  QuantizedKeys(int head_dim, int bits, int group);
+  size_t size() const { return tokens_; }
+  size_t bytes() const;
+  // Quantizes n tokens k[n, head_dim] (row stride `stride` floats); n a multiple of the group.
+  void append(const float* k, int n, size_t stride);
+  // scores[t] = q . k^_t, fused: q is folded into each channel's scale and minimum per group.
+  void logits(const float* q, float* scores) const;
+  void reconstruct(float* k) const;  // [size, head_dim]
+  int bits() const { return bits_; }
+  int group() const { return group_; }
+  const std::vector<uint32_t>& words() const { return words_; }
+  const std::vector<uint16_t>& scales() const { return scale_; }
+  const std::vector<uint16_t>& mins() const { return min_; }
+
+ private:
+  int d_, bits_, group_, words_per_group_;
+  size_t tokens_ = 0;
+  std::vector<uint32_t> words_;        // [token group][channel][words_per_group]
+  std::vector<uint16_t> scale_, min_;  // [token group][channel]
+};
+
+// Values quantized per token along channels, in groups of `group` channels.
+class QuantizedValues {
+ public:
+  QuantizedValues(int head_dim, int bits, int group);
+  size_t size() const { return tokens_; }
+  size_t bytes() const;
+  void append(const float* v, int n, size_t stride);
+  // acc[0..d) += sum_t p[t] v^_t, fused: each token's probability is folded into its scales.
+  void accumulate(const float* p, float* acc) const;
+  void reconstruct(float* v) const;  // [size, head_dim]
+  int bits() const { return bits_; }
+  int group() const { return group_; }
+  const std::vector<uint32_t>& words() const { return words_; }
+  const std::vector<uint16_t>& scales() const { return scale_; }
+  const std::vector<uint16_t>& mins() const { return min_; }
+
+ private:
+  int d_, bits_, group_, words_per_token_;
+  size_t tokens_ = 0;
+  std::vector<uint32_t> words_;        // [token][words_per_token]
+  std::vector<uint16_t> scale_, min_;  // [token][channel group]
+};
 
 class QuantizedSegment final : public Segment {
  public:
@@ -16,9 +65,9 @@ class QuantizedSegment final : public Segment {
   std::string format() const override;
   size_t size() const override { return pos_.size(); }
   std::span<const int32_t> positions() const override { return pos_; }
-  size_t bytes() const override;
-  void logits(const float* q, float* scores) const override;
-  void accumulate(const float* p, float* acc) const override;
+  size_t bytes() const override { return keys_.bytes() + values_.bytes(); }
+  void logits(const float* q, float* scores) const override { keys_.logits(q, scores); }
+  void accumulate(const float* p, float* acc) const override { values_.accumulate(p, acc); }
 
   // Quantizes and appends n tokens (k, v: [n, head_dim]); n must be a multiple of k_group.
   void append(const float* k, const float* v, int n, const int32_t* pos);
@@ -26,25 +75,21 @@ class QuantizedSegment final : public Segment {
   void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
 
   // The stored form, for backends that attend over it directly.
-  int k_bits() const { return kb_; }
-  int v_bits() const { return vb_; }
-  int k_group() const { return kg_; }
-  int v_group() const { return vg_; }
-  const std::vector<uint32_t>& k_words() const { return k_words_; }
-  const std::vector<uint16_t>& k_scales() const { return k_scale_; }
-  const std::vector<uint16_t>& k_mins() const { return k_min_; }
-  const std::vector<uint32_t>& v_words() const { return v_words_; }
-  const std::vector<uint16_t>& v_scales() const { return v_scale_; }
-  const std::vector<uint16_t>& v_mins() const { return v_min_; }
+  int k_bits() const { return keys_.bits(); }
+  int v_bits() const { return values_.bits(); }
+  int k_group() const { return keys_.group(); }
+  int v_group() const { return values_.group(); }
+  const std::vector<uint32_t>& k_words() const { return keys_.words(); }
+  const std::vector<uint16_t>& k_scales() const { return keys_.scales(); }
+  const std::vector<uint16_t>& k_mins() const { return keys_.mins(); }
+  const std::vector<uint32_t>& v_words() const { return values_.words(); }
+  const std::vector<uint16_t>& v_scales() const { return values_.scales(); }
+  const std::vector<uint16_t>& v_mins() const { return values_.mins(); }
 
  private:
-  int d_, kb_, vb_, kg_, vg_;
-  int k_words_per_group_;  // per channel per token group
-  int v_words_per_token_;
-  std::vector<uint32_t> k_words_;          // [token group][channel][k_words_per_group]
-  std::vector<uint16_t> k_scale_, k_min_;  // [token group][channel]
-  std::vector<uint32_t> v_words_;          // [token][v_words_per_token]
-  std::vector<uint16_t> v_scale_, v_min_;  // [token][channel group]
+  int d_;
+  QuantizedKeys keys_;
+  QuantizedValues values_;
   std::vector<int32_t> pos_;
 };
 

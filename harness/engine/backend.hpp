@@ -144,6 +144,8 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// Threads of OpenMP and OpenBLAS for the CPU kernels (0: leave them as they are, all cores).
+void set_cpu_threads(int threads);
 // Throws an Error when kvbench was built without CUDA or no GPU is visible.
 std::unique_ptr<Backend> make_cuda_backend();
 bool cuda_available();

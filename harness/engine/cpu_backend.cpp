@@ -25,12 +25,7 @@ constexpr int kAttnChunk = 256;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) {
-    if (threads > 0) {
-      omp_set_num_threads(threads);
-      openblas_set_num_threads(threads);
-    }
-  }
+  explicit CpuBackend(int threads) { set_cpu_threads(threads); }
 
   std::string name() const override { return "cpu"; }
 
@@ -178,6 +173,12 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+void set_cpu_threads(int threads) {
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
