@@ -62,7 +62,9 @@ TEST_CASE("every registered method: bytes within budget, distinct positions sort
         SyntheticLayer L(300, 6, 2, 16, 32, 11);
         INFO(name << " gqa=" << gqa << " T=" << T);
         auto m = reg.create(name, test_params(name, {{"gqa", gqa}}), L.cfg);
-        MethodRunner runner(*m, T);
+        // A method that sets its own memory (KVmix) runs without a budget and keeps every position.
+        const KvBudget budget = m->budgeted() ? KvBudget(T) : KvBudget{};
+        MethodRunner runner(*m, budget);
         for (int layer = 0; layer < L.cfg.n_layers; ++layer) {
           L.view.layer = layer;
           LayerCache c(6, 2, 16);
@@ -72,16 +74,17 @@ TEST_CASE("every registered method: bytes within budget, distinct positions sort
           for (int h = 0; h < c.n_cache_heads(); ++h)
             for (const auto& seg : c.segments(h)) CHECK(std::is_sorted(seg->positions().begin(), seg->positions().end()));
           for (const auto& p : kept) {
+            if (!m->budgeted()) CHECK(p.size() == 300);
             CHECK(std::set<int32_t>(p.begin(), p.end()).size() == p.size());
             CHECK((p.empty() || (p.front() >= 0 && p.back() < 300)));
           }
           LayerCache again(6, 2, 16);
           auto m2 = reg.create(name, test_params(name, {{"gqa", gqa}}), L.cfg);
-          MethodRunner r2(*m2, T);
+          MethodRunner r2(*m2, budget);
           r2.on_layer(L.view, again);
           CHECK(kept_positions(again) == kept);
         }
-        if (!m->may_exceed_budget())
+        if (m->budgeted() && !m->may_exceed_budget())
           CHECK(runner.prefill_kv_bytes() <= runner.budget().bytes_per_layer * L.cfg.n_layers);
         CHECK(runner.compressed());
       }
@@ -95,6 +98,10 @@ TEST_CASE("every registered method keeps everything when the prompt fits the bud
   for (const auto& name : reg.names()) {
     INFO(name);
     auto m = reg.create(name, test_params(name), L.cfg);
+    if (!m->budgeted()) {
+      test::require_error([&] { MethodRunner(*m, 50); }, {"takes no KV size"});
+      continue;
+    }
     MethodRunner runner(*m, 50);
     LayerCache c(6, 2, 16);
     runner.on_layer(L.view, c);
@@ -137,6 +144,7 @@ TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", 
     for (const char* gqa : {"native", "repeat"}) {
       INFO(name << " " << gqa);
       auto m = reg.create(name, test_params(name, {{"gqa", gqa}}), e.config());
+      if (!m->budgeted()) continue;  // no budget to fit the prompt into; KVmix's own tests cover r = 1
       MethodRunner runner(*m, 64);
       e.prefill(ids, &runner);
       CHECK(e.decode(500) == full);  // bit-identical

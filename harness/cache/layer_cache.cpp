@@ -63,7 +63,16 @@ DenseSegment& LayerCache::tail(int head) {
 }
 
 void LayerCache::append(const float* k, const float* v, int32_t pos) {
-  for (int h = 0; h < n_cache_heads(); ++h) tail(h).append(k + size_t(h) * d_, v + size_t(h) * d_, pos);
+  for (int h = 0; h < n_cache_heads(); ++h) {
+    const float* kh = k + size_t(h) * d_;
+    const float* vh = v + size_t(h) * d_;
+    auto& segs = heads_[h];
+    if (!segs.empty() && segs.back()->format() != "dense" && segs.back()->append_token(kh, vh, pos)) {
+      touch();  // a store that restructures itself as it takes tokens, not a dense tail
+      continue;
+    }
+    tail(h).append(kh, vh, pos);
+  }
 }
 
 void LayerCache::append_many(const float* k, const float* v, int n, const int32_t* pos) {

@@ -24,6 +24,9 @@ class Segment {
   virtual void logits(const float* q, float* scores) const = 0;
   // acc[0..d) += sum_t p[t] v_t.
   virtual void accumulate(const float* p, float* acc) const = 0;
+  // A segment that keeps taking decoded tokens (the dense tail; KVmix's store, which quantizes as its
+  // full-precision buffer fills) appends one here and returns true; others return false.
+  virtual bool append_token(const float* /*k*/, const float* /*v*/, int32_t /*pos*/) { return false; }
 };
 
 // Keys and values at full head dimension, fp32, token-major.
@@ -38,6 +41,10 @@ class DenseSegment final : public Segment {
   void accumulate(const float* p, float* acc) const override;
 
   void append(const float* k, const float* v, int32_t pos);
+  bool append_token(const float* k, const float* v, int32_t pos) override {
+    append(k, v, pos);
+    return true;
+  }
   void reserve(size_t tokens);
   void erase(size_t index);  // removes one token (decode-time eviction)
   const float* k() const { return k_.data(); }
@@ -70,7 +77,8 @@ class LayerCache {
   const std::vector<std::unique_ptr<Segment>>& segments(int head) const { return heads_[head]; }
 
   // Appends one token to every head: k and v are [n_cache_heads, d]. Goes to the head's last segment
-  // if it is Dense, else to a new Dense segment (the recent window of compressed caches).
+  // if it takes tokens (Segment::append_token), else to a new Dense segment (the recent window of
+  // compressed caches).
   void append(const float* k, const float* v, int32_t pos);
   // Appends n tokens: k and v are [n, n_cache_heads, d] with positions pos[n].
   void append_many(const float* k, const float* v, int n, const int32_t* pos);

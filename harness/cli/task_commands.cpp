@@ -197,12 +197,15 @@ void register_task_commands(CLI::App& app) {
       KvBudget budget = a->budget;
       if (!a->method.empty()) {
         if (a->ratio != 0) budget = KvBudget::compression_ratio(a->ratio);
-        if (a->budget <= 0 && a->ratio == 0) fail("--method needs --budget T or --ratio P");
         method = MethodRegistry::get().create(a->method, parse_key_values(a->params), engine.config());
+        if (method->budgeted() && a->budget <= 0 && a->ratio == 0) fail("--method needs --budget T or --ratio P");
+        if (!method->budgeted() && (a->budget > 0 || a->ratio != 0))
+          fail("method {} takes no --budget or --ratio: it sets its own memory", a->method);
       } else if (a->budget > 0 || a->ratio != 0 || !a->params.empty()) {
         fail("--budget, --ratio and --param need --method");
       }
       const std::string label = a->method.empty() ? "fullkv"
+                                : !method->budgeted() ? a->method
                                 : budget.is_ratio() ? fmt::format("{}-r{}", a->method, budget.ratio)
                                                     : fmt::format("{}-T{}", a->method, a->budget);
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);

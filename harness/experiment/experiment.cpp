@@ -202,7 +202,7 @@ ExperimentSpec load_experiment(const std::string& path) {
       } catch (const Error& e) {
         spec_error(path, m, e.what());
       }
-      if (base.name == "fullkv") {
+      if (base.name == "fullkv" || !MethodRegistry::get().info(base.name).budgeted) {
         s.configs.push_back({base.name, params, {}});
         continue;
       }

@@ -89,6 +89,7 @@ std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
   m->name_ = name;
   m->params_ = resolve(name, params);
   m->gqa_ = m->params_.get("gqa") == "repeat" ? GqaMode::Repeat : GqaMode::Native;
+  m->budgeted_ = info(name).budgeted;
   m->model_ = &model;
   m->setup();
   return m;
@@ -123,6 +124,12 @@ std::string KvBudget::name() const {
 }
 
 MethodRunner::MethodRunner(Method& method, KvBudget budget) : method_(method), asked_(budget) {
+  if (!method.budgeted()) {
+    if (!budget.is_full())
+      fail("method {} takes no KV size or compression ratio (it sets its own memory); run it without a budget",
+           method.name());
+    return;
+  }
   if (!budget.is_ratio() && budget.tokens <= 0) fail("budget must be a positive number of tokens, got {}", budget.tokens);
   budget_.tokens = budget.tokens;
   budget_.bytes_per_layer = dense_layer_bytes(method.model(), method.gqa(), budget.tokens);
@@ -135,7 +142,7 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
     budget_.bytes_per_layer = dense_layer_bytes(method_.model(), method_.gqa(), budget_.tokens);
     budget_.compression_ratio = asked_.ratio;
   }
-  if (view.n_tokens <= budget_.tokens) {
+  if (method_.budgeted() && view.n_tokens <= budget_.tokens) {
     // The prompt fits: every method keeps everything (reference repos skip compression here).
     cache = keep_all(view, method_.gqa());
   } else {
@@ -160,7 +167,7 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
   }
   // A method may shift memory between layers (PyramidKV) but not exceed the total.
   const size_t limit = budget_.bytes_per_layer * size_t(method_.model().n_layers);
-  if (view.layer + 1 == method_.model().n_layers && compressed_ && bytes_ > limit &&
+  if (view.layer + 1 == method_.model().n_layers && compressed_ && bytes_ > limit && method_.budgeted() &&
       !method_.may_exceed_budget())
     fail("method {} kept {} bytes, more than its budget of {} bytes (KV size {})", method_.name(),
          bytes_, limit, budget_.tokens);

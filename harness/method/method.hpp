@@ -91,6 +91,8 @@ class Method {
   // What the last compress() decided beyond the cache itself (e.g. a Lagrange multiplier), for the
   // record of the sample; null when there is nothing to report.
   virtual nlohmann::json layer_stats() const { return nullptr; }
+  // False for a method registered with budgeted = false (MethodInfo).
+  bool budgeted() const { return budgeted_; }
   // True only for settings that reproduce a reference's known overshoot (PyramidKV's floored
   // schedule); the runner then reports the bytes instead of refusing them.
   virtual bool may_exceed_budget() const { return false; }
@@ -110,6 +112,7 @@ class Method {
   std::string name_;
   Params params_;
   GqaMode gqa_ = GqaMode::Native;
+  bool budgeted_ = true;
   const ModelConfig* model_ = nullptr;
 };
 
@@ -130,6 +133,9 @@ struct MethodInfo {
   // otherwise needs an artifact of a real model (e.g. scores=uniform).
   std::map<std::string, std::string> test_params = {};
   Composition composition = Composition::Standalone;
+  // False for a method that sets its own memory rather than fitting a KV size (quantization: KVmix).
+  // It runs once per configuration with no budget (like fullkv in a sweep) and always compresses.
+  bool budgeted = true;
 };
 
 class MethodRegistry {
@@ -160,7 +166,8 @@ bool register_method(MethodInfo info);
 size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens);
 
 // Runs a method as the engine's prefill observer: keeps everything when the prompt fits the budget,
-// otherwise asks the method, and checks the bytes it returns.
+// otherwise asks the method, and checks the bytes it returns. A method without a budget (KVmix) gets
+// KvBudget{} and compresses every prompt.
 class MethodRunner : public PrefillObserver {
  public:
   MethodRunner(Method& method, KvBudget budget);

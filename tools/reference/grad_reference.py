@@ -5,9 +5,10 @@ Reference: Hugging Face transformers' LlamaForCausalLM loaded from the GGUF file
 (from_pretrained(dir, gguf_file=...)): the loader dequantizes every tensor to float32 with gguf-py,
 so the reference sees exactly the weights kvbench reads, and torch autograd gives the gradients.
 
-Settings: dtype=torch.float32, attn_implementation="eager", model.eval() (no dropout),
-torch.set_num_threads(2) (--threads), use_cache=False. No BOS is added: the ids are used as given.
-Loss: L = mean over t = 0..n-2 of cross_entropy(logits[t], ids[t+1]), in float32
+Settings: dtype=torch.float32 (float64 with --float64, below), attn_implementation="eager",
+model.eval() (no dropout), torch.set_num_threads(2) (--threads), use_cache=False. No BOS is
+added: the ids are used as given.
+Loss: L = mean over t = 0..n-2 of cross_entropy(logits[t], ids[t+1]), in float32 (float64)
 (torch.nn.functional.cross_entropy, reduction="mean"); n_targets = n - 1. One backward gives the
 gradient of every parameter.
 
@@ -56,7 +57,37 @@ Modes (any combination; --make-ids runs alone):
       (un-permuted) row order is shown too, to spot a layout mix-up.
   --dump DIR
       Writes torch's own gradients in the kvbench format above (all 272 tensors), e.g. to test
-      --kvbench or to look at full gradients.
+      --kvbench or to look at full gradients (float64 .npy and "dtype": "float64" in meta.json
+      with --float64).
+  --float64 [--checkpointing] [--exact-rope]
+      Loads and checks the model as above (float32, bit-exact GGUF weights), then converts it to
+      float64 (the weights keep exactly the dequantized values; checked) and computes the logits,
+      the loss and every gradient in float64: a ground truth for the float32 results. transformers
+      rounds to float32 in three places whatever the dtype (LlamaRMSNorm, the eager softmax, the
+      rotary cos/sin); in this mode they are replaced by float64 versions of the same formulas, and
+      forward hooks assert that every floating tensor of the forward is float64. RoPE angles stay
+      the float32 product float32(position) x inv_freq[i] (float32 inv_freq = 1/theta^(2i/d)), which
+      is how transformers and kvbench both define them; cos/sin are then taken in float64.
+      --exact-rope computes inv_freq and the angle in float64 instead (at 256 tokens this moves
+      the float32 errors below by under 2%). --checkpointing recomputes each layer in the backward
+      (transformers' activation checkpointing, use_reentrant=False; the model is put in train()
+      mode for it, which changes nothing here: no dropout, checked); the gradients are bit for bit
+      the same as without it (checked at 256 tokens). Memory, max RSS: 256 tokens 4.8 GiB
+      (3.2 GiB float32); 2048 tokens float32 11.2 GiB, float64 with --checkpointing 8.0 GiB
+      (without it, about 26 GiB by the estimate). The script prints a rough peak estimate and
+      stops, before the forward, when it exceeds MemAvailable. With --fixture the fixture holds
+      the float64 values.
+  --kvbench DIR --float64 --torch32 DIR2
+      Both float32 results against the float64 gradients: kvbench's (DIR) and torch's own float32
+      ones (DIR2, written by --dump without --float64, same ids). Per tensor and for each of the
+      two: max|g - g_f64| (and its flat index), divided by the model's largest |g_f64|
+      (rel_global), by the tensor's own largest (rel_tensor), and ||g - g_f64||_F / ||g_f64||_F
+      (rel_fro); also max|g_kvbench - g_torch32| / max|g_f64| and the ratio of the two
+      rel_globals. Overall: the largest rel_global and rel_tensor of each (and the tensors), the
+      model-wide relative Frobenius error, the three losses. stdout gets the 15 tensors with the
+      largest kvbench rel_global and the overall lines; --summary OUT.json gets all of it (every
+      tensor), with the settings, timings and versions. Without --torch32, --kvbench --float64
+      is the plain --kvbench comparison against the float64 gradients.
 Every float32 value is written as the shortest float64 repr, so it reads back bit-exactly as
 float32; float64 values (norms, loss_f64) as their own shortest repr. ASCII JSON.
 
@@ -64,9 +95,12 @@ Usage (from the repo root; needs torch, transformers 5.x, accelerate, gguf, nump
     python3 tools/reference/grad_reference.py --make-ids --n 256 \\
         --ids tests/fixtures/engine/grad_ids_256.json
     python3 tools/reference/grad_reference.py --ids tests/fixtures/engine/grad_ids_256.json \\
-        --fixture tests/fixtures/engine/grad_reference_256.json
+        --float64 --fixture tests/fixtures/engine/grad_reference_256_f64.json
     python3 tools/reference/grad_reference.py --kvbench DIR [--ids FILE] [--summary OUT.json]
-  --gguf defaults to models/SmolLM2-135M-Instruct.Q4_1.gguf.
+    python3 tools/reference/grad_reference.py --ids IDS.json --dump /tmp/gradtorch
+    python3 tools/reference/grad_reference.py --ids IDS.json --kvbench DIR --float64 \\
+        --torch32 /tmp/gradtorch [--checkpointing] --summary OUT.json
+  --gguf defaults to models/SmolLM2-135M-Instruct.Q4_1.gguf. --threads defaults to 2.
 """
 
 import argparse
@@ -500,7 +534,8 @@ def gradients_gguf(model, names):
 # ---- outputs -----------------------------------------------------------------------------
 
 
-def tensor_entry(name, ne, g):
+def tensor_entry(name, ne, g, value=None):
+    value = value or f32
     flat = g.reshape(-1)
     n = flat.size
     rng = np.random.default_rng(zlib.crc32(SAMPLE_SEED_PREFIX + name.encode("ascii")))
@@ -511,9 +546,9 @@ def tensor_entry(name, ne, g):
         "ne": ne,
         "shape": list(g.shape),
         "frobenius": float(np.sqrt(np.sum(np.square(flat.astype(np.float64))))),
-        "max_abs": f32(abs(flat[am])),
-        "argmax": [am, f32(flat[am])],
-        "samples": [[int(i), f32(flat[i])] for i in idx],
+        "max_abs": value(abs(flat[am])),
+        "argmax": [am, value(flat[am])],
+        "samples": [[int(i), value(flat[i])] for i in idx],
     }
 
 
@@ -805,8 +840,6 @@ def main():
         ap.error("--torch32 needs --kvbench and --float64")
     if (args.checkpointing or args.exact_rope) and not args.float64:
         ap.error("--checkpointing and --exact-rope need --float64")
-    if args.fixture and args.float64:
-        ap.error("--fixture is the float32 reference; leave out --float64")
     if args.ids:
         with open(args.ids, encoding="utf-8") as f:
             ids = [int(i) for i in json.load(f)]
@@ -874,6 +907,10 @@ def main():
                     "dtype": str(dtype).replace("torch.", "")})
 
     if args.fixture:
+        # With --float64 the fixture holds the float64 gradients (the ground truth both fp32
+        # implementations are measured against), each value as its own float64 repr.
+        value = float if args.float64 else f32
+        prec = "float64" if args.float64 else "float32"
         doc = {
             "model_file": os.path.basename(args.gguf),
             "model_sha256": model_sha,
@@ -881,9 +918,9 @@ def main():
             "settings": {
                 "reference": "torch autograd, transformers LlamaForCausalLM from "
                              "from_pretrained(dir, gguf_file=...)",
-                "dtype": "float32", "attn_implementation": "eager", "mode": "eval (no dropout)",
+                "dtype": prec, "attn_implementation": "eager", "mode": "eval (no dropout)",
                 "torch_threads": args.threads, "bos_added": False,
-                "loss": "mean over t=0..n-2 of cross_entropy(logits[t], ids[t+1]), float32",
+                "loss": "mean over t=0..n-2 of cross_entropy(logits[t], ids[t+1]), " + prec,
                 "layout": "GGUF: matrices (rows, cols) = reversed ne, flat = row*cols + col; "
                           "attn_q/attn_k rows in llama.cpp order: GGUF row h*d+2i+j = HF row "
                           "h*d+j*(d/2)+i (d=64, heads 9 for q, 3 for k)",
@@ -896,12 +933,12 @@ def main():
             },
             "n_tokens": len(ids),
             "n_targets": len(ids) - 1,
-            "loss": f32(loss),
+            "loss": value(loss),
             "loss_f64_from_logits": loss64,
-            "max_abs_grad": {"tensor": gname, "flat_index": gidx, "value": f32(gval)},
+            "max_abs_grad": {"tensor": gname, "flat_index": gidx, "value": value(gval)},
             "total_frobenius": total_fro,
             "ids": ids,
-            "tensors": [tensor_entry(n, gg[n][0], grads[n]) for n in gguf_order],
+            "tensors": [tensor_entry(n, gg[n][0], grads[n], value) for n in gguf_order],
         }
         write_json(args.fixture, doc)
         print("fixture %s: %d bytes" % (args.fixture, os.path.getsize(args.fixture)))
