@@ -18,7 +18,7 @@ namespace kvb::cli {
 void register_calibrate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("calibrate", "Run a method's offline step on a model and write its artifact");
   struct Args {
-    std::string method, model, out, backend = "cpu", data = default_data_dir(), haystack, tokens;
+    std::string method, model, out, backend = "cpu", data = default_data_dir(), haystack, tokens, prompts, max_tokens;
     std::vector<std::string> text, options;
     int threads = 0;
   };
@@ -29,6 +29,8 @@ void register_calibrate_command(CLI::App& app) {
   cmd->add_option("--haystack", a->haystack, "Text file(s) for needle prompts (option 'haystack')");
   cmd->add_option("--text", a->text, "Text files to fit on (option 'text')");
   cmd->add_option("--tokens", a->tokens, "Tokens to fit on (option 'tokens')");
+  cmd->add_option("--prompts", a->prompts, "Prompts to profile on (option 'prompts')");
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens per prompt (option 'max_tokens')");
   cmd->add_option("-o,--option", a->options, "key=value: any calibration option (see kvbench list methods)");
   cmd->add_option("--data", a->data, "Benchmark data directory (default: $KVBENCH_DATA or <source>/data)");
   cmd->add_option("--backend", a->backend, "cpu or cuda");
@@ -41,6 +43,8 @@ void register_calibrate_command(CLI::App& app) {
     if (!a->haystack.empty()) given["haystack"] = a->haystack;
     if (!a->text.empty()) given["text"] = fmt::format("{}", fmt::join(a->text, ","));
     if (!a->tokens.empty()) given["tokens"] = a->tokens;
+    if (!a->prompts.empty()) given["prompts"] = a->prompts;
+    if (!a->max_tokens.empty()) given["max_tokens"] = a->max_tokens;
     Params options(info.calibration, given, "kvbench calibrate " + a->method);
     auto model = ModelFile::open(a->model);
     auto tok = load_tokenizer(*model);
