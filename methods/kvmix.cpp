@@ -221,6 +221,7 @@ class Kvmix final : public Method {
       L.k_rpc = p.get_float(k_hi ? "rpc_high" : "rpc_low");
       L.v_rpc = p.get_float(v_hi ? "rpc_high" : "rpc_low");
       L.v_move = 32;
+      L.fused = p.get_bool("fused");
       KvmixSegment check(m.head_dim, L);  // validates bit widths and groups now, not mid-sweep
     }
     high_k_ = hk;
@@ -278,7 +279,10 @@ const bool registered = register_method(
                 ParamSpec::real("rpc_low", 0.1, 0.0, 1.0, "recent pivotal context ratio of the other layers (paper 0.1)"),
                 ParamSpec::integer("group", 32, 1, 4096,
                                    "group size: tokens per key group (not 3-bit) and channels per value group"),
-                ParamSpec::integer("seed", 0, 0, 2147483647, "seed of layers=random")},
+                ParamSpec::integer("seed", 0, 0, 2147483647, "seed of layers=random"),
+                ParamSpec::boolean("fused", true,
+                                   "attention reads the codes directly; false dequantizes first (the benchmark's "
+                                   "baseline; same outputs)")},
      .make = [] { return std::make_unique<Kvmix>(); },
      .calibration = {ParamSpec::text("longbench", "",
                                      "directory of LongBench <dataset>.jsonl files (default: <data>/longbench)"),

@@ -100,6 +100,17 @@ TEST_CASE("KVmix segment: keys and values leave their buffers apart; attention e
   attend(cache, q.data(), o1.data());
   attend(dense, q.data(), o2.data());
   for (int i = 0; i < 2 * d; ++i) CHECK(o1[i] == Approx(o2[i]).margin(1e-4));
+  // The unfused path (dequantize, then multiply) gives the same outputs.
+  KvmixLayout U = L;
+  U.fused = false;
+  LayerCache unfused(2, 1, d);
+  auto us = std::make_unique<KvmixSegment>(d, U);
+  us->append(k.data(), v.data(), N, pos.data(), size_t(d));
+  for (int t = N; t < N + steps; ++t) us->append_token(k.data() + size_t(t) * d, v.data() + size_t(t) * d, t);
+  unfused.segments(0).push_back(std::move(us));
+  std::vector<float> o3(2 * d);
+  attend(unfused, q.data(), o3.data());
+  for (int i = 0; i < 2 * d; ++i) CHECK(o3[i] == Approx(o1[i]).margin(1e-4));
   // Bytes: codes, fp16 scales and minimums, fp32 buffers.
   CHECK(kv.bytes() > kv.k_buffer() * d * 4 + kv.v_buffer() * d * 4);
   CHECK(kv.bytes() < kv.size() * d * 2 * 4 / 3);

@@ -63,15 +63,28 @@ void KvmixSegment::settle() {
 }
 
 void KvmixSegment::logits(const float* q, float* scores) const {
-  keys_.logits(q, scores);
   const size_t nq = keys_.size();
+  if (layout_.fused) {
+    keys_.logits(q, scores);
+  } else {
+    std::vector<float> k(nq * d_);
+    keys_.reconstruct(k.data());
+    for (size_t t = 0; t < nq; ++t) scores[t] = std::inner_product(q, q + d_, k.data() + t * d_, 0.0f);
+  }
   for (size_t t = 0; t < k_buffer(); ++t)
     scores[nq + t] = std::inner_product(q, q + d_, kf_.data() + t * d_, 0.0f);
 }
 
 void KvmixSegment::accumulate(const float* p, float* acc) const {
-  values_.accumulate(p, acc);
   const size_t nq = values_.size();
+  if (layout_.fused) {
+    values_.accumulate(p, acc);
+  } else {
+    std::vector<float> v(nq * d_);
+    values_.reconstruct(v.data());
+    for (size_t t = 0; t < nq; ++t)
+      for (int c = 0; c < d_; ++c) acc[c] += p[t] * v[t * d_ + c];
+  }
   for (size_t t = 0; t < v_buffer(); ++t) {
     const float pt = p[nq + t];
     if (pt == 0.0f) continue;

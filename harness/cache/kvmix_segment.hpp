@@ -17,6 +17,9 @@ struct KvmixLayout {
   int v_group = 32;           // channels per value group
   double k_rpc = 0.1, v_rpc = 0.1;  // r: the share of the buffer kept at full precision after each update
   int v_move = 32;            // values leave the buffer in multiples of this many tokens (the reference's rule)
+  // Attention reads the codes directly (fused dequantize-dot); false dequantizes the store first and
+  // then multiplies, the baseline the fused path is benchmarked against.
+  bool fused = true;
 };
 
 class KvmixSegment final : public Segment {

@@ -125,7 +125,12 @@ void register_bench_command(CLI::App& app) {
     for (int c : a->contexts)
       if (c < 1 || c > cfg.context_length)
         fail("--context {}: must be between 1 and the model's context length {}", c, cfg.context_length);
-    if (a->method.empty() != a->budgets.empty()) fail("--method and --budget go together");
+    std::unique_ptr<Method> method;
+    if (!a->method.empty()) method = MethodRegistry::get().create(a->method, parse_key_values(a->params), cfg);
+    // A method that sets its own memory (KVmix) runs without KV sizes: one row, no --budget.
+    const bool budgeted = !method || method->budgeted();
+    if (budgeted && a->method.empty() != a->budgets.empty()) fail("--method and --budget go together");
+    if (!budgeted && !a->budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a->method);
     if (a->lowrank < 0 || a->lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a->lowrank, cfg.head_dim);
     if (a->lowrank && a->method.empty()) fail("--lowrank needs --method and --budget");
     Engine engine(*m, {a->backend, a->threads});
@@ -133,8 +138,6 @@ void register_bench_command(CLI::App& app) {
     fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b.name());
     const DeviceLimits limits = b.measure_limits();
     const size_t weights_read = engine.decode_weight_bytes();
-    std::unique_ptr<Method> method;
-    if (!a->method.empty()) method = MethodRegistry::get().create(a->method, parse_key_values(a->params), cfg);
 
     const bool md = a->format == "md";
     const char* sep = md ? " | " : ",";
@@ -244,6 +247,13 @@ void register_bench_command(CLI::App& app) {
     };
     for (int ctx : a->contexts) {
       const Row full = measure(ctx, "full", 0.0, [] { return Holder{}; });
+      if (!budgeted)
+        measure(ctx, a->method, full.decode_tps.median, [&] {
+          Holder h;
+          h.runner = std::make_unique<MethodRunner>(*method, KvBudget{});
+          h.observer = h.runner.get();
+          return h;
+        });
       for (int T : a->budgets) {
         for (bool low : {false, true}) {
           if (low && !a->lowrank) continue;
