@@ -146,6 +146,7 @@ void calibrate_kvmix(CalibrationContext& ctx) {
       {"longbench_dir", dir.string()},
       {"datasets", datasets},
       {"prompts", prompt_ids},
+      {"prompt_tokens", prompts},  // the exact ids profiled, for independent references
       {"max_tokens", max_tokens},
       {"tokens", total},
       {"losses", losses},

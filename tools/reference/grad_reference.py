@@ -104,7 +104,6 @@ Usage (from the repo root; needs torch, transformers 5.x, accelerate, gguf, nump
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -118,6 +117,7 @@ import numpy as np
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_logits import f32, sha256_file  # noqa: E402  (the same model hash and float32 writing)
 
 N_SAMPLES = 24
 SAMPLE_SEED_PREFIX = b"kvbench-grad:"
@@ -190,19 +190,6 @@ def prose_text():
 
 
 # --------------------------------------------------------------------------------------
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def f32(x):
-    """A float32 value as a Python float (exact; its repr reads back to the same float32)."""
-    return float(np.float32(x))
 
 
 def write_json(path, doc):
