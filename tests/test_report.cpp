@@ -16,10 +16,11 @@ namespace {
 
 json record(const std::string& task, json options, const std::string& method, int budget, double score,
             const std::string& prediction = "x") {
+  static int serial = 0;  // each record its own cell, as samples are
   return {{"config",
            {{"task", task}, {"options", options}, {"method", method}, {"budget", budget}, {"gqa", "native"},
             {"params", json::object()}, {"model", "m.gguf"}, {"version", "test"}}},
-          {"key", fmt::format("{}-{}-{}-{}", task, options.dump(), method, budget)},
+          {"key", fmt::format("{}-{}-{}-{}-{}", task, options.dump(), method, budget, ++serial)},
           {"score", score},
           {"prediction", prediction},
           {"kv_bytes", budget ? 25 : 100},
@@ -146,4 +147,29 @@ TEST_CASE("reports: compression-ratio runs get their own columns and blocks besi
   const std::string lb = read(dir / "rep" / "longbench.md");
   CHECK(lb.find("Compression ratio = 0.9") != std::string::npos);
   CHECK(lb.find("KV size = 128") != std::string::npos);
+}
+
+TEST_CASE("reports: a cell recorded twice counts once; a disagreeing copy is an error", "[report]") {
+  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_dups";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  json a = record("longbench", {{"dataset", "multi_news"}}, "snapkv", 128, 0.20);
+  a["key"] = "k1";
+  json b = record("longbench", {{"dataset", "multi_news"}}, "snapkv", 128, 0.40);
+  b["key"] = "k2";
+  {
+    std::ofstream out(dir / "a.jsonl");
+    out << a.dump() << "\n" << b.dump() << "\n" << a.dump() << "\n";
+  }
+  write_report({(dir / "a.jsonl").string()}, (dir / "rep").string(), {"md"});
+  const std::string mb = read(dir / "rep" / "longbench-method-budget.md");
+  INFO(mb);
+  CHECK(mb.find("| snapkv | 30.00") != std::string::npos);  // (20 + 40) / 2, not (20 + 40 + 20) / 3
+  a["score"] = 0.9;
+  {
+    std::ofstream out(dir / "a.jsonl", std::ios::app);
+    out << a.dump() << "\n";
+  }
+  test::require_error([&] { write_report({(dir / "a.jsonl").string()}, (dir / "rep").string(), {"md"}); },
+                      {"a.jsonl:4", "cell k1", "score 0.9"});
 }

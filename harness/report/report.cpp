@@ -213,10 +213,25 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   std::map<std::string, Group> groups;
   std::vector<Entry> entries;
   std::map<std::string, std::set<std::string>> method_configs;  // method -> distinct parameter sets
+  // A cell recorded twice (overlapping files, or two runs appending to one file) counts once; the
+  // runs are deterministic, so a second copy with another score means the records disagree.
+  std::map<std::string, std::pair<double, std::string>> seen;  // key -> score, where first recorded
+  size_t repeated = 0;
   for (const auto& f : files) {
     for_each_record(f, [&](const json& j, int no) {
       if (!j.contains("config") || !j.contains("score") || !j["score"].is_number())
         fail("{}:{}: not a kvbench result record (config and score expected)", f, no);
+      if (j.contains("key") && j["key"].is_string()) {
+        const auto [it, fresh] = seen.try_emplace(j["key"].get<std::string>(), j["score"].get<double>(),
+                                                  fmt::format("{}:{}", f, no));
+        if (!fresh) {
+          if (it->second.first != j["score"].get<double>())
+            fail("{}:{}: cell {} is recorded again with score {}, but {} has {}", f, no, it->first,
+                 j["score"].get<double>(), it->second.second, it->second.first);
+          ++repeated;
+          return;
+        }
+      }
       json cfg = j["config"];
       Entry e;
       e.task = cfg.value("task", "");
@@ -253,6 +268,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     });
   }
   if (groups.empty()) fail("no result records in the given files");
+  if (repeated) fmt::print(stderr, "{} records repeat a cell already read (same key and score); counted once\n", repeated);
   // A method's row label is its name, with the parameters that differ between its settings where the
   // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
   std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
