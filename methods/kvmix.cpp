@@ -174,8 +174,8 @@ class Kvmix final : public Method {
   void setup() override {
     const ModelConfig& m = model();
     const Params& p = params();
-    for (const char* b : {"k_high", "k_low", "v_high", "v_low"})
-      if (p.get_int(b) == 3 && b[0] == 'v') fail("method kvmix: {}=3: 3-bit values are not supported (use 2 or 4)", b);
+    for (const char* b : {"v_high", "v_low"})
+      if (p.get_int(b) == 3) fail("method kvmix: {}=3: 3-bit values are not supported (use 2 or 4)", b);
     const int group = static_cast<int>(p.get_int("group"));
     if (m.head_dim % group != 0)
       fail("method kvmix: group={} does not divide the head dimension {}", group, m.head_dim);
@@ -225,8 +225,6 @@ class Kvmix final : public Method {
       L.fused = p.get_bool("fused");
       KvmixSegment check(m.head_dim, L);  // validates bit widths and groups now, not mid-sweep
     }
-    high_k_ = hk;
-    high_v_ = hv;
   }
 
   LayerCache compress(const PrefillView& v, const Budget&) override {
@@ -258,7 +256,6 @@ class Kvmix final : public Method {
 
  private:
   std::vector<KvmixLayout> layouts_;
-  std::vector<int> high_k_, high_v_;
   std::string digest_, source_;
   nlohmann::json stats_;
 };

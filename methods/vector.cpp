@@ -326,19 +326,11 @@ class Vector final : public WrapperMethod {
     const double extra_per_token = (b.compression_ratio > 0 ? pa * v.n_tokens : pa / (1 - pc) * b.tokens) / b.tokens;
     if (!v.k_pre_rope) fail("internal: the prefill did not keep the pre-RoPE keys vector asked for");
     const Selection at_n = base_select(v, b);
+    std::vector<int> extra(at_n.keep.size());
+    for (size_t s = 0; s < extra.size(); ++s)
+      extra[s] = static_cast<int>(std::nearbyint(extra_per_token * static_cast<double>(at_n.keep[s].size())));
     Selection pool = at_n;
-    for (size_t s = 0; s < pool.keep.size(); ++s) {
-      const int n_s = static_cast<int>(at_n.keep[s].size());
-      const int a_s = static_cast<int>(std::nearbyint(extra_per_token * n_s));
-      if (a_s == 0) continue;
-      if (at_n.scores[s].size() != size_t(v.n_tokens - at_n.window))
-        fail("internal: the base scored {} positions, expected {} outside its window",
-             at_n.scores[s].size(), v.n_tokens - at_n.window);
-      // Top-k with a strict order (score, then position) is nested, so this contains the base's choice.
-      auto& keep = pool.keep[s];
-      keep = top_k_sorted(at_n.scores[s], n_s - at_n.window + a_s);
-      for (int j = v.n_tokens - at_n.window; j < v.n_tokens; ++j) keep.push_back(j);
-    }
+    pool.keep = extend_keep(at_n, extra, v.n_tokens);
     rope_->ensure(v.n_tokens + 1);
     const int d = v.head_dim, hkv = v.n_kv_heads, stored = static_cast<int>(pool.keep.size());
     const int G = stored / hkv;  // 1 in native mode; query heads per KV head in repeat mode

@@ -31,6 +31,26 @@ namespace {
   fail("{}:{}:{}: {}", path, m.line + 1, m.column + 1, msg);
 }
 
+// The items of an optional list of numbers, each read as T and checked by `valid`.
+template <typename T, typename Valid>
+std::vector<T> number_list(const std::string& path, const YAML::Node& node, const std::string& list_error,
+                           const std::string& item_error, Valid valid) {
+  std::vector<T> out;
+  if (!node) return out;
+  if (!node.IsSequence()) spec_error(path, node, list_error);
+  for (const auto& item : node) {
+    T v{};
+    try {
+      v = item.as<T>();
+    } catch (const YAML::Exception&) {
+      spec_error(path, item, item_error);
+    }
+    if (!valid(v)) spec_error(path, item, item_error);
+    out.push_back(v);
+  }
+  return out;
+}
+
 std::string scalar(const std::string& path, const YAML::Node& n, const std::string& what) {
   if (!n.IsScalar()) spec_error(path, n, fmt::format("'{}' must be a single value", what));
   return n.Scalar();
@@ -135,35 +155,15 @@ ExperimentSpec load_experiment(const std::string& path) {
   s.out = root["out"] ? scalar(path, root["out"], "out") : "runs/" + s.name + ".jsonl";
 
   std::vector<KvBudget> budgets;
-  if (root["budgets"]) {
-    if (!root["budgets"].IsSequence()) spec_error(path, root["budgets"], "'budgets' must be a list of KV sizes");
-    for (const auto& b : root["budgets"]) {
-      int v = 0;
-      try {
-        v = b.as<int>();
-      } catch (const YAML::Exception&) {
-        spec_error(path, b, "a budget must be a positive integer (KV size T)");
-      }
-      if (v <= 0) spec_error(path, b, "a budget must be a positive integer (KV size T)");
-      budgets.emplace_back(v);
-    }
-  }
+  for (int t : number_list<int>(path, root["budgets"], "'budgets' must be a list of KV sizes",
+                                "a budget must be a positive integer (KV size T)", [](int v) { return v > 0; }))
+    budgets.emplace_back(t);
   // Compression ratios (kvpress, VECTOR): T = floor(S (1 - p_c)) per prompt.
-  if (root["ratios"]) {
-    if (!root["ratios"].IsSequence())
-      spec_error(path, root["ratios"], "'ratios' must be a list of compression ratios (fractions removed)");
-    for (const auto& r : root["ratios"]) {
-      double v = 0;
-      try {
-        v = r.as<double>();
-      } catch (const YAML::Exception&) {
-        spec_error(path, r, "a compression ratio must be a number in (0, 1), the fraction of the prompt removed");
-      }
-      if (!(v > 0 && v < 1))
-        spec_error(path, r, "a compression ratio must be a number in (0, 1), the fraction of the prompt removed");
-      budgets.push_back(KvBudget::compression_ratio(v));
-    }
-  }
+  for (double p : number_list<double>(
+           path, root["ratios"], "'ratios' must be a list of compression ratios (fractions removed)",
+           "a compression ratio must be a number in (0, 1), the fraction of the prompt removed",
+           [](double v) { return v > 0 && v < 1; }))
+    budgets.push_back(KvBudget::compression_ratio(p));
   std::map<std::string, std::map<std::string, std::vector<std::string>>> grid;
   if (root["grid"]) {
     if (!root["grid"].IsMap()) spec_error(path, root["grid"], "'grid' maps a method to parameter lists");

@@ -49,4 +49,20 @@ std::vector<std::vector<int32_t>> shrink_keep(const Selection& s, const std::vec
   return out;
 }
 
+std::vector<std::vector<int32_t>> extend_keep(const Selection& s, const std::vector<int>& extra, int n_tokens) {
+  const int first_window = n_tokens - s.window;
+  std::vector<std::vector<int32_t>> out(s.keep.size());
+  for (size_t h = 0; h < s.keep.size(); ++h) {
+    if (extra[h] == 0) {
+      out[h] = s.keep[h];
+      continue;
+    }
+    if (s.scores[h].size() != size_t(first_window))
+      fail("internal: the base scored {} positions, expected {} outside its window", s.scores[h].size(), first_window);
+    out[h] = top_k_sorted(s.scores[h], static_cast<int>(s.keep[h].size()) - s.window + extra[h]);
+    for (int j = first_window; j < n_tokens; ++j) out[h].push_back(j);
+  }
+  return out;
+}
+
 }  // namespace kvb

@@ -34,5 +34,9 @@ class WrapperMethod : public Method {
 // run at the smaller budget, head by head (so PyramidKV's and HeadKV's own allocations are kept and
 // scaled per layer and head).
 std::vector<std::vector<int32_t>> shrink_keep(const Selection& s, const std::vector<int>& tokens, int n_tokens);
+// The base's kept positions grown by `extra[h]` more of its best-scored positions per head (window
+// included, as kept). Top-k with a strict order (score, then position) is nested, so the result holds
+// the base's own choice: VECTOR's relaxed pool, per layer and head.
+std::vector<std::vector<int32_t>> extend_keep(const Selection& s, const std::vector<int>& extra, int n_tokens);
 
 }  // namespace kvb
