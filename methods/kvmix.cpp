@@ -235,7 +235,7 @@ class Kvmix final : public Method {
     size_t kq = 0, vq = 0;
     for (int s = 0; s < stored; ++s) {
       const int g = s / G;
-      auto seg = std::make_unique<KvmixSegment>(d, L);
+      auto seg = std::make_unique<KvmixSegment>(d, L, v.kv_dtype);
       seg->append(v.k + size_t(g) * d, v.v + size_t(g) * d, v.n_tokens, v.positions, size_t(hkv) * d);
       kq += seg->size() - seg->k_buffer();
       vq += seg->size() - seg->v_buffer();

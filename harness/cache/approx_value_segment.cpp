@@ -33,10 +33,23 @@ ApproxValueSegment::ApproxValueSegment(int head_dim, std::shared_ptr<const Value
                                        std::shared_ptr<const RopeTable> rope, bool charge_estimator)
     : d_(head_dim), est_(std::move(est)), rope_(std::move(rope)), charge_(charge_estimator) {}
 
-size_t ApproxValueSegment::bytes() const { return k_.size() * sizeof(float) + (charge_ ? est_->bytes() : 0); }
+size_t ApproxValueSegment::bytes() const {
+  return k_.size() * kv_dtype_bytes(dtype_) + (charge_ ? est_->bytes() / sizeof(float) * kv_dtype_bytes(dtype_) : 0);
+}
+
+void ApproxValueSegment::store_as(KvDtype t) {
+  dtype_ = t;
+  for (float& x : k_) x = kv_round(t, x);
+}
+
+void MaterializedValueSegment::store_as(KvDtype t) {
+  dtype_ = t;
+  for (auto* a : {&k_, &v_})
+    for (float& x : *a) x = kv_round(t, x);
+}
 
 void ApproxValueSegment::append(const float* k, int32_t pos) {
-  k_.insert(k_.end(), k, k + d_);
+  for (int i = 0; i < d_; ++i) k_.push_back(kv_round(dtype_, k[i]));
   pos_.push_back(pos);
 }
 
@@ -82,8 +95,10 @@ void ApproxValueSegment::accumulate(const float* p, float* acc) const {
 }
 
 void MaterializedValueSegment::append(const float* k, const float* v, int32_t pos) {
-  k_.insert(k_.end(), k, k + d_);
-  v_.insert(v_.end(), v, v + d_);
+  for (int i = 0; i < d_; ++i) {
+    k_.push_back(kv_round(dtype_, k[i]));
+    v_.push_back(kv_round(dtype_, v[i]));
+  }
   pos_.push_back(pos);
 }
 

@@ -47,6 +47,9 @@ class ApproxValueSegment final : public Segment {
   std::span<const int32_t> positions() const override { return pos_; }
   // Keys plus the estimator when this segment is charged for it; the values cost nothing.
   size_t bytes() const override;
+  // Rounds the keys to t and charges them, and the estimator, at t. The shared estimator keeps its
+  // fp32 numbers (other segments read it).
+  void store_as(KvDtype t) override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
 
@@ -64,6 +67,7 @@ class ApproxValueSegment final : public Segment {
   std::shared_ptr<const ValueEstimator> est_;
   std::shared_ptr<const RopeTable> rope_;
   bool charge_;
+  KvDtype dtype_ = KvDtype::F32;
   std::vector<float> k_;
   std::vector<int32_t> pos_;
 };
@@ -79,7 +83,8 @@ class MaterializedValueSegment final : public Segment {
   std::string format() const override { return "approx_value(" + est_ + ", materialized)"; }
   size_t size() const override { return pos_.size(); }
   std::span<const int32_t> positions() const override { return pos_; }
-  size_t bytes() const override { return k_.size() * sizeof(float); }
+  size_t bytes() const override { return k_.size() * kv_dtype_bytes(dtype_); }
+  void store_as(KvDtype t) override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
 
@@ -90,6 +95,7 @@ class MaterializedValueSegment final : public Segment {
  private:
   int d_;
   std::string est_;
+  KvDtype dtype_ = KvDtype::F32;
   std::vector<float> k_, v_;
   std::vector<int32_t> pos_;
 };

@@ -19,11 +19,13 @@ size_t to_move(size_t f, double r, int group) {
 
 }  // namespace
 
-KvmixSegment::KvmixSegment(int head_dim, const KvmixLayout& layout)
+KvmixSegment::KvmixSegment(int head_dim, const KvmixLayout& layout, KvDtype dtype)
     : d_(head_dim),
       layout_(layout),
       keys_(head_dim, layout.k_bits, layout.k_group),
-      values_(head_dim, layout.v_bits, layout.v_group) {
+      values_(head_dim, layout.v_bits, layout.v_group),
+      kf_(head_dim, dtype),
+      vf_(head_dim, dtype) {
   if (!(layout.k_rpc >= 0 && layout.k_rpc <= 1) || !(layout.v_rpc >= 0 && layout.v_rpc <= 1))
     fail("KVmix: recent-context ratios must lie in [0, 1], got {} (keys) and {} (values)", layout.k_rpc, layout.v_rpc);
   if (layout.v_move <= 0) fail("KVmix: values move in multiples of a positive token count, got {}", layout.v_move);
@@ -32,14 +34,12 @@ KvmixSegment::KvmixSegment(int head_dim, const KvmixLayout& layout)
 std::string KvmixSegment::format() const { return fmt::format("kvmix(k{},v{})", layout_.k_bits, layout_.v_bits); }
 
 size_t KvmixSegment::bytes() const {
-  return keys_.bytes() + values_.bytes() + (kf_.size() + vf_.size()) * sizeof(float);
+  return keys_.bytes() + values_.bytes() + kf_.bytes() + vf_.bytes();
 }
 
 void KvmixSegment::append(const float* k, const float* v, int n, const int32_t* pos, size_t stride) {
-  for (int t = 0; t < n; ++t) {
-    kf_.insert(kf_.end(), k + size_t(t) * stride, k + size_t(t) * stride + d_);
-    vf_.insert(vf_.end(), v + size_t(t) * stride, v + size_t(t) * stride + d_);
-  }
+  kf_.append(k, size_t(n), stride);
+  vf_.append(v, size_t(n), stride);
   pos_.insert(pos_.end(), pos, pos + n);
   settle();
 }
@@ -50,15 +50,21 @@ bool KvmixSegment::append_token(const float* k, const float* v, int32_t pos) {
 }
 
 void KvmixSegment::settle() {
+  // The oldest tokens leave each buffer as they are stored there (rounded to the cache's dtype).
+  std::vector<float> rows;
   const size_t mk = to_move(k_buffer(), layout_.k_rpc, layout_.k_group);
   if (mk) {
-    keys_.append(kf_.data(), static_cast<int>(mk), size_t(d_));
-    kf_.erase(kf_.begin(), kf_.begin() + static_cast<std::ptrdiff_t>(mk * d_));
+    rows.resize(mk * d_);
+    kf_.read(0, mk, rows.data());
+    keys_.append(rows.data(), static_cast<int>(mk), size_t(d_));
+    kf_.erase(0, mk);
   }
   const size_t mv = to_move(v_buffer(), layout_.v_rpc, layout_.v_move);
   if (mv) {
-    values_.append(vf_.data(), static_cast<int>(mv), size_t(d_));
-    vf_.erase(vf_.begin(), vf_.begin() + static_cast<std::ptrdiff_t>(mv * d_));
+    rows.resize(mv * d_);
+    vf_.read(0, mv, rows.data());
+    values_.append(rows.data(), static_cast<int>(mv), size_t(d_));
+    vf_.erase(0, mv);
   }
 }
 
@@ -71,8 +77,7 @@ void KvmixSegment::logits(const float* q, float* scores) const {
     keys_.reconstruct(k.data());
     for (size_t t = 0; t < nq; ++t) scores[t] = std::inner_product(q, q + d_, k.data() + t * d_, 0.0f);
   }
-  for (size_t t = 0; t < k_buffer(); ++t)
-    scores[nq + t] = std::inner_product(q, q + d_, kf_.data() + t * d_, 0.0f);
+  kf_.dot(q, scores + nq);
 }
 
 void KvmixSegment::accumulate(const float* p, float* acc) const {
@@ -85,12 +90,7 @@ void KvmixSegment::accumulate(const float* p, float* acc) const {
     for (size_t t = 0; t < nq; ++t)
       for (int c = 0; c < d_; ++c) acc[c] += p[t] * v[t * d_ + c];
   }
-  for (size_t t = 0; t < v_buffer(); ++t) {
-    const float pt = p[nq + t];
-    if (pt == 0.0f) continue;
-    const float* row = vf_.data() + t * d_;
-    for (int c = 0; c < d_; ++c) acc[c] += pt * row[c];
-  }
+  vf_.axpy(p + nq, acc);
 }
 
 void KvmixSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {
@@ -98,8 +98,8 @@ void KvmixSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) con
   v.assign(size() * d_, 0.0f);
   keys_.reconstruct(k.data());
   values_.reconstruct(v.data());
-  std::copy(kf_.begin(), kf_.end(), k.begin() + static_cast<std::ptrdiff_t>(keys_.size() * d_));
-  std::copy(vf_.begin(), vf_.end(), v.begin() + static_cast<std::ptrdiff_t>(values_.size() * d_));
+  kf_.read(0, k_buffer(), k.data() + keys_.size() * d_);
+  vf_.read(0, v_buffer(), v.data() + values_.size() * d_);
 }
 
 std::vector<size_t> kvmix_buffer_sizes(size_t n, int steps, double r, int group) {

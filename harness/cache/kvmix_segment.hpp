@@ -24,12 +24,17 @@ struct KvmixLayout {
 
 class KvmixSegment final : public Segment {
  public:
-  KvmixSegment(int head_dim, const KvmixLayout& layout);
+  // The buffers hold `dtype` from the start, so that tokens are quantized from what the buffer held.
+  KvmixSegment(int head_dim, const KvmixLayout& layout, KvDtype dtype = KvDtype::F32);
   std::string format() const override;
   size_t size() const override { return pos_.size(); }
   std::span<const int32_t> positions() const override { return pos_; }
-  // Codes, fp16 scales and minimums, and the full-precision buffers (fp32, as dense segments hold).
+  // Codes, fp16 scales and minimums, and the full-precision buffers at the cache's dtype.
   size_t bytes() const override;
+  void store_as(KvDtype t) override {
+    kf_.store_as(t);
+    vf_.store_as(t);
+  }
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
   bool append_token(const float* k, const float* v, int32_t pos) override;
@@ -48,7 +53,7 @@ class KvmixSegment final : public Segment {
   KvmixLayout layout_;
   QuantizedKeys keys_;
   QuantizedValues values_;
-  std::vector<float> kf_, vf_;  // the buffers, oldest first [tokens, head_dim]
+  RowStore kf_, vf_;  // the buffers, oldest first [tokens, head_dim]
   std::vector<int32_t> pos_;
 };
 

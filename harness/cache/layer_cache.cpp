@@ -1,7 +1,5 @@
 #include "harness/cache/layer_cache.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -12,36 +10,64 @@
 
 namespace kvb {
 
+void RowStore::append(const float* x, size_t n, size_t stride) {
+  const size_t at = data_.size();
+  data_.resize(at + n * row_bytes());
+  for (size_t t = 0; t < n; ++t) kv_encode(dtype_, x + t * stride, size_t(d_), data_.data() + at + t * row_bytes());
+}
+
+void RowStore::erase(size_t first, size_t n) {
+  if (first + n > rows()) fail("internal: erasing rows {}..{} of {}", first, first + n, rows());
+  const auto a = data_.begin() + static_cast<std::ptrdiff_t>(first * row_bytes());
+  data_.erase(a, a + static_cast<std::ptrdiff_t>(n * row_bytes()));
+}
+
+void RowStore::read(size_t t0, size_t n, float* out) const {
+  if (t0 + n > rows()) fail("internal: reading rows {}..{} of {}", t0, t0 + n, rows());
+  kv_decode(dtype_, data_.data() + t0 * row_bytes(), n * size_t(d_), out);
+}
+
+void RowStore::store_as(KvDtype t) {
+  if (t == dtype_) return;
+  std::vector<float> x(rows() * size_t(d_));
+  read(0, rows(), x.data());
+  dtype_ = t;
+  data_.assign(x.size() * kv_dtype_bytes(t), 0);
+  kv_encode(t, x.data(), x.size(), data_.data());
+}
+
 void DenseSegment::append(const float* k, const float* v, int32_t pos) {
-  k_.insert(k_.end(), k, k + d_);
-  v_.insert(v_.end(), v, v + d_);
+  k_.append(k);
+  v_.append(v);
   pos_.push_back(pos);
 }
 
 void DenseSegment::erase(size_t index) {
   if (index >= pos_.size()) fail("DenseSegment::erase: index {} of {} tokens", index, pos_.size());
-  const auto at = static_cast<std::ptrdiff_t>(index * d_);
-  k_.erase(k_.begin() + at, k_.begin() + at + d_);
-  v_.erase(v_.begin() + at, v_.begin() + at + d_);
+  k_.erase(index, 1);
+  v_.erase(index, 1);
   pos_.erase(pos_.begin() + static_cast<std::ptrdiff_t>(index));
 }
 
 void DenseSegment::reserve(size_t tokens) {
-  k_.reserve(tokens * d_);
-  v_.reserve(tokens * d_);
+  k_.reserve(tokens);
+  v_.reserve(tokens);
   pos_.reserve(tokens);
 }
 
-void DenseSegment::logits(const float* q, float* scores) const {
-  const int n = static_cast<int>(size());
-  if (n == 0) return;
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, n, d_, 1.0f, k_.data(), d_, q, 1, 0.0f, scores, 1);
+void DenseSegment::read(size_t t0, size_t n, float* k, float* v) const {
+  if (k) k_.read(t0, n, k);
+  if (v) v_.read(t0, n, v);
 }
 
-void DenseSegment::accumulate(const float* p, float* acc) const {
-  const int n = static_cast<int>(size());
-  if (n == 0) return;
-  cblas_sgemv(CblasRowMajor, CblasTrans, n, d_, 1.0f, v_.data(), d_, p, 1, 1.0f, acc, 1);
+const float* DenseSegment::k() const {
+  if (dtype() != KvDtype::F32) fail("internal: DenseSegment::k() on {} rows; use read()", kv_dtype_name(dtype()));
+  return static_cast<const float*>(k_.data());
+}
+
+const float* DenseSegment::v() const {
+  if (dtype() != KvDtype::F32) fail("internal: DenseSegment::v() on {} rows; use read()", kv_dtype_name(dtype()));
+  return static_cast<const float*>(v_.data());
 }
 
 void LayerCache::touch() {
@@ -49,8 +75,8 @@ void LayerCache::touch() {
   epoch_ = ++counter;
 }
 
-LayerCache::LayerCache(int n_query_heads, int n_cache_heads, int head_dim)
-    : n_q_(n_query_heads), d_(head_dim), heads_(n_cache_heads) {
+LayerCache::LayerCache(int n_query_heads, int n_cache_heads, int head_dim, KvDtype dtype)
+    : n_q_(n_query_heads), d_(head_dim), dtype_(dtype), heads_(n_cache_heads) {
   touch();
   if (n_cache_heads <= 0 || n_query_heads % n_cache_heads != 0)
     fail("LayerCache: {} query heads cannot share {} cache heads", n_query_heads, n_cache_heads);
@@ -58,7 +84,7 @@ LayerCache::LayerCache(int n_query_heads, int n_cache_heads, int head_dim)
 
 DenseSegment& LayerCache::tail(int head) {
   auto& segs = heads_[head];
-  if (segs.empty() || segs.back()->format() != "dense") segs.push_back(std::make_unique<DenseSegment>(d_));
+  if (segs.empty() || segs.back()->format() != "dense") segs.push_back(std::make_unique<DenseSegment>(d_, dtype_));
   return static_cast<DenseSegment&>(*segs.back());
 }
 
@@ -86,6 +112,13 @@ void LayerCache::append_many(const float* k, const float* v, int n, const int32_
       seg.append(k + off, v + off, pos[t]);
     }
   }
+}
+
+void LayerCache::store_as(KvDtype t) {
+  touch();
+  dtype_ = t;
+  for (auto& segs : heads_)
+    for (auto& s : segs) s->store_as(t);
 }
 
 size_t LayerCache::tokens(int head) const {

@@ -1,14 +1,19 @@
 #pragma once
 // The KV cache of one layer, as the design's segments: for each cache head a list of segments, each a
 // block of tokens stored in one format. Attention over a LayerCache takes the softmax over all
-// segments together (online softmax), so formats can be mixed freely. Only the Dense format exists so
-// far; compressed formats are further Segment subclasses.
+// segments together (online softmax), so formats can be mixed freely.
+//
+// Every cache has a stored dtype (fp32, bf16, fp16) for the full-precision numbers it keeps. Methods
+// build their segments in fp32; the runner then stores them at the run's dtype (store_as), which
+// scales every budgeted format alike, so that a budget in tokens means the same at any dtype.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "kernels/cpu/kv_rows.hpp"
 
 namespace kvb {
 
@@ -27,18 +32,52 @@ class Segment {
   // A segment that keeps taking decoded tokens (the dense tail; KVmix's store, which quantizes as its
   // full-precision buffer fills) appends one here and returns true; others return false.
   virtual bool append_token(const float* /*k*/, const float* /*v*/, int32_t /*pos*/) { return false; }
+  // Keeps the segment's full-precision numbers (dense rows, buffers, coefficients) at dtype t from now
+  // on, rounding what it holds, and charges them at that width. Codes and their fp16 scales are
+  // unchanged. Every format must say what it stores, so there is no default.
+  virtual void store_as(KvDtype t) = 0;
 };
 
-// Keys and values at full head dimension, fp32, token-major.
+// Rows of head_dim numbers stored at a dtype: the dense K or V of a segment, or a full-precision buffer.
+class RowStore {
+ public:
+  RowStore(int head_dim, KvDtype dtype) : d_(head_dim), dtype_(dtype) {}
+  size_t rows() const { return data_.size() / row_bytes(); }
+  size_t bytes() const { return data_.size(); }
+  KvDtype dtype() const { return dtype_; }
+  const void* data() const { return data_.data(); }
+  // Appends n rows, `stride` floats apart.
+  void append(const float* x, size_t n = 1, size_t stride = 0);
+  void erase(size_t first, size_t n);
+  void reserve(size_t rows) { data_.reserve(rows * row_bytes()); }
+  // Rows t0 .. t0+n as fp32.
+  void read(size_t t0, size_t n, float* out) const;
+  // out[t] = q . row_t and acc += sum_t p[t] row_t over all rows.
+  void dot(const float* q, float* out) const { kv_rows_dot(dtype_, data_.data(), rows(), d_, q, out); }
+  void axpy(const float* p, float* acc) const { kv_rows_axpy(dtype_, data_.data(), rows(), d_, p, acc); }
+  void store_as(KvDtype t);
+
+ private:
+  size_t row_bytes() const { return size_t(d_) * kv_dtype_bytes(dtype_); }
+  int d_;
+  KvDtype dtype_;
+  std::vector<unsigned char> data_;  // [rows, head_dim] at dtype_
+};
+
+// Keys and values at full head dimension, token-major, stored at the segment's dtype.
 class DenseSegment final : public Segment {
  public:
-  explicit DenseSegment(int head_dim) : d_(head_dim) {}
+  explicit DenseSegment(int head_dim, KvDtype dtype = KvDtype::F32) : d_(head_dim), k_(head_dim, dtype), v_(head_dim, dtype) {}
   std::string format() const override { return "dense"; }
   size_t size() const override { return pos_.size(); }
   std::span<const int32_t> positions() const override { return pos_; }
-  size_t bytes() const override { return (k_.size() + v_.size()) * sizeof(float); }
-  void logits(const float* q, float* scores) const override;
-  void accumulate(const float* p, float* acc) const override;
+  size_t bytes() const override { return k_.bytes() + v_.bytes(); }
+  void logits(const float* q, float* scores) const override { k_.dot(q, scores); }
+  void accumulate(const float* p, float* acc) const override { v_.axpy(p, acc); }
+  void store_as(KvDtype t) override {
+    k_.store_as(t);
+    v_.store_as(t);
+  }
 
   void append(const float* k, const float* v, int32_t pos);
   bool append_token(const float* k, const float* v, int32_t pos) override {
@@ -47,13 +86,17 @@ class DenseSegment final : public Segment {
   }
   void reserve(size_t tokens);
   void erase(size_t index);  // removes one token (decode-time eviction)
-  const float* k() const { return k_.data(); }
-  const float* v() const { return v_.data(); }
+  KvDtype dtype() const { return k_.dtype(); }
+  // Rows t0 .. t0+n as fp32 (either pointer may be null).
+  void read(size_t t0, size_t n, float* k, float* v) const;
+  // The rows in place, fp32 storage only (an error otherwise).
+  const float* k() const;
+  const float* v() const;
   int head_dim() const { return d_; }
 
  private:
   int d_;
-  std::vector<float> k_, v_;
+  RowStore k_, v_;
   std::vector<int32_t> pos_;
 };
 
@@ -61,12 +104,15 @@ class LayerCache {
  public:
   // `n_cache_heads` is the number of K/V heads stored: the model's KV heads, or its query heads when
   // a method keeps a separate copy per query head. Query head h reads cache head h / group.
-  LayerCache(int n_query_heads, int n_cache_heads, int head_dim);
+  LayerCache(int n_query_heads, int n_cache_heads, int head_dim, KvDtype dtype = KvDtype::F32);
 
   int n_query_heads() const { return n_q_; }
   int n_cache_heads() const { return static_cast<int>(heads_.size()); }
   int head_dim() const { return d_; }
   int cache_head_of(int query_head) const { return query_head / (n_q_ / n_cache_heads()); }
+  KvDtype dtype() const { return dtype_; }
+  // Stores every segment, and the dense tails decoding appends, at dtype t (Segment::store_as).
+  void store_as(KvDtype t);
 
   // Mutable access marks the cache as restructured (a new epoch); append() alone does not, so that a
   // device copy of the cache can tell "tokens appended to dense tails" from "anything else changed".
@@ -93,6 +139,7 @@ class LayerCache {
   DenseSegment& tail(int head);
   void touch();
   int n_q_, d_;
+  KvDtype dtype_;
   uint64_t epoch_ = 0;
   std::vector<std::vector<std::unique_ptr<Segment>>> heads_;
 };

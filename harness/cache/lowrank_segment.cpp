@@ -27,7 +27,14 @@ std::string LowRankSegment::format() const {
 }
 
 size_t LowRankSegment::bytes() const {
-  return (ck_.size() + cv_.size()) * sizeof(float) + (charge_basis_ ? basis_->bytes() : 0);
+  const size_t values = ck_.size() + cv_.size() + (charge_basis_ ? basis_->k.size() + basis_->v.size() : 0);
+  return values * kv_dtype_bytes(dtype_);
+}
+
+void LowRankSegment::store_as(KvDtype t) {
+  dtype_ = t;
+  for (auto* c : {&ck_, &cv_})
+    for (float& x : *c) x = kv_round(t, x);
 }
 
 namespace {
@@ -53,6 +60,8 @@ void LowRankSegment::append(const float* k, const float* v, int32_t pos) {
   cv_.resize(cv_.size() + rv_);
   project(k, basis_->k, d, R, rk_, ck_.data() + ck_.size() - rk_);
   project(v, basis_->v, d, R, rv_, cv_.data() + cv_.size() - rv_);
+  for (auto it = ck_.end() - rk_; it != ck_.end(); ++it) *it = kv_round(dtype_, *it);
+  for (auto it = cv_.end() - rv_; it != cv_.end(); ++it) *it = kv_round(dtype_, *it);
   pos_.push_back(pos);
 }
 

@@ -32,6 +32,9 @@ class LowRankSegment final : public Segment {
   size_t bytes() const override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
+  // Rounds the coefficients to t and charges them, and the basis, at t. The shared basis keeps its fp32
+  // numbers (other segments read it).
+  void store_as(KvDtype t) override;
 
   // Projects and appends a token: k (post- or pre-RoPE as configured) and v at full head dimension.
   void append(const float* k, const float* v, int32_t pos);
@@ -50,6 +53,7 @@ class LowRankSegment final : public Segment {
   std::shared_ptr<const LowRankBasis> basis_;
   int rk_, rv_;
   bool charge_basis_;
+  KvDtype dtype_ = KvDtype::F32;
   std::shared_ptr<const RopeTable> rope_;
   std::vector<float> ck_, cv_;  // [n, rk], [n, rv]
   std::vector<int32_t> pos_;

@@ -68,6 +68,8 @@ class QuantizedSegment final : public Segment {
   size_t bytes() const override { return keys_.bytes() + values_.bytes(); }
   void logits(const float* q, float* scores) const override { keys_.logits(q, scores); }
   void accumulate(const float* p, float* acc) const override { values_.accumulate(p, acc); }
+  // Codes and fp16 scales only: nothing stored at the cache's full precision.
+  void store_as(KvDtype) override {}
 
   // Quantizes and appends n tokens (k, v: [n, head_dim]); n must be a multiple of k_group.
   void append(const float* k, const float* v, int n, const int32_t* pos);

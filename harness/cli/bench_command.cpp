@@ -82,8 +82,10 @@ class LowRankStore final : public PrefillObserver {
       auto low = std::make_unique<LowRankSegment>(basis_, rank_, rank_, h == 0);
       for (const auto& s : segs) {
         const auto& d = dynamic_cast<const DenseSegment&>(*s);
+        std::vector<float> k(d.size() * d.head_dim()), v(k.size());
+        d.read(0, d.size(), k.data(), v.data());
         for (size_t t = 0; t < d.size(); ++t)
-          low->append(d.k() + t * d.head_dim(), d.v() + t * d.head_dim(), d.positions()[t]);
+          low->append(k.data() + t * d.head_dim(), v.data() + t * d.head_dim(), d.positions()[t]);
       }
       segs.clear();
       segs.push_back(std::move(low));
@@ -101,7 +103,7 @@ class LowRankStore final : public PrefillObserver {
 void register_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Prefill and decode speed against the hardware's measured limits");
   struct Args {
-    std::string model, backend = "cpu", format = "md", method;
+    std::string model, backend = "cpu", format = "md", method, kv_dtype = "fp32";
     std::vector<int> contexts = {512, 2048}, budgets;
     std::vector<std::string> params;
     int repeat = 3, decode_tokens = 32, threads = 0, lowrank = 0;
@@ -119,6 +121,7 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
+  add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->callback([a] {
     auto m = ModelFile::open(a->model);
     const ModelConfig& cfg = m->config();
@@ -133,7 +136,11 @@ void register_bench_command(CLI::App& app) {
     if (!budgeted && !a->budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a->method);
     if (a->lowrank < 0 || a->lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a->lowrank, cfg.head_dim);
     if (a->lowrank && a->method.empty()) fail("--lowrank needs --method and --budget");
-    Engine engine(*m, {a->backend, a->threads});
+    EngineOptions eo;
+    eo.backend = a->backend;
+    eo.threads = a->threads;
+    eo.kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
+    Engine engine(*m, eo);
     Backend& b = engine.backend();
     fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b.name());
     const DeviceLimits limits = b.measure_limits();
@@ -149,9 +156,9 @@ void register_bench_command(CLI::App& app) {
     auto print_header = [&] {
       if (md)
         fmt::print("{} on {} backend; {} peak {:.1f} TFLOP/s, bandwidth {:.1f} GB/s, weights read per decode step "
-                   "{:.0f} MiB; medians of {} runs (min-max)\n\n",
+                   "{:.0f} MiB; KV cache stored as {}; medians of {} runs (min-max)\n\n",
                    a->model, b.name(), limits.gemm_kind, limits.gemm_gflops / 1e3, limits.bandwidth_gbs,
-                   mib(weights_read), a->repeat);
+                   mib(weights_read), a->kv_dtype, a->repeat);
       const std::vector<std::string> head = {
           "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
           "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",
@@ -274,7 +281,8 @@ void register_bench_command(CLI::App& app) {
     }
 
     if (a->format == "json") {
-      nlohmann::json j = {{"model", a->model}, {"backend", b.name()}, {"gemm_kind", limits.gemm_kind},
+      nlohmann::json j = {{"model", a->model}, {"backend", b.name()}, {"kv_dtype", a->kv_dtype},
+                          {"gemm_kind", limits.gemm_kind},
                           {"gemm_peak_gflops", limits.gemm_gflops}, {"bandwidth_gbs", limits.bandwidth_gbs},
                           {"weights_read_bytes", weights_read}, {"repeat", a->repeat}};
       for (const auto& r : rows)

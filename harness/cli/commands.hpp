@@ -15,6 +15,12 @@ void register_task_commands(CLI::App& app);
 void register_run_command(CLI::App& app);
 void register_calibrate_command(CLI::App& app);
 
+// --kv-dtype on a command that builds an engine: what the KV cache stores its numbers as.
+inline void add_kv_dtype_option(CLI::App* cmd, std::string& into) {
+  cmd->add_option("--kv-dtype", into, "KV cache storage: fp32 (default), bf16 or fp16 (the papers' full cache)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+}
+
 // "key=value" items of --param options; Error naming a malformed one.
 std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items);
 

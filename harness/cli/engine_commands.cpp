@@ -14,6 +14,7 @@
 
 #include "harness/cli/commands.hpp"
 #include "harness/engine/backend.hpp"
+#include "harness/experiment/experiment.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/gradients.hpp"
 #include "harness/engine/generate.hpp"
@@ -74,7 +75,7 @@ void register_engine_commands(CLI::App& app) {
   {
     auto* cmd = app.add_subcommand("generate", "Greedy continuation of a prompt");
     struct Args {
-      std::string model, prompt, backend = "cpu", method;
+      std::string model, prompt, backend = "cpu", method, kv_dtype = "fp32";
       bool chat = false, json = false;
       int max_new = 128, threads = 0, budget = 0;
       std::vector<std::string> stop, params;
@@ -91,10 +92,15 @@ void register_engine_commands(CLI::App& app) {
     cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
     cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")->check(CLI::PositiveNumber);
     cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
+    add_kv_dtype_option(cmd, a->kv_dtype);
     cmd->callback([a] {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
-      Engine engine(*m, {a->backend, a->threads});
+      EngineOptions eo;
+      eo.backend = a->backend;
+      eo.threads = a->threads;
+      eo.kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
+      Engine engine(*m, eo);
       const auto prompt = build_prompt(*m, *tok, a->prompt, a->chat);
       GenerateOptions opt;
       opt.max_new_tokens = a->max_new;
@@ -102,9 +108,10 @@ void register_engine_commands(CLI::App& app) {
       std::unique_ptr<Method> method;
       std::unique_ptr<MethodRunner> runner;
       if (!a->method.empty()) {
-        if (a->budget <= 0) fail("--method needs --budget T");
         method = MethodRegistry::get().create(a->method, parse_key_values(a->params), engine.config());
-        runner = std::make_unique<MethodRunner>(*method, a->budget);
+        if (method->budgeted() && a->budget <= 0) fail("--method needs --budget T");
+        if (!method->budgeted() && a->budget > 0) fail("method {} takes no --budget: it sets its own memory", a->method);
+        runner = std::make_unique<MethodRunner>(*method, method->budgeted() ? KvBudget(a->budget) : KvBudget{});
       } else if (a->budget > 0 || !a->params.empty()) {
         fail("--budget and --param need --method");
       }
@@ -116,6 +123,7 @@ void register_engine_commands(CLI::App& app) {
                             {"text", utf8_lossy(g.text)}, {"stop_reason", g.stop_reason},
                             {"prefill_seconds", g.prefill_seconds}, {"decode_seconds", g.decode_seconds},
                             {"prefill_kv_bytes", kept}, {"full_kv_bytes", full},
+                            {"kv_dtype", a->kv_dtype}, {"T_eq", equivalent_kv_size(engine.config(), kept)},
                             {"method", a->method.empty() ? "fullkv" : a->method},
                             {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
                             {"compress_seconds", runner ? runner->compress_seconds() : 0.0}};

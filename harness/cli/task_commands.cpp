@@ -169,7 +169,7 @@ void register_task_commands(CLI::App& app) {
   {
     auto* cmd = app.add_subcommand("run-task", "Run a task through the model and score it (resumable)");
     struct Args : TaskArgs {
-      std::string backend = "cpu", method, out;
+      std::string backend = "cpu", method, out, kv_dtype = "fp32";
       int budget = 0, threads = 0;
       double ratio = 0;
       size_t limit = 0;
@@ -188,11 +188,16 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
     cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)");
     cmd->add_option("--out", a->out, "Results JSONL (appended; default runs/<task>-<method>[-T<budget>].jsonl)");
+    add_kv_dtype_option(cmd, a->kv_dtype);
     cmd->callback([a] {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
       auto task = make_task(*a, *tok);
-      Engine engine(*m, {a->backend, a->threads});
+      EngineOptions eo;
+      eo.backend = a->backend;
+      eo.threads = a->threads;
+      eo.kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
+      Engine engine(*m, eo);
       std::unique_ptr<Method> method;
       KvBudget budget = a->budget;
       if (!a->method.empty()) {
@@ -209,7 +214,8 @@ void register_task_commands(CLI::App& app) {
                                 : budget.is_ratio() ? fmt::format("{}-r{}", a->method, budget.ratio)
                                                     : fmt::format("{}-T{}", a->method, a->budget);
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
-      const json config = cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget);
+      const json config =
+          cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget, eo.kv_dtype);
       const auto done = out.recorded("key");
       const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
       Progress bar(fmt::format("{} {}", a->task, label), n, "samples");

@@ -448,10 +448,7 @@ class CudaBackend final : public Backend {
       const size_t row = size_t(ds->head_dim()) * sizeof(float);
       sm.arrays.emplace_back(sm.capacity * row);
       sm.arrays.emplace_back(sm.capacity * row);
-      if (s.size()) {
-        check(cudaMemcpyAsync(sm.arrays[0].as<void>(), ds->k(), s.size() * row, cudaMemcpyHostToDevice, stream_), "k");
-        check(cudaMemcpyAsync(sm.arrays[1].as<void>(), ds->v(), s.size() * row, cudaMemcpyHostToDevice, stream_), "v");
-      }
+      upload_dense_rows(*ds, 0, s.size(), sm.arrays[0].as<char>(), sm.arrays[1].as<char>());
       d.k = sm.arrays[0].as<float>();
       d.v = sm.arrays[1].as<float>();
       return sm;
@@ -500,6 +497,23 @@ class CudaBackend final : public Backend {
     return sm;
   }
 
+  // Rows t0 .. t0+n of a dense segment's K and V to device fp32 rows. 16-bit rows are widened on the
+  // host: the device copy holds the same (rounded) numbers the CPU path reads, at fp32 width.
+  void upload_dense_rows(const DenseSegment& ds, size_t t0, size_t n, char* k_dst, char* v_dst) {
+    if (n == 0) return;
+    const size_t count = n * size_t(ds.head_dim()), bytes = count * sizeof(float);
+    if (ds.dtype() == KvDtype::F32) {
+      check(cudaMemcpyAsync(k_dst, ds.k() + t0 * ds.head_dim(), bytes, cudaMemcpyHostToDevice, stream_), "k rows");
+      check(cudaMemcpyAsync(v_dst, ds.v() + t0 * ds.head_dim(), bytes, cudaMemcpyHostToDevice, stream_), "v rows");
+      return;
+    }
+    std::vector<float> k(count), v(count);
+    ds.read(t0, n, k.data(), v.data());
+    // Pageable sources: the copies are staged before these calls return, so the vectors may go.
+    check(cudaMemcpyAsync(k_dst, k.data(), bytes, cudaMemcpyHostToDevice, stream_), "k rows");
+    check(cudaMemcpyAsync(v_dst, v.data(), bytes, cudaMemcpyHostToDevice, stream_), "v rows");
+  }
+
   // Makes room for `n` tokens in a dense segment's device copy (doubling).
   void grow_dense(SegmentMirror& sm, size_t n) {
     if (n <= sm.capacity) return;
@@ -522,13 +536,8 @@ class CudaBackend final : public Backend {
     const auto& ds = static_cast<const DenseSegment&>(*sm.seg);
     const size_t n = ds.size(), row = size_t(ds.head_dim()) * sizeof(float);
     grow_dense(sm, n);
-    const size_t add = n - sm.uploaded;
-    check(cudaMemcpyAsync(sm.arrays[0].as<char>() + sm.uploaded * row, ds.k() + sm.uploaded * ds.head_dim(),
-                          add * row, cudaMemcpyHostToDevice, stream_),
-          "append k");
-    check(cudaMemcpyAsync(sm.arrays[1].as<char>() + sm.uploaded * row, ds.v() + sm.uploaded * ds.head_dim(),
-                          add * row, cudaMemcpyHostToDevice, stream_),
-          "append v");
+    upload_dense_rows(ds, sm.uploaded, n - sm.uploaded, sm.arrays[0].as<char>() + sm.uploaded * row,
+                      sm.arrays[1].as<char>() + sm.uploaded * row);
     sm.uploaded = n;
   }
 

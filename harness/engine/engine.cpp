@@ -62,7 +62,8 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
       L.bv = load(b, model, p + "attn_v.bias", weight_bytes_);
     }
   }
-  for (int l = 0; l < cfg_.n_layers; ++l) caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim);
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
 }
 
 Engine::~Engine() = default;
@@ -74,7 +75,7 @@ size_t Engine::kv_bytes() const {
 }
 
 size_t Engine::full_kv_bytes(size_t tokens) const {
-  return tokens * size_t(cfg_.n_layers) * cfg_.n_kv_heads * cfg_.head_dim * 2 * sizeof(float);
+  return tokens * size_t(cfg_.n_layers) * cfg_.n_kv_heads * cfg_.head_dim * 2 * kv_dtype_bytes(opt_.kv_dtype);
 }
 
 std::vector<float> Engine::logits_of_last(const Buffer& x, int n) {
@@ -141,7 +142,9 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     view.attn_colsum = needs.attn_colsum ? st.colsum.data() : nullptr;
     view.window = window;
     view.q_window = window > 0 ? st.q_win : nullptr;
+    view.kv_dtype = opt_.kv_dtype;
     observer->on_layer(view, caches_[l]);
+    caches_[l].store_as(opt_.kv_dtype);
   };
 
   const size_t kv_elems = size_t(n) * KV;
@@ -251,7 +254,9 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
     view.attn_colsum = want.attn_colsum ? c.attn_colsum[l].data() : nullptr;
     view.window = c.window;
     view.q_window = c.window > 0 ? c.q_window[l].data() : nullptr;
+    view.kv_dtype = opt_.kv_dtype;
     observer->on_layer(view, caches_[l]);
+    caches_[l].store_as(opt_.kv_dtype);
   }
   pos_ = c.n_tokens;
   decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;

@@ -33,6 +33,8 @@ struct EngineOptions {
   std::string backend = "cpu";
   int threads = 0;           // 0: all cores
   int mlp_chunk = 2048;      // tokens per MLP block during prefill (bounds the [chunk, ffn] buffers)
+  // What the KV cache stores full-precision numbers as. Prefill attention is always exact (fp32).
+  KvDtype kv_dtype = KvDtype::F32;
 };
 
 class Engine {
@@ -42,6 +44,7 @@ class Engine {
 
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return *backend_; }
+  KvDtype kv_dtype() const { return opt_.kv_dtype; }
 
   // Starts a new sequence with `ids` (positions 0..n-1) and returns the logits of the last token.
   // Without an observer every layer keeps its full K/V. The observer, if it acts on decoding, is
@@ -60,7 +63,8 @@ class Engine {
   const std::vector<LayerCache>& caches() const { return caches_; }
   std::vector<LayerCache>& caches() { return caches_; }
   size_t kv_bytes() const;
-  // Bytes of the uncompressed cache for `tokens` tokens (fp32 K and V of every KV head and layer).
+  // Bytes of the uncompressed cache for `tokens` tokens (K and V of every KV head and layer, at the
+  // cache's dtype).
   size_t full_kv_bytes(size_t tokens) const;
   size_t weight_bytes() const { return weight_bytes_; }
   // Weight bytes one decode step reads: all of them but the embedding table, of which it reads one

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/kv_rows.hpp"
+
 namespace kvb {
 
 class LayerCache;
@@ -24,6 +26,9 @@ struct PrefillView {
   const float* v = nullptr;            // [n_tokens, n_kv_heads, d]
   // [n_heads, n_tokens]: attention each key received, summed over all queries; null if not requested.
   const float* attn_colsum = nullptr;
+  // The run's stored dtype: methods build caches in fp32 and the runner stores them at this dtype
+  // (LayerCache::store_as); a format that quantizes from full-precision rows reads it to start there.
+  KvDtype kv_dtype = KvDtype::F32;
 };
 
 struct PrefillNeeds {

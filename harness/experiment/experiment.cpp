@@ -105,8 +105,8 @@ ExperimentSpec load_experiment(const std::string& path) {
   }
   if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
   check_keys(path, root,
-             {"name", "model", "backend", "threads", "task", "task_options", "data", "limit", "methods", "budgets", "ratios",
-              "grid", "out"},
+             {"name", "model", "backend", "kv_dtype", "threads", "task", "task_options", "data", "limit", "methods",
+              "budgets", "ratios", "grid", "out"},
              "the spec");
   ExperimentSpec s;
   s.path = path;
@@ -117,6 +117,13 @@ ExperimentSpec load_experiment(const std::string& path) {
   if (!std::filesystem::exists(s.model)) spec_error(path, root["model"], fmt::format("model file {} not found", s.model));
   if (root["backend"]) s.backend = scalar(path, root["backend"], "backend");
   if (s.backend != "cpu" && s.backend != "cuda") spec_error(path, root["backend"], "backend must be cpu or cuda");
+  if (root["kv_dtype"]) {
+    try {
+      s.kv_dtype = parse_kv_dtype(scalar(path, root["kv_dtype"], "kv_dtype"), "kv_dtype");
+    } catch (const Error& e) {
+      spec_error(path, root["kv_dtype"], e.what());
+    }
+  }
   auto integer = [&](const char* key, long min) {
     const YAML::Node n = root[key];
     try {
@@ -216,7 +223,7 @@ ExperimentSpec load_experiment(const std::string& path) {
 
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
-                           KvBudget budget) {
+                           KvBudget budget, KvDtype kv_dtype) {
   nlohmann::json c = {{"task", task},
           {"options", task_options},
           {"model", std::filesystem::path(model_path).filename().string()},
@@ -227,6 +234,7 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
           {"gqa", method ? gqa_mode_name(method->gqa()) : "-"},
           {"version", code_version()}};
   if (method && budget.is_ratio()) c["compression_ratio"] = budget.ratio;
+  if (kv_dtype != KvDtype::F32) c["kv_dtype"] = kv_dtype_name(kv_dtype);
   // A recalibrated artifact changes the numbers: its digest is part of the key (the path is not).
   if (method && !method->artifacts().is_null()) {
     nlohmann::json a = method->artifacts();
@@ -239,6 +247,10 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
 
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id) {
   return fmt::format("{:016x}", fnv1a(sample_id, fnv1a(config.dump())));
+}
+
+double equivalent_kv_size(const ModelConfig& m, size_t bytes) {
+  return static_cast<double>(bytes) / (double(m.n_layers) * m.n_kv_heads * m.head_dim * 2 * 2);
 }
 
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
@@ -255,6 +267,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
   const Generation g = capture ? generate(engine, tok, *capture, opt, runner.get())
                                : generate(engine, tok, prompt, opt, runner.get());
   const size_t full = engine.full_kv_bytes(prompt.size());
+  const size_t kept = runner ? runner->prefill_kv_bytes() : full;
   return {{"key", cell_key(config, s.id)},
           {"id", s.id},
           {"config", config},
@@ -265,8 +278,10 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"answers", s.answers},
           {"score", task.score(s, g.text)},
           {"prompt_tokens", g.prompt_tokens},
-          {"kv_bytes", runner ? runner->prefill_kv_bytes() : full},
+          {"kv_dtype", kv_dtype_name(engine.kv_dtype())},
+          {"kv_bytes", kept},
           {"full_kv_bytes", full},
+          {"T_eq", equivalent_kv_size(model.config(), kept)},
           {"prefill_seconds", g.prefill_seconds},
           {"prefill_shared", capture != nullptr},
           {"decode_seconds", g.decode_seconds},

@@ -26,6 +26,7 @@ struct MethodConfig {
 
 struct ExperimentSpec {
   std::string path, name, model, backend = "cpu", task, data, out;
+  KvDtype kv_dtype = KvDtype::F32;  // what the cache stores full-precision numbers as
   int threads = 0;
   size_t limit = 0;
   std::vector<std::map<std::string, std::string>> task_variants;  // task options, list values expanded
@@ -35,10 +36,14 @@ struct ExperimentSpec {
 // Parses and validates a spec; errors name the file, line and column, and list the valid keys.
 ExperimentSpec load_experiment(const std::string& path);
 
-// Identity of a configuration's results: everything that moves its numbers.
+// Identity of a configuration's results: everything that moves its numbers. The KV dtype is part of it
+// unless fp32 (so that records made before it was an option keep their keys).
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
-                           KvBudget budget);
+                           KvBudget budget, KvDtype kv_dtype = KvDtype::F32);
+// The spec's memory unit (fp16 token units): bytes / (layers x KV heads x 2 x head_dim x 2 bytes), i.e.
+// the KV size T of a full fp16 cache holding as many bytes.
+double equivalent_kv_size(const ModelConfig& m, size_t bytes);
 // FNV-1a 64 of the configuration and the sample id, as 16 hex digits.
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id);
 

@@ -41,7 +41,8 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
     const size_t n = spec.limit ? std::min(spec.limit, p.task->size()) : p.task->size();
     for (size_t i = 0; i < n; ++i) p.samples.push_back(p.task->sample(i));
     for (size_t c = 0; c < spec.configs.size(); ++c)
-      p.configs.push_back(cell_config(*model_, spec.model, spec.task, options, methods_[c].get(), spec.configs[c].budget));
+      p.configs.push_back(
+          cell_config(*model_, spec.model, spec.task, options, methods_[c].get(), spec.configs[c].budget, spec.kv_dtype));
     parts_.push_back(std::move(p));
   }
 }
@@ -66,8 +67,8 @@ void Sweep::describe() const {
         }
     }
   }
-  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations:\n", spec_.path, spec_.task,
-             parts_.size(), samples, spec_.configs.size());
+  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations, KV cache stored as {}:\n", spec_.path,
+             spec_.task, parts_.size(), samples, spec_.configs.size(), kv_dtype_name(spec_.kv_dtype));
   for (const auto& part : parts_) fmt::print("  task options {}\n", part.configs.front()["options"].dump());
   for (const auto& c : parts_.front().configs)
     fmt::print("  {} {} gqa {} params {}\n", c["method"].get<std::string>(),
@@ -80,7 +81,11 @@ void Sweep::describe() const {
 }
 
 SweepOutcome Sweep::run(bool progress) {
-  Engine engine(*model_, EngineOptions{spec_.backend, spec_.threads});
+  EngineOptions eo;
+  eo.backend = spec_.backend;
+  eo.threads = spec_.threads;
+  eo.kv_dtype = spec_.kv_dtype;
+  Engine engine(*model_, eo);
   ResultsFile out(spec_.out);
   const auto done = out.recorded("key");
   SweepOutcome o;

@@ -149,6 +149,7 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
     compressed_ = true;
     cache = method_.compress(view, budget_);
   }
+  cache.store_as(view.kv_dtype);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   bytes_ += cache.bytes();
   for (int h = 0; h < cache.n_cache_heads(); ++h) {
@@ -166,7 +167,8 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
     if (!stats.is_null()) layer_stats_.push_back(std::move(stats));
   }
   // A method may shift memory between layers (PyramidKV) but not exceed the total.
-  const size_t limit = budget_.bytes_per_layer * size_t(method_.model().n_layers);
+  const size_t limit =
+      budget_.bytes_per_layer / sizeof(float) * kv_dtype_bytes(view.kv_dtype) * size_t(method_.model().n_layers);
   if (view.layer + 1 == method_.model().n_layers && compressed_ && bytes_ > limit && method_.budgeted() &&
       !method_.may_exceed_budget())
     fail("method {} kept {} bytes, more than its budget of {} bytes (KV size {})", method_.name(),

@@ -26,7 +26,9 @@ std::string gqa_mode_name(GqaMode m);
 // "KV size T": the memory of T full-precision tokens per stored head per layer.
 struct Budget {
   int tokens = 0;                 // T
-  size_t bytes_per_layer = 0;     // T x stored heads x head_dim x 2 x bytes per value
+  // T x stored heads x head_dim x 2 x 4 bytes: methods build their caches in fp32, and the runner then
+  // stores them at the run's dtype, which scales the bytes of every budgeted format alike.
+  size_t bytes_per_layer = 0;
   double compression_ratio = 0;   // p_c when the run asked for a ratio (T = floor(S (1 - p_c))), else 0
 };
 

@@ -1,0 +1,176 @@
+#include "kernels/cpu/kv_rows.hpp"
+
+#include <cblas.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "harness/util/error.hpp"
+#include "kernels/cpu/fp16.hpp"
+
+namespace kvb {
+
+size_t kv_dtype_bytes(KvDtype t) { return t == KvDtype::F32 ? 4 : 2; }
+
+const char* kv_dtype_name(KvDtype t) {
+  switch (t) {
+    case KvDtype::F32: return "fp32";
+    case KvDtype::BF16: return "bf16";
+    case KvDtype::F16: return "fp16";
+  }
+  return "?";
+}
+
+KvDtype parse_kv_dtype(const std::string& name, const std::string& where) {
+  for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
+    if (name == kv_dtype_name(t)) return t;
+  fail("{}: KV dtype '{}' is not one of fp32, bf16, fp16", where, name);
+}
+
+bool cpu_has_avx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return yes;
+}
+
+namespace {
+
+float widen(KvDtype t, uint16_t x) { return t == KvDtype::F16 ? half_to_float(x) : bf16_to_float(x); }
+uint16_t narrow(KvDtype t, float x) { return t == KvDtype::F16 ? float_to_half(x) : float_to_bf16(x); }
+
+// Eight 16-bit elements widened to fp32.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(KvDtype t, const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (t == KvDtype::F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
+                                                          const float* q, float* out) {
+  const int d8 = d / 8 * 8;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t* r = rows + i * size_t(d);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= d8; c += 16) {
+      a0 = _mm256_fmadd_ps(load8(t, r + c), _mm256_loadu_ps(q + c), a0);
+      a1 = _mm256_fmadd_ps(load8(t, r + c + 8), _mm256_loadu_ps(q + c + 8), a1);
+    }
+    for (; c < d8; c += 8) a0 = _mm256_fmadd_ps(load8(t, r + c), _mm256_loadu_ps(q + c), a0);
+    float s = hsum(_mm256_add_ps(a0, a1));
+    for (; c < d; ++c) s += widen(t, r[c]) * q[c];
+    out[i] = s;
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
+                                                           const float* p, float* acc) {
+  const int d8 = d / 8 * 8;
+  // Accumulate in registers over blocks of 32 channels, rows inner, so acc is read and written once.
+  for (int c0 = 0; c0 < d8; c0 += 32) {
+    const int w = std::min(32, d8 - c0) / 8;
+    __m256 a[4];
+    for (int j = 0; j < w; ++j) a[j] = _mm256_loadu_ps(acc + c0 + 8 * j);
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] == 0.0f) continue;
+      const __m256 pi = _mm256_set1_ps(p[i]);
+      const uint16_t* r = rows + i * size_t(d) + c0;
+      for (int j = 0; j < w; ++j) a[j] = _mm256_fmadd_ps(pi, load8(t, r + 8 * j), a[j]);
+    }
+    for (int j = 0; j < w; ++j) _mm256_storeu_ps(acc + c0 + 8 * j, a[j]);
+  }
+  for (int c = d8; c < d; ++c)
+    for (size_t i = 0; i < n; ++i) acc[c] += p[i] * widen(t, rows[i * size_t(d) + c]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void encode_f16_avx2(const float* src, size_t n, uint16_t* dst) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+}  // namespace
+
+void kv_encode(KvDtype t, const float* src, size_t n, void* dst) {
+  if (t == KvDtype::F32) {
+    std::copy(src, src + n, static_cast<float*>(dst));
+    return;
+  }
+  auto* out = static_cast<uint16_t*>(dst);
+  if (t == KvDtype::F16 && cpu_has_avx2()) return encode_f16_avx2(src, n, out);
+  for (size_t i = 0; i < n; ++i) out[i] = narrow(t, src[i]);
+}
+
+void kv_decode(KvDtype t, const void* src, size_t n, float* dst) {
+  if (t == KvDtype::F32) {
+    std::copy(static_cast<const float*>(src), static_cast<const float*>(src) + n, dst);
+    return;
+  }
+  const auto* in = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = widen(t, in[i]);
+}
+
+float kv_round(KvDtype t, float x) { return t == KvDtype::F32 ? x : widen(t, narrow(t, x)); }
+
+void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out) {
+  std::vector<float> row(static_cast<size_t>(d));
+  for (size_t i = 0; i < n; ++i) {
+    kv_decode(t, static_cast<const char*>(rows) + i * size_t(d) * kv_dtype_bytes(t), size_t(d), row.data());
+    double s = 0;
+    for (int c = 0; c < d; ++c) s += double(row[size_t(c)]) * q[c];
+    out[i] = static_cast<float>(s);
+  }
+}
+
+void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc) {
+  std::vector<float> row(static_cast<size_t>(d));
+  std::vector<double> sum(acc, acc + d);
+  for (size_t i = 0; i < n; ++i) {
+    kv_decode(t, static_cast<const char*>(rows) + i * size_t(d) * kv_dtype_bytes(t), size_t(d), row.data());
+    for (int c = 0; c < d; ++c) sum[size_t(c)] += double(p[i]) * row[size_t(c)];
+  }
+  for (int c = 0; c < d; ++c) acc[c] = static_cast<float>(sum[size_t(c)]);
+}
+
+void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out) {
+  if (n == 0) return;
+  if (t == KvDtype::F32) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d, q, 1,
+                0.0f, out, 1);
+    return;
+  }
+  const auto* r = static_cast<const uint16_t*>(rows);
+  if (cpu_has_avx2()) return dot16_avx2(t, r, n, d, q, out);
+  for (size_t i = 0; i < n; ++i) {
+    float s = 0;
+    for (int c = 0; c < d; ++c) s += widen(t, r[i * size_t(d) + c]) * q[c];
+    out[i] = s;
+  }
+}
+
+void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc) {
+  if (n == 0) return;
+  if (t == KvDtype::F32) {
+    cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d, p, 1, 1.0f,
+                acc, 1);
+    return;
+  }
+  const auto* r = static_cast<const uint16_t*>(rows);
+  if (cpu_has_avx2()) return axpy16_avx2(t, r, n, d, p, acc);
+  for (size_t i = 0; i < n; ++i)
+    for (int c = 0; c < d; ++c) acc[c] += p[i] * widen(t, r[i * size_t(d) + c]);
+}
+
+}  // namespace kvb

@@ -1,0 +1,39 @@
+#pragma once
+// Rows of keys or values stored at a chosen precision (fp32, bf16 or fp16), and the two products
+// decode attention takes over them: q . row_t for every row, and sum_t p_t row_t. The papers count
+// the uncompressed cache in fp16; storing rows at 16 bits halves what a decode step reads.
+//
+// Each product has a plain reference (`*_ref`: widen each element, multiply in fp32, sum in double)
+// and the fast version the cache uses: BLAS for fp32, and for 16-bit rows an AVX2/F16C kernel picked
+// at run time when the processor has it (a portable loop otherwise).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kvb {
+
+enum class KvDtype : uint8_t { F32, BF16, F16 };
+
+size_t kv_dtype_bytes(KvDtype t);
+const char* kv_dtype_name(KvDtype t);  // "fp32", "bf16", "fp16"
+// Parses a name of kv_dtype_name; an error lists the valid ones and names `where`.
+KvDtype parse_kv_dtype(const std::string& name, const std::string& where);
+
+// dst (n elements of dtype t) from src, round to nearest even.
+void kv_encode(KvDtype t, const float* src, size_t n, void* dst);
+// dst (n floats) from src stored at dtype t; exact.
+void kv_decode(KvDtype t, const void* src, size_t n, float* dst);
+// x rounded to dtype t and widened back (x itself for fp32).
+float kv_round(KvDtype t, float x);
+
+// out[i] = q . row_i for n rows of d elements.
+void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out);
+void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out);
+// acc[0..d) += sum_i p[i] row_i.
+void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
+void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
+
+// Whether the running processor has AVX2, FMA and F16C (the vector paths of the KV kernels).
+bool cpu_has_avx2();
+
+}  // namespace kvb

@@ -1,0 +1,257 @@
+// The KV cache's stored dtype (fp32, bf16, fp16): the row kernels against their references, segments
+// charged and read at the dtype, the engine and the method runner storing every cache at the run's
+// dtype (budgets scale with it), and the records' memory fields (kv_dtype, T_eq).
+#include <bit>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+
+#include "harness/cache/kvmix_segment.hpp"
+#include "harness/cache/lowrank_segment.hpp"
+#include "harness/cache/quantized_segment.hpp"
+#include "harness/engine/engine.hpp"
+#include "harness/experiment/experiment.hpp"
+#include "harness/method/method.hpp"
+#include "harness/model/model_file.hpp"
+#include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/kv_rows.hpp"
+#include "test_util.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+
+using namespace kvb;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<unsigned char> encoded(KvDtype t, const std::vector<float>& x) {
+  std::vector<unsigned char> out(x.size() * kv_dtype_bytes(t));
+  kv_encode(t, x.data(), x.size(), out.data());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("KV dtype names, sizes and parse errors", "[kv_dtype]") {
+  for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
+    CHECK(parse_kv_dtype(kv_dtype_name(t), "test") == t);
+  CHECK(kv_dtype_bytes(KvDtype::F32) == 4);
+  CHECK(kv_dtype_bytes(KvDtype::F16) == 2);
+  CHECK(kv_dtype_bytes(KvDtype::BF16) == 2);
+  test::require_error([] { parse_kv_dtype("fp8", "spec.yaml: kv_dtype"); },
+                      {"spec.yaml: kv_dtype", "'fp8'", "fp32, bf16, fp16"});
+}
+
+TEST_CASE("KV rows: encoding rounds to nearest even like the scalar conversions, on every path", "[kv_dtype]") {
+  auto x = randn(4099, 1, 3.0f);
+  // Edges: subnormal halves, the largest half, overflow to infinity, ties, zeros of both signs.
+  for (float e : {6.0e-8f, -3.0e-5f, 65504.0f, 65520.0f, 1e6f, -1e6f, 1.0009765625f, 0.0f, -0.0f,
+                  std::numeric_limits<float>::infinity(), 1e-40f})
+    x.push_back(e);
+  for (KvDtype t : {KvDtype::F16, KvDtype::BF16}) {
+    const auto got = encoded(t, x);
+    const auto* h = reinterpret_cast<const uint16_t*>(got.data());
+    std::vector<float> back(x.size());
+    kv_decode(t, got.data(), x.size(), back.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t want = t == KvDtype::F16 ? float_to_half(x[i]) : float_to_bf16(x[i]);
+      REQUIRE(h[i] == want);
+      REQUIRE(std::bit_cast<uint32_t>(back[i]) == std::bit_cast<uint32_t>(kv_round(t, x[i])));
+    }
+  }
+  const auto f = encoded(KvDtype::F32, x);
+  CHECK(std::memcmp(f.data(), x.data(), f.size()) == 0);
+}
+
+TEST_CASE("KV rows: fast products equal their references at every dtype and width", "[kv_dtype]") {
+  INFO("vector path: " << (cpu_has_avx2() ? "AVX2/F16C" : "portable"));
+  for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
+    for (int d : {64, 128, 72, 13, 8})
+      for (size_t n : {size_t(0), size_t(1), size_t(37), size_t(300)}) {
+        INFO(kv_dtype_name(t) << " d " << d << " n " << n);
+        const auto rows = encoded(t, randn(n * d, uint32_t(d * 7 + n)));
+        const auto q = randn(size_t(d), 5), p0 = randn(n, 6);
+        std::vector<float> p(p0);
+        for (size_t i = 0; i < n; i += 5) p[i] = 0.0f;  // skipped rows in the fast path
+        std::vector<float> fast(n), ref(n);
+        kv_rows_dot(t, rows.data(), n, d, q.data(), fast.data());
+        kv_rows_dot_ref(t, rows.data(), n, d, q.data(), ref.data());
+        for (size_t i = 0; i < n; ++i) REQUIRE(fast[i] == Approx(ref[i]).epsilon(1e-5).margin(1e-5));
+        std::vector<float> acc_fast = randn(size_t(d), 9), acc_ref = acc_fast;
+        kv_rows_axpy(t, rows.data(), n, d, p.data(), acc_fast.data());
+        kv_rows_axpy_ref(t, rows.data(), n, d, p.data(), acc_ref.data());
+        for (int c = 0; c < d; ++c) REQUIRE(acc_fast[c] == Approx(acc_ref[c]).epsilon(1e-5).margin(1e-5));
+      }
+}
+
+TEST_CASE("dense segments at 16 bits: half the bytes, the rounded numbers, erase and store_as", "[kv_dtype]") {
+  const int d = 64, n = 40;
+  const auto k = randn(size_t(n) * d, 11), v = randn(size_t(n) * d, 12), q = randn(d, 13), p = randn(n, 14);
+  for (KvDtype t : {KvDtype::F16, KvDtype::BF16}) {
+    INFO(kv_dtype_name(t));
+    DenseSegment s32(d), s16(d, t), rounded(d);
+    std::vector<float> kr(k.size()), vr(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      kr[i] = kv_round(t, k[i]);
+      vr[i] = kv_round(t, v[i]);
+    }
+    for (int i = 0; i < n; ++i) {
+      s32.append(&k[size_t(i) * d], &v[size_t(i) * d], i);
+      s16.append(&k[size_t(i) * d], &v[size_t(i) * d], i);
+      rounded.append(&kr[size_t(i) * d], &vr[size_t(i) * d], i);
+    }
+    CHECK(s16.bytes() * 2 == s32.bytes());
+    std::vector<float> a(n), b(n);
+    s16.logits(q.data(), a.data());
+    rounded.logits(q.data(), b.data());
+    for (int i = 0; i < n; ++i) CHECK(a[i] == Approx(b[i]).epsilon(1e-5).margin(1e-5));
+    std::vector<float> acc_a(d, 0.0f), acc_b(d, 0.0f);
+    s16.accumulate(p.data(), acc_a.data());
+    rounded.accumulate(p.data(), acc_b.data());
+    for (int c = 0; c < d; ++c) CHECK(acc_a[c] == Approx(acc_b[c]).epsilon(1e-5).margin(1e-5));
+    // store_as gives the same rows as storing at 16 bits from the start.
+    s32.store_as(t);
+    CHECK(s32.bytes() == s16.bytes());
+    std::vector<float> r1(size_t(n) * d), r2(r1.size());
+    s32.read(0, n, r1.data(), nullptr);
+    s16.read(0, n, r2.data(), nullptr);
+    CHECK(r1 == r2);
+    CHECK(r1 == std::vector<float>(kr.begin(), kr.end()));
+    s16.erase(3);
+    CHECK(s16.size() == size_t(n - 1));
+    std::vector<float> row(d);
+    s16.read(3, 1, row.data(), nullptr);
+    CHECK(std::vector<float>(kr.begin() + 4 * d, kr.begin() + 5 * d) == row);
+    test::require_error([&] { (void)s16.k(); }, {"use read()"});
+  }
+}
+
+TEST_CASE("store_as scales every full-precision format and leaves codes alone", "[kv_dtype]") {
+  const int d = 32, n = 33;
+  const auto k = randn(size_t(n) * d, 21), v = randn(size_t(n) * d, 22);
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = i;
+  auto basis = std::make_shared<const LowRankBasis>(pca_basis(k.data(), v.data(), n, d, 8));
+  LayerCache cache(2, 1, d);
+  auto low = std::make_unique<LowRankSegment>(basis, 8, 4, true);
+  auto quant = std::make_unique<QuantizedSegment>(d, 2, 2);
+  auto dense = std::make_unique<DenseSegment>(d);
+  for (int i = 0; i < n; ++i) {
+    low->append(&k[size_t(i) * d], &v[size_t(i) * d], i);
+    dense->append(&k[size_t(i) * d], &v[size_t(i) * d], i);
+  }
+  quant->append(k.data(), v.data(), 32, pos.data());
+  const size_t low32 = low->bytes(), dense32 = dense->bytes(), quant32 = quant->bytes();
+  cache.segments(0).push_back(std::move(low));
+  cache.segments(0).push_back(std::move(quant));
+  cache.segments(0).push_back(std::move(dense));
+  cache.store_as(KvDtype::F16);
+  CHECK(cache.dtype() == KvDtype::F16);
+  const auto& segs = cache.segments(0);
+  CHECK(segs[0]->bytes() * 2 == low32);
+  CHECK(segs[1]->bytes() == quant32);
+  CHECK(segs[2]->bytes() * 2 == dense32);
+  // Decoded tokens go to a dense tail at the cache's dtype.
+  const auto kn = randn(d, 23);
+  cache.append(kn.data(), kn.data(), n);
+  CHECK(static_cast<const DenseSegment&>(*cache.segments(0).back()).dtype() == KvDtype::F16);
+}
+
+TEST_CASE("KVmix buffers at 16 bits: moved tokens are quantized from the stored rows", "[kv_dtype]") {
+  const int d = 64, n = 200;
+  const auto k = randn(size_t(n) * d, 31), v = randn(size_t(n) * d, 32);
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = i;
+  KvmixLayout L;
+  L.k_rpc = L.v_rpc = 0.2;
+  std::vector<float> kr(k.size()), vr(v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    kr[i] = kv_round(KvDtype::F16, k[i]);
+    vr[i] = kv_round(KvDtype::F16, v[i]);
+  }
+  KvmixSegment s32(d, L), s16(d, L, KvDtype::F16), rounded(d, L);
+  s32.append(k.data(), v.data(), n, pos.data(), size_t(d));
+  s16.append(k.data(), v.data(), n, pos.data(), size_t(d));
+  rounded.append(kr.data(), vr.data(), n, pos.data(), size_t(d));
+  REQUIRE(s16.k_buffer() == s32.k_buffer());
+  const size_t buffers32 = (s32.k_buffer() + s32.v_buffer()) * d * 4;
+  CHECK(s32.bytes() - s16.bytes() == buffers32 / 2);
+  std::vector<float> k16, v16, kr2, vr2;
+  s16.reconstruct(k16, v16);
+  rounded.reconstruct(kr2, vr2);
+  CHECK(k16 == kr2);  // codes from the fp16 rows, buffers holding them
+  CHECK(v16 == vr2);
+}
+
+TEST_CASE("the engine and the runner store caches at the run's dtype; budgets scale with it", "[kv_dtype][model]") {
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  EngineOptions o16;
+  o16.kv_dtype = KvDtype::F16;
+  Engine e32(*model), e16(*model, o16);
+  std::vector<int32_t> ids(120);
+  for (int i = 0; i < 120; ++i) ids[i] = 100 + 37 * i;
+  const int L = model->config().n_layers;
+  e32.prefill(ids);
+  e16.prefill(ids);
+  CHECK(e16.kv_bytes() * 2 == e32.kv_bytes());
+  CHECK(e16.full_kv_bytes(120) == e16.kv_bytes());
+  CHECK(equivalent_kv_size(model->config(), e16.kv_bytes()) == Approx(120.0));
+  CHECK(equivalent_kv_size(model->config(), e32.kv_bytes()) == Approx(240.0));
+  const auto a = e32.decode(500), b = e16.decode(500);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::abs(a[i] - b[i])));
+  CHECK(std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin());
+  CHECK(worst < 0.05);
+  CHECK(worst > 0);  // the cache really held rounded numbers
+
+  const auto& reg = MethodRegistry::get();
+  for (const char* name : {"snapkv", "mixeddimkv", "kvmix"}) {
+    INFO(name);
+    auto m = reg.create(name, name == std::string("kvmix") ? std::map<std::string, std::string>{{"layers", "low"}}
+                                                            : std::map<std::string, std::string>{},
+                        model->config());
+    const KvBudget budget = m->budgeted() ? KvBudget(32) : KvBudget{};
+    MethodRunner r32(*m, budget), r16(*m, budget);
+    e32.prefill(ids, &r32);
+    e16.prefill(ids, &r16);
+    for (int l = 0; l < L; ++l) CHECK(e16.caches()[size_t(l)].dtype() == KvDtype::F16);
+    if (m->budgeted()) {
+      CHECK(r16.prefill_kv_bytes() * 2 == r32.prefill_kv_bytes());
+      CHECK(r16.prefill_kv_bytes() <= e16.full_kv_bytes(32));
+    } else {
+      CHECK(r16.prefill_kv_bytes() < r32.prefill_kv_bytes());
+    }
+    CHECK(e16.kv_bytes() == r16.prefill_kv_bytes());
+    e16.decode(500);  // decoding appends at 16 bits
+  }
+}
+
+TEST_CASE("kv_dtype in specs and records", "[kv_dtype][experiment]") {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvb_kv_dtype_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const auto spec = (dir / "s.yaml").string();
+  // The spec loader only checks that the model file exists.
+  const std::string model = test::source_path("tests/test_kv_dtype.cpp");
+  auto write = [&](const std::string& extra) {
+    std::ofstream(spec) << "model: " << model << "\ntask: niah\nmethods: [fullkv]\n" << extra;
+  };
+  write("");
+  CHECK(load_experiment(spec).kv_dtype == KvDtype::F32);
+  write("kv_dtype: fp16\n");
+  CHECK(load_experiment(spec).kv_dtype == KvDtype::F16);
+  write("kv_dtype: int8\n");
+  test::require_error([&] { load_experiment(spec); }, {"s.yaml:4", "'int8'", "fp32, bf16, fp16"});
+  std::filesystem::remove_all(dir);
+}
