@@ -53,6 +53,7 @@ TEST_CASE("KV dtype names, sizes and parse errors", "[kv_dtype]") {
 }
 
 TEST_CASE("KV rows: encoding rounds to nearest even like the scalar conversions, on every path", "[kv_dtype]") {
+  force_portable_kernels(GENERATE(false, true));
   auto x = randn(4099, 1, 3.0f);
   // Edges: subnormal halves, the largest half, overflow to infinity, ties, zeros of both signs.
   for (float e : {6.0e-8f, -3.0e-5f, 65504.0f, 65520.0f, 1e6f, -1e6f, 1.0009765625f, 0.0f, -0.0f,
@@ -71,9 +72,11 @@ TEST_CASE("KV rows: encoding rounds to nearest even like the scalar conversions,
   }
   const auto f = encoded(KvDtype::F32, x);
   CHECK(std::memcmp(f.data(), x.data(), f.size()) == 0);
+  force_portable_kernels(false);
 }
 
 TEST_CASE("KV rows: fast products equal their references at every dtype and width", "[kv_dtype]") {
+  force_portable_kernels(GENERATE(false, true));
   INFO("vector path: " << (cpu_has_avx2() ? "AVX2/F16C" : "portable"));
   for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
     for (int d : {64, 128, 72, 13, 8})
@@ -92,6 +95,7 @@ TEST_CASE("KV rows: fast products equal their references at every dtype and widt
         kv_rows_axpy_ref(t, rows.data(), n, d, p.data(), acc_ref.data());
         for (int c = 0; c < d; ++c) REQUIRE(acc_fast[c] == Approx(acc_ref[c]).epsilon(1e-5).margin(1e-5));
       }
+  force_portable_kernels(false);
 }
 
 TEST_CASE("dense segments at 16 bits: half the bytes, the rounded numbers, erase and store_as", "[kv_dtype]") {

@@ -9,6 +9,7 @@
 #include "harness/cache/quantized_segment.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_quant.hpp"
+#include "kernels/cpu/kv_rows.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -106,6 +107,41 @@ TEST_CASE("attention over quantized + dense segments equals attention over the r
       REQUIRE(c[i] == Approx(b[i]).margin(1e-4));
     }
   }
+}
+
+TEST_CASE("fused quantized products equal their dequantize-then-dot references", "[segments]") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  const bool portable = GENERATE(false, true);
+  force_portable_kernels(portable);
+  INFO("vector path: " << (cpu_has_avx2() ? "AVX2" : "portable"));
+  // Key bits x token groups, value bits x channel groups, head dims including one not a multiple of 32.
+  for (auto [bits, kg, vg] : {std::tuple{1, 32, 32}, {2, 32, 32}, {2, 16, 16}, {2, 64, 32}, {3, 11, 32}, {3, 22, 32},
+                              {4, 32, 32}, {4, 8, 8}})
+    for (int d : {64, 128, 40}) {
+      if (d % vg != 0) continue;
+      const int vbits = bits == 3 ? 4 : bits, n = kg * 5;
+      INFO("bits " << bits << " key group " << kg << " value group " << vg << " d " << d);
+      std::vector<float> k(static_cast<size_t>(n * d)), v(k.size()), q(static_cast<size_t>(d)), p(static_cast<size_t>(n));
+      for (auto* x : {&k, &v, &q, &p})
+        for (auto& e : *x) e = nd(rng);
+      for (int t = 0; t < n; t += 7) p[size_t(t)] = 0.0f;
+      QuantizedKeys qk(d, bits, kg);
+      QuantizedValues qv(d, vbits, vg);
+      qk.append(k.data(), n, size_t(d));
+      qv.append(v.data(), n, size_t(d));
+      const QuantKeysView kv{qk.words().data(), qk.scales().data(), qk.mins().data(), qk.size(), d, bits, kg};
+      const QuantValuesView vv{qv.words().data(), qv.scales().data(), qv.mins().data(), qv.size(), d, vbits, vg};
+      std::vector<float> fast(static_cast<size_t>(n)), ref(fast);
+      quant_keys_dot(kv, q.data(), fast.data());
+      quant_keys_dot_ref(kv, q.data(), ref.data());
+      for (int t = 0; t < n; ++t) REQUIRE(fast[size_t(t)] == Approx(ref[size_t(t)]).epsilon(1e-4).margin(1e-3));
+      std::vector<float> af(static_cast<size_t>(d), 0.25f), ar(af);
+      quant_values_axpy(vv, p.data(), af.data());
+      quant_values_axpy_ref(vv, p.data(), ar.data());
+      for (int c = 0; c < d; ++c) REQUIRE(af[size_t(c)] == Approx(ar[size_t(c)]).epsilon(1e-4).margin(1e-3));
+    }
+  force_portable_kernels(false);
 }
 
 TEST_CASE("quantized segment bytes: codes plus fp16 scale and minimum per group", "[segments]") {

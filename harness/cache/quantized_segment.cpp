@@ -50,22 +50,7 @@ void QuantizedKeys::reconstruct(float* k) const {
 }
 
 void QuantizedKeys::logits(const float* q, float* scores) const {
-  // score_t = sum_c q_c (code_ct s_cg + m_cg): per token group, fold q into each channel's scale and
-  // minimum, then walk the codes without materialising the keys.
-  std::vector<uint32_t> codes(static_cast<size_t>(group_));
-  for (size_t g = 0; g < tokens_ / size_t(group_); ++g) {
-    float* sg = scores + g * group_;
-    float bias = 0;
-    std::fill(sg, sg + group_, 0.0f);
-    for (int c = 0; c < d_; ++c) {
-      const size_t i = g * d_ + c;
-      unpack_codes(words_.data() + i * words_per_group_, group_, bits_, codes.data());
-      const float qs = q[c] * half_to_float(scale_[i]);
-      bias += q[c] * half_to_float(min_[i]);
-      for (int t = 0; t < group_; ++t) sg[t] += qs * static_cast<float>(codes[t]);
-    }
-    for (int t = 0; t < group_; ++t) sg[t] += bias;
-  }
+  quant_keys_dot({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, q, scores);
 }
 
 QuantizedValues::QuantizedValues(int head_dim, int bits, int group) : d_(head_dim), bits_(bits), group_(group) {
@@ -111,18 +96,7 @@ void QuantizedValues::reconstruct(float* v) const {
 }
 
 void QuantizedValues::accumulate(const float* p, float* acc) const {
-  const int groups = d_ / group_, per = codes_per_word(bits_);
-  std::vector<uint32_t> codes(static_cast<size_t>(group_));
-  for (size_t t = 0; t < tokens_; ++t) {
-    if (p[t] == 0.0f) continue;
-    for (int gi = 0; gi < groups; ++gi) {
-      unpack_codes(words_.data() + t * words_per_token_ + size_t(gi) * group_ / per, group_, bits_, codes.data());
-      const float ps = p[t] * half_to_float(scale_[t * groups + gi]);
-      const float pm = p[t] * half_to_float(min_[t * groups + gi]);
-      float* a = acc + size_t(gi) * group_;
-      for (int c = 0; c < group_; ++c) a[c] += ps * static_cast<float>(codes[c]) + pm;
-    }
-  }
+  quant_values_axpy({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, p, acc);
 }
 
 QuantizedSegment::QuantizedSegment(int head_dim, int k_bits, int v_bits, int k_group, int v_group)

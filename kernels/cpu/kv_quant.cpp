@@ -1,10 +1,14 @@
 #include "kernels/cpu/kv_quant.hpp"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/kv_rows.hpp"
 
 namespace kvb {
 
@@ -60,6 +64,200 @@ void unpack_codes(const uint32_t* words, int n, int bits, uint32_t* codes) {
     const int slot = i % per;
     codes[i] = (words[i / per] >> bit_offset(bits, slot)) & max_code(bits, slot);
   }
+}
+
+}  // namespace kvb
+
+// ---------------------------------------------------------------------------------------------------
+// Fused products over quantized keys and values
+
+namespace kvb {
+
+void quant_keys_dot_ref(const QuantKeysView& k, const float* q, float* scores) {
+  const int wpg = k.bits == 3 ? k.group / 11 : k.group / codes_per_word(k.bits);
+  std::vector<uint32_t> codes(size_t(k.group));
+  std::vector<double> s(size_t(k.group));
+  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
+    std::fill(s.begin(), s.end(), 0.0);
+    for (int c = 0; c < k.d; ++c) {
+      const size_t i = g * k.d + c;
+      unpack_codes(k.words + i * wpg, k.group, k.bits, codes.data());
+      const float sc = half_to_float(k.scale[i]), mn = half_to_float(k.min[i]);
+      for (int t = 0; t < k.group; ++t) s[size_t(t)] += double(q[c]) * (static_cast<float>(codes[size_t(t)]) * sc + mn);
+    }
+    for (int t = 0; t < k.group; ++t) scores[g * k.group + t] = static_cast<float>(s[size_t(t)]);
+  }
+}
+
+void quant_values_axpy_ref(const QuantValuesView& v, const float* p, float* acc) {
+  const int groups = v.d / v.group, per = codes_per_word(v.bits);
+  std::vector<uint32_t> codes(size_t(v.d));
+  std::vector<double> sum(acc, acc + v.d);
+  for (size_t t = 0; t < v.tokens; ++t) {
+    unpack_codes(v.words + t * size_t(v.d / per), v.d, v.bits, codes.data());
+    for (int c = 0; c < v.d; ++c) {
+      const size_t gi = t * groups + size_t(c / v.group);
+      sum[size_t(c)] += double(p[t]) * (static_cast<float>(codes[size_t(c)]) * half_to_float(v.scale[gi]) + half_to_float(v.min[gi]));
+    }
+  }
+  for (int c = 0; c < v.d; ++c) acc[c] = static_cast<float>(sum[size_t(c)]);
+}
+
+namespace {
+
+void keys_dot_portable(const QuantKeysView& k, const float* q, float* scores) {
+  const int wpg = k.bits == 3 ? k.group / 11 : k.group / codes_per_word(k.bits);
+  std::vector<uint32_t> codes(size_t(k.group));
+  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
+    float* sg = scores + g * k.group;
+    float bias = 0;
+    std::fill(sg, sg + k.group, 0.0f);
+    for (int c = 0; c < k.d; ++c) {
+      const size_t i = g * k.d + c;
+      unpack_codes(k.words + i * wpg, k.group, k.bits, codes.data());
+      const float qs = q[c] * half_to_float(k.scale[i]);
+      bias += q[c] * half_to_float(k.min[i]);
+      for (int t = 0; t < k.group; ++t) sg[t] += qs * static_cast<float>(codes[size_t(t)]);
+    }
+    for (int t = 0; t < k.group; ++t) sg[t] += bias;
+  }
+}
+
+void values_axpy_portable(const QuantValuesView& v, const float* p, float* acc) {
+  const int groups = v.d / v.group, per = codes_per_word(v.bits);
+  std::vector<uint32_t> codes(size_t(v.group));
+  for (size_t t = 0; t < v.tokens; ++t) {
+    if (p[t] == 0.0f) continue;
+    for (int gi = 0; gi < groups; ++gi) {
+      unpack_codes(v.words + t * size_t(v.d / per) + size_t(gi) * v.group / per, v.group, v.bits, codes.data());
+      const float ps = p[t] * half_to_float(v.scale[t * groups + gi]);
+      const float pm = p[t] * half_to_float(v.min[t * groups + gi]);
+      float* a = acc + size_t(gi) * v.group;
+      for (int c = 0; c < v.group; ++c) a[c] += ps * static_cast<float>(codes[size_t(c)]) + pm;
+    }
+  }
+}
+
+// Eight codes of one word, starting at slot `first`, as floats (lane j holds slot first + j).
+__attribute__((target("avx2,fma,f16c"))) inline __m256 codes8(uint32_t word, __m256i shifts, __m256i mask) {
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask));
+}
+
+__attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores) {
+  const int b = k.bits, d = k.d;
+  const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::vector<float> qs(static_cast<size_t>(d));
+  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
+    const uint16_t* sc = k.scale + g * d;
+    const uint16_t* mn = k.min + g * d;
+    // q folded into the scales; the minimums give one bias per token group.
+    float bias = 0;
+    int c = 0;
+    __m256 vb = _mm256_setzero_ps();
+    for (; c + 8 <= d; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + c);
+      _mm256_storeu_ps(qs.data() + c,
+                       _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
+      vb = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c))), vb);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vb);
+    for (float x : lanes) bias += x;
+    for (; c < d; ++c) {
+      qs[size_t(c)] = q[c] * half_to_float(sc[c]);
+      bias += q[c] * half_to_float(mn[c]);
+    }
+    const __m256 vbias = _mm256_set1_ps(bias);
+    float* sg = scores + g * k.group;
+    const uint32_t* wg = k.words + g * size_t(d) * (b == 3 ? size_t(k.group / 11) : size_t(k.group * b / 32));
+    if (b == 3) {
+      // 11 tokens per word: lanes 0-7 from slots 0-7, lanes 8-10 from slots 8-10 (slot 10: bits 30-31).
+      const int wpg = k.group / 11;
+      const __m256i sh0 = _mm256_mullo_epi32(lane, _mm256_set1_epi32(3));
+      const __m256i sh1 = _mm256_add_epi32(sh0, _mm256_set1_epi32(24));
+      for (int w = 0; w < wpg; ++w) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int ch = 0; ch < d; ++ch) {
+          const uint32_t word = wg[size_t(ch) * wpg + w];
+          const __m256 qc = _mm256_set1_ps(qs[size_t(ch)]);
+          a0 = _mm256_fmadd_ps(qc, codes8(word, sh0, mask), a0);
+          a1 = _mm256_fmadd_ps(qc, codes8(word, sh1, mask), a1);
+        }
+        _mm256_storeu_ps(sg + w * 11, _mm256_add_ps(a0, vbias));
+        _mm256_store_ps(lanes, _mm256_add_ps(a1, vbias));
+        std::copy(lanes, lanes + 3, sg + w * 11 + 8);
+      }
+      continue;
+    }
+    // 32 / b codes per word; blocks of 8 tokens share a word and a shift base.
+    const int per = 32 / b, wpg = k.group / per;
+    for (int t0 = 0; t0 < k.group; t0 += 8) {
+      const int wi = t0 / per;
+      const __m256i sh = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(t0 % per)), _mm256_set1_epi32(b));
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+      int ch = 0;
+      for (; ch + 2 <= d; ch += 2) {
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch)]), codes8(wg[size_t(ch) * wpg + wi], sh, mask), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch + 1)]), codes8(wg[size_t(ch + 1) * wpg + wi], sh, mask), a1);
+      }
+      for (; ch < d; ++ch)
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch)]), codes8(wg[size_t(ch) * wpg + wi], sh, mask), a0);
+      _mm256_storeu_ps(sg + t0, _mm256_add_ps(_mm256_add_ps(a0, a1), vbias));
+    }
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValuesView& v, const float* p, float* acc) {
+  const int b = v.bits, d = v.d, per = 32 / b, groups = d / v.group, wpt = d / per;
+  const __m256i mask = _mm256_set1_epi32((1 << b) - 1);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // The minimums' share, sum_t p_t m_tg, is one number per channel group.
+  std::vector<float> pm(static_cast<size_t>(groups), 0.0f);
+  // Blocks of 32 channels held in registers across all tokens.
+  for (int c0 = 0; c0 < d; c0 += 32) {
+    const int nb = std::min(32, d - c0) / 8;
+    __m256 a[4];
+    __m256i sh[4];
+    int wi[4], gi[4];
+    for (int j = 0; j < nb; ++j) {
+      const int c = c0 + 8 * j;
+      a[j] = _mm256_loadu_ps(acc + c);
+      sh[j] = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(c % per)), _mm256_set1_epi32(b));
+      wi[j] = c / per;
+      gi[j] = c / v.group;
+    }
+    for (size_t t = 0; t < v.tokens; ++t) {
+      const float pt = p[t];
+      if (pt == 0.0f) continue;
+      const uint32_t* wt = v.words + t * size_t(wpt);
+      const uint16_t* st = v.scale + t * size_t(groups);
+      for (int j = 0; j < nb; ++j) {
+        const __m256 ps = _mm256_set1_ps(pt * _cvtsh_ss(st[gi[j]]));
+        a[j] = _mm256_fmadd_ps(ps, codes8(wt[wi[j]], sh[j], mask), a[j]);
+      }
+    }
+    for (int j = 0; j < nb; ++j) _mm256_storeu_ps(acc + c0 + 8 * j, a[j]);
+  }
+  for (size_t t = 0; t < v.tokens; ++t) {
+    if (p[t] == 0.0f) continue;
+    for (int g = 0; g < groups; ++g) pm[size_t(g)] += p[t] * half_to_float(v.min[t * groups + g]);
+  }
+  for (int c = 0; c < d; ++c) acc[c] += pm[size_t(c / v.group)];
+}
+
+}  // namespace
+
+void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores) {
+  if (k.tokens == 0) return;
+  if (cpu_has_avx2()) return keys_dot_avx2(k, q, scores);
+  keys_dot_portable(k, q, scores);
+}
+
+void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc) {
+  if (v.tokens == 0) return;
+  if (cpu_has_avx2() && v.bits != 3) return values_axpy_avx2(v, p, acc);
+  values_axpy_portable(v, p, acc);
 }
 
 }  // namespace kvb

@@ -3,6 +3,7 @@
 // b = 1, 2, 4 bits pack 32/b codes per word; b = 3 packs 11 codes, slots 0-9 with 3 bits and slot 10
 // with 2 bits (bits 30-31), the whole group sharing one scale computed for 3 bits (spec/methods-a.md
 // section 3.2). Scales and minimums are stored as fp16.
+#include <cstddef>
 #include <cstdint>
 
 namespace kvb {
@@ -19,5 +20,31 @@ void quantize_group(const float* x, int n, int stride, int bits, uint32_t* codes
 // Packs n codes into ceil(n / codes_per_word) words; unpacks them back.
 void pack_codes(const uint32_t* codes, int n, int bits, uint32_t* words);
 void unpack_codes(const uint32_t* words, int n, int bits, uint32_t* codes);
+
+// Keys quantized per channel along tokens: words [token group][channel][group / per words], scale and
+// min [token group][channel]; `tokens` a multiple of `group`.
+struct QuantKeysView {
+  const uint32_t* words;
+  const uint16_t *scale, *min;
+  size_t tokens;
+  int d, bits, group;
+};
+// Values quantized per token along channels: words [token][d / per words], scale and min
+// [token][d / group].
+struct QuantValuesView {
+  const uint32_t* words;
+  const uint16_t *scale, *min;
+  size_t tokens;
+  int d, bits, group;
+};
+
+// scores[t] = q . k^_t, fused: q folded into each channel's scale and minimum, codes read in place.
+// The fast version runs AVX2 on processors that have it (kv_rows.hpp: cpu_has_avx2), a portable loop
+// otherwise; the reference dequantizes each key and takes the dot product in double.
+void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores);
+void quant_keys_dot_ref(const QuantKeysView& k, const float* q, float* scores);
+// acc[0..d) += sum_t p[t] v^_t, fused: each probability folded into its token's scales.
+void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc);
+void quant_values_axpy_ref(const QuantValuesView& v, const float* p, float* acc);
 
 }  // namespace kvb

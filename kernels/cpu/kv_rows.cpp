@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "harness/util/error.hpp"
@@ -28,13 +29,19 @@ KvDtype parse_kv_dtype(const std::string& name, const std::string& where) {
   fail("{}: KV dtype '{}' is not one of fp32, bf16, fp16", where, name);
 }
 
+namespace {
+std::atomic<bool> portable_forced{false};
+}  // namespace
+
 bool cpu_has_avx2() {
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
-  return yes;
+  return yes && !portable_forced.load(std::memory_order_relaxed);
 }
+
+void force_portable_kernels(bool on) { portable_forced.store(on); }
 
 namespace {
 

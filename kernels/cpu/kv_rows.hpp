@@ -33,7 +33,9 @@ void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* 
 void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
-// Whether the running processor has AVX2, FMA and F16C (the vector paths of the KV kernels).
+// Whether the vector paths of the KV kernels run: the processor has AVX2, FMA and F16C, and the
+// portable loops are not forced (tests cover both paths on one machine).
 bool cpu_has_avx2();
+void force_portable_kernels(bool on);
 
 }  // namespace kvb
