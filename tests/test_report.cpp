@@ -8,6 +8,8 @@
 #include "harness/report/table.hpp"
 #include "test_util.hpp"
 
+#include <unistd.h>
+
 using namespace kvb;
 using namespace kvb::test;
 using nlohmann::json;
@@ -69,18 +71,19 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   const std::string lb = read(rep / "longbench.md");
   INFO(lb);
   // Categories head the columns; the dataset names open the body, in the papers' order.
-  CHECK(lb.find("| Method | Single-Doc QA |  | Multi-Doc QA | Avg. |") != std::string::npos);
-  CHECK(lb.find("|  | Qasper | MF-en | HotpotQA |  |") != std::string::npos);
-  // One block per KV size, the full cache first; Avg. is the mean of the datasets shown.
-  const size_t block = lb.find("*KV size = 128*"), full = lb.find("| FullKV | 40.00 | 50.00 | 30.00 | 40.00 |"),
-               snap = lb.find("| snapkv | 30.00 | 45.00 | 20.00 | 31.67 |");
+  CHECK(lb.find("| Method | Single-Doc QA |  | Multi-Doc QA | Avg. | Bits |") != std::string::npos);
+  CHECK(lb.find("|  | Qasper | MF-en | HotpotQA |  |  |") != std::string::npos);
+  // One block per KV size, the full cache first; Avg. is the mean of the datasets shown; Bits counts
+  // the fp32 full cache as 32 bits per element.
+  const size_t block = lb.find("*KV size = 128*"), full = lb.find("| FullKV | 40.00 | 50.00 | 30.00 | 40.00 | 32.00 |"),
+               snap = lb.find("| snapkv | 30.00 | 45.00 | 20.00 | 31.67 | 8.00 |");
   CHECK(block < full);
   CHECK(full < snap);
   CHECK(snap != std::string::npos);
   const std::string tex = read(rep / "longbench.tex");
   CHECK(tex.find("\\multicolumn{2}{c}{Single-Doc QA} & \\multicolumn{1}{c}{Multi-Doc QA}") != std::string::npos);
   CHECK(tex.find("\\cmidrule(lr){2-3}\\cmidrule(lr){4-4}") != std::string::npos);
-  CHECK(read(rep / "longbench.csv").find("block,Method,Single-Doc QA/Qasper,Single-Doc QA/MF-en,Multi-Doc QA/HotpotQA,Avg.") == 0);
+  CHECK(read(rep / "longbench.csv").find("block,Method,Single-Doc QA/Qasper,Single-Doc QA/MF-en,Multi-Doc QA/HotpotQA,Avg.,Bits") == 0);
   // LongBench-E per length range: the mean of the datasets' means (qasper 0.6, hotpotqa 0.3 below 4k).
   const std::string lbe = read(rep / "longbench-e-lengths.md");
   INFO(lbe);
@@ -89,12 +92,15 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   // RULER per length: tasks in the papers' order (S1 before VT), Nulls counts empty predictions.
   const std::string r4 = read(rep / "ruler-4096.md");
   INFO(r4);
-  CHECK(r4.find("| Method | S1 | VT | Avg. | Nulls |") != std::string::npos);
-  CHECK(r4.find("| FullKV | 100.00 | 50.00 | 75.00 | 1 |") != std::string::npos);
+  CHECK(r4.find("| Method | S1 | VT | Avg. | Nulls | Bits |") != std::string::npos);
+  CHECK(r4.find("| FullKV | 100.00 | 50.00 | 75.00 | 1 | 32.00 |") != std::string::npos);
   CHECK(read(rep / "ruler-lengths.md").find("| FullKV | 75.00 | 75.00 | 75.00 |") != std::string::npos);
-  // Method x KV size, with the share of the full cache kept, and its heatmap.
-  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%) |") != std::string::npos);
-  for (const char* f : {"longbench-method-budget.png", "longbench-method-budget.svg", "ruler-method-budget.png"})
+  // Method x KV size, with the share of the full cache kept (and of a full fp16 cache: these fp32
+  // records hold twice its bytes), its heatmap and the score-memory plot.
+  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%, 50.0% fp16) |") != std::string::npos);
+  CHECK(read(rep / "longbench-memory.csv").find("\"snapkv\",0.500000,0.3167") != std::string::npos);
+  for (const char* f : {"longbench-method-budget.png", "longbench-method-budget.svg", "ruler-method-budget.png",
+                        "longbench-memory.png", "longbench-memory.svg"})
     CHECK(std::filesystem::file_size(rep / f) > 2000);
   CHECK(read(rep / "ruler-4096.tex").find("string\\_match\\_all") != std::string::npos);
   require_error([&] { write_report({(dir / "runs").string()}, (rep).string(), {"html"}); }, {"html", "md, csv or tex"});
@@ -143,7 +149,8 @@ TEST_CASE("reports: compression-ratio runs get their own columns and blocks besi
   const std::string mb = read(dir / "rep" / "longbench-method-budget.md");
   INFO(mb);
   CHECK(mb.find("| Method | Full | p_c=0.5 | p_c=0.9 | 128 |") != std::string::npos);
-  CHECK(mb.find("| snapkv | - | 28.00 (50.0%) | 10.00 (10.0%) | 20.00 (25.0%) |") != std::string::npos);
+  CHECK(mb.find("| snapkv | - | 28.00 (50.0%, 100.0% fp16) | 10.00 (10.0%, 20.0% fp16) | 20.00 (25.0%, 50.0% fp16) |") !=
+        std::string::npos);
   const std::string lb = read(dir / "rep" / "longbench.md");
   CHECK(lb.find("Compression ratio = 0.9") != std::string::npos);
   CHECK(lb.find("KV size = 128") != std::string::npos);
@@ -172,4 +179,40 @@ TEST_CASE("reports: a cell recorded twice counts once; a disagreeing copy is an 
   }
   test::require_error([&] { write_report({(dir / "a.jsonl").string()}, (dir / "rep").string(), {"md"}); },
                       {"a.jsonl:4", "cell k1", "score 0.9"});
+}
+
+TEST_CASE("reports: fp16 records and a method without a budget on one memory axis", "[report][kv_dtype]") {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvbench_report_fp16_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "a.jsonl");
+    for (const auto& [method, score, kept] : {std::tuple{"fullkv", 0.5, 100}, {"kvmix", 0.4, 22}}) {
+      json r = record("longbench", {{"dataset", "qasper"}}, method, 0, score);
+      r["config"]["kv_dtype"] = "fp16";
+      r["kv_dtype"] = "fp16";
+      r["kv_bytes"] = kept;
+      r["prompt_tokens"] = 1000;
+      out << r.dump() << "\n";
+    }
+    // The same full cache at fp32: its own row, twice the fp16 bytes.
+    json r = record("longbench", {{"dataset", "qasper"}}, "fullkv", 0, 0.5);
+    r["kv_bytes"] = r["full_kv_bytes"] = 200;
+    r["prompt_tokens"] = 1000;
+    out << r.dump() << "\n";
+  }
+  write_report({dir.string()}, (dir / "rep").string(), {"md"});
+  const std::string lb = read(dir / "rep" / "longbench.md");
+  INFO(lb);
+  CHECK(lb.find("| FullKV [fp16] | 50.00 | 50.00 | 16.00 |") != std::string::npos);
+  CHECK(lb.find("| FullKV | 50.00 | 50.00 | 32.00 |") != std::string::npos);
+  CHECK(lb.find("| kvmix [fp16] | 40.00 | 40.00 | 3.52 |") != std::string::npos);
+  const std::string s = read(dir / "rep" / "summary.md");
+  INFO(s);
+  // KV kept, vs fp16 full, bits per element, T_eq (fp16 token units of the 1,000-token prompt).
+  CHECK(s.find("| kvmix | Full | fp16 | native | - | 1 | 40.00 | 22.0% | 22.0% | 3.52 | 220 |") != std::string::npos);
+  CHECK(s.find("| fullkv | Full | fp32 | native | - | 1 | 50.00 | 100.0% | 200.0% | 32.00 | 2000 |") != std::string::npos);
+  const std::string mem = read(dir / "rep" / "longbench-memory.csv");
+  CHECK(mem.find("\"kvmix [fp16]\",0.220000,0.4000") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }

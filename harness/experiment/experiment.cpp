@@ -282,6 +282,10 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"kv_bytes", kept},
           {"full_kv_bytes", full},
           {"T_eq", equivalent_kv_size(model.config(), kept)},
+          // Every byte kept, per K or V element of the prompt (evicted ones count as zero bits).
+          {"kv_bits_per_element", static_cast<double>(kept) * 8 /
+                                      (double(g.prompt_tokens) * model.config().n_layers * model.config().n_kv_heads *
+                                       model.config().head_dim * 2)},
           {"prefill_seconds", g.prefill_seconds},
           {"prefill_shared", capture != nullptr},
           {"decode_seconds", g.decode_seconds},

@@ -1,7 +1,5 @@
 #include "harness/report/heatmap.hpp"
 
-#include <cairo-svg.h>
-#include <cairo.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "harness/report/figure.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -37,19 +36,6 @@ double left_margin(const Heatmap& h) {
 // Labels, cells and colour bar side by side.
 double plot_width(const Heatmap& h) { return left_margin(h) + double(h.cols.size()) * h.cell_width + kBar + 20; }
 
-void text(cairo_t* cr, double x, double y, const std::string& s, double size, double align = 0.0,
-          double angle = 0.0) {
-  cairo_save(cr);
-  cairo_set_font_size(cr, size);
-  cairo_text_extents_t e;
-  cairo_text_extents(cr, s.c_str(), &e);
-  cairo_translate(cr, x, y);
-  cairo_rotate(cr, angle);
-  cairo_move_to(cr, -e.width * align, e.height / 2);
-  cairo_show_text(cr, s.c_str());
-  cairo_restore(cr);
-}
-
 void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
   cairo_set_source_rgb(cr, 1, 1, 1);
   cairo_paint(cr);
@@ -74,18 +60,18 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
       cairo_stroke(cr);
       if (h.annotate && !std::isnan(v)) {
         cairo_set_source_rgb(cr, 0, 0, 0);
-        text(cr, x + W / 2, y + kCell / 2, fmt::format("{:.1f}", 100 * v), 10, 0.5);
+        figure_text(cr, x + W / 2, y + kCell / 2, fmt::format("{:.1f}", 100 * v), 10, 0.5);
       }
     }
   cairo_set_source_rgb(cr, 0, 0, 0);
   for (size_t c = 0; c < C; ++c)
-    text(cr, kLeft + (double(c) + 0.5) * W, kTop + double(R) * kCell + 8, h.cols[c], 10, 1.0, -M_PI / 4);
-  for (size_t r = 0; r < R; ++r) text(cr, kLeft - 6, kTop + (double(r) + 0.5) * kCell, h.rows[r], 10, 1.0);
-  text(cr, kLeft + double(C) * W / 2, height - 18, h.x_label, 12, 0.5);
-  text(cr, x0 + 22, kTop + double(R) * kCell / 2, h.y_label, 12, 0.5, -M_PI / 2);
-  text(cr, width / 2, 18, h.title, 13, 0.5);
-  if (!h.subtitle.empty()) text(cr, width / 2, 36, h.subtitle, 11, 0.5);
-  text(cr, width / 2, h.subtitle.empty() ? 40 : 54, h.caption, 11, 0.5);
+    figure_text(cr, kLeft + (double(c) + 0.5) * W, kTop + double(R) * kCell + 8, h.cols[c], 10, 1.0, -M_PI / 4);
+  for (size_t r = 0; r < R; ++r) figure_text(cr, kLeft - 6, kTop + (double(r) + 0.5) * kCell, h.rows[r], 10, 1.0);
+  figure_text(cr, kLeft + double(C) * W / 2, height - 18, h.x_label, 12, 0.5);
+  figure_text(cr, x0 + 22, kTop + double(R) * kCell / 2, h.y_label, 12, 0.5, -M_PI / 2);
+  figure_text(cr, width / 2, 18, h.title, 13, 0.5);
+  if (!h.subtitle.empty()) figure_text(cr, width / 2, 36, h.subtitle, 11, 0.5);
+  figure_text(cr, width / 2, h.subtitle.empty() ? 40 : 54, h.caption, 11, 0.5);
   // Colour bar.
   const double bx = kLeft + double(C) * W + 20, bh = double(R) * kCell;
   for (int i = 0; i < 100; ++i) {
@@ -95,8 +81,8 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
     cairo_fill(cr);
   }
   cairo_set_source_rgb(cr, 0, 0, 0);
-  for (double v : {0.0, 0.5, 1.0}) text(cr, bx + 18, kTop + bh * (1 - v), fmt::format("{:.1f}", v), 10);
-  text(cr, bx + 50, kTop + bh / 2, "Score", 11, 0.5, -M_PI / 2);
+  for (double v : {0.0, 0.5, 1.0}) figure_text(cr, bx + 18, kTop + bh * (1 - v), fmt::format("{:.1f}", v), 10);
+  figure_text(cr, bx + 50, kTop + bh / 2, "Score", 11, 0.5, -M_PI / 2);
 }
 
 }  // namespace
@@ -107,23 +93,7 @@ void write_heatmap(const Heatmap& h, const std::string& stem) {
   const double width = std::max(plot_width(h), 560.0);
   const double height = kTop + double(h.rows.size()) * kCell + kBottom;
 
-  cairo_surface_t* png = cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(width) * 2, int(height) * 2);
-  cairo_t* cr = cairo_create(png);
-  cairo_scale(cr, 2, 2);
-  draw(cr, h, width, height);
-  cairo_destroy(cr);
-  const auto st = cairo_surface_write_to_png(png, (stem + ".png").c_str());
-  cairo_surface_destroy(png);
-  if (st != CAIRO_STATUS_SUCCESS) fail("{}.png: cannot write ({})", stem, cairo_status_to_string(st));
-
-  cairo_surface_t* svg = cairo_svg_surface_create((stem + ".svg").c_str(), width, height);
-  cr = cairo_create(svg);
-  draw(cr, h, width, height);
-  cairo_destroy(cr);
-  cairo_surface_finish(svg);
-  const auto sst = cairo_surface_status(svg);
-  cairo_surface_destroy(svg);
-  if (sst != CAIRO_STATUS_SUCCESS) fail("{}.svg: cannot write ({})", stem, cairo_status_to_string(sst));
+  write_figure(stem, width, height, [&](cairo_t* cr) { draw(cr, h, width, height); });
 
   std::ofstream csv(stem + ".csv");
   std::string corner = h.y_label;

@@ -15,6 +15,7 @@
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
 #include "harness/report/heatmap.hpp"
+#include "harness/report/memory_plot.hpp"
 #include "harness/report/table.hpp"
 #include "tasks/text.hpp"
 #include "harness/util/error.hpp"
@@ -26,7 +27,7 @@ using nlohmann::json;
 
 struct Group {
   json config;
-  double score = 0, kv_share = 0;
+  double score = 0, kv_share = 0, fp16_share = 0, t_eq = 0;
   int n = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> niah;  // (depth, length) -> sum, count
 };
@@ -89,8 +90,16 @@ struct Entry {
   KvBudget budget;
   int length = 0;
   double score = 0, kv_share = 1;
+  double fp16_share = 0.5;  // kept bytes against a full fp16 cache of the prompt (the papers' unit)
+  double bits = 8;          // kept bits per K/V element of the prompt: 16 x fp16_share
   bool empty = false;
 };
+
+// Bytes per stored number of a record's KV dtype (records made before the option held fp32).
+double dtype_bytes(const json& record) {
+  const std::string t = record.value("kv_dtype", std::string("fp32"));
+  return t == "fp32" ? 4.0 : 2.0;
+}
 
 struct Mean {
   double sum = 0;
@@ -145,7 +154,7 @@ const std::vector<std::pair<std::string, std::string>>& ruler_columns() {
 // Rows = methods, columns = the given column keys, one block per KV size (the full cache in each).
 template <typename Key>
 Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& keys,
-                   const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls) {
+                   const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls, bool bits) {
   std::set<KvBudget> budgets;
   std::set<std::string> labels;
   for (const Entry* e : es) {
@@ -163,7 +172,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
     for (const auto& label : order) {
       // A column pooling several task variants (RULER's per-length summary) averages their means.
       std::vector<std::map<std::string, Mean>> cols(keys.size());
-      Mean avg;
+      Mean avg, kept_bits;
       int empty = 0;
       bool any = false;
       for (const Entry* e : es) {
@@ -171,6 +180,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
         for (size_t k = 0; k < keys.size(); ++k)
           if (in_column(*e, keys[k])) {
             cols[k][e->variant].add(e->score);
+            kept_bits.add(e->bits);
             any = true;
             empty += e->empty;
           }
@@ -185,6 +195,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
       }
       row.push_back(pct(avg.value()));
       if (nulls) row.push_back(std::to_string(empty));
+      if (bits) row.push_back(fmt::format("{:.2f}", kept_bits.value()));
       block.rows.push_back(row);
     }
     t.blocks.push_back(block);
@@ -251,7 +262,11 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       g.score += j["score"].get<double>();
       const double full = j.value("full_kv_bytes", 0.0);
       e.kv_share = full > 0 ? j.value("kv_bytes", 0.0) / full : 1.0;
+      e.fp16_share = e.kv_share * dtype_bytes(j) / 2;
+      e.bits = 16 * e.fp16_share;
       g.kv_share += e.kv_share;
+      g.fp16_share += e.fp16_share;
+      g.t_eq += e.fp16_share * j.value("prompt_tokens", 0.0);
       ++g.n;
       if (e.task == "niah" && j.contains("meta") && j["meta"].contains("depth")) {
         auto& cell = g.niah[{j["meta"]["depth"].get<int>(), j["meta"]["length"].get<int>()}];
@@ -262,8 +277,10 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       e.budget = budget_of(cfg);
       e.score = j["score"].get<double>();
       e.empty = python_strip(j.value("prediction", "")).empty();
-      e.label = cfg.value("params", json::object()).dump() + "|" + cfg.value("gqa", "-");  // made readable below
-      method_configs[e.method].insert(e.label);
+      // made readable below; the dtype is shown where it is not fp32
+      e.label = cfg.value("params", json::object()).dump() + "|" + cfg.value("gqa", "-") + "|" +
+                cfg.value("kv_dtype", std::string("fp32"));
+      method_configs[e.method].insert(e.label.substr(0, e.label.rfind('|')));
       entries.push_back(e);
     });
   }
@@ -275,7 +292,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   for (const auto& [method, configs] : method_configs) {
     std::map<std::string, std::set<std::string>> values;
     for (const auto& c : configs) {
-      const json params = json::parse(c.substr(0, c.rfind('|')));
+      const json params = json::parse(c.substr(0, c.find('|')));
       for (const auto& [k, v] : params.items()) {
         values[k].insert(v.dump());
       }
@@ -285,8 +302,9 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       if (v.size() > 1) varying[method].insert(k);
   }
   for (Entry& e : entries) {
-    const json params = json::parse(e.label.substr(0, e.label.rfind('|')));
-    const std::string name = e.method == "fullkv" ? "FullKV" : e.method;
+    const json params = json::parse(e.label.substr(0, e.label.find('|')));
+    const std::string dtype = e.label.substr(e.label.rfind('|') + 1);
+    const std::string name = (e.method == "fullkv" ? "FullKV" : e.method) + (dtype == "fp32" ? "" : " [" + dtype + "]");
     json shown = json::object();
     for (const auto& [k, v] : params.items())
       if (varying[e.method].count(k)) shown[k] = v;
@@ -307,7 +325,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     return k(a) < k(b);
   });
   Table summary;
-  summary.columns = {"task", "options", "method", "KV size", "gqa", "params", "samples", "score", "KV kept"};
+  summary.columns = {"task", "options", "method", "KV size", "KV dtype", "gqa", "params", "samples", "score",
+                     "KV kept", "vs fp16 full", "bits/elem", "T_eq"};
   summary.blocks.emplace_back();
   for (const Group* gp : rows) {
     const Group& g = *gp;
@@ -315,14 +334,20 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
     summary.blocks[0].rows.push_back({c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""),
-                                      budget_of(c).name(), c.value("gqa", "-"),
+                                      budget_of(c).name(), c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"),
                                       params_text(c.value("params", json::object())), std::to_string(g.n),
                                       fmt::format("{:.2f}", 100.0 * g.score / g.n),
-                                      fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n)});
+                                      fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n),
+                                      fmt::format("{:.1f}%", 100.0 * g.fp16_share / g.n),
+                                      fmt::format("{:.2f}", 16.0 * g.fp16_share / g.n),
+                                      fmt::format("{:.0f}", g.t_eq / g.n)});
     if (!g.niah.empty()) write_niah_heatmap(g, dir, used);
   }
-  summary.note = "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled); KV kept: "
-                 "the compressed cache's bytes as a share of the full cache's.";
+  summary.note = "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled); KV kept: the "
+                 "prompt cache's bytes as a share of the full cache at the run's dtype; vs fp16 full: the same "
+                 "against a full fp16 cache (the papers' unit); bits/elem: bytes kept x 8 per K/V element of the "
+                 "prompt; T_eq: the KV size of a full fp16 cache of as many bytes (fp16 token units per KV head and "
+                 "layer), means over samples.";
   write_table(summary, dir + "/summary", formats);
   std::string written = "summary";
 
@@ -342,7 +367,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     std::vector<std::string> order(labels.begin(), labels.end());
     std::sort(order.begin(), order.end(), method_order);
     Table mb;
-    mb.caption = task + ": score by method and KV size (KV kept as a share of the full cache)";
+    mb.caption = task + ": score by method and KV size (bytes kept as a share of the run's full cache, and of a "
+                        "full fp16 cache where that differs)";
     mb.columns = {"Method"};
     for (const KvBudget& b : budgets) mb.columns.push_back(b.name());
     mb.blocks.emplace_back();
@@ -354,17 +380,25 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     h.cell_width = 56;
     for (const KvBudget& b : budgets) h.cols.push_back(b.name());
     Mean overall;
+    MemoryPlot mp;
+    mp.title = task + ": score against KV memory";
     for (const auto& label : order) {
       std::vector<std::string> row = {label};
       std::vector<double> cells;
+      MemorySeries& series = mp.series.emplace_back();
+      series.label = label;
       for (const KvBudget& b : budgets) {
-        Mean sc, kv;
+        Mean sc, kv, kv16;
         for (const Entry* e : es)
           if (e->label == label && e->budget == b) {
             sc.add(e->score);
             kv.add(e->kv_share);
+            kv16.add(e->fp16_share);
           }
-        row.push_back(sc.n ? fmt::format("{} ({:.1f}%)", pct(sc.value()), 100 * kv.value()) : "-");
+        const std::string fp16 =
+            std::abs(kv16.value() - kv.value()) > 1e-9 ? fmt::format(", {:.1f}% fp16", 100 * kv16.value()) : "";
+        row.push_back(sc.n ? fmt::format("{} ({:.1f}%{})", pct(sc.value()), 100 * kv.value(), fp16) : "-");
+        if (sc.n) series.points.push_back({kv16.value(), sc.value()});
         cells.push_back(sc.value());
         if (sc.n) overall.add(sc.value());
       }
@@ -375,7 +409,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     h.caption = fmt::format("mean over samples, x 100; mean of the cells {:.2f}", 100 * overall.value());
     write_table(mb, dir + "/" + task + "-method-budget", formats);
     write_heatmap(h, dir + "/" + task + "-method-budget");
-    written += ", " + task + "-method-budget";
+    write_memory_plot(mp, dir + "/" + task + "-memory");
+    written += ", " + task + "-method-budget, " + task + "-memory";
 
     if (task == "ruler") {
       std::vector<std::pair<std::string, std::string>> cols;
@@ -388,20 +423,22 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         for (const Entry* e : es)
           if (e->length == L) at.push_back(e);
         Table t = blocks_table<std::pair<std::string, std::string>>(
-            at, cols, [](const Entry& e, const auto& c) { return e.variant == c.first; }, true);
+            at, cols, [](const Entry& e, const auto& c) { return e.variant == c.first; }, true, true);
         t.caption = fmt::format("RULER, context length = {}", L);
         t.columns = {"Method"};
         for (const auto& c : cols) t.columns.push_back(c.second);
         t.columns.push_back("Avg.");
         t.columns.push_back("Nulls");
+        t.columns.push_back("Bits");
         t.note = "Scores x 100 (string_match_all; string_match_part for QA); Avg. over the tasks shown; Nulls = "
-                 "empty predictions.";
+                 "empty predictions; Bits = prompt-cache bytes x 8 per K/V element of the prompt (fp16 full cache: "
+                 "16), mean over the row's samples.";
         write_table(t, fmt::format("{}/ruler-{}", dir, L), formats);
         written += fmt::format(", ruler-{}", L);
       }
       // RULER's own summary: the mean over tasks at each length, per method and KV size.
       Table t = blocks_table<int>(es, std::vector<int>(lengths.begin(), lengths.end()),
-                                  [](const Entry& e, const int& L) { return e.length == L; }, false);
+                                  [](const Entry& e, const int& L) { return e.length == L; }, false, false);
       t.caption = "RULER: mean task score per context length";
       t.columns = {"Method"};
       for (int L : lengths) t.columns.push_back(std::to_string(L));
@@ -414,7 +451,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       std::vector<LbColumn> cols;
       for (const auto& c : longbench_columns())
         if (std::any_of(es.begin(), es.end(), [&](const Entry* e) { return e->variant == c.dataset; })) cols.push_back(c);
-      Table t = blocks_table<LbColumn>(es, cols, [](const Entry& e, const LbColumn& c) { return e.variant == c.dataset; }, false);
+      Table t = blocks_table<LbColumn>(
+          es, cols, [](const Entry& e, const LbColumn& c) { return e.variant == c.dataset; }, false, true);
       t.caption = task == "longbench" ? "LongBench" : "LongBench-E";
       t.columns = {"Method"};
       for (const auto& c : cols) {
@@ -423,8 +461,11 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         ++t.groups.back().second;
       }
       t.columns.push_back("Avg.");
-      t.note = fmt::format("Scores x 100 with each dataset's official metric; Avg. = mean of the {} datasets shown{}.",
-                           cols.size(), cols.size() < 16 ? " (datasets without results are left out)" : "");
+      t.columns.push_back("Bits");
+      t.note = fmt::format(
+          "Scores x 100 with each dataset's official metric; Avg. = mean of the {} datasets shown{}; Bits = "
+          "prompt-cache bytes x 8 per K/V element of the prompt (fp16 full cache: 16), mean over the row's samples.",
+          cols.size(), cols.size() < 16 ? " (datasets without results are left out)" : "");
       write_table(t, dir + "/" + task, formats);
       written += ", " + task;
       if (task == "longbench-e") {
@@ -433,7 +474,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         Table lt = blocks_table<std::pair<std::string, std::pair<int, int>>>(
             es, buckets,
             [](const Entry& e, const auto& b) { return e.length >= b.second.first && e.length < b.second.second; },
-            false);
+            false, false);
         lt.caption = "LongBench-E: mean dataset score per length range";
         lt.columns = {"Method", "0-4k", "4-8k", "8k+", "Avg."};
         lt.note = "Each range column is the mean over datasets of their mean score on the records in that range "

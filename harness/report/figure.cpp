@@ -1,0 +1,41 @@
+#include "harness/report/figure.hpp"
+
+#include <cairo-svg.h>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+void figure_text(cairo_t* cr, double x, double y, const std::string& s, double size, double align, double angle) {
+  cairo_save(cr);
+  cairo_set_font_size(cr, size);
+  cairo_text_extents_t e;
+  cairo_text_extents(cr, s.c_str(), &e);
+  cairo_translate(cr, x, y);
+  cairo_rotate(cr, angle);
+  cairo_move_to(cr, -e.width * align, e.height / 2);
+  cairo_show_text(cr, s.c_str());
+  cairo_restore(cr);
+}
+
+void write_figure(const std::string& stem, double width, double height, const std::function<void(cairo_t*)>& draw) {
+  cairo_surface_t* png = cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(width) * 2, int(height) * 2);
+  cairo_t* cr = cairo_create(png);
+  cairo_scale(cr, 2, 2);
+  draw(cr);
+  cairo_destroy(cr);
+  const auto st = cairo_surface_write_to_png(png, (stem + ".png").c_str());
+  cairo_surface_destroy(png);
+  if (st != CAIRO_STATUS_SUCCESS) fail("{}.png: cannot write ({})", stem, cairo_status_to_string(st));
+
+  cairo_surface_t* svg = cairo_svg_surface_create((stem + ".svg").c_str(), width, height);
+  cr = cairo_create(svg);
+  draw(cr);
+  cairo_destroy(cr);
+  cairo_surface_finish(svg);
+  const auto sst = cairo_surface_status(svg);
+  cairo_surface_destroy(svg);
+  if (sst != CAIRO_STATUS_SUCCESS) fail("{}.svg: cannot write ({})", stem, cairo_status_to_string(sst));
+}
+
+}  // namespace kvb
