@@ -18,13 +18,7 @@ using namespace kvb;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
+using test::randn;
 
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;

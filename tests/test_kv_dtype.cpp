@@ -26,13 +26,7 @@ using namespace kvb;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
+using test::randn;
 
 std::vector<unsigned char> encoded(KvDtype t, const std::vector<float>& x) {
   std::vector<unsigned char> out(x.size() * kv_dtype_bytes(t));

@@ -19,17 +19,7 @@
 
 using namespace kvb;
 
-namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-}  // namespace
+using test::randn;
 
 TEST_CASE("KVmix recent context: the spec's simulated buffer sizes and cycles", "[kvmix]") {
   struct Case {

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,15 @@ inline std::string source_path(const std::string& rel) {
 }
 
 inline std::string fixture(const std::string& rel) { return source_path("tests/fixtures/" + rel); }
+
+// n normal samples of standard deviation sd from a seeded generator.
+inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
 
 inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::ifstream in(path);

@@ -73,7 +73,8 @@ void Sweep::describe() const {
   for (const auto& c : parts_.front().configs)
     fmt::print("  {} {} gqa {} params {}\n", c["method"].get<std::string>(),
                c.contains("compression_ratio") ? fmt::format("compression ratio {}", c["compression_ratio"].get<double>())
-                                               : fmt::format("KV size {}", c["budget"].get<int>()),
+               : c["budget"].get<int>() > 0    ? fmt::format("KV size {}", c["budget"].get<int>())
+                                               : std::string("no budget"),
                c["gqa"].get<std::string>(), c["params"].dump());
   fmt::print("{} cells{}: {} prompt tokens to prefill, up to {} tokens to generate; results in {}\n", cells,
              shard_.count > 1 ? fmt::format(" in shard {}/{}", shard_.index, shard_.count) : "", tokens, gen,

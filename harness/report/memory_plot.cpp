@@ -12,7 +12,7 @@
 namespace kvb {
 namespace {
 
-constexpr double kLeft = 60, kTop = 40, kPlotW = 420, kPlotH = 300, kBottom = 50, kLegendW = 260;
+constexpr double kLeft = 60, kTop = 40, kPlotW = 420, kPlotH = 300, kBottom = 50;
 
 // Categorical colours (Tableau 10), cycled.
 void set_colour(cairo_t* cr, size_t i) {
@@ -35,9 +35,13 @@ void write_memory_plot(const MemoryPlot& p, const std::string& stem) {
   if (hi == 0) fail("memory plot {}: no points", stem);
   // Whole decades around the data.
   const double d0 = std::floor(std::log10(lo)), d1 = std::max(d0 + 1, std::ceil(std::log10(hi)));
-  const double width = kLeft + kPlotW + 20 + kLegendW;
+  size_t longest = 0;
+  for (const auto& s : p.series) longest = std::max(longest, s.label.size());
+  const double width = kLeft + kPlotW + 60 + 6.0 * double(longest);  // about 6 px a character at size 10
   const double height = std::max(kTop + kPlotH + kBottom, kTop + 18.0 * double(p.series.size()) + 20);
-  auto X = [&](double m) { return kLeft + (std::log10(m) - d0) / (d1 - d0) * kPlotW; };
+  // A little room beyond the outer decades, so that points on them (the full cache at 100%) show whole.
+  const double pad = 0.03 * (d1 - d0);
+  auto X = [&](double m) { return kLeft + (std::log10(m) - d0 + pad) / (d1 - d0 + 2 * pad) * kPlotW; };
   auto Y = [&](double s) { return kTop + (1 - std::clamp(s, 0.0, 1.0)) * kPlotH; };
 
   write_figure(stem, width, height, [&](cairo_t* cr) {
