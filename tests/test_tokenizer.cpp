@@ -202,3 +202,24 @@ TEST_CASE("tokenizer.json pre-tokenizer and normalizer variants match the tokeni
     check_corpus(tok, fmt::format("synthetic/{}_ids.jsonl", name), 1500);
   }
 }
+
+TEST_CASE("kvbench tokenize: an empty --text gives an empty list; no text at all is an error", "[tokenizer]") {
+  auto path = test::model_file("llama3-tokenizer/tokenizer.json");
+  if (!path) return;
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string(KVBENCH_CLI) + " tokenize " + *path + " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    std::string out;
+    char buf[256];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    const int status = pclose(p);
+    return std::pair{status, out};
+  };
+  const auto [ok, empty] = run("--text \"\"");
+  CHECK(ok == 0);
+  CHECK(empty == "[]\n");
+  const auto [bad, msg] = run("");
+  CHECK(bad != 0);
+  CHECK(msg.find("give --text or --file") != std::string::npos);
+}

@@ -155,10 +155,13 @@ void register_bench_command(CLI::App& app) {
     };
     auto print_header = [&] {
       if (md)
-        fmt::print("{} on {} backend; {} peak {:.1f} TFLOP/s, bandwidth {:.1f} GB/s, weights read per decode step "
+        fmt::print("{} on {} backend; {} peak {}, bandwidth {:.1f} GB/s, weights read per decode step "
                    "{:.0f} MiB; KV cache stored as {}; medians of {} runs (min-max)\n\n",
-                   a->model, b.name(), limits.gemm_kind, limits.gemm_gflops / 1e3, limits.bandwidth_gbs,
-                   mib(weights_read), a->kv_dtype, a->repeat);
+                   a->model, b.name(), limits.gemm_kind,
+                   // GFLOP/s where a TFLOP/s figure would round to a digit or two (CPUs)
+                   limits.gemm_gflops < 1000 ? fmt::format("{:.0f} GFLOP/s", limits.gemm_gflops)
+                                             : fmt::format("{:.1f} TFLOP/s", limits.gemm_gflops / 1e3),
+                   limits.bandwidth_gbs, mib(weights_read), a->kv_dtype, a->repeat);
       const std::vector<std::string> head = {
           "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
           "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",

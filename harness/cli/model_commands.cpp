@@ -169,7 +169,8 @@ void register_model_commands(CLI::App& app) {
     cmd->add_flag("--chat", *chat, "Wrap the text as a user message in the model's chat template");
     cmd->add_flag("--pieces", *pieces, "Print the vocabulary entry of each id too");
     cmd->callback([=] {
-      if (text->empty() && file->empty()) fail("tokenize: give --text or --file");
+      // An empty --text is a text like any other (it tokenizes to []), so ask whether it was given.
+      if (t->count() == 0 && file->empty()) fail("tokenize: give --text or --file");
       std::string input = read_text(*text, *file);
       std::unique_ptr<Tokenizer> tok;
       std::unique_ptr<ModelFile> m;

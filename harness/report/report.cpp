@@ -379,7 +379,6 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     h.annotate = true;
     h.cell_width = 56;
     for (const KvBudget& b : budgets) h.cols.push_back(b.name());
-    Mean overall;
     MemoryPlot mp;
     mp.title = task + ": score against KV memory";
     for (const auto& label : order) {
@@ -400,13 +399,13 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         row.push_back(sc.n ? fmt::format("{} ({:.1f}%{})", pct(sc.value()), 100 * kv.value(), fp16) : "-");
         if (sc.n) series.points.push_back({kv16.value(), sc.value()});
         cells.push_back(sc.value());
-        if (sc.n) overall.add(sc.value());
       }
       mb.blocks[0].rows.push_back(row);
       h.rows.push_back(label);
       h.cells.push_back(cells);
     }
-    h.caption = fmt::format("mean over samples, x 100; mean of the cells {:.2f}", 100 * overall.value());
+    // No overall mean: it would average the full cache with compressed cells of different sizes.
+    h.caption = "score x 100, mean over samples";
     write_table(mb, dir + "/" + task + "-method-budget", formats);
     write_heatmap(h, dir + "/" + task + "-method-budget");
     write_memory_plot(mp, dir + "/" + task + "-memory");
