@@ -38,11 +38,13 @@ size_t ApproxValueSegment::bytes() const {
 }
 
 void ApproxValueSegment::store_as(KvDtype t) {
+  if (t == dtype_) return;
   dtype_ = t;
   for (float& x : k_) x = kv_round(t, x);
 }
 
 void MaterializedValueSegment::store_as(KvDtype t) {
+  if (t == dtype_) return;
   dtype_ = t;
   for (auto* a : {&k_, &v_})
     for (float& x : *a) x = kv_round(t, x);

@@ -32,6 +32,7 @@ size_t LowRankSegment::bytes() const {
 }
 
 void LowRankSegment::store_as(KvDtype t) {
+  if (t == dtype_) return;
   dtype_ = t;
   for (auto* c : {&ck_, &cv_})
     for (float& x : *c) x = kv_round(t, x);

@@ -136,11 +136,7 @@ void register_bench_command(CLI::App& app) {
     if (!budgeted && !a->budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a->method);
     if (a->lowrank < 0 || a->lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a->lowrank, cfg.head_dim);
     if (a->lowrank && a->method.empty()) fail("--lowrank needs --method and --budget");
-    EngineOptions eo;
-    eo.backend = a->backend;
-    eo.threads = a->threads;
-    eo.kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
-    Engine engine(*m, eo);
+    Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype")});
     Backend& b = engine.backend();
     fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b.name());
     const DeviceLimits limits = b.measure_limits();

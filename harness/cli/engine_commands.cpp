@@ -96,11 +96,7 @@ void register_engine_commands(CLI::App& app) {
     cmd->callback([a] {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
-      EngineOptions eo;
-      eo.backend = a->backend;
-      eo.threads = a->threads;
-      eo.kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
-      Engine engine(*m, eo);
+      Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype")});
       const auto prompt = build_prompt(*m, *tok, a->prompt, a->chat);
       GenerateOptions opt;
       opt.max_new_tokens = a->max_new;

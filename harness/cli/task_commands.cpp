@@ -193,11 +193,8 @@ void register_task_commands(CLI::App& app) {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
       auto task = make_task(*a, *tok);
-      EngineOptions eo;
-      eo.backend = a->backend;
-      eo.threads = a->threads;
-      eo.kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
-      Engine engine(*m, eo);
+      const KvDtype kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
+      Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = kv_dtype});
       std::unique_ptr<Method> method;
       KvBudget budget = a->budget;
       if (!a->method.empty()) {
@@ -215,7 +212,7 @@ void register_task_commands(CLI::App& app) {
                                                     : fmt::format("{}-T{}", a->method, a->budget);
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
       const json config =
-          cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget, eo.kv_dtype);
+          cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget, kv_dtype);
       const auto done = out.recorded("key");
       const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
       Progress bar(fmt::format("{} {}", a->task, label), n, "samples");

@@ -144,6 +144,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     view.q_window = window > 0 ? st.q_win : nullptr;
     view.kv_dtype = opt_.kv_dtype;
     observer->on_layer(view, caches_[l]);
+    // Whatever the observer built follows the run's dtype (a MethodRunner has stored it already).
     caches_[l].store_as(opt_.kv_dtype);
   };
 
@@ -256,6 +257,7 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
     view.q_window = c.window > 0 ? c.q_window[l].data() : nullptr;
     view.kv_dtype = opt_.kv_dtype;
     observer->on_layer(view, caches_[l]);
+    // Whatever the observer built follows the run's dtype (a MethodRunner has stored it already).
     caches_[l].store_as(opt_.kv_dtype);
   }
   pos_ = c.n_tokens;

@@ -268,6 +268,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
                                : generate(engine, tok, prompt, opt, runner.get());
   const size_t full = engine.full_kv_bytes(prompt.size());
   const size_t kept = runner ? runner->prefill_kv_bytes() : full;
+  const double t_eq = equivalent_kv_size(model.config(), kept);
   return {{"key", cell_key(config, s.id)},
           {"id", s.id},
           {"config", config},
@@ -281,11 +282,10 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"kv_dtype", kv_dtype_name(engine.kv_dtype())},
           {"kv_bytes", kept},
           {"full_kv_bytes", full},
-          {"T_eq", equivalent_kv_size(model.config(), kept)},
-          // Every byte kept, per K or V element of the prompt (evicted ones count as zero bits).
-          {"kv_bits_per_element", static_cast<double>(kept) * 8 /
-                                      (double(g.prompt_tokens) * model.config().n_layers * model.config().n_kv_heads *
-                                       model.config().head_dim * 2)},
+          {"T_eq", t_eq},
+          // Every byte kept, per K or V element of the prompt (evicted ones count as zero bits): a full
+          // fp16 cache is T_eq = prompt tokens at 16 bits.
+          {"kv_bits_per_element", 16 * t_eq / g.prompt_tokens},
           {"prefill_seconds", g.prefill_seconds},
           {"prefill_shared", capture != nullptr},
           {"decode_seconds", g.decode_seconds},

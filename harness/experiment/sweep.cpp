@@ -82,11 +82,7 @@ void Sweep::describe() const {
 }
 
 SweepOutcome Sweep::run(bool progress) {
-  EngineOptions eo;
-  eo.backend = spec_.backend;
-  eo.threads = spec_.threads;
-  eo.kv_dtype = spec_.kv_dtype;
-  Engine engine(*model_, eo);
+  Engine engine(*model_, {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype});
   ResultsFile out(spec_.out);
   const auto done = out.recorded("key");
   SweepOutcome o;

@@ -95,12 +95,6 @@ struct Entry {
   bool empty = false;
 };
 
-// Bytes per stored number of a record's KV dtype (records made before the option held fp32).
-double dtype_bytes(const json& record) {
-  const std::string t = record.value("kv_dtype", std::string("fp32"));
-  return t == "fp32" ? 4.0 : 2.0;
-}
-
 struct Mean {
   double sum = 0;
   int n = 0;
@@ -262,7 +256,9 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       g.score += j["score"].get<double>();
       const double full = j.value("full_kv_bytes", 0.0);
       e.kv_share = full > 0 ? j.value("kv_bytes", 0.0) / full : 1.0;
-      e.fp16_share = e.kv_share * dtype_bytes(j) / 2;
+      // Records made before the dtype was an option held fp32.
+      const KvDtype dtype = parse_kv_dtype(j.value("kv_dtype", std::string("fp32")), fmt::format("{}:{}: kv_dtype", f, no));
+      e.fp16_share = e.kv_share * double(kv_dtype_bytes(dtype)) / 2;
       e.bits = 16 * e.fp16_share;
       g.kv_share += e.kv_share;
       g.fp16_share += e.fp16_share;
