@@ -55,30 +55,6 @@ std::vector<std::string> read_documents(const std::string& spec, const std::stri
   return read_text_files(dir.string(), "text");
 }
 
-// Token sequences of `len` (BOS + text, as the paper's C4 rows), cut from the documents joined by
-// blank lines, until `tokens` are reached.
-std::vector<std::vector<int32_t>> sequences(const Tokenizer& tok, const std::vector<std::string>& docs, int len,
-                                            size_t tokens) {
-  std::vector<std::vector<int32_t>> out;
-  std::vector<int32_t> cur;
-  const auto bos = tok.special().bos;
-  size_t total = 0;
-  for (const auto& d : docs) {
-    for (int32_t t : tok.encode(d + "\n\n", false)) {
-      if (cur.empty() && bos) cur.push_back(*bos);
-      cur.push_back(t);
-      if (static_cast<int>(cur.size()) == len) {
-        total += cur.size();
-        out.push_back(std::move(cur));
-        cur.clear();
-        if (total >= tokens) return out;
-      }
-    }
-  }
-  if (static_cast<int>(cur.size()) > 1 && total < tokens) out.push_back(std::move(cur));
-  return out;
-}
-
 // Streams every layer's pre-RoPE keys and values into the fits, or scores the fitted maps on them.
 class KvTap final : public PrefillObserver {
  public:
@@ -163,8 +139,8 @@ void calibrate_vector(CalibrationContext& ctx) {
          "held out); give more files or a lower -o heldout_every",
          docs.size(), every);
   const int len = static_cast<int>(std::min<long>(o.get_int("seq_len"), cfg.context_length));
-  const auto fit = sequences(ctx.tokenizer, fit_docs, len, static_cast<size_t>(o.get_int("tokens")));
-  const auto held = sequences(ctx.tokenizer, held_docs, len, static_cast<size_t>(o.get_int("heldout_tokens")));
+  const auto fit = token_sequences(ctx.tokenizer, fit_docs, len, static_cast<size_t>(o.get_int("tokens")));
+  const auto held = token_sequences(ctx.tokenizer, held_docs, len, static_cast<size_t>(o.get_int("heldout_tokens")));
   size_t fit_tokens = 0, held_tokens = 0;
   for (const auto& s : fit) fit_tokens += s.size();
   for (const auto& s : held) held_tokens += s.size();

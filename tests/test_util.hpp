@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,17 @@ inline std::string source_path(const std::string& rel) {
 }
 
 inline std::string fixture(const std::string& rel) { return source_path("tests/fixtures/" + rel); }
+
+// A fresh directory under the system's temporary one, unique to this process and call (ctest runs test
+// cases in parallel processes), for a test to fill and remove.
+inline std::filesystem::path temp_dir(const std::string& name) {
+  static int counter = 0;
+  auto p = std::filesystem::temp_directory_path() /
+           ("kvb_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(++counter));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
 
 // n normal samples of standard deviation sd from a seeded generator.
 inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {

@@ -8,10 +8,8 @@
 #include <numeric>
 
 #include "harness/util/error.hpp"
+#include "harness/util/linalg.hpp"
 
-// LAPACK (Fortran ABI), provided by OpenBLAS.
-extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
-                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
 
 namespace kvb {
 
@@ -154,14 +152,11 @@ std::vector<double> second_moment(const float* x, int n, int d) {
   return c;
 }
 
-// Columns `order[0..rank)` of the column-major or row-major eigenvector matrix as a [d, rank] basis.
-std::vector<float> take_columns(const std::vector<double>& vecs, int d, int rank, const std::vector<int>& order,
-                                bool column_major) {
+// Columns `order[0..rank)` of the row-major eigenvector matrix as a [d, rank] basis.
+std::vector<float> take_columns(const std::vector<double>& vecs, int d, int rank, const std::vector<int>& order) {
   std::vector<float> P(size_t(d) * rank);
   for (int j = 0; j < rank; ++j)
-    for (int i = 0; i < d; ++i)
-      P[size_t(i) * rank + j] = static_cast<float>(
-          column_major ? vecs[size_t(order[j]) * d + i] : vecs[size_t(i) * d + order[j]]);
+    for (int i = 0; i < d; ++i) P[size_t(i) * rank + j] = static_cast<float>(vecs[size_t(i) * d + order[j]]);
   return P;
 }
 
@@ -181,25 +176,16 @@ std::vector<float> top_eigenvectors_ref(const float* x, int n, int d, int rank) 
     for (int j = i; j < d; ++j) c[size_t(j) * d + i] = c[size_t(i) * d + j] /= n;
   std::vector<double> vals, vecs;
   jacobi_eigen(c, d, vals, vecs);
-  return take_columns(vecs, d, rank, descending(vals), false);
+  return take_columns(vecs, d, rank, descending(vals));
 }
 
 // LAPACK's divide-and-conquer symmetric eigensolver (in OpenBLAS), as numpy.linalg.eigh uses.
 std::vector<float> top_eigenvectors(const float* x, int n, int d, int rank) {
-  std::vector<double> a = second_moment(x, n, d), vals(d);
-  char jobz = 'V', uplo = 'U';
-  int nn = d, lda = d, lwork = -1, liwork = -1, info = 0, iwork_query = 0;
-  double work_query = 0;
-  dsyevd_(&jobz, &uplo, &nn, a.data(), &lda, vals.data(), &work_query, &lwork, &iwork_query, &liwork, &info);
-  lwork = static_cast<int>(work_query);
-  liwork = iwork_query;
-  std::vector<double> work(static_cast<size_t>(lwork));
-  std::vector<int> iwork(static_cast<size_t>(liwork));
-  dsyevd_(&jobz, &uplo, &nn, a.data(), &lda, vals.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
-  if (info != 0) fail("pca_basis: the eigensolver failed (LAPACK dsyevd info {})", info);
-  // The matrix is symmetric, so its row-major copy is its column-major copy: eigenvectors are columns
-  // in Fortran order.
-  return take_columns(a, d, rank, descending(vals), true);
+  std::vector<double> vals, vecs;
+  symmetric_eigen(second_moment(x, n, d), d, vals, vecs);
+  std::vector<int> order(static_cast<size_t>(d));
+  std::iota(order.begin(), order.end(), 0);  // already descending
+  return take_columns(vecs, d, rank, order);
 }
 
 }  // namespace

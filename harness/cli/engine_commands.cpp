@@ -68,6 +68,11 @@ void register_list_command(CLI::App& app) {
         for (const auto& p : info.calibration) fmt::print("      {:10} {}  {}\n", p.name, p.describe(), p.help);
       }
     }
+    for (const auto& s : reg.steps()) {
+      fmt::print("offline step: kvbench {} {} MODEL [--out FILE] [-o key=value ...]\n    {}\n", s.command, s.name,
+                 s.summary);
+      for (const auto& p : s.options) fmt::print("      {:10} {}  {}\n", p.name, p.describe(), p.help);
+    }
   });
 }
 

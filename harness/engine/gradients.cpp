@@ -78,13 +78,73 @@ std::pair<int, int> ModelGradients::shape(const std::string& name) const {
   return {t.rows, t.cols};
 }
 
-LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::set<std::string>& want) {
+struct ModelGradients::Work {
+  int n = 0;
+  std::vector<int32_t> pos;
+  std::vector<float> h1, q, k, v, att, lse, xmid, h2, gate, up, act, tmp;
+  Work(int n_tokens, const ModelConfig& c) : n(n_tokens), pos(static_cast<size_t>(n_tokens)) {
+    const size_t N = size_t(n), H = size_t(c.hidden), F = size_t(c.intermediate), Q = size_t(c.n_heads) * c.head_dim,
+                 KV = size_t(c.n_kv_heads) * c.head_dim;
+    std::iota(pos.begin(), pos.end(), 0);
+    h1.resize(N * H);
+    q.resize(N * Q);
+    k.resize(N * KV);
+    v.resize(N * KV);
+    att.resize(N * Q);
+    lse.resize(size_t(c.n_heads) * N);
+    xmid.resize(N * H);
+    h2.resize(N * H);
+    gate.resize(N * F);
+    up.resize(N * F);
+    act.resize(N * F);
+    tmp.resize(N * std::max(H, F));
+  }
+};
+
+void ModelGradients::check_ids(std::span<const int32_t> ids) const {
   const int n = static_cast<int>(ids.size());
   if (n < 2) fail("gradients: a sequence of {} tokens has no next-token target; give at least 2", n);
   if (n > cfg_.context_length)
     fail("gradients: {} tokens exceed the model's context length {}", n, cfg_.context_length);
   for (int32_t id : ids)
     if (id < 0 || id >= cfg_.vocab_size) fail("gradients: token id {} outside the vocabulary (0..{})", id, cfg_.vocab_size - 1);
+}
+
+void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvTrainHook* hook, bool recompute) {
+  const int n = wk.n, H = cfg_.hidden, d = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
+  const int Q = hq * d, KV = hkv * d;
+  auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
+  const bool b = cfg_.qkv_bias;
+  rmsnorm(x, w("attn_norm.weight"), n, H, static_cast<float>(cfg_.rms_eps), wk.h1.data());
+  linear(wk.h1.data(), w("attn_q.weight"), b ? w("attn_q.bias") : nullptr, n, H, Q, wk.q.data());
+  linear(wk.h1.data(), w("attn_k.weight"), b ? w("attn_k.bias") : nullptr, n, H, KV, wk.k.data());
+  linear(wk.h1.data(), w("attn_v.weight"), b ? w("attn_v.bias") : nullptr, n, H, KV, wk.v.data());
+  if (hook) hook->forward(l, n, wk.k.data(), wk.v.data(), recompute);
+  rope_.apply(wk.q.data(), n, hq, d, wk.pos.data());
+  rope_.apply(wk.k.data(), n, hkv, d, wk.pos.data());
+  attention_forward(wk.q.data(), wk.k.data(), wk.v.data(), n, hq, hkv, d, wk.att.data(), wk.lse.data());
+  linear(wk.att.data(), w("attn_output.weight"), nullptr, n, Q, H, wk.xmid.data());
+  for (size_t i = 0; i < size_t(n) * H; ++i) wk.xmid[i] += x[i];
+}
+
+void ModelGradients::mlp_forward_half(int l, Work& wk, std::vector<float>* next) {
+  const int n = wk.n, H = cfg_.hidden, F = cfg_.intermediate;
+  auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
+  rmsnorm(wk.xmid.data(), w("ffn_norm.weight"), n, H, static_cast<float>(cfg_.rms_eps), wk.h2.data());
+  linear(wk.h2.data(), w("ffn_gate.weight"), nullptr, n, H, F, wk.gate.data());
+  linear(wk.h2.data(), w("ffn_up.weight"), nullptr, n, H, F, wk.up.data());
+  swiglu(wk.gate.data(), wk.up.data(), size_t(n) * F, wk.act.data());
+  if (next) {
+    next->resize(size_t(n) * H);
+    linear(wk.act.data(), w("ffn_down.weight"), nullptr, n, F, H, next->data());
+    for (size_t i = 0; i < next->size(); ++i) (*next)[i] += wk.xmid[i];
+  }
+}
+
+LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::set<std::string>& want,
+                                      KvTrainHook* hook) {
+  check_ids(ids);
+  const int n = static_cast<int>(ids.size());
   for (const auto& name : want) (void)find(name);
 
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
@@ -100,16 +160,14 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     return g.data();
   };
   auto w = [&](int l, const char* what) { return find(layer_name(l, what)).w.data(); };
-  // The lowest layer whose weights (or the embedding below it) are wanted: the backward stops there.
-  int lowest = L;
+  // The lowest layer whose weights (or the embedding below it, or a hook) want gradients: the
+  // backward stops there.
+  int lowest = hook && hook->trainable() ? 0 : L;
   for (const auto& name : want) {
     if (name == "token_embd.weight") lowest = 0;
     int l = 0;
     if (std::sscanf(name.c_str(), "blk.%d.", &l) == 1) lowest = std::min(lowest, l);
   }
-
-  std::vector<int32_t> pos(static_cast<size_t>(n));
-  std::iota(pos.begin(), pos.end(), 0);
   rope_.ensure(n);
 
   // Forward, keeping each layer's input (checkpoints[l]) and the final residual stream (checkpoints[L]).
@@ -120,35 +178,14 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     const float* table = find("token_embd.weight").w.data();
     for (int t = 0; t < n; ++t) std::copy_n(table + size_t(ids[t]) * H, H, x.data() + size_t(t) * H);
   }
-  // One layer's forward from its input x; the intermediates stay in these buffers for its backward.
-  std::vector<float> h1(size_t(n) * H), q(size_t(n) * Q), k(size_t(n) * KV), v(size_t(n) * KV), att(size_t(n) * Q),
-      lse(size_t(hq) * n), xmid(size_t(n) * H), h2(size_t(n) * H), gate(size_t(n) * F), up(size_t(n) * F),
-      act(size_t(n) * F), tmp(size_t(n) * std::max(H, F));
-  auto layer_forward = [&](int l, const std::vector<float>& x, std::vector<float>* next) {
-    rmsnorm(x.data(), w(l, "attn_norm.weight"), n, H, eps, h1.data());
-    const bool b = cfg_.qkv_bias;
-    linear(h1.data(), w(l, "attn_q.weight"), b ? w(l, "attn_q.bias") : nullptr, n, H, Q, q.data());
-    linear(h1.data(), w(l, "attn_k.weight"), b ? w(l, "attn_k.bias") : nullptr, n, H, KV, k.data());
-    linear(h1.data(), w(l, "attn_v.weight"), b ? w(l, "attn_v.bias") : nullptr, n, H, KV, v.data());
-    rope_.apply(q.data(), n, hq, d, pos.data());
-    rope_.apply(k.data(), n, hkv, d, pos.data());
-    attention_forward(q.data(), k.data(), v.data(), n, hq, hkv, d, att.data(), lse.data());
-    linear(att.data(), w(l, "attn_output.weight"), nullptr, n, Q, H, xmid.data());
-    for (size_t i = 0; i < xmid.size(); ++i) xmid[i] += x[i];
-    rmsnorm(xmid.data(), w(l, "ffn_norm.weight"), n, H, eps, h2.data());
-    linear(h2.data(), w(l, "ffn_gate.weight"), nullptr, n, H, F, gate.data());
-    linear(h2.data(), w(l, "ffn_up.weight"), nullptr, n, H, F, up.data());
-    swiglu(gate.data(), up.data(), size_t(n) * F, act.data());
-    if (next) {
-      next->resize(size_t(n) * H);
-      linear(act.data(), w(l, "ffn_down.weight"), nullptr, n, F, H, next->data());
-      for (size_t i = 0; i < next->size(); ++i) (*next)[i] += xmid[i];
-    }
-  };
-  for (int l = 0; l < L; ++l) layer_forward(l, checkpoints[l], &checkpoints[size_t(l) + 1]);
+  Work wk(n, cfg_);
+  for (int l = 0; l < L; ++l) {
+    attention_forward_half(l, checkpoints[l].data(), wk, hook, false);
+    mlp_forward_half(l, wk, &checkpoints[size_t(l) + 1]);
+  }
 
   // Loss head in chunks of tokens: final norm, logits, cross-entropy; dx = d loss / d residual stream.
-  const bool backward = !want.empty();
+  const bool backward = !want.empty() || (hook && hook->trainable());
   std::vector<float> dx(backward ? size_t(n) * H : 0, 0.0f);
   {
     const auto& xL = checkpoints[size_t(L)];
@@ -183,7 +220,12 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
       dq(size_t(n) * Q), dk(size_t(n) * KV), dv(size_t(n) * KV), datt(size_t(n) * Q);
   for (int l = L - 1; l >= lowest; --l) {
     const auto& x = checkpoints[size_t(l)];
-    layer_forward(l, x, nullptr);
+    attention_forward_half(l, x.data(), wk, hook, true);
+    mlp_forward_half(l, wk, nullptr);
+    const auto& pos = wk.pos;
+    const auto &h1 = wk.h1, &q = wk.q, &k = wk.k, &v = wk.v, &att = wk.att, &lse = wk.lse, &xmid = wk.xmid,
+               &h2 = wk.h2, &gate = wk.gate, &up = wk.up, &act = wk.act;
+    auto& tmp = wk.tmp;
     auto g = [&](const char* what) { return grad(layer_name(l, what)); };
     // MLP: x_out = xmid + down(silu(gate(h2)) * up(h2)), h2 = norm(xmid).
     std::fill(tmp.begin(), tmp.begin() + ptrdiff_t(size_t(n) * F), 0.0f);
@@ -203,6 +245,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     // RoPE is a rotation: its backward is the inverse rotation.
     rope_.apply_inverse(dq.data(), n, hq, d, pos.data());
     rope_.apply_inverse(dk.data(), n, hkv, d, pos.data());
+    if (hook && hook->trainable()) hook->backward(l, n, dk.data(), dv.data());
     std::fill(dh.begin(), dh.end(), 0.0f);
     const bool b = cfg_.qkv_bias;
     linear_backward(h1.data(), w(l, "attn_q.weight"), dq.data(), n, H, Q, dh.data(), g("attn_q.weight"),
@@ -216,6 +259,63 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
   }
   if (lowest == 0)
     if (float* de = grad("token_embd.weight")) embed_backward(ids.data(), n, H, dx.data(), de);
+  return out;
+}
+
+std::vector<double> ModelGradients::attention_distortion(std::span<const int32_t> ids, KvTrainHook& hook, double eps) {
+  check_ids(ids);
+  const int n = static_cast<int>(ids.size());
+  const int H = cfg_.hidden, d = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
+  const int Q = hq * d, KV = hkv * d, L = cfg_.n_layers;
+  rope_.ensure(n);
+  std::vector<float> x(size_t(n) * H), next;
+  const float* table = find("token_embd.weight").w.data();
+  for (int t = 0; t < n; ++t) std::copy_n(table + size_t(ids[t]) * H, H, x.data() + size_t(t) * H);
+
+  // Captures the layer's pre-RoPE K and V as the frozen model computes them, unchanged.
+  struct Tap final : KvTrainHook {
+    std::vector<float> k, v;
+    void forward(int, int, float* kk, float* vv, bool) override {
+      std::copy_n(kk, k.size(), k.begin());
+      std::copy_n(vv, v.size(), v.begin());
+    }
+    void backward(int, int, float*, float*) override {}
+  } tap;
+  tap.k.resize(size_t(n) * KV);
+  tap.v.resize(size_t(n) * KV);
+  Work wk(n, cfg_);
+  std::vector<float> y(size_t(n) * H), att(size_t(n) * Q), lse(size_t(hq) * n), datt(size_t(n) * Q),
+      dq(size_t(n) * Q), dk(size_t(n) * KV), dv(size_t(n) * KV), dy(size_t(n) * H);
+  std::vector<double> out(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    const float* wo = find(layer_name(l, "attn_output.weight")).w.data();
+    attention_forward_half(l, x.data(), wk, &tap, false);
+    // Teacher: the layer's own attention output; wk.q is post-RoPE.
+    linear(wk.att.data(), wo, nullptr, n, Q, H, y.data());
+    // Student: the same queries over the hook's K and V.
+    hook.forward(l, n, tap.k.data(), tap.v.data(), false);
+    rope_.apply(tap.k.data(), n, hkv, d, wk.pos.data());
+    attention_forward(wk.q.data(), tap.k.data(), tap.v.data(), n, hq, hkv, d, att.data(), lse.data());
+    linear(att.data(), wo, nullptr, n, Q, H, dy.data());
+    double err = 0, energy = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      const double e = double(dy[i]) - y[i];
+      err += e * e;
+      energy += double(y[i]) * y[i];
+    }
+    const double denom = energy / n + eps;
+    out[size_t(l)] = err / n / denom;
+    const auto scale = static_cast<float>(2.0 / (n * denom));
+    for (size_t i = 0; i < y.size(); ++i) dy[i] = (dy[i] - y[i]) * scale;
+    std::fill(datt.begin(), datt.end(), 0.0f);
+    linear_backward(att.data(), wo, dy.data(), n, Q, H, datt.data(), nullptr, nullptr);
+    attention_backward(wk.q.data(), tap.k.data(), tap.v.data(), att.data(), lse.data(), datt.data(), n, hq, hkv, d,
+                       dq.data(), dk.data(), dv.data());
+    rope_.apply_inverse(dk.data(), n, hkv, d, wk.pos.data());
+    hook.backward(l, n, dk.data(), dv.data());
+    mlp_forward_half(l, wk, &next);
+    x.swap(next);
+  }
   return out;
 }
 

@@ -22,6 +22,21 @@ namespace kvb {
 
 class ModelFile;
 
+// A trainable change of every layer's keys and values before attention (DynaKV's maps). forward
+// replaces a layer's pre-RoPE k and v [n, n_kv_heads x head_dim] by what attention reads; backward
+// receives d loss / d (what forward returned) and overwrites it with d loss / d (forward's input),
+// adding the gradients of the hook's own parameters. The backward pass recomputes each layer's
+// forward just before that layer's backward (recompute = true), so a hook need keep only its latest
+// forward.
+class KvTrainHook {
+ public:
+  virtual ~KvTrainHook() = default;
+  virtual void forward(int layer, int n, float* k, float* v, bool recompute) = 0;
+  virtual void backward(int layer, int n, float* dk, float* dv) = 0;
+  // False for a hook only applied (evaluation): compute() then runs no backward for it.
+  virtual bool trainable() const { return true; }
+};
+
 struct LossGradients {
   double loss = 0;     // mean over the targets, natural log
   int n_targets = 0;   // positions with a next token
@@ -43,15 +58,21 @@ class ModelGradients {
   std::pair<int, int> shape(const std::string& name) const;
 
   // Loss of predicting ids[t + 1] from ids[0..t] for every t, and the gradients of the weights named
-  // in `want` (empty: the loss alone). The backward stops at the lowest layer anything asks for.
-  LossGradients compute(std::span<const int32_t> ids, const std::set<std::string>& want);
+  // in `want` (empty: the loss alone). The backward stops at the lowest layer anything asks for. With
+  // a hook, every layer's keys and values pass through it and the backward runs down to layer 0.
+  LossGradients compute(std::span<const int32_t> ids, const std::set<std::string>& want, KvTrainHook* hook = nullptr);
   double loss(std::span<const int32_t> ids) { return compute(ids, {}).loss; }
+
+  // Layer-local distortion (DynaKV-LL, teacher forcing): the frozen model runs uncompressed; in each
+  // layer l the hook changes a copy of K and V, and D_l = mean_t ||y^_t - y_t||^2 / (mean_t ||y_t||^2 +
+  // eps), where y and y^ are the attention outputs (after W_o) with the original and the changed K/V.
+  // The hook's backward gets d D_l / d (changed k, v) of each layer in turn. Returns D_l per layer.
+  std::vector<double> attention_distortion(std::span<const int32_t> ids, KvTrainHook& hook, double eps = 1e-6);
 
   // Tokens of the loss head per chunk (the logits of a chunk are chunk x vocab floats).
   void set_loss_chunk(int tokens) { loss_chunk_ = tokens; }
 
  private:
-  struct Layer;
   struct Tensor {
     std::vector<float> w;
     int rows = 0, cols = 1;
@@ -59,6 +80,13 @@ class ModelGradients {
   Tensor& find(const std::string& name);
   const Tensor& find(const std::string& name) const;
   std::string layer_name(int l, const char* what) const;
+  // One layer's intermediates, kept for its backward.
+  struct Work;
+  void check_ids(std::span<const int32_t> ids) const;
+  // Layer l's forward from its input x (n tokens): the attention half, and the MLP half (writing the
+  // layer's output to next unless null).
+  void attention_forward_half(int l, const float* x, Work& w, KvTrainHook* hook, bool recompute);
+  void mlp_forward_half(int l, Work& w, std::vector<float>* next);
 
   ModelConfig cfg_;
   std::map<std::string, Tensor> tensors_;

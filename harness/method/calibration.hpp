@@ -2,7 +2,9 @@
 // What a method's offline step (`kvbench calibrate METHOD MODEL`) gets: the model loaded with its
 // tokenizer and an engine, the options the method declared (validated), where to write the artifact
 // and where set-up put the benchmark data (default texts).
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "harness/method/params.hpp"
 
@@ -22,5 +24,10 @@ class CalibrationContext {
   std::string data_dir;  // set-up's data directory
   bool progress = true;
 };
+
+// Token sequences of `len` tokens (BOS + text, as the papers' calibration rows) cut from the documents
+// joined by blank lines, until `tokens` are reached; a shorter last one is kept if it has 2 or more.
+std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const std::vector<std::string>& docs, int len,
+                                                  size_t tokens);
 
 }  // namespace kvb

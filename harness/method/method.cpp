@@ -32,6 +32,18 @@ void MethodRegistry::add(MethodInfo info) {
   methods_.emplace(info.name, std::move(info));
 }
 
+void MethodRegistry::add_step(OfflineStep step) {
+  for (const auto& s : steps_)
+    if (s.command == step.command && s.name == step.name)
+      fail("offline step '{} {}' is registered twice", step.command, step.name);
+  steps_.push_back(std::move(step));
+}
+
+bool register_offline_step(OfflineStep step) {
+  MethodRegistry::get().add_step(std::move(step));
+  return true;
+}
+
 bool register_method(MethodInfo info) {
   MethodRegistry::get().add(std::move(info));
   return true;
@@ -54,6 +66,22 @@ std::vector<std::string> MethodRegistry::names(Composition role) const {
   for (const auto& [k, v] : methods_)
     if (v.composition == role) n.push_back(k);
   return n;
+}
+
+OfflineStep MethodRegistry::offline_step(const std::string& command, const std::string& name) const {
+  std::vector<std::string> known;
+  for (const auto& [method, info] : methods_) {
+    if (command == "calibrate" && info.calibrate) {
+      if (method == name) return {command, name, info.summary, info.calibration, info.calibrate};
+      known.push_back(method);
+    }
+  }
+  for (const auto& s : steps_)
+    if (s.command == command) {
+      if (s.name == name) return s;
+      known.push_back(s.name);
+    }
+  fail("kvbench {}: no offline step '{}' (available: {})", command, name, fmt::join(known, ", "));
 }
 
 std::vector<ParamSpec> MethodRegistry::param_specs(const std::string& name) const {

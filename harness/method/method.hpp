@@ -122,6 +122,14 @@ class Method {
 // as its parameter `base` (with the base's parameters as base.NAME) and changes its decision.
 enum class Composition { Standalone, Selector, Wrapper };
 
+// A named offline step: `kvbench calibrate NAME MODEL` (command "calibrate") or `kvbench train NAME
+// MODEL` (command "train"), with the options declared here, writing the artifact its method loads.
+struct OfflineStep {
+  std::string command, name, summary;
+  std::vector<ParamSpec> options;
+  std::function<void(CalibrationContext&)> run;
+};
+
 struct MethodInfo {
   std::string name;
   std::string summary;
@@ -144,6 +152,9 @@ class MethodRegistry {
  public:
   static MethodRegistry& get();
   void add(MethodInfo info);
+  // A named offline step of a method's file (DynaKV: its PCA basis, its training).
+  void add_step(OfflineStep step);
+  const std::vector<OfflineStep>& steps() const { return steps_; }
   const MethodInfo& info(const std::string& name) const;  // Error listing the methods if unknown
   std::vector<std::string> names() const;
   // All parameters of a method, `gqa` included (a wrapper's base.NAME parameters are not listed).
@@ -152,6 +163,9 @@ class MethodRegistry {
   // (base.NAME keys, validated against the base, every one filled in), so that results are keyed by
   // the whole composition. Errors name the method, the base and the parameter.
   Params resolve(const std::string& name, const std::map<std::string, std::string>& given) const;
+  // The offline step `kvbench COMMAND NAME` runs: a method's own calibration (command "calibrate",
+  // NAME = the method) or a named step; Error listing the steps of that command if there is none.
+  OfflineStep offline_step(const std::string& command, const std::string& name) const;
   // Names of the methods with the given composition role.
   std::vector<std::string> names(Composition role) const;
   std::unique_ptr<Method> create(const std::string& name, const std::map<std::string, std::string>& params,
@@ -159,10 +173,12 @@ class MethodRegistry {
 
  private:
   std::map<std::string, MethodInfo> methods_;
+  std::vector<OfflineStep> steps_;
 };
 
 // Registers a method from its own file: static const bool reg = register_method({...});
 bool register_method(MethodInfo info);
+bool register_offline_step(OfflineStep step);
 
 // Bytes of `tokens` dense tokens for every stored head of one layer.
 size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens);
