@@ -33,7 +33,7 @@ constexpr int kHeldOutEvery = 10;
 
 // The documents of `text` (or set-up's Python documentation), split into fitting and held-out ones.
 struct Documents {
-  std::vector<std::string> fit, held;
+  SplitDocuments split;
   std::string described;
 };
 
@@ -51,10 +51,7 @@ Documents read_documents(const std::string& spec, const std::string& data_dir, c
                   ", PSF License); the paper uses RedPajama-V2 and reports rates on WikiText-2";
     all = read_text_files(dir.string(), "text");
   }
-  for (size_t i = 0; i < all.size(); ++i) (i % kHeldOutEvery == kHeldOutEvery - 1 ? d.held : d.fit).push_back(all[i]);
-  if (d.fit.empty() || d.held.empty())
-    fail("{}: {} document(s) cannot be split into fitting and held-out text (every {}th is held out); give more files",
-         command, all.size(), kHeldOutEvery);
+  d.split = split_held_out(all, kHeldOutEvery, command, "give more files");
   return d;
 }
 
@@ -104,7 +101,7 @@ void calibrate_pca(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
   const Params& o = ctx.options;
   const Documents docs = read_documents(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca");
-  const auto seqs = token_sequences(ctx.tokenizer, docs.fit, static_cast<int>(o.get_int("seq_len")),
+  const auto seqs = token_sequences(ctx.tokenizer, docs.split.fit, static_cast<int>(o.get_int("seq_len")),
                                     static_cast<size_t>(o.get_int("tokens")));
   size_t total = 0;
   for (const auto& s : seqs) total += s.size();
@@ -132,8 +129,6 @@ void calibrate_pca(CalibrationContext& ctx) {
   fmt::print("wrote {} ({} tokens, d = {})\n", out, tap.tokens(), d);
 }
 
-std::string format_alpha(double a) { return fmt::format("{:g}", a); }
-
 void train(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
   const Params& o = ctx.options;
@@ -157,14 +152,14 @@ void train(CalibrationContext& ctx) {
   const LoadedArtifact pa = load_artifact(kDynaKvPcaKind, o.get("pca"), cfg, "kvbench calibrate dynakv-pca MODEL");
   DynaKvWeights weights = dynakv_init(dynakv_pca_from(pa, cfg), t.init_rate, t.tau);
   const Documents docs = read_documents(o.get("text"), ctx.data_dir, "kvbench train dynakv");
-  const auto fit = token_sequences(ctx.tokenizer, docs.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
-  const auto held = token_sequences(ctx.tokenizer, docs.held, t.seq_len, static_cast<size_t>(o.get_int("held_tokens")));
+  const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
+  const auto held = token_sequences(ctx.tokenizer, docs.split.held, t.seq_len, static_cast<size_t>(o.get_int("held_tokens")));
   if (held.empty()) fail("kvbench train dynakv: the held-out documents give no sequence of {} tokens", t.seq_len);
 
   const std::string out =
       !ctx.out.empty() ? ctx.out
                        : (std::filesystem::path(artifacts_dir()) / kDynaKvKind /
-                          fmt::format("{}.{}-a{}.json", cfg.fingerprint, t.mode, format_alpha(t.alpha)))
+                          fmt::format("{}.{}-a{:g}.json", cfg.fingerprint, t.mode, t.alpha))
                              .string();
   ModelGradients mg(ctx.model);
   nlohmann::json training = train_dynakv(mg, weights, t, fit, held, out + ".ckpt");

@@ -130,14 +130,8 @@ void calibrate_vector(CalibrationContext& ctx) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string described;
   const auto docs = read_documents(o.get("text"), ctx.data_dir, described);
-  // Held-out documents (every `heldout_every`-th) never share text with the fitting ones.
-  std::vector<std::string> fit_docs, held_docs;
-  const long every = o.get_int("heldout_every");
-  for (size_t i = 0; i < docs.size(); ++i) (static_cast<long>(i % size_t(every)) == every - 1 ? held_docs : fit_docs).push_back(docs[i]);
-  if (fit_docs.empty() || held_docs.empty())
-    fail("kvbench calibrate vector: {} document(s) cannot be split into fitting and held-out text (every {}th is "
-         "held out); give more files or a lower -o heldout_every",
-         docs.size(), every);
+  const auto [fit_docs, held_docs] = split_held_out(docs, o.get_int("heldout_every"), "kvbench calibrate vector",
+                                                    "give more files or a lower -o heldout_every");
   const int len = static_cast<int>(std::min<long>(o.get_int("seq_len"), cfg.context_length));
   const auto fit = token_sequences(ctx.tokenizer, fit_docs, len, static_cast<size_t>(o.get_int("tokens")));
   const auto held = token_sequences(ctx.tokenizer, held_docs, len, static_cast<size_t>(o.get_int("heldout_tokens")));

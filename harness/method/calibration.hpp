@@ -30,4 +30,13 @@ class CalibrationContext {
 std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const std::vector<std::string>& docs, int len,
                                                   size_t tokens);
 
+// Documents split for fitting and validation: every `every`-th is held out, so that held-out text never
+// shares a document with fitted text. Error naming `command` (and `hint`, how to change the split) when
+// either side would be empty.
+struct SplitDocuments {
+  std::vector<std::string> fit, held;
+};
+SplitDocuments split_held_out(const std::vector<std::string>& docs, long every, const std::string& command,
+                              const std::string& hint);
+
 }  // namespace kvb

@@ -84,9 +84,11 @@ void DynaKvHook::forward(int layer, int n, float* k, float* v, bool recompute) {
     DynaKvGate& g = gate_[size_t(z)];
     x_[size_t(z)].assign(x, x + size_t(n) * d);
     dynakv_gate(map, x, n, g);
-    std::vector<int> width(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t)
-      width[size_t(t)] = path_ == DynaKvPath::Fixed ? fixed_ : dynakv_width(g.m.data() + size_t(t) * d, d, w_.tau);
+    // Widths serve the rates of first passes and the hard and fixed paths; a soft recompute needs none.
+    std::vector<int> width;
+    if (!recompute || path_ != DynaKvPath::Soft)
+      for (int t = 0; t < n; ++t)
+        width.push_back(path_ == DynaKvPath::Fixed ? fixed_ : dynakv_width(g.m.data() + size_t(t) * d, d, w_.tau));
     if (!recompute) {
       for (int t = 0; t < n; ++t) {
         const double r = dynakv_soft_rate(g.m.data() + size_t(t) * d, d);
@@ -262,9 +264,7 @@ nlohmann::json train_dynakv(ModelGradients& mg, DynaKvWeights& weights, const Dy
     if (ck.value("options", nlohmann::json()) != described)
       fail("{}: checkpoint made with options {}, not {}; delete it to start over or give the same options", checkpoint,
            ck.value("options", nlohmann::json()).dump(), described.dump());
-    LoadedArtifact a{checkpoint, ck.at("weights"), false, ""};
-    ModelConfig shape = mg.config();
-    weights = dynakv_weights_from(a, shape);
+    weights = dynakv_weights_from(LoadedArtifact{checkpoint, ck.at("weights"), false, ""}, mg.config());
     weights.tau = o.tau;
     moments_from(ck.at("optimizer"), opt, checkpoint);
     history = ck.value("history", nlohmann::json::array());
