@@ -1,11 +1,20 @@
 // DynaKV (spec/methods-a.md 2): learned token-adaptive channel truncation of K and V. The learned maps
 // (harness/method/dynakv.*) change the model: every layer's pre-RoPE keys and values of all KV heads
 // are rotated into a basis, a gate picks each token's width, and only the leading coordinates are
-// cached. This file holds the method's offline steps:
+// cached. This file holds the method and its offline steps:
 //   kvbench calibrate dynakv-pca MODEL [--text FILES]   the PCA basis (uncentred second moment, fp64)
 //   kvbench train dynakv MODEL --alpha A [--mode e2e|ll] [--steps N]   the maps, from that basis
 // The default text is the Python documentation's prose set-up fetches (data/python-docs); every
 // tenth document is held out for validation and never trained or calibrated on.
+//
+// Inference (method `dynakv`): the method's transform runs inside the engine for every layer, in
+// prefill and at each decode step: gate, hard width k = #{m > tau} per token, and the token's own K/V
+// replaced by their reconstruction x~[0:k] U^-1[0:k] (spec [REC]: the prompt is never attended
+// uncompressed). The cache keeps per token the k_K and k_V leading coordinates (ragged, at the run's
+// dtype) and two uint16 widths, all charged; keys are reconstructed and rotated by RoPE at attention
+// time, values go through the factored path (sum_t p_t pad(x~_t)) U^-1[:, head block]. With
+// fixed_rate = r every token keeps round(r d) coordinates of the PCA basis instead (the Palu-like
+// fixed-rank baseline at an equal retain rate; no gate).
 #include <cblas.h>
 #include <fmt/format.h>
 
@@ -14,6 +23,7 @@
 #include <filesystem>
 
 #include "harness/engine/engine.hpp"
+#include "harness/engine/rope_freqs.hpp"
 #include "harness/method/artifact.hpp"
 #include "harness/method/calibration.hpp"
 #include "harness/method/dynakv.hpp"
@@ -209,6 +219,196 @@ std::vector<ParamSpec> train_options() {
   p.push_back(ParamSpec::text("pca", "", "PCA artifact (default: this model's from kvbench calibrate dynakv-pca)"));
   return p;
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Inference
+
+// One layer's cache in DynaKV's form, shared by the segments of its KV heads (the latent mixes them).
+struct LatentStore {
+  const DynaKvMap* key_map = nullptr;
+  const DynaKvMap* value_map = nullptr;
+  std::shared_ptr<const RopeTable> rope;
+  std::vector<float> k, v;  // packed: token t's k_K (k_V) leading coordinates after token t-1's
+  std::vector<uint16_t> k_width, v_width;
+  std::vector<int32_t> pos;
+  KvDtype dtype = KvDtype::F32;
+  // A decode step's token, from the transform, until the layer's segments take it (append_token).
+  std::vector<float> next_k, next_v;
+  int32_t next_pos = -1;
+
+  void add(const float* lk, int wk, const float* lv, int wv, int32_t p) {
+    k.insert(k.end(), lk, lk + wk);
+    v.insert(v.end(), lv, lv + wv);
+    for (auto it = k.end() - wk; it != k.end(); ++it) *it = kv_round(dtype, *it);
+    for (auto it = v.end() - wv; it != v.end(); ++it) *it = kv_round(dtype, *it);
+    k_width.push_back(static_cast<uint16_t>(wk));
+    v_width.push_back(static_cast<uint16_t>(wv));
+    pos.push_back(p);
+  }
+  size_t bytes() const { return (k.size() + v.size()) * kv_dtype_bytes(dtype) + 2 * sizeof(uint16_t) * pos.size(); }
+  void store_as(KvDtype t) {
+    if (t == dtype) return;
+    dtype = t;
+    for (float& x : k) x = kv_round(t, x);
+    for (float& x : v) x = kv_round(t, x);
+  }
+};
+
+// The view of one KV head onto its layer's LatentStore; the store is charged once, by head 0.
+class LatentSegment final : public Segment {
+ public:
+  LatentSegment(std::shared_ptr<LatentStore> store, int head, int head_dim)
+      : s_(std::move(store)), head_(head), d_(head_dim) {}
+  std::string format() const override { return "dynakv-latent"; }
+  size_t size() const override { return s_->pos.size(); }
+  std::span<const int32_t> positions() const override { return s_->pos; }
+  size_t bytes() const override { return head_ == 0 ? s_->bytes() : 0; }
+  void logits(const float* q, float* scores) const override {
+    std::vector<float> key(static_cast<size_t>(d_));
+    size_t off = 0;
+    for (size_t t = 0; t < size(); ++t) {
+      // RoPE after reconstruction: the stored coordinates are pre-RoPE.
+      dynakv_expand(*s_->key_map, s_->k.data() + off, s_->k_width[t], head_ * d_, d_, key.data());
+      s_->rope->apply(key.data(), 1, 1, d_, &s_->pos[t]);
+      scores[t] = cblas_sdot(d_, q, 1, key.data(), 1);
+      off += s_->k_width[t];
+    }
+  }
+  void accumulate(const float* p, float* acc) const override {
+    const int dkv = s_->value_map->d;
+    std::vector<float> pooled(static_cast<size_t>(dkv), 0.0f), out(static_cast<size_t>(d_));
+    size_t off = 0;
+    for (size_t t = 0; t < size(); ++t) {
+      for (int i = 0; i < s_->v_width[t]; ++i) pooled[size_t(i)] += p[t] * s_->v[off + size_t(i)];
+      off += s_->v_width[t];
+    }
+    dynakv_expand(*s_->value_map, pooled.data(), dkv, head_ * d_, d_, out.data());
+    for (int j = 0; j < d_; ++j) acc[j] += out[size_t(j)];
+  }
+  void store_as(KvDtype t) override { s_->store_as(t); }
+  // The engine appends a decoded token head by head; the first head commits the transform's latent.
+  bool append_token(const float*, const float*, int32_t p) override {
+    if (s_->next_pos != p) return !s_->pos.empty() && s_->pos.back() == p;
+    s_->add(s_->next_k.data(), static_cast<int>(s_->next_k.size()), s_->next_v.data(),
+            static_cast<int>(s_->next_v.size()), p);
+    s_->next_pos = -1;
+    return true;
+  }
+
+ private:
+  std::shared_ptr<LatentStore> s_;
+  int head_, d_;
+};
+
+class DynaKV final : public Method, public KvTransform {
+ public:
+  void setup() override {
+    const ModelConfig& m = model();
+    d_ = m.n_kv_heads * m.head_dim;
+    tau_ = params().get_float("tau");
+    const double rate = params().get_float("fixed_rate");
+    if (rate > 0) {
+      const LoadedArtifact a = load_artifact(kDynaKvPcaKind, params().get("pca"), m, "kvbench calibrate dynakv-pca MODEL");
+      weights_ = dynakv_init(dynakv_pca_from(a, m), 0.5, tau_);
+      fixed_ = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
+      artifacts_ = {{"pca", {{"file", a.path}, {"digest", a.digest}}}};
+    } else {
+      if (params().get("weights").empty())
+        fail("method dynakv: give weights=FILE (made by kvbench train dynakv MODEL --alpha A) or fixed_rate=R (the "
+             "PCA truncation baseline)");
+      const LoadedArtifact a = load_artifact(kDynaKvKind, params().get("weights"), m, "kvbench train dynakv MODEL");
+      weights_ = dynakv_weights_from(a, m);
+      artifacts_ = {{"weights", {{"file", a.path}, {"digest", a.digest}}}};
+    }
+    rope_ = std::make_shared<RopeTable>(rope_inv_freq(m), m.rope_layout == RopeLayout::Interleaved
+                                                              ? RopeStyle::Interleaved
+                                                              : RopeStyle::NeoX);
+    rope_->ensure(m.context_length);
+    stores_.resize(size_t(m.n_layers));
+  }
+  bool shares_prefill() const override { return false; }
+  KvTransform* kv_transform() override { return this; }
+  nlohmann::json artifacts() const override { return artifacts_; }
+
+  void apply(int layer, int n, const int32_t* pos, float* k, float* v) override {
+    const auto& maps = weights_.layers[size_t(layer)];
+    if (pos[0] == 0) {  // a new sequence: this layer's prompt goes to a fresh store
+      auto s = std::make_shared<LatentStore>();
+      s->key_map = &maps[0];
+      s->value_map = &maps[1];
+      s->rope = rope_;
+      stores_[size_t(layer)] = s;
+    }
+    LatentStore& s = *stores_[size_t(layer)];
+    std::array<std::vector<int>, 2> width;
+    std::array<std::vector<float>, 2> xt;
+    for (int z = 0; z < 2; ++z) {
+      float* x = z == 0 ? k : v;
+      const DynaKvMap& map = maps[size_t(z)];
+      auto& w = width[size_t(z)];
+      if (fixed_) {
+        xt[size_t(z)].resize(size_t(n) * d_);
+        dynakv_rotate(map, x, n, xt[size_t(z)].data());
+        w.assign(size_t(n), fixed_);
+      } else {
+        dynakv_gate(map, x, n, gate_);
+        xt[size_t(z)] = std::move(gate_.xt);
+        for (int t = 0; t < n; ++t) w.push_back(dynakv_width(gate_.m.data() + size_t(t) * d_, d_, tau_));
+      }
+      // What attention reads, this token included: the reconstruction of the kept coordinates.
+      for (int t = 0; t < n; ++t)
+        dynakv_expand(map, xt[size_t(z)].data() + size_t(t) * d_, w[size_t(t)], 0, d_, x + size_t(t) * d_);
+    }
+    if (pos[0] == 0) {
+      for (int t = 0; t < n; ++t)
+        s.add(xt[0].data() + size_t(t) * d_, width[0][size_t(t)], xt[1].data() + size_t(t) * d_, width[1][size_t(t)],
+              pos[t]);
+    } else {
+      if (n != 1) fail("internal: dynakv transform of {} tokens after the prompt", n);
+      s.next_k.assign(xt[0].begin(), xt[0].begin() + width[0][0]);
+      s.next_v.assign(xt[1].begin(), xt[1].begin() + width[1][0]);
+      s.next_pos = pos[0];
+    }
+  }
+
+  LayerCache compress(const PrefillView& view, const Budget&) override {
+    const auto& s = stores_[size_t(view.layer)];
+    if (!s || s->pos.size() != size_t(view.n_tokens))
+      fail("dynakv: layer {}'s keys and values did not pass through its transform; DynaKV changes the model and "
+           "runs only inside the engine's own prefill",
+           view.layer);
+    LayerCache cache(view.n_heads, view.n_kv_heads, view.head_dim);
+    for (int h = 0; h < view.n_kv_heads; ++h)
+      cache.segments(h).push_back(std::make_unique<LatentSegment>(s, h, view.head_dim));
+    // Widths for the record: the hard retain rate of this layer's prompt.
+    double kept = 0;
+    for (size_t t = 0; t < s->pos.size(); ++t) kept += s->k_width[t] + s->v_width[t];
+    stats_ = {{"layer", view.layer}, {"retain_rate", kept / (2.0 * d_ * double(s->pos.size()))}};
+    return cache;
+  }
+  nlohmann::json layer_stats() const override { return stats_; }
+
+ private:
+  int d_ = 0, fixed_ = 0;
+  double tau_ = 0.1;
+  DynaKvWeights weights_;
+  std::shared_ptr<RopeTable> rope_;
+  std::vector<std::shared_ptr<LatentStore>> stores_;
+  DynaKvGate gate_;
+  nlohmann::json artifacts_, stats_;
+};
+
+const bool method_registered = register_method(
+    {.name = "dynakv",
+     .summary = "learned per-token channel truncation of K and V (changes the model; kvbench train dynakv)",
+     .params = {ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
+                ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
+                ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
+                                "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
+                ParamSpec::text("pca", "", "PCA artifact for fixed_rate (default: this model's)")},
+     .make = [] { return std::make_unique<DynaKV>(); },
+     .budgeted = false,
+     .changes_model = true});
 
 const bool pca_registered = register_offline_step(
     {"calibrate", "dynakv-pca", "DynaKV's PCA basis per layer, K and V (uncentred second moment, fp64)", pca_options(),

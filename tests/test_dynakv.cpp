@@ -7,7 +7,9 @@
 #include <fstream>
 #include <random>
 
+#include "harness/engine/engine.hpp"
 #include "harness/engine/gradients.hpp"
+#include "harness/method/method.hpp"
 #include "harness/method/artifact.hpp"
 #include "harness/method/dynakv.hpp"
 #include "harness/method/dynakv_train.hpp"
@@ -391,3 +393,161 @@ TEST_CASE("DynaKV e2e gradient of the default model matches torch autograd (dyna
   INFO("largest sampled difference relative to the tensor's largest entry: " << worst);
   CHECK(worst < 5e-4);
 }
+
+namespace {
+
+// A tiny random model on disk and DynaKV weights for it (an artifact with its header), in a fresh
+// temporary directory.
+struct TinyDynaKv {
+  std::filesystem::path dir = test::temp_dir("dynakv_engine");
+  std::string model_path = (dir / "tiny.gguf").string(), weights_path = (dir / "w.json").string(),
+              pca_path = (dir / "pca.json").string();
+  std::unique_ptr<ModelFile> model;
+  DynaKvWeights w;
+  int d = 0;
+
+  explicit TinyDynaKv(float gate_scale) {
+    ModelShape shape;
+    shape.name = "tiny";
+    shape.arch = "llama";
+    shape.layers = 2;
+    shape.hidden = 32;
+    shape.heads = 4;
+    shape.kv_heads = 2;
+    shape.ffn = 48;
+    shape.vocab = 64;
+    shape.context = 128;
+    write_random_model(model_path, shape, DType::F32, 17);
+    model = ModelFile::open(model_path);
+    d = 2 * 8;
+    w.d = d;
+    w.tau = 0.1;
+    for (int l = 0; l < 2; ++l) w.layers.push_back({random_map(d, 90 + l, gate_scale), random_map(d, 95 + l, gate_scale)});
+    auto body = dynakv_weights_json(w);
+    body["header"] = artifact_header(kDynaKvKind, model->config(), model_path);
+    write_artifact(weights_path, body);
+  }
+  ~TinyDynaKv() { std::filesystem::remove_all(dir); }
+};
+
+// Mean next-token cross-entropy of ids read off the engine one token at a time (prefill of the first,
+// then decode), with an observer for the sequence.
+double engine_ce(Engine& e, const std::vector<int32_t>& ids, PrefillObserver* obs) {
+  double ce = 0;
+  auto logits = e.prefill(std::span<const int32_t>(ids.data(), 1), obs);
+  for (size_t t = 1; t < ids.size(); ++t) {
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double z = 0;
+    for (float x : logits) z += std::exp(double(x) - mx);
+    ce += std::log(z) + mx - logits[size_t(ids[t])];
+    if (t + 1 < ids.size()) logits = e.decode(ids[t]);
+  }
+  return ce / double(ids.size() - 1);
+}
+
+}  // namespace
+
+TEST_CASE("DynaKV method: all coordinates kept gives the base model's logits (2.9.3, 2.9.4)", "[dynakv]") {
+  TinyDynaKv tiny(0.3f);
+  Engine e(*tiny.model);
+  std::vector<int32_t> ids = {3, 17, 42, 8, 8, 60, 1, 33, 21, 9, 14, 50};
+  const auto base_prefill = e.prefill(ids);
+  const auto base_next = e.decode(5);
+  auto m = MethodRegistry::get().create("dynakv", {{"weights", tiny.weights_path}, {"tau", "-1"}}, e.config());
+  MethodRunner runner(*m, KvBudget{});
+  const auto got_prefill = e.prefill(ids, &runner);
+  const auto got_next = e.decode(5);
+  for (size_t i = 0; i < base_prefill.size(); ++i) {
+    CHECK(got_prefill[i] == Approx(base_prefill[i]).margin(1e-4));
+    CHECK(got_next[i] == Approx(base_next[i]).margin(1e-4));
+  }
+}
+
+TEST_CASE("DynaKV method: the latent cache decodes what the training side's hard path computes", "[dynakv]") {
+  TinyDynaKv tiny(2.0f);
+  Engine e(*tiny.model);
+  std::vector<int32_t> ids(24);
+  std::mt19937 rng(8);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 64);
+  auto m = MethodRegistry::get().create("dynakv", {{"weights", tiny.weights_path}}, e.config());
+  MethodRunner runner(*m, KvBudget{});
+  const double via_cache = engine_ce(e, ids, &runner);
+  ModelGradients mg(*tiny.model);
+  DynaKvHook hard(tiny.w, DynaKvPath::Hard);
+  const double teacher_forced = mg.compute(ids, {}, &hard).loss;
+  CHECK(via_cache == Approx(teacher_forced).epsilon(1e-4));
+  const double rate = hard.hard_rate();
+  INFO("hard retain rate " << rate);
+  CHECK(rate < 0.9);  // the gate really truncates
+  // The prompt prefilled at once, then decoded, equals decoding from the first token.
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 16);
+  e.prefill(prompt, &runner);
+  std::vector<float> a;
+  for (size_t t = 16; t < ids.size(); ++t) a = e.decode(ids[t]);
+  e.prefill(std::span<const int32_t>(ids.data(), 1), &runner);
+  std::vector<float> b;
+  for (size_t t = 1; t < ids.size(); ++t) b = e.decode(ids[t]);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-4));
+  // Memory (2.9.7): per token and layer k_K + k_V stored numbers plus two uint16 widths; every
+  // position once, in every head's view.
+  double numbers = 0;
+  for (int l = 0; l < 2; ++l)
+    for (int z = 0; z < 2; ++z) numbers += hard.hard_rate(l, z) * double(ids.size()) * tiny.d;
+  for (const auto& c : e.caches())
+    for (int h = 0; h < c.n_cache_heads(); ++h) CHECK(c.tokens(h) == ids.size());
+  const double length_fields = 2.0 * 2 * double(ids.size()) * 2;
+  CHECK(double(e.kv_bytes()) == Approx(4 * numbers + length_fields).epsilon(0.01));
+  // At fp16 (with every coordinate kept, so that widths cannot shift with the rounded upstream cache):
+  // 2 bytes a number.
+  Engine half(*tiny.model, {.kv_dtype = KvDtype::F16});
+  auto keep_all = MethodRegistry::get().create("dynakv", {{"weights", tiny.weights_path}, {"tau", "-1"}}, e.config());
+  MethodRunner keep_runner(*keep_all, KvBudget{});
+  engine_ce(half, ids, &keep_runner);  // caches every token but the last, whose logits are not needed
+  const size_t cached = ids.size() - 1;
+  CHECK(half.kv_bytes() == 2 * size_t(2 * tiny.d) * cached * 2 + 2 * 2 * cached * 2);
+}
+
+TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinates; bad parameters", "[dynakv]") {
+  TinyDynaKv tiny(0.3f);
+  DynaKvPca pca;
+  pca.d = tiny.d;
+  for (int l = 0; l < 2; ++l) {
+    std::array<std::vector<float>, 2> basis;
+    for (auto& b : basis) {
+      b.assign(size_t(tiny.d) * tiny.d, 0.0f);
+      for (int i = 0; i < tiny.d; ++i) b[size_t(i) * tiny.d + (tiny.d - 1 - i)] = 1.0f;  // a permutation
+    }
+    pca.basis.push_back(basis);
+    pca.eigenvalues.push_back({std::vector<double>(size_t(tiny.d), 1.0), std::vector<double>(size_t(tiny.d), 1.0)});
+  }
+  auto body = dynakv_pca_json(pca);
+  body["header"] = artifact_header(kDynaKvPcaKind, tiny.model->config(), tiny.model_path);
+  write_artifact(tiny.pca_path, body);
+  Engine e(*tiny.model);
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  auto m = MethodRegistry::get().create("dynakv", {{"fixed_rate", "0.25"}, {"pca", tiny.pca_path}}, e.config());
+  MethodRunner runner(*m, KvBudget{});
+  e.prefill(ids, &runner);
+  e.decode(11);
+  // 4 of 16 coordinates for K and V, 11 tokens, 2 layers: numbers + widths.
+  CHECK(e.kv_bytes() == size_t(2 * 11 * (4 + 4) * 4 + 2 * 11 * 4));
+  ModelGradients mg(*tiny.model);
+  auto w = dynakv_init(pca, 0.5, 0.1);
+  DynaKvHook fixed(w, DynaKvPath::Fixed, 4);
+  std::vector<int32_t> all = ids;
+  all.push_back(11);
+  CHECK(engine_ce(e, all, &runner) == Approx(mg.compute(all, {}, &fixed).loss).epsilon(1e-4));
+
+  const auto& reg = MethodRegistry::get();
+  test::require_error([&] { reg.create("dynakv", {}, e.config()); }, {"weights=FILE", "fixed_rate"});
+  ModelConfig other = e.config();
+  other.fingerprint = "0123456789abcdef";
+  test::require_error([&] { reg.create("dynakv", {{"weights", tiny.weights_path}}, other); },
+                      {"w.json", "not this one"});
+  PrefillView view;
+  view.n_tokens = 4;
+  auto direct = reg.create("dynakv", {{"weights", tiny.weights_path}}, e.config());
+  test::require_error([&] { direct->compress(view, Budget{}); }, {"did not pass through its transform"});
+  test::require_error([&] { e.resume(e.prefill_capture(ids, {}), &runner); }, {"needs a prefill of its own"});
+}
+

@@ -105,6 +105,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
 
   for (auto& c : caches_) c.clear();
   b.forget_caches();
+  transform_ = observer ? observer->kv_transform() : nullptr;
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
 
@@ -162,6 +163,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q);
     b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
     b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
+    if (transform_) transform(l, k, v, n, pos);
     if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre, kv_elems});
     b.rope(q, n, hq, d, pos);
     b.rope(k, n, hkv, d, pos);
@@ -218,6 +220,17 @@ class Capturer final : public PrefillObserver {
 
 }  // namespace
 
+void Engine::transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos) {
+  const size_t kv = size_t(n) * cfg_.n_kv_heads * cfg_.head_dim;
+  tk_.resize(kv);
+  tv_.resize(kv);
+  backend_->download(k, tk_);
+  backend_->download(v, tv_);
+  transform_->apply(l, n, pos.data(), tk_.data(), tv_.data());
+  backend_->upload(k, tk_);
+  backend_->upload(v, tv_);
+}
+
 PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs) {
   PrefillCapture c;
   c.needs = needs;
@@ -232,6 +245,9 @@ PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const Prefi
 
 std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* observer) {
   const PrefillNeeds want = observer ? observer->needs() : PrefillNeeds{};
+  if (observer && observer->kv_transform())
+    fail("resume: the method changes the model's keys and values; it needs a prefill of its own, not a capture");
+  transform_ = nullptr;
   if (want.window > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) || (want.attn_colsum && !c.needs.attn_colsum))
     fail("resume: the capture lacks what the method needs (window {} of {}, pre-RoPE keys, accumulated attention)",
          want.window, c.window);
@@ -281,7 +297,7 @@ std::vector<float> Engine::decode(int32_t token) {
   b.embed(tok_embd_, ids, H, x);
   // Without a decode observer the host caches may lag one step: the backend appends to its own copy
   // and the host copies arrive with the step's last download.
-  const bool defer = decode_observer_ == nullptr;
+  const bool defer = decode_observer_ == nullptr && transform_ == nullptr;
   constexpr int kDecodeSlot = 2;
   float* staged = defer ? b.stage(kDecodeSlot, size_t(cfg_.n_layers) * 2 * KV) : nullptr;
   std::vector<bool> deferred(cfg_.n_layers, false);
@@ -293,6 +309,7 @@ std::vector<float> Engine::decode(int32_t token) {
     b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, 1, H, Q, q);
     b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, 1, H, KV, k);
     b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, 1, H, KV, v);
+    if (transform_) transform(l, k, v, 1, std::span<const int32_t>(&p, 1));
     b.rope(q, 1, hq, d, std::span<const int32_t>(&p, 1));
     b.rope(k, 1, hkv, d, std::span<const int32_t>(&p, 1));
     if (defer && b.append_on_device(cache, k, v, hkv)) {

@@ -88,6 +88,10 @@ class Engine {
   int pos_ = 0;
   size_t weight_bytes_ = 0;
   PrefillObserver* decode_observer_ = nullptr;
+  KvTransform* transform_ = nullptr;  // of the current sequence's observer
+  // Applies transform_ to layer l's k and v in backend memory (a round trip through the host).
+  void transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos);
+  std::vector<float> tk_, tv_;
   std::vector<float> rep_k_, rep_v_;
 };
 

@@ -44,10 +44,22 @@ struct PrefillNeeds {
   }
 };
 
+// A change of the model's keys and values before attention (DynaKV's learned maps). The engine hands
+// it every layer's pre-RoPE k and v [n, n_kv_heads x head_dim] of positions pos, in prefill (all
+// prompt tokens; pos[0] = 0 starts a sequence) and at each decode step, and attention then reads what
+// it left there. The caches it fills are the observer's business.
+class KvTransform {
+ public:
+  virtual ~KvTransform() = default;
+  virtual void apply(int layer, int n, const int32_t* pos, float* k, float* v) = 0;
+};
+
 class PrefillObserver {
  public:
   virtual ~PrefillObserver() = default;
   virtual PrefillNeeds needs() const { return {}; }
+  // Non-null for a method that changes the model's K/V (it then needs a prefill of its own).
+  virtual KvTransform* kv_transform() { return nullptr; }
   // Fills `cache` (empty on entry) with what the layer keeps for decoding.
   virtual void on_layer(const PrefillView& view, LayerCache& cache) = 0;
   // Called at each decode step of the same sequence, per layer, after the step's attention; the new

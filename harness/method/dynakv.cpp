@@ -44,6 +44,10 @@ void check_map(const DynaKvMap& map) {
 
 }  // namespace
 
+void dynakv_rotate(const DynaKvMap& map, const float* x, int n, float* xt) {
+  times(x, map.U.data(), n, map.d, false, 0.0f, xt);
+}
+
 void dynakv_gate(const DynaKvMap& map, const float* x, int n, DynaKvGate& g) {
   check_map(map);
   const int d = map.d;
@@ -52,7 +56,7 @@ void dynakv_gate(const DynaKvMap& map, const float* x, int n, DynaKvGate& g) {
   g.xt.resize(size_t(n) * d);
   g.p.resize(size_t(n) * d);
   g.m.resize(size_t(n) * d);
-  times(x, map.U.data(), n, d, false, 0.0f, g.xt.data());
+  dynakv_rotate(map, x, n, g.xt.data());
   for (int t = 0; t < n; ++t) std::copy_n(map.b.data(), d, g.p.data() + size_t(t) * d);
   times(g.xt.data(), map.W.data(), n, d, false, 1.0f, g.p.data());
 #pragma omp parallel for schedule(static) if (n > 64)

@@ -30,6 +30,8 @@ struct DynaKvGate {
   std::vector<float> xt, p, m;
 };
 
+// x~ = x U for the rows of x[n, d] (xt [n, d]).
+void dynakv_rotate(const DynaKvMap& map, const float* x, int n, float* xt);
 // x~ = x U, p and m for the rows of x[n, d]: BLAS products; the plain reference in double.
 void dynakv_gate(const DynaKvMap& map, const float* x, int n, DynaKvGate& g);
 void dynakv_gate_ref(const DynaKvMap& map, const float* x, int n, DynaKvGate& g);

@@ -101,6 +101,9 @@ class Method {
   // False for a method that changes prefill itself (e.g. evicts while prefilling in chunks): a sweep
   // then gives its cells their own prefill instead of the full-attention one shared by the others.
   virtual bool shares_prefill() const { return true; }
+  // Non-null for a method that changes the model's keys and values before attention (DynaKV); such a
+  // method must also say shares_prefill() = false.
+  virtual KvTransform* kv_transform() { return nullptr; }
 
   const std::string& name() const { return name_; }
   const Params& params() const { return params_; }
@@ -146,6 +149,9 @@ struct MethodInfo {
   // False for a method that sets its own memory rather than fitting a KV size (quantization: KVmix).
   // It runs once per configuration with no budget (like fullkv in a sweep) and always compresses.
   bool budgeted = true;
+  // True for a method that changes the model (kv_transform): it runs only inside an engine's prefill,
+  // so tests that drive methods with synthetic prefill views leave it out.
+  bool changes_model = false;
 };
 
 class MethodRegistry {
@@ -190,6 +196,7 @@ class MethodRunner : public PrefillObserver {
  public:
   MethodRunner(Method& method, KvBudget budget);
   PrefillNeeds needs() const override { return method_.needs(); }
+  KvTransform* kv_transform() override { return method_.kv_transform(); }
   void on_layer(const PrefillView& view, LayerCache& cache) override;
   bool acts_on_decode() const override { return method_.acts_on_decode(); }
   void on_decode(int layer, LayerCache& cache, const float* q, int32_t pos) override {
