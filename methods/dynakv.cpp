@@ -29,6 +29,7 @@
 #include "harness/method/dynakv.hpp"
 #include "harness/method/dynakv_train.hpp"
 #include "harness/method/method.hpp"
+#include "harness/method/parts.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
@@ -246,6 +247,21 @@ struct LatentStore {
     pos.push_back(p);
   }
   size_t bytes() const { return (k.size() + v.size()) * kv_dtype_bytes(dtype) + 2 * sizeof(uint16_t) * pos.size(); }
+  // The tokens at the given indices (ascending), in a new store with the same maps.
+  std::shared_ptr<LatentStore> subset(const std::vector<size_t>& keep) const {
+    auto out = std::make_shared<LatentStore>();
+    out->key_map = key_map;
+    out->value_map = value_map;
+    out->rope = rope;
+    out->dtype = dtype;
+    std::vector<size_t> k_off(pos.size() + 1, 0), v_off(pos.size() + 1, 0);
+    for (size_t t = 0; t < pos.size(); ++t) {
+      k_off[t + 1] = k_off[t] + k_width[t];
+      v_off[t + 1] = v_off[t] + v_width[t];
+    }
+    for (size_t t : keep) out->add(k.data() + k_off[t], k_width[t], v.data() + v_off[t], v_width[t], pos[t]);
+    return out;
+  }
   void store_as(KvDtype t) {
     if (t == dtype) return;
     dtype = t;
@@ -302,6 +318,7 @@ class LatentSegment final : public Segment {
 
 class DynaKV final : public Method, public KvTransform {
  public:
+  explicit DynaKV(bool snap) : snap_(snap) {}
   void setup() override {
     const ModelConfig& m = model();
     d_ = m.n_kv_heads * m.head_dim;
@@ -371,24 +388,64 @@ class DynaKV final : public Method, public KvTransform {
     }
   }
 
-  LayerCache compress(const PrefillView& view, const Budget&) override {
-    const auto& s = stores_[size_t(view.layer)];
+  PrefillNeeds needs() const override {
+    return {snap_ ? static_cast<int>(params().get_int("window")) : 0, false, false};
+  }
+
+  LayerCache compress(const PrefillView& view, const Budget& budget) override {
+    auto s = stores_[size_t(view.layer)];
     if (!s || s->pos.size() != size_t(view.n_tokens))
       fail("dynakv: layer {}'s keys and values did not pass through its transform; DynaKV changes the model and "
            "runs only inside the engine's own prefill",
            view.layer);
+    if (snap_) s = s->subset(admit(view, *s, budget));
+    stores_[size_t(view.layer)] = s;  // decoded tokens go where the cache reads
     LayerCache cache(view.n_heads, view.n_kv_heads, view.head_dim);
     for (int h = 0; h < view.n_kv_heads; ++h)
       cache.segments(h).push_back(std::make_unique<LatentSegment>(s, h, view.head_dim));
-    // Widths for the record: the hard retain rate of this layer's prompt.
+    // For the record: the hard retain rate of the tokens kept, and how many were kept.
     double kept = 0;
     for (size_t t = 0; t < s->pos.size(); ++t) kept += s->k_width[t] + s->v_width[t];
-    stats_ = {{"layer", view.layer}, {"retain_rate", kept / (2.0 * d_ * double(s->pos.size()))}};
+    stats_ = {{"layer", view.layer},
+              {"retain_rate", s->pos.empty() ? 0.0 : kept / (2.0 * d_ * double(s->pos.size()))},
+              {"tokens", s->pos.size()}};
     return cache;
   }
   nlohmann::json layer_stats() const override { return stats_; }
 
  private:
+  // DynaKV + SnapKV (spec 2.2, [REC] budgeted extension): every head's pooled window scores summed,
+  // since the latent mixes the heads, then tokens admitted while the layer's bytes stay within
+  // T x 2 d numbers: the window first (newest first), then the prefix by score. Returns the kept
+  // indices, ascending.
+  std::vector<size_t> admit(const PrefillView& view, const LatentStore& s, const Budget& budget) const {
+    const int n = view.n_tokens, w = std::min(n, static_cast<int>(params().get_int("window")));
+    const size_t b = kv_dtype_bytes(view.kv_dtype);
+    const size_t limit = size_t(budget.tokens) * 2 * d_ * b;
+    auto cost = [&](size_t t) { return (size_t(s.k_width[t]) + s.v_width[t]) * b + 2 * sizeof(uint16_t); };
+    std::vector<size_t> order;
+    for (int t = n - 1; t >= n - w; --t) order.push_back(size_t(t));
+    if (n > w) {
+      const HeadScores heads = pooled_window_scores(view, params());
+      std::vector<float> total(size_t(n - w), 0.0f);
+      for (const auto& h : heads)
+        for (size_t j = 0; j < total.size(); ++j) total[j] += h[j];
+      for (size_t j = 0; j < total.size(); ++j) order.push_back(j);
+      // Highest score first, ties to the lower position.
+      std::stable_sort(order.begin() + w, order.end(), [&](size_t x, size_t y) { return total[x] > total[y]; });
+    }
+    std::vector<size_t> keep;
+    size_t used = 0;
+    for (size_t t : order)
+      if (used + cost(t) <= limit) {
+        used += cost(t);
+        keep.push_back(t);
+      }
+    std::sort(keep.begin(), keep.end());
+    return keep;
+  }
+
+  bool snap_;
   int d_ = 0, fixed_ = 0;
   double tau_ = 0.1;
   DynaKvWeights weights_;
@@ -398,16 +455,33 @@ class DynaKV final : public Method, public KvTransform {
   nlohmann::json artifacts_, stats_;
 };
 
+std::vector<ParamSpec> method_params() {
+  return {ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
+          ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
+          ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
+                          "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
+          ParamSpec::text("pca", "", "PCA artifact for fixed_rate (default: this model's)")};
+}
+
+std::vector<ParamSpec> snap_params() {
+  auto p = method_params();
+  for (auto& w : window_scorer_params()) p.push_back(std::move(w));
+  return p;
+}
+
 const bool method_registered = register_method(
     {.name = "dynakv",
      .summary = "learned per-token channel truncation of K and V (changes the model; kvbench train dynakv)",
-     .params = {ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
-                ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
-                ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
-                                "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
-                ParamSpec::text("pca", "", "PCA artifact for fixed_rate (default: this model's)")},
-     .make = [] { return std::make_unique<DynaKV>(); },
+     .params = method_params(),
+     .make = [] { return std::make_unique<DynaKV>(false); },
      .budgeted = false,
+     .changes_model = true});
+
+const bool snap_registered = register_method(
+    {.name = "dynakv-snapkv",
+     .summary = "DynaKV + SnapKV: tokens evicted for all heads at once by summed window scores, within KV size T",
+     .params = snap_params(),
+     .make = [] { return std::make_unique<DynaKV>(true); },
      .changes_model = true});
 
 const bool pca_registered = register_offline_step(

@@ -551,3 +551,38 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
   test::require_error([&] { e.resume(e.prefill_capture(ids, {}), &runner); }, {"needs a prefill of its own"});
 }
 
+
+TEST_CASE("DynaKV + SnapKV: within KV size T, every token when T covers them, the window first (2.9.8)", "[dynakv]") {
+  TinyDynaKv tiny(2.0f);
+  Engine e(*tiny.model);
+  std::vector<int32_t> ids(60);
+  std::mt19937 rng(12);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 64);
+  const auto& reg = MethodRegistry::get();
+  auto plain = reg.create("dynakv", {{"weights", tiny.weights_path}}, e.config());
+  MethodRunner plain_runner(*plain, KvBudget{});
+  const auto want = e.prefill(ids, &plain_runner);
+  const auto want_next = e.decode(7);
+  auto snap = reg.create("dynakv-snapkv", {{"weights", tiny.weights_path}, {"window", "8"}}, e.config());
+  {
+    MethodRunner runner(*snap, 60);  // T = the prompt: every token fits (their widths are below d)
+    CHECK(e.prefill(ids, &runner) == want);
+    CHECK(e.decode(7) == want_next);
+    for (const auto& c : e.caches()) CHECK(c.tokens(0) == 61);
+  }
+  for (int T : {4, 10, 20}) {
+    INFO("T = " << T);
+    MethodRunner runner(*snap, T);
+    e.prefill(ids, &runner);
+    const size_t limit = size_t(T) * 2 * tiny.d * 4;
+    for (const auto& c : e.caches()) {
+      CHECK(c.bytes() <= limit);
+      CHECK(c.tokens(0) > 0);
+      const auto pos = c.segments(0)[0]->positions();
+      CHECK(std::is_sorted(pos.begin(), pos.end()));
+      CHECK(pos.back() == 59);  // the newest window token is admitted first
+    }
+    e.decode(7);
+    for (const auto& c : e.caches()) CHECK(c.segments(1)[0]->positions().back() == 60);
+  }
+}
