@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include "harness/engine/engine.hpp"
@@ -173,7 +174,17 @@ void train(CalibrationContext& ctx) {
                           fmt::format("{}.{}-a{:g}.json", cfg.fingerprint, t.mode, t.alpha))
                              .string();
   ModelGradients mg(ctx.model);
+  DynaKvWeights pca_basis = weights;  // the starting point: the fixed-rank baseline's basis
   nlohmann::json training = train_dynakv(mg, weights, t, fit, held, out + ".ckpt");
+  // The fixed-rank baseline at the retain rate just measured: every token keeps the same number of
+  // leading PCA coordinates (method dynakv with fixed_rate), on the same held-out text.
+  const double rate = training["validation"]["hard_rate"].get<double>();
+  const int width = std::clamp(static_cast<int>(std::lround(rate * weights.d)), 1, weights.d);
+  const DynaKvValidation fixed = dynakv_validate(mg, pca_basis, DynaKvPath::Fixed, width, held, false, ctx.progress);
+  training["fixed_rank_baseline"] = {{"width", width},
+                                     {"rate", double(width) / weights.d},
+                                     {"ce", fixed.ce_hard},
+                                     {"ppl", std::exp(fixed.ce_hard)}};
   training["text"] = docs.described;
   training["pca"] = {{"file", pa.path}, {"digest", pa.digest}};
   nlohmann::json body = dynakv_weights_json(weights);
@@ -182,10 +193,10 @@ void train(CalibrationContext& ctx) {
   write_artifact(out, body);
   const auto& v = training["validation"];
   fmt::print("wrote {}\n  held-out ({} tokens): hard retain rate {:.4f}, soft {:.4f}; perplexity {:.3f} (full cache "
-             "{:.3f}); {} training tokens in {:.0f} s\n",
+             "{:.3f}, fixed-rank PCA at {}/{} coordinates {:.3f}); {} training tokens in {:.0f} s\n",
              out, v["tokens"].get<size_t>(), v["hard_rate"].get<double>(), v["soft_rate"].get<double>(),
-             v["ppl_hard"].get<double>(), v["ppl_full"].get<double>(), training["train_tokens"].get<size_t>(),
-             training["seconds"].get<double>());
+             v["ppl_hard"].get<double>(), v["ppl_full"].get<double>(), width, weights.d, std::exp(fixed.ce_hard),
+             training["train_tokens"].get<size_t>(), training["seconds"].get<double>());
 }
 
 std::vector<ParamSpec> text_options() {

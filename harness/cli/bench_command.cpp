@@ -40,6 +40,7 @@ struct Row {
   Spread prefill_tps, decode_tps;
   double prefill_tflops = 0, linear_tflops = 0, attention_tflops = 0, linear_eff = 0, linear_share = 0;
   double compress_share = 0;  // compression time / prefill time
+  double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
   double decode_gemv_eff = 0;  // weight bytes / time of the decode step's matrix products, vs bandwidth
   size_t peak_memory = 0, kv_bytes = 0;
@@ -161,7 +162,7 @@ void register_bench_command(CLI::App& app) {
       const std::vector<std::string> head = {
           "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
           "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",
-          "decode / bound", "decode GEMV / bandwidth", "decode vs full", "KV MiB", "peak memory MiB"};
+          "decode / bound", "decode GEMV / bandwidth", "decode vs full", "decode transform share", "KV MiB", "peak memory MiB"};
       line(head);
       if (md) line(std::vector<std::string>(head.size(), "---"));
     };
@@ -177,7 +178,9 @@ void register_bench_command(CLI::App& app) {
                 : "n/a",
             dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
             r.decode_gemv_eff > 0 ? pct(r.decode_gemv_eff) : "n/a",
-            r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-", fmt::format("{:.1f}", mib(r.kv_bytes)),
+            r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-",
+            r.transform_share > 0 ? fmt::format("{:.1f}%", 100 * r.transform_share) : "-",
+            fmt::format("{:.1f}", mib(r.kv_bytes)),
             fmt::format("{:.0f}", mib(r.peak_memory))});
       std::fflush(stdout);  // rows of long runs appear as they finish
     };
@@ -216,9 +219,11 @@ void register_bench_command(CLI::App& app) {
           engine.decode(tok);  // first step sends the cache to a device; not timed
           b.synchronize();
           t0 = std::chrono::steady_clock::now();
+          const double tr0 = engine.transform_seconds();
           for (int s = 1; s < steps; ++s) engine.decode(tok);
           b.synchronize();
           const double dec_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          row.transform_share = (engine.transform_seconds() - tr0) / dec_s;
           if (steps > 1) d_tps.push_back((steps - 1) / dec_s);
           // A few more steps with per-operation timing (it synchronises, so not in the speed above).
           const int prof = std::min(4, cfg.context_length - ctx - steps);
@@ -290,6 +295,7 @@ void register_bench_command(CLI::App& app) {
                              {"prefill_tflops", r.prefill_tflops}, {"linear_tflops", r.linear_tflops},
                              {"linear_efficiency", r.linear_eff}, {"linear_time_share", r.linear_share},
                              {"attention_tflops", r.attention_tflops}, {"compress_time_share", r.compress_share},
+                             {"decode_transform_share", r.transform_share},
                              {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
                              {"decode_bound_tokens_per_s", r.decode_bound_tps}, {"decode_efficiency", r.decode_eff},
                              {"decode_gemv_bandwidth_fraction", r.decode_gemv_eff},

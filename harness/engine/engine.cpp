@@ -1,6 +1,7 @@
 #include "harness/engine/engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 
 #include "harness/engine/rope_freqs.hpp"
@@ -221,6 +222,7 @@ class Capturer final : public PrefillObserver {
 }  // namespace
 
 void Engine::transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos) {
+  const auto t0 = std::chrono::steady_clock::now();
   const size_t kv = size_t(n) * cfg_.n_kv_heads * cfg_.head_dim;
   tk_.resize(kv);
   tv_.resize(kv);
@@ -229,6 +231,7 @@ void Engine::transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32
   transform_->apply(l, n, pos.data(), tk_.data(), tv_.data());
   backend_->upload(k, tk_);
   backend_->upload(v, tv_);
+  transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs) {

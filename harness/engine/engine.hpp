@@ -60,6 +60,9 @@ class Engine {
   std::vector<float> resume(const PrefillCapture& capture, PrefillObserver* observer = nullptr);
 
   int position() const { return pos_; }
+  // Seconds spent so far in observers' KV transforms (DynaKV's gates and reconstructions), host copies
+  // included: the cost of a method that changes the model.
+  double transform_seconds() const { return transform_seconds_; }
   const std::vector<LayerCache>& caches() const { return caches_; }
   std::vector<LayerCache>& caches() { return caches_; }
   size_t kv_bytes() const;
@@ -92,6 +95,7 @@ class Engine {
   // Applies transform_ to layer l's k and v in backend memory (a round trip through the host).
   void transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos);
   std::vector<float> tk_, tv_;
+  double transform_seconds_ = 0;
   std::vector<float> rep_k_, rep_v_;
 };
 
