@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/rope_freqs.hpp"
@@ -291,15 +292,7 @@ class LatentSegment final : public Segment {
   std::span<const int32_t> positions() const override { return s_->pos; }
   size_t bytes() const override { return head_ == 0 ? s_->bytes() : 0; }
   void logits(const float* q, float* scores) const override {
-    std::vector<float> key(static_cast<size_t>(d_));
-    size_t off = 0;
-    for (size_t t = 0; t < size(); ++t) {
-      // RoPE after reconstruction: the stored coordinates are pre-RoPE.
-      dynakv_expand(*s_->key_map, s_->k.data() + off, s_->k_width[t], head_ * d_, d_, key.data());
-      s_->rope->apply(key.data(), 1, 1, d_, &s_->pos[t]);
-      scores[t] = cblas_sdot(d_, q, 1, key.data(), 1);
-      off += s_->k_width[t];
-    }
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(size()), d_, 1.0f, keys(), d_, q, 1, 0.0f, scores, 1);
   }
   void accumulate(const float* p, float* acc) const override {
     const int dkv = s_->value_map->d;
@@ -312,7 +305,11 @@ class LatentSegment final : public Segment {
     dynakv_expand(*s_->value_map, pooled.data(), dkv, head_ * d_, d_, out.data());
     for (int j = 0; j < d_; ++j) acc[j] += out[size_t(j)];
   }
-  void store_as(KvDtype t) override { s_->store_as(t); }
+  void store_as(KvDtype t) override {
+    s_->store_as(t);
+    std::lock_guard lock(mu_);
+    built_ = kNone;
+  }
   // The engine appends a decoded token head by head; the first head commits the transform's latent.
   bool append_token(const float*, const float*, int32_t p) override {
     if (s_->next_pos != p) return !s_->pos.empty() && s_->pos.back() == p;
@@ -323,8 +320,35 @@ class LatentSegment final : public Segment {
   }
 
  private:
+  // This head's keys, reconstructed from the latent and rotated, once per decode step for all the
+  // query heads of its group (they call logits in parallel; the first one builds them). Rebuilt
+  // whenever the store has grown: keys are never kept at full width between steps.
+  const float* keys() const {
+    std::lock_guard lock(mu_);
+    const size_t n = size();
+    if (built_ != n) {
+      std::vector<const float*> rows(n);
+      std::vector<int> widths(n);
+      size_t off = 0;
+      for (size_t t = 0; t < n; ++t) {
+        rows[t] = s_->k.data() + off;
+        widths[t] = s_->k_width[t];
+        off += widths[t];
+      }
+      keys_.resize(n * size_t(d_));
+      dynakv_expand_rows(*s_->key_map, rows, widths, head_ * d_, d_, keys_.data());
+      s_->rope->apply(keys_.data(), static_cast<int>(n), 1, d_, s_->pos.data());
+      built_ = n;
+    }
+    return keys_.data();
+  }
+
+  static constexpr size_t kNone = ~size_t(0);
   std::shared_ptr<LatentStore> s_;
   int head_, d_;
+  mutable std::mutex mu_;
+  mutable std::vector<float> keys_;
+  mutable size_t built_ = kNone;
 };
 
 class DynaKV final : public Method, public KvTransform {
@@ -384,8 +408,9 @@ class DynaKV final : public Method, public KvTransform {
         for (int t = 0; t < n; ++t) w.push_back(dynakv_width(gate_.m.data() + size_t(t) * d_, d_, tau_));
       }
       // What attention reads, this token included: the reconstruction of the kept coordinates.
-      for (int t = 0; t < n; ++t)
-        dynakv_expand(map, xt[size_t(z)].data() + size_t(t) * d_, w[size_t(t)], 0, d_, x + size_t(t) * d_);
+      std::vector<const float*> rows(static_cast<size_t>(n));
+      for (int t = 0; t < n; ++t) rows[size_t(t)] = xt[size_t(z)].data() + size_t(t) * d_;
+      dynakv_expand_rows(map, rows, w, 0, d_, x);
     }
     if (pos[0] == 0) {
       for (int t = 0; t < n; ++t)

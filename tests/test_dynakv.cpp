@@ -179,6 +179,23 @@ TEST_CASE("DynaKV full width reconstructs exactly; latent value aggregation equa
   CHECK(max_diff(latent_way, direct) < 1e-4 * std::max(1.0, max_abs(direct)));
 }
 
+TEST_CASE("DynaKV batched reconstruction of ragged rows equals the per-row reference", "[dynakv]") {
+  const int d = 24, n = 150;  // more than two tiles, the last one partial
+  const DynaKvMap m = random_map(d, 17);
+  const auto lat = randn(size_t(n) * d, 5);
+  std::vector<const float*> rows;
+  std::vector<int> widths;
+  for (int t = 0; t < n; ++t) {
+    rows.push_back(lat.data() + size_t(t) * d);
+    widths.push_back(1 + (t * 7) % d);
+  }
+  const int col0 = 8, cols = 8;
+  std::vector<float> fast(size_t(n) * cols), ref(fast.size());
+  dynakv_expand_rows(m, rows, widths, col0, cols, fast.data());
+  for (int t = 0; t < n; ++t) dynakv_expand(m, rows[size_t(t)], widths[size_t(t)], col0, cols, ref.data() + size_t(t) * cols);
+  CHECK(max_diff(fast, ref) < 1e-5 * std::max(1.0, max_abs(ref)));
+}
+
 TEST_CASE("DynaKV initialisation from PCA: orthonormal basis, transposed inverse, initial soft rate (2.9.6)", "[dynakv]") {
   const int d = 12;
   // A PCA basis from a symmetric eigenproblem: eigenvectors of a random moment.
