@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_task_commands(app);
   kvb::cli::register_run_command(app);
   kvb::cli::register_calibrate_command(app);
+  kvb::cli::register_new_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
