@@ -213,7 +213,7 @@ void register_task_commands(CLI::App& app) {
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
       const json config =
           cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget, kv_dtype);
-      const auto done = out.recorded("key");
+      const auto done = recorded_keys(out.path());
       const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
       Progress bar(fmt::format("{} {}", a->task, label), n, "samples");
       for (size_t i = 0; i < n; ++i) {

@@ -8,6 +8,7 @@
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
+#include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
@@ -231,8 +232,7 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
           {"method", method ? method->name() : "fullkv"},
           {"budget", method ? budget.tokens : 0},
           {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
-          {"gqa", method ? gqa_mode_name(method->gqa()) : "-"},
-          {"version", code_version()}};
+          {"gqa", method ? gqa_mode_name(method->gqa()) : "-"}};
   if (method && budget.is_ratio()) c["compression_ratio"] = budget.ratio;
   if (kv_dtype != KvDtype::F32) c["kv_dtype"] = kv_dtype_name(kv_dtype);
   // A recalibrated artifact changes the numbers: its digest is part of the key (the path is not).
@@ -247,6 +247,23 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
 
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id) {
   return fmt::format("{:016x}", fnv1a(sample_id, fnv1a(config.dump())));
+}
+
+std::string record_key(const nlohmann::json& record) {
+  if (!record.contains("config") || !record.contains("id") || !record["id"].is_string())
+    return record.value("key", std::string());
+  nlohmann::json config = record["config"];
+  config.erase("version");  // records made while the code version was part of the key carry it here
+  return cell_key(config, record["id"].get<std::string>());
+}
+
+std::set<std::string> recorded_keys(const std::string& path) {
+  std::set<std::string> keys;
+  if (!std::filesystem::exists(path)) return keys;
+  for_each_record(path, [&](const nlohmann::json& j, int) {
+    if (const std::string k = record_key(j); !k.empty()) keys.insert(k);
+  });
+  return keys;
 }
 
 double equivalent_kv_size(const ModelConfig& m, size_t bytes) {
@@ -271,6 +288,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
   const double t_eq = equivalent_kv_size(model.config(), kept);
   return {{"key", cell_key(config, s.id)},
           {"id", s.id},
+          {"version", code_version()},
           {"config", config},
           {"meta", s.meta},
           {"protocol", {{"chat", s.chat}, {"max_new_tokens", s.max_new_tokens},

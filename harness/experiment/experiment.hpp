@@ -4,6 +4,7 @@
 // configuration x budget), each with a stable key, run once and recorded in a results file.
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,15 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
 // The spec's memory unit (fp16 token units): bytes / (layers x KV heads x 2 x head_dim x 2 bytes), i.e.
 // the KV size T of a full fp16 cache holding as many bytes.
 double equivalent_kv_size(const ModelConfig& m, size_t bytes);
-// FNV-1a 64 of the configuration and the sample id, as 16 hex digits.
+// FNV-1a 64 of the configuration and the sample id, as 16 hex digits. The code version is recorded
+// with every result but is not part of its key: a sweep resumes across commits (start a new results
+// file for numbers from changed code).
 std::string cell_key(const nlohmann::json& config, const std::string& sample_id);
+// The key of a recorded result, from its configuration and sample id (records made while the code
+// version was part of the key are keyed without it, like new ones).
+std::string record_key(const nlohmann::json& record);
+// The keys of the records in a results file (none if it does not exist).
+std::set<std::string> recorded_keys(const std::string& path);
 
 // Generates the sample's answer with the method (null: full cache) and returns its record. With a
 // capture, the sample's shared prefill is reused (the record is the same as without, times aside).

@@ -56,14 +56,6 @@ ResultsFile::~ResultsFile() {
   if (f_) std::fclose(f_);
 }
 
-std::set<std::string> ResultsFile::recorded(const std::string& field) const {
-  std::set<std::string> out;
-  for_each_record(path_, [&](const nlohmann::json& j, int) {
-    if (j.contains(field) && j[field].is_string()) out.insert(j[field].get<std::string>());
-  });
-  return out;
-}
-
 void ResultsFile::append(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0 || fsync(fileno(f_)) != 0)

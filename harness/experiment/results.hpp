@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 
 namespace kvb {
@@ -23,8 +22,6 @@ class ResultsFile {
   ResultsFile& operator=(const ResultsFile&) = delete;
 
   const std::string& path() const { return path_; }
-  // Values of `field` (a string) over the records present when the file was opened.
-  std::set<std::string> recorded(const std::string& field) const;
   void append(const nlohmann::json& record);
 
  private:

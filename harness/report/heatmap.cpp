@@ -87,7 +87,7 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
 
 }  // namespace
 
-void write_heatmap(const Heatmap& h, const std::string& stem) {
+void write_heatmap(const Heatmap& h, const std::string& stem, const std::string& csv_stem) {
   if (h.cells.size() != h.rows.size()) fail("heatmap {}: {} rows of cells for {} row labels", stem, h.cells.size(), h.rows.size());
   // Wide enough for the titles however few columns there are.
   const double width = std::max(plot_width(h), 560.0);
@@ -95,7 +95,8 @@ void write_heatmap(const Heatmap& h, const std::string& stem) {
 
   write_figure(stem, width, height, [&](cairo_t* cr) { draw(cr, h, width, height); });
 
-  std::ofstream csv(stem + ".csv");
+  const std::string csv_path = (csv_stem.empty() ? stem : csv_stem) + ".csv";
+  std::ofstream csv(csv_path);
   std::string corner = h.y_label;
   for (char& ch : corner) ch = ch == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   csv << corner;
@@ -106,7 +107,7 @@ void write_heatmap(const Heatmap& h, const std::string& stem) {
     for (double v : h.cells[r]) csv << ',' << (std::isnan(v) ? std::string() : fmt::format("{:.4f}", v));
     csv << '\n';
   }
-  if (!csv) fail("{}.csv: cannot write", stem);
+  if (!csv) fail("{}: cannot write", csv_path);
 }
 
 }  // namespace kvb

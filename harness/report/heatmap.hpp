@@ -19,8 +19,9 @@ struct Heatmap {
   double cell_width = 28;
 };
 
-// Writes <stem>.png, <stem>.svg and <stem>.csv (the cells, rows by columns).
-void write_heatmap(const Heatmap& h, const std::string& stem);
+// Writes <stem>.png, <stem>.svg and <csv_stem>.csv (the cells, rows by columns; csv_stem defaults to
+// stem, and differs where a table of the same stem has its own CSV).
+void write_heatmap(const Heatmap& h, const std::string& stem, const std::string& csv_stem = {});
 
 // The colour of a score in [0, 1], as 0-255 RGB.
 struct Rgb {

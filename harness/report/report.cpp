@@ -12,6 +12,7 @@
 #include <set>
 #include <tuple>
 
+#include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
 #include "harness/report/heatmap.hpp"
@@ -226,13 +227,13 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     for_each_record(f, [&](const json& j, int no) {
       if (!j.contains("config") || !j.contains("score") || !j["score"].is_number())
         fail("{}:{}: not a kvbench result record (config and score expected)", f, no);
-      if (j.contains("key") && j["key"].is_string()) {
-        const auto [it, fresh] = seen.try_emplace(j["key"].get<std::string>(), j["score"].get<double>(),
-                                                  fmt::format("{}:{}", f, no));
+      if (const std::string key = record_key(j); !key.empty()) {
+        const auto [it, fresh] = seen.try_emplace(key, j["score"].get<double>(), fmt::format("{}:{}", f, no));
         if (!fresh) {
           if (it->second.first != j["score"].get<double>())
-            fail("{}:{}: cell {} is recorded again with score {}, but {} has {}", f, no, it->first,
-                 j["score"].get<double>(), it->second.second, it->second.first);
+            fail("{}:{}: cell {} is recorded again with score {}, but {} has {} (runs of different code? each "
+                 "record's version says which commit made it)",
+                 f, no, it->first, j["score"].get<double>(), it->second.second, it->second.first);
           ++repeated;
           return;
         }
@@ -403,7 +404,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     // No overall mean: it would average the full cache with compressed cells of different sizes.
     h.caption = "score x 100, mean over samples";
     write_table(mb, dir + "/" + task + "-method-budget", formats);
-    write_heatmap(h, dir + "/" + task + "-method-budget");
+    write_heatmap(h, dir + "/" + task + "-method-budget", dir + "/" + task + "-method-budget-cells");
     write_memory_plot(mp, dir + "/" + task + "-memory");
     written += ", " + task + "-method-budget, " + task + "-memory";
 
