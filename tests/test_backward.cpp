@@ -183,7 +183,8 @@ TEST_CASE("model gradients of tiny random models equal finite differences of the
     shape.vocab = 64;
     shape.context = 256;
     shape.tied_embeddings = c.tied;
-    const auto path = (std::filesystem::temp_directory_path() / fmt::format("kvb_tiny_{}.gguf", c.arch)).string();
+    const test::TempDir dir("tiny_model");
+    const auto path = (dir / fmt::format("kvb_tiny_{}.gguf", c.arch)).string();
     write_random_model(path, shape, DType::F32, 7);
     auto model = ModelFile::open(path);
     ModelGradients mg(*model);

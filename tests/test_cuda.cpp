@@ -283,7 +283,8 @@ TEST_CASE("CUDA engine: random-weight Llama-3-8B-shaped layers match the CPU", "
   ModelShape s = model_shape("llama3-8b");
   s.layers = 2;
   s.vocab = 4096;
-  const std::string path = (std::filesystem::temp_directory_path() / "kvbench_random_llama3_2l.gguf").string();
+  const TempDir dir("random_llama3");
+  const std::string path = (dir / "kvbench_random_llama3_2l.gguf").string();
   write_random_model(path, s, DType::BF16, 11);
   auto m = ModelFile::open(path);
   std::mt19937 rng(3);
@@ -295,7 +296,6 @@ TEST_CASE("CUDA engine: random-weight Llama-3-8B-shaped layers match the CPU", "
     // bf16 activations into the GEMMs and bf16 attention in prefill: 2% of the largest logit.
     check_close(gpu.logits[i], cpu.logits[i], 2e-2f);
   }
-  std::filesystem::remove(path);
 }
 
 TEST_CASE("CUDA engine: the default model's greedy continuations equal the CPU's", "[cuda]") {

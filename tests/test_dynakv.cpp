@@ -67,7 +67,7 @@ double probe_loss(const DynaKvMap& m, const std::vector<float>& x, int n, const 
 
 }  // namespace
 
-TEST_CASE("DynaKV gate: BLAS path matches the reference; mask invariants (spec 2.9.1-2)", "[dynakv]") {
+TEST_CASE("DynaKV gate: BLAS path matches the reference, mask invariants (spec 2.9.1-2)", "[dynakv]") {
   const int d = 24, n = 9;
   const DynaKvMap m = random_map(d, 11);
   const auto x = randn(size_t(n) * d, 5);
@@ -150,7 +150,7 @@ TEST_CASE("DynaKV backward: BLAS path matches the reference, the reference match
   }
 }
 
-TEST_CASE("DynaKV full width reconstructs exactly; latent value aggregation equals reconstruct-then-sum (2.9.3, 2.9.5)",
+TEST_CASE("DynaKV full width reconstructs exactly, latent value aggregation equals reconstruct-then-sum (2.9.3, 2.9.5)",
           "[dynakv]") {
   const int d = 16, n = 5;
   const DynaKvMap m = random_map(d, 31);
@@ -249,7 +249,7 @@ TEST_CASE("DynaKV artifacts: round trip, another model's shape, a basis whose in
   w.d = d;
   w.tau = 0.1;
   for (int l = 0; l < 2; ++l) w.layers.push_back({random_map(d, 40 + l), random_map(d, 50 + l)});
-  const auto dir = test::temp_dir("dynakv_artifacts");
+  const test::TempDir dir("dynakv_artifacts");
   const auto path = (dir / "w.json").string();
   write_artifact(path, dynakv_weights_json(w));
   auto load = [&](const ModelConfig& m) { return dynakv_weights_from(load_artifact(kDynaKvKind, path, m, "make"), m); };
@@ -268,7 +268,6 @@ TEST_CASE("DynaKV artifacts: round trip, another model's shape, a basis whose in
   DynaKvMap singular = random_map(d, 60);
   for (int j = 0; j < d; ++j) singular.U[size_t(3) * d + j] = singular.U[size_t(2) * d + j];
   test::require_error([&] { refresh_inverse(singular, "layer 9 V"); }, {"layer 9 V", "singular"});
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("DynaKV hook in the whole model: gradients of the maps against finite differences of CE + alpha R^2",
@@ -283,7 +282,7 @@ TEST_CASE("DynaKV hook in the whole model: gradients of the maps against finite 
   shape.ffn = 48;
   shape.vocab = 64;
   shape.context = 128;
-  const auto dir = test::temp_dir("dynakv_hook");
+  const test::TempDir dir("dynakv_hook");
   const auto path = (dir / "tiny.gguf").string();
   write_random_model(path, shape, DType::F32, 9);
   auto model = ModelFile::open(path);
@@ -342,7 +341,6 @@ TEST_CASE("DynaKV hook in the whole model: gradients of the maps against finite 
   DynaKvHook keep(w, DynaKvPath::Soft);
   keep.set_objective(DynaKvHook::Objective::LayerLocal, 0.0);
   for (double D : mg.attention_distortion(ids, keep)) CHECK(D < 1e-8);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("DynaKV e2e gradient of the default model matches torch autograd (dynakv_reference.py)", "[dynakv][model]") {
@@ -416,7 +414,7 @@ namespace {
 // A tiny random model on disk and DynaKV weights for it (an artifact with its header), in a fresh
 // temporary directory.
 struct TinyDynaKv {
-  std::filesystem::path dir = test::temp_dir("dynakv_engine");
+  test::TempDir dir{"dynakv_engine"};  // first, so that it is removed after the model is closed
   std::string model_path = (dir / "tiny.gguf").string(), weights_path = (dir / "w.json").string(),
               pca_path = (dir / "pca.json").string();
   std::unique_ptr<ModelFile> model;
@@ -444,7 +442,6 @@ struct TinyDynaKv {
     body["header"] = artifact_header(kDynaKvKind, model->config(), model_path);
     write_artifact(weights_path, body);
   }
-  ~TinyDynaKv() { std::filesystem::remove_all(dir); }
 };
 
 // Mean next-token cross-entropy of ids read off the engine one token at a time (prefill of the first,
@@ -524,7 +521,7 @@ TEST_CASE("DynaKV method: the latent cache decodes what the training side's hard
   CHECK(half.kv_bytes() == 2 * size_t(2 * tiny.d) * cached * 2 + 2 * 2 * cached * 2);
 }
 
-TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinates; bad parameters", "[dynakv]") {
+TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinates, bad parameters", "[dynakv]") {
   TinyDynaKv tiny(0.3f);
   DynaKvPca pca;
   pca.d = tiny.d;

@@ -31,8 +31,8 @@ using namespace kvb::test;
 
 namespace {
 
-std::string write_spec(const std::string& name, const std::string& text) {
-  const auto path = std::filesystem::temp_directory_path() / name;
+std::string write_spec(const TempDir& dir, const std::string& name, const std::string& text) {
+  const auto path = dir / name;
   std::ofstream(path) << text;
   return path.string();
 }
@@ -43,7 +43,8 @@ const std::string kModelLine = "model: " + source_path("tests/test_experiment.cp
 }  // namespace
 
 TEST_CASE("experiment specs: expansion of methods x grid x budgets", "[experiment]") {
-  const auto path = write_spec("kvb_spec_ok.yaml", kModelLine + R"(
+  const TempDir dir("specs");
+  const auto path = write_spec(dir, "kvb_spec_ok.yaml", kModelLine + R"(
 task: niah
 task_options: {s_len: 1000, e_len: 2000, step: 1000, depths: 3}
 methods:
@@ -67,7 +68,7 @@ grid:
   CHECK(s.task_variants[0].at("depths") == "3");
 
   // List-valued task options are a grid of task variants.
-  const ExperimentSpec r = load_experiment(write_spec("kvb_spec_tasks.yaml", kModelLine + R"(
+  const ExperimentSpec r = load_experiment(write_spec(dir, "kvb_spec_tasks.yaml", kModelLine + R"(
 task: ruler
 task_options: {task: [niah_single_1, niah_multikey_2], length: [4096, 8192], samples: 5}
 methods: [fullkv]
@@ -75,12 +76,13 @@ methods: [fullkv]
   REQUIRE(r.task_variants.size() == 4);
   CHECK(r.task_variants[3] == std::map<std::string, std::string>{
                                   {"task", "niah_multikey_2"}, {"length", "8192"}, {"samples", "5"}});
-  require_error([&] { load_experiment(write_spec("kvb_e5.yaml", kModelLine + "task: niah\ntask_options: {depths: []}\nmethods: [fullkv]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e5.yaml", kModelLine + "task: niah\ntask_options: {depths: []}\nmethods: [fullkv]\n")); },
                 {"kvb_e5.yaml:", "task_options.depths", "no values"});
 }
 
 TEST_CASE("experiment specs: compression ratios expand beside KV sizes and key their cells", "[experiment]") {
-  const ExperimentSpec s = load_experiment(write_spec("kvb_spec_ratio.yaml", kModelLine + R"(
+  const TempDir dir("specs");
+  const ExperimentSpec s = load_experiment(write_spec(dir, "kvb_spec_ratio.yaml", kModelLine + R"(
 task: niah
 methods: [fullkv, snapkv]
 budgets: [64]
@@ -97,27 +99,28 @@ ratios: [0.5, 0.9]
   CHECK(KvBudget::compression_ratio(0.5).tokens_for(1001) == 500);
   CHECK(KvBudget::compression_ratio(0.75).tokens_for(4095) == 1023);
   CHECK(KvBudget::compression_ratio(0.99).tokens_for(50) == 1);
-  require_error([&] { load_experiment(write_spec("kvb_r1.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [1.5]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_r1.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [1.5]\n")); },
                 {"kvb_r1.yaml:4:", "compression ratio", "(0, 1)"});
-  require_error([&] { load_experiment(write_spec("kvb_r2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [x]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_r2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [x]\n")); },
                 {"kvb_r2.yaml:4:", "compression ratio"});
   require_error([] { (void)KvBudget::compression_ratio(0); }, {"compression ratio 0", "(0, 1)"});
 }
 
 TEST_CASE("experiment specs: errors name the file, line and column", "[experiment]") {
-  require_error([&] { load_experiment(write_spec("kvb_e1.yaml", kModelLine + "task: niah\nmethods: [fullkv]\nbugdets: [1]\n")); },
+  const TempDir dir("specs");
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e1.yaml", kModelLine + "task: niah\nmethods: [fullkv]\nbugdets: [1]\n")); },
                 {"kvb_e1.yaml:4:1", "unknown key 'bugdets'", "budgets"});
-  require_error([&] { load_experiment(write_spec("kvb_e2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64, x]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64, x]\n")); },
                 {"kvb_e2.yaml:4:15", "positive integer"});
-  require_error([&] { load_experiment(write_spec("kvb_e3.yaml", "model: /nope.gguf\ntask: niah\nmethods: [fullkv]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e3.yaml", "model: /nope.gguf\ntask: niah\nmethods: [fullkv]\n")); },
                 {"kvb_e3.yaml:1:8", "/nope.gguf not found"});
-  require_error([&] { load_experiment(write_spec("kvb_e4.yaml", kModelLine + "task: niah\nmethods: [{name: snapkv, params: {window: 0}}]\nbudgets: [8]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e4.yaml", kModelLine + "task: niah\nmethods: [{name: snapkv, params: {window: 0}}]\nbudgets: [8]\n")); },
                 {"kvb_e4.yaml:3:", "window"});
-  require_error([&] { load_experiment(write_spec("kvb_e5.yaml", kModelLine + "task: nope\nmethods: [fullkv]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e5.yaml", kModelLine + "task: nope\nmethods: [fullkv]\n")); },
                 {"kvb_e5.yaml:2:7", "unknown task 'nope'"});
-  require_error([&] { load_experiment(write_spec("kvb_e6.yaml", kModelLine + "task: niah\nmethods: [snapkv]\n")); },
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e6.yaml", kModelLine + "task: niah\nmethods: [snapkv]\n")); },
                 {"needs 'budgets' or 'ratios'"});
-  require_error([&] { load_experiment(write_spec("kvb_e7.yaml", "task: [unclosed\n")); }, {"kvb_e7.yaml:"});
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e7.yaml", "task: [unclosed\n")); }, {"kvb_e7.yaml:"});
 }
 
 TEST_CASE("cell keys are stable and change with any input", "[experiment]") {
@@ -134,8 +137,7 @@ TEST_CASE("cell keys are stable and change with any input", "[experiment]") {
 }
 
 TEST_CASE("results files: appended records, a torn last line dropped on resume, reports", "[experiment]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvb_results_test";
-  std::filesystem::remove_all(dir);
+  const TempDir dir("results");
   const std::string path = (dir / "r.jsonl").string();
   const nlohmann::json cfg = {{"task", "niah"}, {"options", {{"chat", "true"}}}, {"model", "m.gguf"},
                               {"method", "snapkv"}, {"budget", 64}, {"params", nlohmann::json::object()}, {"gqa", "native"}};
@@ -149,7 +151,7 @@ TEST_CASE("results files: appended records, a torn last line dropped on resume, 
   std::ofstream(path, std::ios::app) << R"({"key": "k100", "config": {"ta)";
   {
     ResultsFile f(path);
-    CHECK(f.recorded("key") == std::set<std::string>{"k0", "k50"});
+    CHECK(recorded_keys(path) == std::set<std::string>{"k0", "k50"});
     f.append({{"key", "k100"}, {"config", cfg}, {"score", 0.0}, {"meta", {{"length", 1000}, {"depth", 100}}},
               {"kv_bytes", 25}, {"full_kv_bytes", 100}});
   }
@@ -217,11 +219,11 @@ const bool own_prefill_registered = register_method(
     {"test_own_prefill", "test only: recent tokens, own prefill", {}, [] { return std::make_unique<OwnPrefill>(); }});
 
 // A small real sweep: NIAH at 300 and 400 tokens x 2 depths x the methods.
-std::string sweep_spec(const std::string& model, const std::string& name, const std::string& methods,
-                       const std::string& out) {
-  return write_spec(name + ".yaml", "name: " + name + "\nmodel: " + model +
-                                        "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2, "
-                                        "chat: true}\nmethods: [" + methods + "]\nbudgets: [64]\nout: " + out + "\n");
+std::string sweep_spec(const TempDir& dir, const std::string& model, const std::string& name,
+                       const std::string& methods, const std::string& out) {
+  return write_spec(dir, name + ".yaml", "name: " + name + "\nmodel: " + model +
+                                             "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2, "
+                                             "chat: true}\nmethods: [" + methods + "]\nbudgets: [64]\nout: " + out + "\n");
 }
 
 size_t lines_in(const std::string& path) {
@@ -251,15 +253,13 @@ bool essays_present() {
 
 }  // namespace
 
-TEST_CASE("a sweep killed part-way resumes with every cell recorded once; shards union to the whole",
+TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards union to the whole",
           "[experiment][sweep]") {
   const auto model = model_file(kDefaultModel);
   if (!model || !essays_present()) return;
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_sweep_test";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const TempDir dir("sweep");
   const std::string whole = (dir / "whole.jsonl").string();
-  const std::string spec_path = sweep_spec(*model, "sweep_whole", "fullkv, snapkv, streamingllm", whole);
+  const std::string spec_path = sweep_spec(dir, *model, "sweep_whole", "fullkv, snapkv, streamingllm", whole);
 
   // The real command line, killed (SIGKILL, no chance to clean up) once two cells are recorded.
   const std::string cli = KVBENCH_CLI;
@@ -310,12 +310,23 @@ TEST_CASE("a sweep killed part-way resumes with every cell recorded once; shards
   }
 
   // A method that changes prefill gets its own; the others share one.
-  ExperimentSpec own = load_experiment(sweep_spec(*model, "sweep_own", "snapkv, test_own_prefill",
-                                                  (dir / "own.jsonl").string()));
+  ExperimentSpec own = load_experiment(sweep_spec(dir, *model, "sweep_own", "snapkv, test_own_prefill",
+                                                       (dir / "own.jsonl").string()));
   own.limit = 1;
   CHECK(Sweep(own).run(false).run == 2);
   for (const auto& [key, r] : records_by_key({own.out}))
     CHECK(r["prefill_shared"] == (r["config"]["method"] == "snapkv"));
   require_error([] { parse_shard("2/2"); }, {"--shard 2/2", "0 <= i < N"});
   require_error([] { parse_shard("1/2x"); }, {"--shard 1/2x"});
+}
+
+TEST_CASE("a record's key leaves out the code version, also for records that carry it in their config", "[experiment]") {
+  const nlohmann::json cfg = {{"task", "ruler"}, {"options", {{"length", "4096"}}}, {"model", "m.gguf"},
+                              {"method", "snapkv"}, {"budget", 64}, {"params", nlohmann::json::object()}, {"gqa", "native"}};
+  nlohmann::json old_style = cfg;
+  old_style["version"] = "65d6cac-dirty";
+  const std::string key = cell_key(cfg, "s0");
+  CHECK(record_key({{"key", cell_key(old_style, "s0")}, {"id", "s0"}, {"config", old_style}}) == key);
+  CHECK(record_key({{"key", key}, {"id", "s0"}, {"config", cfg}, {"version", "1234abc"}}) == key);
+  CHECK(cell_key(old_style, "s0") != key);
 }

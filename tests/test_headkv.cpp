@@ -30,8 +30,8 @@ std::vector<std::vector<double>> random_scores(int L, int H, uint32_t seed) {
   return s;
 }
 
-std::string write_temp(const std::string& name, const std::string& text) {
-  const auto p = std::filesystem::temp_directory_path() / name;
+std::string write_temp(const test::TempDir& dir, const std::string& name, const std::string& text) {
+  const auto p = dir / name;
   std::ofstream(p) << text;
   return p.string();
 }
@@ -73,7 +73,7 @@ TEST_CASE("headkv: capacities sum to L x H x (T - w) up to rounding, never below
   CHECK(per_head_budgets({{1, 1}}, 30, 8, 1.0, 1.0) == std::vector<std::vector<int>>{{22, 22}});
 }
 
-TEST_CASE("headkv: uniform scores reduce to SnapKV with mean reduction; sum and mean pick the same",
+TEST_CASE("headkv: uniform scores reduce to SnapKV with mean reduction, sum and mean pick the same",
           "[headkv]") {
   SyntheticLayer L(300, 6, 2, 16, 8, 31);
   auto& reg = MethodRegistry::get();
@@ -92,7 +92,7 @@ TEST_CASE("headkv: uniform scores reduce to SnapKV with mean reduction; sum and 
     }
 }
 
-TEST_CASE("headkv: ragged per-head caches follow the capacities; bytes within budget", "[headkv]") {
+TEST_CASE("headkv: ragged per-head caches follow the capacities, bytes within budget", "[headkv]") {
   SyntheticLayer L(500, 6, 2, 16, 8, 37);
   L.cfg.n_layers = 3;
   L.cfg.fingerprint = "synthetic";
@@ -101,7 +101,8 @@ TEST_CASE("headkv: ragged per-head caches follow the capacities; bytes within bu
   for (int l = 0; l < 3; ++l)
     for (int h = 0; h < 6; ++h) text += fmt::format("{}\"{}-{}\": [{}, {}]", l + h ? ", " : "", l, h, 0.1 + h * h, 0.2);
   text += "}";
-  const std::string path = write_temp("kvbench_headkv_scores.json", text);
+  const test::TempDir dir("headkv_scores");
+  const std::string path = write_temp(dir, "kvbench_headkv_scores.json", text);
   auto& reg = MethodRegistry::get();
   auto m = reg.create("headkv", {{"scores", path}, {"gqa", "repeat"}}, L.cfg);
   MethodRunner r(*m, 64);
@@ -169,8 +170,9 @@ TEST_CASE("headkv: the profiling probe scores attention on the answer span", "[h
 
 TEST_CASE("headkv: score files and artifacts: clear errors", "[headkv]") {
   const ModelConfig m = shape(2, 2, 1);
+  const test::TempDir dir("headkv_errors");
   auto load = [&](const std::string& text) {
-    return load_head_importance(HeadScoreKind::RetrievalReasoning, write_temp("kvbench_bad_scores.json", text), m);
+    return load_head_importance(HeadScoreKind::RetrievalReasoning, write_temp(dir, "kvbench_bad_scores.json", text), m);
   };
   CHECK(load(R"({"0-0": [1, 3], "0-1": [0], "1-0": 2, "1-1": [0.5]})").score ==
         std::vector<std::vector<double>>{{2, 0}, {2, 0.5}});
@@ -187,11 +189,13 @@ TEST_CASE("headkv: score files and artifacts: clear errors", "[headkv]") {
   nlohmann::json body = {{"header", artifact_header("headkv_r2", shape(2, 2, 1), "other.gguf")}};
   body["header"]["model"]["fingerprint"] = "999-fff";
   for (auto k : {"0-0", "0-1", "1-0", "1-1"}) body[k] = {1.0};
-  const std::string other = (std::filesystem::temp_directory_path() / "kvbench_other.json").string();
+  const std::string other = (dir / "kvbench_other.json").string();
   write_artifact(other, body);
   test::require_error([&] { load_head_importance(HeadScoreKind::RetrievalReasoning, other, m); },
                       {"kvbench_other.json", "999-fff", "123-abc", "kvbench calibrate headkv"});
-  setenv("KVBENCH_ARTIFACTS", std::filesystem::temp_directory_path().c_str(), 1);
+  // An empty artifacts directory: nothing another test or run left there can answer the lookup.
+  const test::TempDir artifacts("headkv_artifacts");
+  setenv("KVBENCH_ARTIFACTS", artifacts.path().c_str(), 1);
   test::require_error([&] { MethodRegistry::get().create("headkv", {}, m); },
                       {"no headkv_r2 artifact", "123-abc", "kvbench calibrate headkv MODEL -o heads=r2"});
   unsetenv("KVBENCH_ARTIFACTS");
@@ -220,7 +224,8 @@ TEST_CASE("headkv: needle prompts and the answer span on the default model's tok
 
 TEST_CASE("headkv: retrieval needles, the first-window span rule and the needle file layouts", "[headkv][model]") {
   // The reference's retrieval needle file has no answer field; the reasoning one needs it.
-  const std::string plain = write_temp("kvbench_needles_r.jsonl",
+  const test::TempDir dir("headkv_needles");
+  const std::string plain = write_temp(dir, "kvbench_needles_r.jsonl",
                                        R"({"needle": "A b c.", "question": "What?", "real_needle": "b c."})"
                                        "\n");
   CHECK(load_needles(plain, false).size() == 1);

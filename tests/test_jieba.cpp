@@ -1,6 +1,4 @@
 // jieba precise mode against jieba 0.42.1 itself (tools/reference/jieba_segment.py).
-#include <unistd.h>
-
 #include "tasks/longbench/jieba.hpp"
 #include "test_util.hpp"
 
@@ -31,13 +29,13 @@ TEST_CASE("jieba: the dictionary route, the HMM, non-Han characters, missing tab
   require_error([] { longbench::Jieba::load("/nonexistent-kvbench-data"); },
                 {"/nonexistent-kvbench-data/jieba/dict.txt", "scripts/setup.sh"});
   {
-    const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvbench-jieba-{}", ::getpid());
+    const TempDir tmp("jieba");
+    const auto& dir = tmp.path();
     std::filesystem::create_directories(dir / "jieba");
     std::ofstream(dir / "jieba/dict.txt") << "北京 100 ns\n北京大学 x nt\n";
     require_error([&] { longbench::Jieba::load(dir.string()); }, {"jieba/dict.txt:2", "'word frequency [tag]'"});
     std::ofstream(dir / "jieba/dict.txt") << "北京 100 ns\n";
     require_error([&] { longbench::Jieba::load(dir.string()); }, {"jieba/prob_start.json", "scripts/setup.sh"});
-    std::filesystem::remove_all(dir);
   }
   if (!setup_data("jieba/dict.txt")) return;
   const auto& jieba = longbench::Jieba::load(default_data_dir());

@@ -18,8 +18,6 @@
 #include "kernels/cpu/kv_rows.hpp"
 #include "test_util.hpp"
 
-#include <unistd.h>
-
 #include <cstring>
 
 using namespace kvb;
@@ -191,7 +189,7 @@ TEST_CASE("KVmix buffers at 16 bits: moved tokens are quantized from the stored 
   CHECK(v16 == vr2);
 }
 
-TEST_CASE("the engine and the runner store caches at the run's dtype; budgets scale with it", "[kv_dtype][model]") {
+TEST_CASE("the engine and the runner store caches at the run's dtype, budgets scale with it", "[kv_dtype][model]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
   auto model = ModelFile::open(*path);
@@ -237,8 +235,7 @@ TEST_CASE("the engine and the runner store caches at the run's dtype; budgets sc
 }
 
 TEST_CASE("kv_dtype in specs and records", "[kv_dtype][experiment]") {
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvb_kv_dtype_{}", ::getpid());
-  std::filesystem::create_directories(dir);
+  const test::TempDir dir("kv_dtype");
   const auto spec = (dir / "s.yaml").string();
   // The spec loader only checks that the model file exists.
   const std::string model = test::source_path("tests/test_kv_dtype.cpp");
@@ -251,5 +248,4 @@ TEST_CASE("kv_dtype in specs and records", "[kv_dtype][experiment]") {
   CHECK(load_experiment(spec).kv_dtype == KvDtype::F16);
   write("kv_dtype: int8\n");
   test::require_error([&] { load_experiment(spec); }, {"s.yaml:4", "'int8'", "fp32, bf16, fp16"});
-  std::filesystem::remove_all(dir);
 }

@@ -79,7 +79,10 @@ TEST_CASE("kvcrush: budget split, base part, representatives outside it, window 
 }
 
 TEST_CASE("kvcrush: wraps every selector and stays within the bytes of T", "[kvcrush]") {
-  for (const auto& base : kBases) {
+  const auto& reg = MethodRegistry::get();
+  for (const auto& name : reg.names(Composition::Selector)) {
+    std::map<std::string, std::string> base{{"base", name}};
+    for (const auto& [k, v] : reg.info(name).test_params) base["base." + k] = v;
     SyntheticLayer L(300, 6, 2, 16, 32, 2);
     auto m = MethodRegistry::get().create("kvcrush", with(base, {{"ratio", "0.5"}}), L.cfg);
     MethodRunner runner(*m, 80);
@@ -120,8 +123,9 @@ TEST_CASE("kvcrush: parameters resolve with the base's, bad compositions are cle
 
 TEST_CASE("kvcrush: YAML base_params and dotted keys, conflicts refused", "[kvcrush]") {
   const std::string model = "model: " + test::source_path("tests/test_kvcrush.cpp") + "\n";
-  auto write = [](const std::string& name, const std::string& text) {
-    const auto p = (std::filesystem::temp_directory_path() / name).string();
+  const test::TempDir dir("kvcrush_specs");
+  auto write = [&](const std::string& name, const std::string& text) {
+    const auto p = (dir / name).string();
     std::ofstream(p) << text;
     return p;
   };
@@ -144,7 +148,7 @@ budgets: [64]
   }, {"kvb_crush3.yaml", "'base.windw'"});
 }
 
-TEST_CASE("fingerprints: each head marks its top share plus ties; Hamming equals the bit loop", "[kvcrush]") {
+TEST_CASE("fingerprints: each head marks its top share plus ties, Hamming equals the bit loop", "[kvcrush]") {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(0, 1);
   HeadScores s(70, std::vector<float>(101));

@@ -46,7 +46,7 @@ TEST_CASE("KVmix recent context: the spec's simulated buffer sizes and cycles", 
   }
 }
 
-TEST_CASE("KVmix segment: keys and values leave their buffers apart; attention equals its reconstruction",
+TEST_CASE("KVmix segment: keys and values leave their buffers apart, attention equals its reconstruction",
           "[kvmix]") {
   const int d = 64, N = 700, steps = 90;
   KvmixLayout L;
@@ -144,7 +144,7 @@ TEST_CASE("KVmix method: the layer map's nominal bits, variants and bad input", 
                       {"kvbench calibrate kvmix"});
 }
 
-TEST_CASE("KVmix on the default model: r = 1 keeps decoding exact; the profile end to end", "[kvmix][model]") {
+TEST_CASE("KVmix on the default model: r = 1 keeps decoding exact, the profile end to end", "[kvmix][model]") {
   const auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
   auto model = ModelFile::open(*path);
@@ -165,7 +165,8 @@ TEST_CASE("KVmix on the default model: r = 1 keeps decoding exact; the profile e
   }
 
   // Profile on the two qasper records of the LongBench fixture, 64 tokens each.
-  const auto out = (std::filesystem::temp_directory_path() / "kvb_kvmix_profile.json").string();
+  const test::TempDir dir("kvmix_profile");
+  const auto out = (dir / "kvb_kvmix_profile.json").string();
   const MethodInfo& info = MethodRegistry::get().info("kvmix");
   Params options(info.calibration,
                  {{"longbench", test::fixture("longbench/data/longbench")}, {"prompts", "3"}, {"max_tokens", "64"}},

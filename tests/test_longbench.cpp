@@ -1,7 +1,5 @@
 // LongBench metrics against golden scores from the reference packages (rouge 1.0.1, fuzzywuzzy with
 // python-Levenshtein, jieba 0.42.1) and LongBench's metric rules: tools/reference/longbench_metrics.py.
-#include <unistd.h>
-
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
@@ -200,8 +198,8 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
   auto m = ModelFile::open(*path);
   auto tok = load_tokenizer(*m);
   // A data directory holding the real files next to jieba's tables.
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvbench-longbench-zh-{}", ::getpid());
-  std::filesystem::create_directories(dir);
+  const TempDir tmp("longbench_zh");
+  const auto& dir = tmp.path();
   std::filesystem::create_directory_symlink(real, dir / "longbench");
   std::filesystem::create_directory_symlink(std::filesystem::absolute(default_data_dir() + "/jieba"), dir / "jieba");
   TaskContext ctx;
@@ -245,5 +243,4 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
     }
     CHECK(replaced > 0);
   }
-  std::filesystem::remove_all(dir);
 }

@@ -161,7 +161,7 @@ TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", 
   CHECK(e.decode(500) == full);
 }
 
-TEST_CASE("window scorer equals its reference; pooling edges; GQA mean", "[methods]") {
+TEST_CASE("window scorer equals its reference, pooling edges, GQA mean", "[methods]") {
   SyntheticLayer L(200, 6, 2, 16, 16, 5);
   for (auto reduce : {WindowReduce::Sum, WindowReduce::Mean}) {
     auto fast = window_attention_scores(L.view, 16, reduce), ref = window_attention_scores_ref(L.view, 16, reduce);
@@ -199,7 +199,7 @@ TEST_CASE("SnapKV keeps the window and a one-hot target with its pooled neighbou
   }
 }
 
-TEST_CASE("H2O with uniform attention keeps the earliest tokens; StreamingLLM's kept set", "[methods]") {
+TEST_CASE("H2O with uniform attention keeps the earliest tokens, StreamingLLM's kept set", "[methods]") {
   SyntheticLayer L(120, 2, 2, 8, 8, 9, 0.0f);  // all-zero Q/K: uniform causal attention
   std::fill(L.q.begin(), L.q.end(), 0.0f);
   std::fill(L.k.begin(), L.k.end(), 0.0f);

@@ -104,7 +104,7 @@ TEST_CASE("mixeddimkv: PCA bases are orthonormal, nested and match the Jacobi re
         }
 }
 
-TEST_CASE("mixeddimkv: the scorer equals its dense double reference; rho=0 and rho=1 losses (inv. 10)",
+TEST_CASE("mixeddimkv: the scorer equals its dense double reference, rho=0 and rho=1 losses (inv. 10)",
           "[mixeddimkv]") {
   SyntheticLayer L(160, 4, 2, 16, 12, 21);
   const WidthSet ws = parse_widths("0,0.5,1", 16);

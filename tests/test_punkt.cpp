@@ -64,9 +64,8 @@ TEST_CASE("Punkt splits sentences as nltk's sent_tokenize does", "[tasks][ruler]
 }
 
 TEST_CASE("Punkt: missing or malformed tables are named", "[tasks][ruler][punkt]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_punkt";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const TempDir tmp("punkt");
+  const auto& dir = tmp.path();
   require_error([&] { Punkt p(dir.string()); }, {"abbrev_types.txt", "not found"});
   for (const char* f : {"abbrev_types.txt", "sent_starters.txt", "collocations.tab"}) std::ofstream(dir / f) << "mr\n";
   require_error([&] { Punkt p(dir.string()); }, {"collocations.tab:1", "two fields"});

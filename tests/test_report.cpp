@@ -8,8 +8,6 @@
 #include "harness/report/table.hpp"
 #include "test_util.hpp"
 
-#include <unistd.h>
-
 using namespace kvb;
 using namespace kvb::test;
 using nlohmann::json;
@@ -38,8 +36,7 @@ std::string read(const std::filesystem::path& p) {
 }  // namespace
 
 TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size, formats", "[report]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_test";
-  std::filesystem::remove_all(dir);
+  const TempDir dir("report");
   std::filesystem::create_directories(dir / "runs");
   {
     std::ofstream out(dir / "runs" / "a.jsonl");
@@ -99,6 +96,9 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   // records hold twice its bytes), its heatmap and the score-memory plot.
   CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%, 50.0% fp16) |") != std::string::npos);
   CHECK(read(rep / "longbench-memory.csv").find("\"snapkv\",0.500000,0.3167") != std::string::npos);
+  // The table's CSV and the heatmap's cells are separate files.
+  CHECK(read(rep / "longbench-method-budget.csv").find("31.67 (25.0%, 50.0% fp16)") != std::string::npos);
+  CHECK(read(rep / "longbench-method-budget-cells.csv").find("snapkv,,0.3167") != std::string::npos);
   for (const char* f : {"longbench-method-budget.png", "longbench-method-budget.svg", "ruler-method-budget.png",
                         "longbench-memory.png", "longbench-memory.svg"})
     CHECK(std::filesystem::file_size(rep / f) > 2000);
@@ -108,9 +108,7 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
 }
 
 TEST_CASE("reports: a method's rows name only the parameters that differ between its settings", "[report]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_labels";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const TempDir dir("report_labels");
   {
     std::ofstream out(dir / "a.jsonl");
     for (const char* base : {"h2o", "snapkv"}) {
@@ -121,7 +119,7 @@ TEST_CASE("reports: a method's rows name only the parameters that differ between
     }
     out << record("ruler", {{"task", "vt"}, {"length", "4096"}}, "snapkv", 64, 0.0).dump() << "\n";
   }
-  write_report({dir.string()}, (dir / "rep").string(), {"md"});
+  write_report({dir.path().string()}, (dir / "rep").string(), {"md"});
   const std::string t = read(dir / "rep" / "ruler-method-budget.md");
   INFO(t);
   CHECK(t.find("| kvcrush (base=h2o) |") != std::string::npos);
@@ -130,9 +128,7 @@ TEST_CASE("reports: a method's rows name only the parameters that differ between
 }
 
 TEST_CASE("reports: compression-ratio runs get their own columns and blocks beside KV sizes", "[report]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_ratios";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const TempDir dir("report_ratios");
   {
     std::ofstream out(dir / "a.jsonl");
     out << record("longbench", {{"dataset", "multi_news"}}, "fullkv", 0, 0.30).dump() << "\n";
@@ -145,7 +141,7 @@ TEST_CASE("reports: compression-ratio runs get their own columns and blocks besi
       out << r.dump() << "\n";
     }
   }
-  write_report({dir.string()}, (dir / "rep").string(), {"md"});
+  write_report({dir.path().string()}, (dir / "rep").string(), {"md"});
   const std::string mb = read(dir / "rep" / "longbench-method-budget.md");
   INFO(mb);
   CHECK(mb.find("| Method | Full | p_c=0.5 | p_c=0.9 | 128 |") != std::string::npos);
@@ -156,10 +152,8 @@ TEST_CASE("reports: compression-ratio runs get their own columns and blocks besi
   CHECK(lb.find("KV size = 128") != std::string::npos);
 }
 
-TEST_CASE("reports: a cell recorded twice counts once; a disagreeing copy is an error", "[report]") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_report_dups";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+TEST_CASE("reports: a cell recorded twice counts once, a disagreeing copy is an error", "[report]") {
+  const TempDir dir("report_dups");
   json a = record("longbench", {{"dataset", "multi_news"}}, "snapkv", 128, 0.20);
   a["key"] = "k1";
   json b = record("longbench", {{"dataset", "multi_news"}}, "snapkv", 128, 0.40);
@@ -182,9 +176,7 @@ TEST_CASE("reports: a cell recorded twice counts once; a disagreeing copy is an 
 }
 
 TEST_CASE("reports: fp16 records and a method without a budget on one memory axis", "[report][kv_dtype]") {
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kvbench_report_fp16_{}", ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const TempDir dir("report_fp16");
   {
     std::ofstream out(dir / "a.jsonl");
     for (const auto& [method, score, kept] : {std::tuple{"fullkv", 0.5, 100}, {"kvmix", 0.4, 22}}) {
@@ -201,7 +193,7 @@ TEST_CASE("reports: fp16 records and a method without a budget on one memory axi
     r["prompt_tokens"] = 1000;
     out << r.dump() << "\n";
   }
-  write_report({dir.string()}, (dir / "rep").string(), {"md"});
+  write_report({dir.path().string()}, (dir / "rep").string(), {"md"});
   const std::string lb = read(dir / "rep" / "longbench.md");
   INFO(lb);
   CHECK(lb.find("| FullKV [fp16] | 50.00 | 50.00 | 16.00 |") != std::string::npos);
@@ -214,5 +206,4 @@ TEST_CASE("reports: fp16 records and a method without a budget on one memory axi
   CHECK(s.find("| fullkv | Full | fp32 | native | - | 1 | 50.00 | 100.0% | 200.0% | 32.00 | 2000 |") != std::string::npos);
   const std::string mem = read(dir / "rep" / "longbench-memory.csv");
   CHECK(mem.find("\"kvmix [fp16]\",0.220000,0.4000") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }

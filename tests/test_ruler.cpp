@@ -255,7 +255,7 @@ TEST_CASE("RULER scoring equals RULER's evaluator on constructed pairs", "[tasks
   CHECK(std::round(part / double(n) * 10000) / 100 == Approx(golden["aggregate"]["part"].get<double>()).margin(1e-6));
 }
 
-TEST_CASE("RULER official files load in both layouts; bad records are located", "[tasks][ruler]") {
+TEST_CASE("RULER official files load in both layouts, bad records are located", "[tasks][ruler]") {
   const auto path = model_file(kDefaultModel);
   if (!path) return;
   auto m = ModelFile::open(*path);

@@ -54,8 +54,7 @@ TEST_CASE("RULER qa: missing and malformed SQuAD/HotpotQA files are named with t
   if (!path) return;
   auto m = ModelFile::open(*path);
   auto tok = load_tokenizer(*m);
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_ruler_qa";
-  std::filesystem::create_directories(dir);
+  const TempDir dir("ruler_qa");
   require_error([&] { qa(*tok, "qa_1", 1024, 1, (dir / "nope.json").string()); }, {"nope.json", "not found", "SQuAD 2.0"});
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir / name) << text;

@@ -99,9 +99,8 @@ TEST_CASE("safetensors header validation", "[safetensors]") {
 }
 
 TEST_CASE("model directory errors name the file", "[safetensors]") {
-  const fs::path dir = fs::temp_directory_path() / "kvbench_st_errors";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const test::TempDir tmp("st_errors");
+  const fs::path& dir = tmp.path();
   test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json"});
   std::ofstream(dir / "config.json") << R"({"model_type": "gpt_neox"})";
   test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json", "gpt_neox"});
@@ -114,12 +113,11 @@ TEST_CASE("model directory errors name the file", "[safetensors]") {
   test::require_error([&] { ModelFile::open(dir.string()); }, {"gone.safetensors"});
   fs::remove(dir / "model.safetensors.index.json");
   test::require_error([&] { ModelFile::open(dir.string()); }, {"no model.safetensors"});
-  fs::remove_all(dir);
 }
 
 TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
-  const fs::path dir = fs::temp_directory_path() / "kvbench_st_shapes";
-  fs::remove_all(dir);
+  const test::TempDir tmp("st_shapes");
+  const fs::path& dir = tmp.path();
   fs::copy(test::fixture("safetensors/tiny_llama"), dir);
   auto cfg = json::parse(std::ifstream(dir / "config.json"));
   cfg["intermediate_size"] = 25;
@@ -129,5 +127,4 @@ TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   cfg["num_key_value_heads"] = 3;
   std::ofstream(dir / "config.json") << cfg.dump();
   test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});
-  fs::remove_all(dir);
 }

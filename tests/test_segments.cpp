@@ -35,7 +35,7 @@ TEST_CASE("KV code packing: 32/b codes per word, 3-bit packs 11 with slot 10 in 
   CHECK(w[0] == 7u << 27);
 }
 
-TEST_CASE("group quantization error bounds; constant groups", "[segments]") {
+TEST_CASE("group quantization error bounds, constant groups", "[segments]") {
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 2.0f);
   for (int bits : {1, 2, 3, 4}) {

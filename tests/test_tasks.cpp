@@ -34,9 +34,9 @@ TEST_CASE("task registry lists niah and rejects unknown tasks and options", "[ta
 
 namespace {
 
-// A small haystack of invented essays in a temporary directory.
-std::string write_haystack() {
-  const auto dir = std::filesystem::temp_directory_path() / "kvbench_test_haystack" / "PaulGrahamEssays";
+// A small haystack of invented essays in a data directory under root.
+std::string write_haystack(const TempDir& root) {
+  const auto dir = root / "PaulGrahamEssays";
   std::filesystem::create_directories(dir);
   for (int f = 0; f < 3; ++f) {
     std::ofstream out(dir / ("essay" + std::to_string(f) + ".txt"));
@@ -55,7 +55,8 @@ TEST_CASE("niah: grid, context sizing, needle at a sentence boundary, heatmap sc
   auto tok = load_tokenizer(*m);
   TaskContext ctx;
   ctx.tokenizer = tok.get();
-  ctx.data_dir = write_haystack();
+  const TempDir data("haystack");
+  ctx.data_dir = write_haystack(data);
   ctx.options = {{"s_len", "1000"}, {"e_len", "3001"}, {"step", "1000"}, {"depths", "10"}};
   auto task = TaskRegistry::get().create("niah", ctx);
   REQUIRE(task->size() == 30);
@@ -108,7 +109,8 @@ TEST_CASE("niah heatmap: colour scale and PNG, SVG, CSV files", "[tasks][report]
   h.cols = {"1000", "2000"};
   h.rows = {"0", "100"};
   h.cells = {{1.0, 0.0}, {0.5, std::nan("")}};
-  const std::string stem = (std::filesystem::temp_directory_path() / "kvbench_heatmap_test").string();
+  const TempDir dir("heatmap");
+  const std::string stem = (dir / "heatmap").string();
   write_heatmap(h, stem);
   std::ifstream png(stem + ".png", std::ios::binary);
   char sig[8] = {};

@@ -61,8 +61,8 @@ TEST_CASE("Llama 3 tokenizer.json matches the reference on the corpus", "[tokeni
   // transformers; tokenizer_config.json beside it supplies BOS and EOS.
   CHECK_FALSE(tok->special().add_bos);
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "kvbench_llama3_tok";
-  fs::create_directories(dir);
+  const test::TempDir tmp("llama3_tok");
+  const fs::path& dir = tmp.path();
   fs::copy_file(*path, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
   std::ofstream(dir / "tokenizer_config.json")
       << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": true})";
@@ -72,7 +72,6 @@ TEST_CASE("Llama 3 tokenizer.json matches the reference on the corpus", "[tokeni
   CHECK(with_cfg->encode_prompt("Hi").front() == 128000);
   CHECK(with_cfg->is_end_of_generation(128009));  // <|eot_id|>
   CHECK(with_cfg->is_end_of_generation(128001));  // <|end_of_text|>
-  fs::remove_all(dir);
 }
 
 TEST_CASE("SmolLM2 special tokens, BOS/EOS and end-of-generation ids", "[tokenizer][model]") {
@@ -203,7 +202,7 @@ TEST_CASE("tokenizer.json pre-tokenizer and normalizer variants match the tokeni
   }
 }
 
-TEST_CASE("kvbench tokenize: an empty --text gives an empty list; no text at all is an error", "[tokenizer]") {
+TEST_CASE("kvbench tokenize: an empty --text gives an empty list, no text at all is an error", "[tokenizer]") {
   auto path = test::model_file("llama3-tokenizer/tokenizer.json");
   if (!path) return;
   auto run = [&](const std::string& args) {

@@ -9,6 +9,7 @@
 #include "tasks/task.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -16,8 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-#include <unistd.h>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace kvb::test {
@@ -28,16 +29,30 @@ inline std::string source_path(const std::string& rel) {
 
 inline std::string fixture(const std::string& rel) { return source_path("tests/fixtures/" + rel); }
 
-// A fresh directory under the system's temporary one, unique to this process and call (ctest runs test
-// cases in parallel processes), for a test to fill and remove.
-inline std::filesystem::path temp_dir(const std::string& name) {
-  static int counter = 0;
-  auto p = std::filesystem::temp_directory_path() /
-           ("kvb_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(++counter));
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p);
-  return p;
-}
+// A fresh directory under the system's temporary one, removed with everything in it when the guard
+// goes out of scope, also when a REQUIRE throws. ctest runs test cases in parallel processes and two
+// test runs may share a machine, so a test writes nowhere else and leaves nothing behind.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) {
+    // mkdtemp creates the directory under a name no other process holds, atomically.
+    std::string tmpl = (std::filesystem::temp_directory_path() / ("kvb_" + name + "_XXXXXX")).string();
+    if (!::mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;  // destructors must not throw; what a failed removal leaves collides with nothing
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::filesystem::path& rel) const { return path_ / rel; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // n normal samples of standard deviation sd from a seeded generator.
 inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {

@@ -60,7 +60,7 @@ struct ExactLayer {
 
 }  // namespace
 
-TEST_CASE("least squares: BLAS sums equal the loops; an exact map is recovered; R2", "[vector]") {
+TEST_CASE("least squares: BLAS sums equal the loops, an exact map is recovered, R2", "[vector]") {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int dx = 12, dy = 9, n = 500;
@@ -326,7 +326,7 @@ TEST_CASE("vector over PyramidKV: each layer's pool grows with its own budget, n
 TEST_CASE("vector: bad maps and parameters are clear errors", "[vector]") {
   SyntheticLayer L(100, 6, 2, 16, 32, 1);
   L.cfg.fingerprint = "123-abc";
-  const auto dir = std::filesystem::temp_directory_path();
+  const test::TempDir dir("vector_maps");
   auto write = [&](const std::string& name, const nlohmann::json& body) {
     const auto p = (dir / name).string();
     write_artifact(p, body);
@@ -361,16 +361,14 @@ TEST_CASE("vector calibration on the default model: maps, held-out R2, an artifa
   auto model = ModelFile::open(*path);
   auto tok = load_tokenizer(*model);
   Engine engine(*model);
-  const auto dir = std::filesystem::temp_directory_path() / "kvb_vector_cal";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const test::TempDir dir("vector_cal");
   for (int i = 0; i < 4; ++i) {
     std::ofstream out(dir / fmt::format("doc{}.txt", i));
     for (int r = 0; r < 40; ++r) out << "Document " << i << " line " << r << ": the quick brown fox jumps over the lazy dog. ";
   }
   const MethodInfo& info = MethodRegistry::get().info("vector");
   Params options(info.calibration,
-                 {{"text", dir.string()}, {"tokens", "600"}, {"heldout_tokens", "200"}, {"heldout_every", "4"},
+                 {{"text", dir.path().string()}, {"tokens", "600"}, {"heldout_tokens", "200"}, {"heldout_every", "4"},
                   {"seq_len", "300"}},
                  "test");
   const std::string out = (dir / "maps.json").string();
