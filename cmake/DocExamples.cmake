@@ -1,24 +1,9 @@
-# The worked example of docs/adding-a-method.md is code: the build extracts its two blocks, compiles
-# them into the tests and embeds them as the template of `kvbench new method`, so the page cannot
-# drift from code that builds and passes.
-set(KVBENCH_METHOD_DOC ${CMAKE_SOURCE_DIR}/docs/adding-a-method.md)
+# The worked examples of docs/adding-a-method.md and docs/adding-a-task.md are code: the build
+# extracts their blocks, compiles them into the tests and embeds them as the templates of `kvbench new
+# method` and `kvbench new task`, so the pages cannot drift from code that builds and passes.
 set(KVBENCH_GENERATED ${CMAKE_BINARY_DIR}/generated)
-set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${KVBENCH_METHOD_DOC})
-file(READ ${KVBENCH_METHOD_DOC} kvbench_method_doc)
-
-# The body of the ```cpp block whose first line is "// PATH" (that line included).
-function(kvbench_doc_block path out_var)
-  set(open "```cpp\n// ${path}\n")
-  string(FIND "${kvbench_method_doc}" "${open}" start)
-  if(start EQUAL -1)
-    message(FATAL_ERROR "${KVBENCH_METHOD_DOC}: no ```cpp block whose first line is // ${path}")
-  endif()
-  math(EXPR start "${start} + 7")  # past the fence line
-  string(SUBSTRING "${kvbench_method_doc}" ${start} -1 rest)
-  string(FIND "${rest}" "\n```" end)
-  string(SUBSTRING "${rest}" 0 ${end} block)
-  set(${out_var} "${block}\n" PARENT_SCOPE)
-endfunction()
+set(KVBENCH_DOC_EXAMPLE_SOURCES)
+set(kvbench_doc_templates "")
 
 # Writes only when the content changed, so a reconfigure does not rebuild what it does not touch.
 function(kvbench_write_if_changed path content)
@@ -27,17 +12,43 @@ function(kvbench_write_if_changed path content)
   file(REMOVE ${path}.tmp)
 endfunction()
 
-kvbench_doc_block(methods/keynorm.cpp kvbench_example_method)
-kvbench_doc_block(tests/test_keynorm.cpp kvbench_example_test)
-kvbench_write_if_changed(${KVBENCH_GENERATED}/doc_examples/keynorm.cpp "${kvbench_example_method}")
-kvbench_write_if_changed(${KVBENCH_GENERATED}/doc_examples/test_keynorm.cpp "${kvbench_example_test}")
-set(KVBENCH_DOC_EXAMPLE_SOURCES ${KVBENCH_GENERATED}/doc_examples/keynorm.cpp
-                                ${KVBENCH_GENERATED}/doc_examples/test_keynorm.cpp)
-kvbench_write_if_changed(${KVBENCH_GENERATED}/kvbench/method_template.hpp
+# The body of the ```cpp block of DOC whose first line is "// PATH" (that line included).
+function(kvbench_doc_block doc path out_var)
+  file(READ ${CMAKE_SOURCE_DIR}/${doc} text)
+  set(open "```cpp\n// ${path}\n")
+  string(FIND "${text}" "${open}" start)
+  if(start EQUAL -1)
+    message(FATAL_ERROR "${doc}: no ```cpp block whose first line is // ${path}")
+  endif()
+  math(EXPR start "${start} + 7")  # past the fence line
+  string(SUBSTRING "${text}" ${start} -1 rest)
+  string(FIND "${rest}" "\n```" end)
+  string(SUBSTRING "${rest}" 0 ${end} block)
+  set(${out_var} "${block}\n" PARENT_SCOPE)
+endfunction()
+
+# DOC's example SOURCE and its TEST, compiled into the tests and embedded as the C++ constants
+# k<NAME>Template and k<NAME>TestTemplate.
+macro(kvbench_doc_example doc source test name)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${doc})
+  kvbench_doc_block(${doc} ${source} kvbench_source_block)
+  kvbench_doc_block(${doc} ${test} kvbench_test_block)
+  get_filename_component(kvbench_source_file ${source} NAME)
+  get_filename_component(kvbench_test_file ${test} NAME)
+  kvbench_write_if_changed(${KVBENCH_GENERATED}/doc_examples/${kvbench_source_file} "${kvbench_source_block}")
+  kvbench_write_if_changed(${KVBENCH_GENERATED}/doc_examples/${kvbench_test_file} "${kvbench_test_block}")
+  list(APPEND KVBENCH_DOC_EXAMPLE_SOURCES ${KVBENCH_GENERATED}/doc_examples/${kvbench_source_file}
+       ${KVBENCH_GENERATED}/doc_examples/${kvbench_test_file})
+  string(APPEND kvbench_doc_templates
+         "inline constexpr const char* k${name}Template = R\"kvbdoc(${kvbench_source_block})kvbdoc\";\n"
+         "inline constexpr const char* k${name}TestTemplate = R\"kvbdoc(${kvbench_test_block})kvbdoc\";\n")
+endmacro()
+
+kvbench_doc_example(docs/adding-a-method.md methods/keynorm.cpp tests/test_keynorm.cpp Method)
+kvbench_doc_example(docs/adding-a-task.md tasks/passkey/passkey.cpp tests/test_passkey.cpp Task)
+kvbench_write_if_changed(${KVBENCH_GENERATED}/kvbench/doc_templates.hpp
 "#pragma once
-// Generated from docs/adding-a-method.md by cmake/DocExamples.cmake: the template of kvbench new method.
+// Generated from docs/ by cmake/DocExamples.cmake: the templates of kvbench new method and new task.
 namespace kvb::generated {
-inline constexpr const char* kMethodTemplate = R\"kvbdoc(${kvbench_example_method})kvbdoc\";
-inline constexpr const char* kMethodTestTemplate = R\"kvbdoc(${kvbench_example_test})kvbdoc\";
-}  // namespace kvb::generated
+${kvbench_doc_templates}}  // namespace kvb::generated
 ")

@@ -121,6 +121,8 @@ TEST_CASE("experiment specs: errors name the file, line and column", "[experimen
   require_error([&] { load_experiment(write_spec(dir, "kvb_e6.yaml", kModelLine + "task: niah\nmethods: [snapkv]\n")); },
                 {"needs 'budgets' or 'ratios'"});
   require_error([&] { load_experiment(write_spec(dir, "kvb_e7.yaml", "task: [unclosed\n")); }, {"kvb_e7.yaml:"});
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e8.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64]\ngrid:\n  snapk: {window: [8, 16]}\n")); },
+                {"kvb_e8.yaml:6:3", "grid for method 'snapk'"});
 }
 
 TEST_CASE("cell keys are stable and change with any input", "[experiment]") {
@@ -316,6 +318,13 @@ TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards
   CHECK(Sweep(own).run(false).run == 2);
   for (const auto& [key, r] : records_by_key({own.out}))
     CHECK(r["prefill_shared"] == (r["config"]["method"] == "snapkv"));
+  // Two entries of the same configuration are one cell.
+  ExperimentSpec twice = load_experiment(sweep_spec(dir, *model, "sweep_twice", "snapkv, {name: snapkv, params: {window: 32}}",
+                                                    (dir / "twice.jsonl").string()));
+  twice.limit = 1;
+  REQUIRE(twice.configs.size() == 2);
+  CHECK(Sweep(twice).run(false).run == 1);
+  CHECK(lines_in(twice.out) == 1);
   require_error([] { parse_shard("2/2"); }, {"--shard 2/2", "0 <= i < N"});
   require_error([] { parse_shard("1/2x"); }, {"--shard 1/2x"});
 }

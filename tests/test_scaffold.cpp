@@ -3,8 +3,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/method/scaffold.hpp"
-#include "kvbench/method_template.hpp"
+#include "harness/experiment/scaffold.hpp"
+#include "kvbench/doc_templates.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -22,10 +22,10 @@ TEST_CASE("scaffold: the documented example renamed, method and class, nothing o
   test::TempDir root("scaffold");
   std::filesystem::create_directories(root / "methods");
   std::filesystem::create_directories(root / "tests");
-  const ScaffoldFiles f = scaffold_method("my_rule2", root.path().string());
-  CHECK(f.method == (root / "methods/my_rule2.cpp").string());
-  const std::string m = slurp(f.method), t = slurp(f.test);
-  CHECK(m == scaffold_rename(generated::kMethodTemplate, "my_rule2"));
+  const ScaffoldFiles f = scaffold(ScaffoldKind::Method, "my_rule2", root.path().string());
+  CHECK(f.source == (root / "methods/my_rule2.cpp").string());
+  const std::string m = slurp(f.source), t = slurp(f.test);
+  CHECK(m == scaffold_rename(ScaffoldKind::Method, generated::kMethodTemplate, "my_rule2"));
   CHECK(m.find("// methods/my_rule2.cpp") == 0);
   CHECK(m.find("class MyRule2 final : public Method") != std::string::npos);
   CHECK(m.find(".name = \"my_rule2\"") != std::string::npos);
@@ -36,15 +36,31 @@ TEST_CASE("scaffold: the documented example renamed, method and class, nothing o
     CHECK(s.find("KeyNorm") == std::string::npos);
   }
   // A second time the files exist; nothing is overwritten.
-  test::require_error([&] { scaffold_method("my_rule2", root.path().string()); }, {"my_rule2.cpp exists"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "my_rule2", root.path().string()); }, {"my_rule2.cpp exists"});
 }
 
 TEST_CASE("scaffold: bad names, registered names and a folder that is not the source tree are refused", "[scaffold]") {
   test::TempDir root("scaffold_bad");
   for (const char* bad : {"", "2fast", "My", "a-b", "a b", "x/y"})
-    test::require_error([&] { scaffold_method(bad, root.path().string()); }, {"is not a method name"});
-  test::require_error([&] { scaffold_method("snapkv", root.path().string()); }, {"already registered"});
-  test::require_error([&] { scaffold_method("keynorm", root.path().string()); }, {"documented example"});
-  test::require_error([&] { scaffold_method("fresh", root.path().string()); }, {"no methods/ and tests/"});
+    test::require_error([&] { scaffold(ScaffoldKind::Method, bad, root.path().string()); }, {"is not a method name"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "snapkv", root.path().string()); }, {"already registered"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "keynorm", root.path().string()); }, {"documented example"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "fresh", root.path().string()); }, {"no methods/ and tests/"});
   CHECK(std::filesystem::is_empty(root.path()));
+}
+
+TEST_CASE("scaffold: a task from the documented passkey example, in its own folder", "[scaffold]") {
+  test::TempDir root("scaffold_task");
+  std::filesystem::create_directories(root / "tasks");
+  std::filesystem::create_directories(root / "tests");
+  const ScaffoldFiles f = scaffold(ScaffoldKind::Task, "digits", root.path().string());
+  CHECK(f.source == (root / "tasks/digits/digits.cpp").string());
+  const std::string src = slurp(f.source), t = slurp(f.test);
+  CHECK(src == scaffold_rename(ScaffoldKind::Task, generated::kTaskTemplate, "digits"));
+  CHECK(src.find("class Digits final : public Task") != std::string::npos);
+  CHECK(t.find("create(\"digits\"") != std::string::npos);
+  CHECK(src.find("passkey") == std::string::npos);
+  CHECK(src.find("Passkey") == std::string::npos);
+  test::require_error([&] { scaffold(ScaffoldKind::Task, "niah", root.path().string()); }, {"already registered"});
+  test::require_error([&] { scaffold(ScaffoldKind::Task, "passkey", root.path().string()); }, {"documented example"});
 }

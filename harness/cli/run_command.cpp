@@ -11,15 +11,17 @@ namespace kvb::cli {
 void register_run_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run an experiment spec (YAML): a resumable sweep of methods x budgets x task");
   struct Args {
-    std::string spec, shard;
+    std::string spec, shard, out;
     bool dry_run = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("spec", a->spec, "Experiment YAML (see experiments/)")->required();
   cmd->add_flag("--dry-run", a->dry_run, "Print the expanded cells and the work they need; run nothing");
   cmd->add_option("--shard", a->shard, "i/N: run only the cells whose key falls in share i of N");
+  cmd->add_option("--out", a->out, "Results file instead of the spec's out (e.g. one per shard)");
   cmd->callback([a] {
-    const ExperimentSpec spec = load_experiment(a->spec);
+    ExperimentSpec spec = load_experiment(a->spec);
+    if (!a->out.empty()) spec.out = a->out;
     Sweep sweep(spec, a->shard.empty() ? SweepShard{} : parse_shard(a->shard));
     if (a->dry_run) {
       sweep.describe();

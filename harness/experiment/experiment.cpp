@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -217,6 +218,12 @@ ExperimentSpec load_experiment(const std::string& path) {
       if (budgets.empty()) spec_error(path, m, fmt::format("method {} needs 'budgets' or 'ratios'", base.name));
       for (const KvBudget& b : budgets) s.configs.push_back({base.name, params, b});
     }
+  }
+  // A grid over a method the spec does not run is a typo that would silently drop the ablation.
+  for (const auto& m : root["grid"] ? root["grid"] : YAML::Node()) {
+    const std::string name = m.first.Scalar();
+    if (std::none_of(s.configs.begin(), s.configs.end(), [&](const MethodConfig& c) { return c.name == name; }))
+      spec_error(path, m.first, fmt::format("grid for method '{}', which 'methods' does not list", name));
   }
   if (s.configs.empty()) spec_error(path, root["methods"], "no method configurations");
   return s;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <set>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -55,12 +56,13 @@ bool Sweep::in_shard(const std::string& key) const {
 
 void Sweep::describe() const {
   size_t cells = 0, tokens = 0, gen = 0, samples = 0;
+  std::set<std::string> seen;
   for (const auto& part : parts_) {
     samples += part.samples.size();
     for (const auto& s : part.samples) {
       const size_t p = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
       for (const auto& c : part.configs)
-        if (in_shard(cell_key(c, s.id))) {
+        if (const std::string key = cell_key(c, s.id); in_shard(key) && seen.insert(key).second) {
           ++cells;
           tokens += p;
           gen += size_t(s.max_new_tokens);
@@ -84,16 +86,16 @@ void Sweep::describe() const {
 SweepOutcome Sweep::run(bool progress) {
   Engine engine(*model_, {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype});
   ResultsFile out(spec_.out);  // first: opening cuts a torn last line
-  const auto done = recorded_keys(spec_.out);
+  auto done = recorded_keys(spec_.out);
   SweepOutcome o;
   o.already = done.size();
-  size_t todo = 0;
+  // Two entries of a spec that resolve to the same configuration are one cell, run once.
+  std::set<std::string> pending;
   for (const auto& part : parts_)
     for (const auto& s : part.samples)
-      for (const auto& c : part.configs) {
-        const std::string key = cell_key(c, s.id);
-        todo += in_shard(key) && !done.count(key);
-      }
+      for (const auto& c : part.configs)
+        if (const std::string key = cell_key(c, s.id); in_shard(key) && !done.count(key)) pending.insert(key);
+  const size_t todo = pending.size();
   if (progress)
     fmt::print(stderr, "{}: {} cells to run ({} already recorded in {})\n", spec_.name, todo, done.size(), spec_.out);
   std::unique_ptr<Progress> bar = progress ? std::make_unique<Progress>(spec_.name, todo, "cells") : nullptr;
@@ -103,7 +105,7 @@ SweepOutcome Sweep::run(bool progress) {
       std::vector<size_t> shared, own;
       for (size_t c = 0; c < part.configs.size(); ++c) {
         const std::string key = cell_key(part.configs[c], s.id);
-        if (!in_shard(key) || done.count(key)) continue;
+        if (!in_shard(key) || !done.insert(key).second) continue;
         (methods_[c] && !methods_[c]->shares_prefill() ? own : shared).push_back(c);
       }
       auto record = [&](size_t c, const PrefillCapture* capture) {
