@@ -31,6 +31,8 @@ struct Group {
   double score = 0, kv_share = 0, fp16_share = 0, t_eq = 0;
   int n = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> niah;  // (depth, length) -> sum, count
+  // The parameters that tell it from the method's other settings in the records ("recency=50"), if any.
+  std::string distinct;
 };
 
 // A record's budget: its KV size, or the compression ratio it ran at; none for the full cache.
@@ -73,7 +75,10 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
   const KvBudget budget = budget_of(g.config);
   h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
   h.subtitle = "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")";
-  h.caption = fmt::format("{} Score: {:.2f}", method == "fullkv" ? "FullKV" : fmt::format("{} ({})", method, budget_heading(budget)),
+  const std::string settings = g.distinct.empty() ? "" : ", " + g.distinct;
+  h.caption = fmt::format("{} Score: {:.2f}",
+                          method == "fullkv" ? "FullKV" + settings
+                                             : fmt::format("{} ({}{})", method, budget_heading(budget), settings),
                           100.0 * g.score / g.n);
   const bool chat = g.config["options"].value("chat", "false") == "true";
   const std::string base =
@@ -94,6 +99,7 @@ struct Entry {
   double fp16_share = 0.5;  // kept bytes against a full fp16 cache of the prompt (the papers' unit)
   double bits = 8;          // kept bits per K/V element of the prompt: 16 x fp16_share
   bool empty = false;
+  Group* group = nullptr;
 };
 
 struct Mean {
@@ -253,6 +259,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         cfg["options"].erase(k);
       cfg.erase("version");
       Group& g = groups[cfg.dump()];
+      e.group = &g;
       g.config = cfg;
       g.score += j["score"].get<double>();
       const double full = j.value("full_kv_bytes", 0.0);
@@ -305,9 +312,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     json shown = json::object();
     for (const auto& [k, v] : params.items())
       if (varying[e.method].count(k)) shown[k] = v;
-    e.label = method_configs[e.method].size() > 1
-                  ? name + " (" + (shown.empty() ? params_text(params) : params_text(shown)) + ")"
-                  : name;
+    if (method_configs[e.method].size() > 1) e.group->distinct = shown.empty() ? params_text(params) : params_text(shown);
+    e.label = e.group->distinct.empty() ? name : name + " (" + e.group->distinct + ")";
   }
   std::filesystem::create_directories(dir);
   std::set<std::string> used;
