@@ -321,8 +321,9 @@ class LatentSegment final : public Segment {
 
  private:
   // This head's keys, reconstructed from the latent and rotated, once per decode step for all the
-  // query heads of its group (they call logits in parallel; the first one builds them). Rebuilt
-  // whenever the store has grown: keys are never kept at full width between steps.
+  // query heads of its group (they call logits in parallel; the first one builds them). Rebuilt in
+  // full whenever the store has grown, so every step pays the reconstruction as DynaKV's attention
+  // does; the buffer is scratch reused between steps, not cache, and is not charged.
   const float* keys() const {
     std::lock_guard lock(mu_);
     const size_t n = size();

@@ -16,12 +16,17 @@ std::string slurp(const std::filesystem::path& p) {
   s << in.rdbuf();
   return s.str();
 }
+
+// A stand-in source tree: the component's folder and tests/.
+void make_tree(const test::TempDir& root, const char* folder) {
+  std::filesystem::create_directories(root / folder);
+  std::filesystem::create_directories(root / "tests");
+}
 }  // namespace
 
 TEST_CASE("scaffold: the documented example renamed, method and class, nothing of the old name left", "[scaffold]") {
   test::TempDir root("scaffold");
-  std::filesystem::create_directories(root / "methods");
-  std::filesystem::create_directories(root / "tests");
+  make_tree(root, "methods");
   const ScaffoldFiles f = scaffold(ScaffoldKind::Method, "my_rule2", root.path().string());
   CHECK(f.source == (root / "methods/my_rule2.cpp").string());
   const std::string m = slurp(f.source), t = slurp(f.test);
@@ -51,8 +56,7 @@ TEST_CASE("scaffold: bad names, registered names and a folder that is not the so
 
 TEST_CASE("scaffold: a task from the documented passkey example, in its own folder", "[scaffold]") {
   test::TempDir root("scaffold_task");
-  std::filesystem::create_directories(root / "tasks");
-  std::filesystem::create_directories(root / "tests");
+  make_tree(root, "tasks");
   const ScaffoldFiles f = scaffold(ScaffoldKind::Task, "digits", root.path().string());
   CHECK(f.source == (root / "tasks/digits/digits.cpp").string());
   const std::string src = slurp(f.source), t = slurp(f.test);
