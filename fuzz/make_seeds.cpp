@@ -1,19 +1,39 @@
-// Writes small valid GGUF files (a BPE and a SentencePiece tokenizer, a tiny llama config, tensors of
-// several types) as the starting corpus for gguf_fuzz: make_fuzz_seeds DIR
+// Writes the starting corpus of every fuzz target under DIR/<target>/: small valid GGUF files (a BPE
+// and a SentencePiece tokenizer, a tiny llama config, tensors of several types) written here, and for
+// the file parsers the project's own specs, results and test fixtures. Targets whose first input byte
+// picks a variant (longbench: the dataset, ruler: the file layout) get it prepended.
+//   make_fuzz_seeds DIR
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
 
 #include "harness/model/gguf_writer.hpp"
 
 using namespace kvb;
+namespace fs = std::filesystem;
 
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    fmt::print(stderr, "usage: make_fuzz_seeds DIR\n");
-    return 2;
-  }
-  std::filesystem::create_directories(argv[1]);
+namespace {
+
+const fs::path kSource = KVBENCH_SOURCE_DIR;
+
+std::string read(const fs::path& p, size_t max_lines = SIZE_MAX) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error(p.string() + ": cannot read");
+  std::string out, line;
+  for (size_t n = 0; n < max_lines && std::getline(in, line); ++n) out += line + "\n";
+  return out;
+}
+
+void write(const fs::path& p, const std::string& s) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << s;
+}
+
+void gguf_seeds(const fs::path& dir) {
   for (const char* tok_model : {"gpt2", "llama"}) {
     GGUFWriter w;
     w.add_string("general.architecture", "llama");
@@ -34,7 +54,44 @@ int main(int argc, char** argv) {
     w.add_tensor("a", DType::F32, {2}, std::vector<uint8_t>(8, 0x3f));
     w.add_tensor("b", DType::Q4_K, {256}, std::vector<uint8_t>(144, 0x11));
     w.add_tensor("c", DType::Q8_0, {32}, std::vector<uint8_t>(34, 0x22));
-    w.write(fmt::format("{}/seed_{}.gguf", argv[1], tok_model));
+    fs::create_directories(dir);
+    w.write((dir / fmt::format("seed_{}.gguf", tok_model)).string());
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fmt::print(stderr, "usage: make_fuzz_seeds DIR\n");
+    return 2;
+  }
+  const fs::path out = argv[1];
+  gguf_seeds(out / "gguf");
+  // The specs name a model that must exist; /dev/null does, so the fuzzer gets past that check.
+  const std::regex model_line("^model:.*$", std::regex::multiline);
+  for (const auto& e : fs::directory_iterator(kSource / "experiments"))
+    write(out / "spec" / e.path().filename(), std::regex_replace(read(e.path()), model_line, "model: /dev/null"));
+  for (const auto& e : fs::recursive_directory_iterator(kSource / "results"))
+    if (e.path().extension() == ".jsonl")
+      write(out / "results" / fmt::format("{}-{}", e.path().parent_path().filename().string(),
+                                          e.path().filename().string()),
+            read(e.path(), 20));
+  const fs::path fx = kSource / "tests/fixtures";
+  write(out / "tokenizer_json/digits_grouped.json", read(fx / "tokenizer/synthetic/digits_grouped.json"));
+  write(out / "tokenizer_json/tiny.json",
+        R"({"added_tokens":[{"id":0,"content":"<|endoftext|>","special":true}],)"
+        R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},)"
+        R"("model":{"type":"BPE","vocab":{"<|endoftext|>":0,"H":1,"e":2,"l":3,"o":4,"He":5,"ll":6,"Ġ":7},)"
+        R"("merges":["H e","l l"]}})");
+  write(out / "config/tiny_llama.json", read(fx / "safetensors/tiny_llama/config.json"));
+  // longbench: the byte indexes {qasper, gov_report, trec, passage_count, passage_retrieval_en, lcc}.
+  write(out / "longbench/qasper.jsonl", std::string(1, '\0') + read(fx / "longbench/data/longbench/qasper.jsonl"));
+  write(out / "longbench/trec.jsonl", std::string(1, '\2') + read(fx / "longbench/data/longbench/trec.jsonl"));
+  // ruler: the byte indexes {2024 layout, 2025 layout, SQuAD, HotpotQA}.
+  write(out / "ruler/2024.jsonl", std::string(1, '\0') + read(fx / "ruler/files/4096/niah_single_1.jsonl"));
+  write(out / "ruler/2025.jsonl", std::string(1, '\1') + read(fx / "ruler/files/vt/validation.jsonl"));
+  write(out / "ruler/squad.json", std::string(1, '\2') + read(fx / "ruler/qa/squad.json"));
+  write(out / "ruler/hotpotqa.json", std::string(1, '\3') + read(fx / "ruler/qa/hotpotqa.json"));
   return 0;
 }

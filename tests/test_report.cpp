@@ -207,3 +207,26 @@ TEST_CASE("reports: fp16 records and a method without a budget on one memory axi
   const std::string mem = read(dir / "rep" / "longbench-memory.csv");
   CHECK(mem.find("\"kvmix [fp16]\",0.220000,0.4000") != std::string::npos);
 }
+
+TEST_CASE("reports: records of the wrong shape are errors naming the line and field", "[report]") {
+  const TempDir dir("report_shapes");
+  auto report_of = [&](const std::string& line) {
+    {
+      std::ofstream out(dir / "r.jsonl");
+      out << line << "\n";
+    }
+    write_report({(dir / "r.jsonl").string()}, (dir / "rep").string(), {"md"});
+  };
+  test::require_error([&] { report_of("[1]"); }, {"r.jsonl:1", "a JSON object expected"});
+  test::require_error([&] { report_of(R"({"score": 1})"); }, {"r.jsonl:1", "field 'config' is missing"});
+  test::require_error([&] { report_of(R"({"config": {}, "score": "1"})"); }, {"'score' must be a number"});
+  test::require_error([&] { report_of(R"({"config": {"options": {"length": 4096}}, "score": 1})"); },
+                      {"'config.options' must be an object of text values"});
+  test::require_error([&] { report_of(R"({"config": {"task": "niah"}, "score": 1, "meta": {"depth": "5"}})"); },
+                      {"'meta.depth' must be an integer"});
+  test::require_error([&] { report_of(R"({"config": {"task": "ruler", "options": {"length": "4k"}}, "score": 1})"); },
+                      {"r.jsonl:1", "'config.options.length' must be a positive whole number", "'4k'"});
+  // Found by fuzz/results: a config without options made the report throw a JSON library exception.
+  report_of(R"({"config": {"task": "niah", "method": "fullkv"}, "score": 1, "meta": {"depth": 0, "length": 1000}})");
+  CHECK(std::filesystem::exists(dir / "rep" / "summary.md"));
+}

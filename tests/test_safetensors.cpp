@@ -106,6 +106,16 @@ TEST_CASE("model directory errors name the file", "[safetensors]") {
   test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json", "gpt_neox"});
   std::ofstream(dir / "config.json") << R"({"model_type": "llama", "num_hidden_layers": "two"})";
   test::require_error([&] { ModelFile::open(dir.string()); }, {"num_hidden_layers", "integer"});
+  // Found by fuzz/config: a document that is not an object, and a field of the wrong type read with a
+  // default, threw the JSON library's exceptions.
+  std::ofstream(dir / "config.json") << "1";
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json", "a JSON object"});
+  {
+    auto cfg = json::parse(std::ifstream(test::fixture("safetensors/tiny_llama/config.json")));
+    cfg["rope_scaling"] = {{"type", 5}};
+    std::ofstream(dir / "config.json") << cfg.dump();
+  }
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json", "/rope_scaling/type", "string"});
   // A complete config but a shard index that names a missing file.
   fs::copy_file(test::fixture("safetensors/tiny_llama/config.json"), dir / "config.json",
                 fs::copy_options::overwrite_existing);

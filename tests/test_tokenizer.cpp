@@ -222,3 +222,21 @@ TEST_CASE("kvbench tokenize: an empty --text gives an empty list, no text at all
   CHECK(bad != 0);
   CHECK(msg.find("give --text or --file") != std::string::npos);
 }
+
+TEST_CASE("tokenizer.json fields of the wrong shape are errors naming the file and field", "[tokenizer]") {
+  // Found by fuzz/tokenizer_json: an added token without content threw the JSON library's exception.
+  const test::TempDir dir("tokenizer_json_errors");
+  const std::string path = (dir / "tokenizer.json").string();
+  auto load = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return load_tokenizer_file(path);
+  };
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})";
+  CHECK(load("{" + model + "}")->encode("ab").size() == 2);
+  test::require_error([&] { load(R"({"added_tokens": [{"id": 2}], )" + model + "}"); },
+                      {"tokenizer.json", "/added_tokens/0", "content"});
+  test::require_error([&] { load(R"({"added_tokens": [{"id": "x", "content": "c"}], )" + model + "}"); },
+                      {"tokenizer.json", "/added_tokens/0/id", "number"});
+  test::require_error([&] { load(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [[1, 2]]}})"); },
+                      {"tokenizer.json", "/model/merges/0/", "must be string"});
+}

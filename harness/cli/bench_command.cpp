@@ -39,6 +39,7 @@ struct Row {
   std::string cache = "full";
   Spread prefill_tps, decode_tps;
   double prefill_tflops = 0, linear_tflops = 0, attention_tflops = 0, linear_eff = 0, linear_share = 0;
+  double attention_eff = 0;  // attention flops rate / the GEMM peak
   double compress_share = 0;  // compression time / prefill time
   double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
@@ -161,7 +162,7 @@ void register_bench_command(CLI::App& app) {
                    limits.bandwidth_gbs, mib(weights_read), a->kv_dtype, a->repeat);
       const std::vector<std::string> head = {
           "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
-          "linear share", "attention TFLOP/s", "compression share", "decode tok/s", "decode bound tok/s",
+          "linear share", "attention TFLOP/s", "attention / GEMM peak", "compression share", "decode tok/s", "decode bound tok/s",
           "decode / bound", "decode GEMV / bandwidth", "decode vs full", "decode transform share", "KV MiB", "peak memory MiB"};
       line(head);
       if (md) line(std::vector<std::string>(head.size(), "---"));
@@ -172,7 +173,7 @@ void register_bench_command(CLI::App& app) {
       line({std::to_string(r.context), r.cache,
             fmt::format("{:.1f} ({:.1f}-{:.1f})", r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max),
             fmt::format("{:.3f}", r.prefill_tflops), fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff),
-            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops),
+            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops), pct(r.attention_eff),
             r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
             dec ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max)
                 : "n/a",
@@ -241,6 +242,7 @@ void register_bench_command(CLI::App& app) {
       row.peak_memory = b.peak_memory_bytes();
       row.prefill_tps = spread(p_tps);
       row.linear_eff = row.linear_tflops * 1e3 / limits.gemm_gflops;
+      row.attention_eff = row.attention_tflops * 1e3 / limits.gemm_gflops;
       if (!d_tps.empty()) {
         row.decode_tps = spread(d_tps);
         row.decode_bound_tps = limits.bandwidth_gbs * 1e9 / static_cast<double>(weights_read + row.kv_bytes);
@@ -294,7 +296,8 @@ void register_bench_command(CLI::App& app) {
                              {"prefill_tokens_per_s", {r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max}},
                              {"prefill_tflops", r.prefill_tflops}, {"linear_tflops", r.linear_tflops},
                              {"linear_efficiency", r.linear_eff}, {"linear_time_share", r.linear_share},
-                             {"attention_tflops", r.attention_tflops}, {"compress_time_share", r.compress_share},
+                             {"attention_tflops", r.attention_tflops}, {"attention_efficiency", r.attention_eff},
+                             {"compress_time_share", r.compress_share},
                              {"decode_transform_share", r.transform_share},
                              {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
                              {"decode_bound_tokens_per_s", r.decode_bound_tps}, {"decode_efficiency", r.decode_eff},

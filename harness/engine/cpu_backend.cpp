@@ -1,5 +1,5 @@
-// CPU backend: OpenBLAS for matrix products (linear layers and the two products of attention),
-// OpenMP for the rest; all fp32.
+// CPU backend: OpenBLAS for matrix products (linear layers and the tiles of attention), OpenMP for
+// the rest; all fp32.
 #include <cblas.h>
 #include <omp.h>
 
@@ -14,14 +14,12 @@
 #include "harness/engine/op_timer.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/machine.hpp"
+#include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace kvb {
 
 namespace {
-
-// Queries per block of prefill attention: the score block is kAttnChunk x n floats per head.
-constexpr int kAttnChunk = 256;
 
 class CpuBackend final : public Backend {
  public:
@@ -116,48 +114,9 @@ class CpuBackend final : public Backend {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
     // Useful work of causal attention: n(n+1)/2 query-key pairs, 2d flops each for QK^T and for PV.
     stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
-    const int group = hq / hkv;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const int ldq = hq * d, ldk = hkv * d;
-    const int chunks = (n + kAttnChunk - 1) / kAttnChunk;
-    const int tasks = hq * chunks;
-    if (colsum) colsum->assign(size_t(hq) * n, 0.0f);
-    // One task per (head, block of queries), the largest blocks (last queries, most keys) first.
-    // BLAS calls inside the parallel region run on the calling thread (OpenMP OpenBLAS), which
-    // beats splitting these small products across threads.
-#pragma omp parallel
-    {
-      std::vector<float> s(size_t(std::min(n, kAttnChunk)) * n);
-      std::vector<float> cs(colsum ? size_t(hq) * n : 0);
-#pragma omp for schedule(dynamic, 1)
-      for (int task = 0; task < tasks; ++task) {
-        const int h = task % hq, c0 = (chunks - 1 - task / hq) * kAttnChunk;
-        const float* q = qb.data() + size_t(h) * d;
-        const float* k = kb.data() + size_t(h / group) * d;
-        const float* v = vb.data() + size_t(h / group) * d;
-        float* out = outb.data() + size_t(h) * d;
-        const int rows = std::min(kAttnChunk, n - c0);
-        const int keys = c0 + rows;  // causal: the block sees keys [0, c0 + rows)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale,
-                    q + size_t(c0) * ldq, ldq, k, ldk, 0.0f, s.data(), keys);
-        for (int r = 0; r < rows; ++r) {
-          float* row = s.data() + size_t(r) * keys;
-          const int visible = c0 + r + 1;
-          softmax_inplace(row, visible);
-          std::fill(row + visible, row + keys, 0.0f);
-          if (colsum) {
-            float* c = cs.data() + size_t(h) * n;
-            for (int j = 0; j < visible; ++j) c[j] += row[j];
-          }
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.data(), keys,
-                    v, ldk, 0.0f, out + size_t(c0) * ldq, ldq);
-      }
-      if (colsum) {
-#pragma omp critical
-        for (size_t i = 0; i < cs.size(); ++i) (*colsum)[i] += cs[i];
-      }
-    }
+    if (colsum) colsum->resize(size_t(hq) * n);
+    attention_prefill_fused(qb.data(), kb.data(), vb.data(), n, hq, hkv, d, outb.data(),
+                            colsum ? colsum->data() : nullptr);
   }
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {

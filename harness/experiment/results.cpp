@@ -1,14 +1,87 @@
 #include "harness/experiment/results.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "harness/util/error.hpp"
 
 namespace kvb {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Kind {
+  const char* what;
+  bool (*ok)(const json&);
+};
+const Kind kString{"a string", [](const json& v) { return v.is_string(); }};
+const Kind kNumber{"a number", [](const json& v) { return v.is_number(); }};
+const Kind kInteger{"an integer", [](const json& v) { return v.is_number_integer(); }};
+const Kind kBool{"true or false", [](const json& v) { return v.is_boolean(); }};
+const Kind kObject{"an object", [](const json& v) { return v.is_object(); }};
+const Kind kObjectOrNull{"an object or null", [](const json& v) { return v.is_object() || v.is_null(); }};
+const Kind kList{"a list", [](const json& v) { return v.is_array(); }};
+const Kind kTextMap{"an object of text values", [](const json& v) {
+                      if (!v.is_object()) return false;
+                      for (const auto& [k, x] : v.items())
+                        if (!x.is_string()) return false;
+                      return true;
+                    }};
+
+struct Field {
+  const char* name;
+  const Kind& kind;
+  bool required = false;
+};
+
+// The fields docs/results-format.md gives a type for, by object (prefix as errors name it).
+const std::vector<std::pair<const char*, std::vector<Field>>>& record_fields() {
+  static const std::vector<std::pair<const char*, std::vector<Field>>> fields = {
+      {"",
+       {{"config", kObject, true}, {"score", kNumber, true}, {"key", kString}, {"version", kString},
+        {"id", kString}, {"prediction", kString}, {"kv_dtype", kString}, {"prompt_tokens", kNumber},
+        {"kv_bytes", kNumber}, {"full_kv_bytes", kNumber}, {"peak_memory_bytes", kNumber}, {"T_eq", kNumber},
+        {"kv_bits_per_element", kNumber}, {"prefill_seconds", kNumber}, {"decode_seconds", kNumber},
+        {"compress_seconds", kNumber}, {"prefill_shared", kBool}, {"answers", kList}, {"protocol", kObject},
+        {"cache", kObjectOrNull}, {"meta", kObject}}},
+      {"config.",
+       {{"task", kString}, {"method", kString}, {"model", kString}, {"model_fingerprint", kString},
+        {"gqa", kString}, {"kv_dtype", kString}, {"version", kString}, {"options", kTextMap},
+        {"params", kTextMap}, {"budget", kInteger}, {"compression_ratio", kNumber}, {"artifacts", kObject}}},
+      {"meta.", {{"depth", kInteger}, {"length", kInteger}}}};
+  return fields;
+}
+
+}  // namespace
+
+void check_record(const json& r, const std::string& where) {
+  if (!r.is_object()) fail("{}: not a kvbench result record (a JSON object expected)", where);
+  for (const auto& [prefix, fields] : record_fields()) {
+    // Checked in order, so a nested object is known to be one when its fields are checked.
+    const std::string_view p = prefix;
+    const json* parent = &r;
+    if (!p.empty()) {
+      const auto it = r.find(std::string(p.substr(0, p.size() - 1)));
+      if (it == r.end()) continue;
+      parent = &*it;
+    }
+    for (const Field& f : fields) {
+      const auto it = parent->find(f.name);
+      if (it == parent->end()) {
+        if (f.required) fail("{}: not a kvbench result record: field '{}{}' is missing", where, prefix, f.name);
+      } else if (!f.kind.ok(*it)) {
+        fail("{}: field '{}{}' must be {}", where, prefix, f.name, f.kind.what);
+      }
+    }
+  }
+}
 
 void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn) {
   std::ifstream in(path, std::ios::binary);
@@ -32,6 +105,7 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
       fail("{}:{}: not a JSON record ({}); remove the line", path, no, e.what());
     }
     if (last) return;  // no newline yet: the write did not finish
+    check_record(j, fmt::format("{}:{}", path, no));
     fn(j, no);
   }
 }

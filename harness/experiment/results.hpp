@@ -10,8 +10,14 @@
 namespace kvb {
 
 // Calls fn(record, line_number) for each record of a results file (a missing file has none). A
-// malformed line is an error naming the file and line, except a torn last line, which is skipped.
+// malformed line is an error naming the file and line, except a torn last line, which is skipped; so
+// is a record whose fields do not have the types docs/results-format.md gives (check_record).
 void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn);
+
+// Error naming `where`, the field and the type expected, unless the record is an object with a
+// `config` object and a numeric `score`, and every other field the report reads has its documented
+// type where present. Consumers can then read fields without type checks of their own.
+void check_record(const nlohmann::json& record, const std::string& where);
 
 class ResultsFile {
  public:

@@ -78,7 +78,7 @@ Params::Params(const std::vector<ParamSpec>& specs, const std::map<std::string, 
                const std::string& owner)
     : owner_(owner) {
   for (const auto& [k, v] : given) {
-    auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == k; });
+    auto it = std::find_if(specs.begin(), specs.end(), [&k = k](const ParamSpec& s) { return s.name == k; });
     if (it == specs.end()) {
       std::string valid;
       for (const auto& s : specs) valid += fmt::format("\n  {} ({})", s.name, s.describe());

@@ -8,6 +8,7 @@
 
 #include "harness/model/gguf.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 
 namespace kvb {
 namespace {
@@ -138,10 +139,7 @@ double json_num(const json& j, const char* key, const std::string& file) {
   return v.get<double>();
 }
 
-}  // namespace
-
-ModelConfig config_from_hf_dir(const std::string& dir) {
-  const std::string file = (std::filesystem::path(dir) / "config.json").string();
+ModelConfig parse_hf_config(const std::string& file) {
   std::ifstream in(file);
   if (!in) fail("{}: cannot open (a Hugging Face model directory needs config.json)", file);
   json j;
@@ -150,6 +148,7 @@ ModelConfig config_from_hf_dir(const std::string& dir) {
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", file, e.what());
   }
+  if (!j.is_object()) fail("{}: a model configuration is a JSON object", file);
   ModelConfig c;
   c.arch_name = j.value("model_type", std::string());
   if (c.arch_name == "llama" || c.arch_name == "mistral") {
@@ -200,6 +199,13 @@ ModelConfig config_from_hf_dir(const std::string& dir) {
   }
   c.validate(file);
   return c;
+}
+
+}  // namespace
+
+ModelConfig config_from_hf_dir(const std::string& dir) {
+  const std::string file = (std::filesystem::path(dir) / "config.json").string();
+  return with_json_errors(file, [&] { return parse_hf_config(file); });
 }
 
 }  // namespace kvb

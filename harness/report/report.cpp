@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <filesystem>
@@ -231,8 +232,6 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   size_t repeated = 0;
   for (const auto& f : files) {
     for_each_record(f, [&](const json& j, int no) {
-      if (!j.contains("config") || !j.contains("score") || !j["score"].is_number())
-        fail("{}:{}: not a kvbench result record (config and score expected)", f, no);
       if (const std::string key = record_key(j); !key.empty()) {
         const auto [it, fresh] = seen.try_emplace(key, j["score"].get<double>(), fmt::format("{}:{}", f, no));
         if (!fresh) {
@@ -245,12 +244,19 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         }
       }
       json cfg = j["config"];
+      if (!cfg.contains("options")) cfg["options"] = json::object();
       Entry e;
       e.task = cfg.value("task", "");
-      const json opts = cfg.value("options", json::object());
+      const json opts = cfg["options"];
       if (e.task == "ruler") e.variant = opts.value("task", "niah_single_1");
       if (e.task == "longbench" || e.task == "longbench-e") e.variant = opts.value("dataset", "");
-      e.length = e.task == "ruler" ? std::stoi(opts.value("length", "4096")) : 0;
+      if (e.task == "ruler") {
+        const std::string length = opts.value("length", "4096");
+        const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), e.length);
+        if (ec != std::errc() || end != length.data() + length.size() || e.length <= 0)
+          fail("{}:{}: field 'config.options.length' must be a positive whole number of tokens, not '{}'", f, no,
+               length);
+      }
       // LongBench-E's buckets are by the record's own length field (eval.py: <4000, <8000, else).
       if (e.task == "longbench-e" && j.contains("meta") && j["meta"].contains("length"))
         e.length = j["meta"]["length"].get<int>();

@@ -9,6 +9,7 @@
 #include "harness/model/gguf.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 
 namespace kvb {
 namespace {
@@ -184,9 +185,7 @@ std::optional<std::string> token_content(const json& j) {
   return std::nullopt;
 }
 
-}  // namespace
-
-BpeSpec bpe_spec_from_tokenizer_json(const std::string& path) {
+BpeSpec parse_tokenizer_json(const std::string& path) {
   namespace fs = std::filesystem;
   const json j = read_json(path);
   BpeSpec s;
@@ -261,6 +260,12 @@ BpeSpec bpe_spec_from_tokenizer_json(const std::string& path) {
   }
   add_turn_ends(s.special, s.added);
   return s;
+}
+
+}  // namespace
+
+BpeSpec bpe_spec_from_tokenizer_json(const std::string& path) {
+  return with_json_errors(path, [&] { return parse_tokenizer_json(path); });
 }
 
 BpeTokenizer::BpeTokenizer(BpeSpec spec)

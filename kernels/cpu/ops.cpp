@@ -4,8 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
+
+#include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
 
@@ -141,30 +142,9 @@ void exp_shifted_ref(float* x, int n, float shift) {
   for (int i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
 }
 
-void exp_shifted(float* x, int n, float shift) {
-  constexpr float log2e = 1.44269504088896341f;
-  constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-  constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+KVB_VECTOR_CLONES void exp_shifted(float* x, int n, float shift) {
 #pragma omp simd
-  for (int i = 0; i < n; ++i) {
-    float v = x[i] - shift;
-    v = std::min(std::max(v, -87.0f), 88.0f);
-    const float fn = (v * log2e + round_magic) - round_magic;
-    const float r = (v - fn * ln2_hi) - fn * ln2_lo;
-    // exp(r) on |r| <= ln2/2, Cephes coefficients.
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t e = (static_cast<int32_t>(fn) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &e, sizeof scale);
-    // Below the clamp the true value is under FLT_MIN; attention weights that small are zero.
-    x[i] = x[i] - shift < -87.0f ? 0.0f : p * scale;
-  }
+  for (int i = 0; i < n; ++i) x[i] = exp_poly(x[i] - shift);
 }
 
 void softmax_inplace(float* x, int n) {

@@ -52,10 +52,11 @@ class RopeTable {
 void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv,
                    int d, const int32_t* q_pos, const int32_t* k_pos, float* out);
 
-// x[i] = exp(x[i] - shift). The fast version is a branch-free polynomial (Cody-Waite range reduction,
-// degree-6 minimax) that the compiler vectorises; within 2 ulp of std::exp for x - shift in
-// [-87, 88], 0 below (results under FLT_MIN), saturating at e^88 above. Softmax only feeds it
-// values <= 0. exp dominates long-context attention, so it needs to be our own kernel.
+// x[i] = exp(x[i] - shift). The fast version applies exp_poly (vec_math.hpp: Cody-Waite range
+// reduction, degree-6 minimax polynomial), vectorised for the widest unit the processor has; within
+// 2 ulp of std::exp for x - shift in [-87, 88], 0 below (results under FLT_MIN), saturating at e^88
+// above. Softmax only feeds it values <= 0. exp dominates long-context attention, so it needs to be
+// our own kernel.
 void exp_shifted_ref(float* x, int n, float shift);
 void exp_shifted(float* x, int n, float shift);
 
