@@ -226,6 +226,12 @@ TEST_CASE("reports: records of the wrong shape are errors naming the line and fi
                       {"'meta.depth' must be an integer"});
   test::require_error([&] { report_of(R"({"config": {"task": "ruler", "options": {"length": "4k"}}, "score": 1})"); },
                       {"r.jsonl:1", "'config.options.length' must be a positive whole number", "'4k'"});
+  // Found by fuzz/results: a parameter value holding '|' broke the report's label, which kept the
+  // parameters as text split at that character.
+  report_of(R"({"config": {"task": "niah", "method": "snapkv", "params": {"pooling": "max|avg"}}, "score": 1})");
+  CHECK(read(dir / "rep" / "summary.md").find("pooling=max|avg") != std::string::npos);
+  // Found by fuzz/results: a NIAH record with a depth but no length read a missing key.
+  report_of(R"({"config": {"task": "niah", "method": "fullkv"}, "score": 1, "meta": {"depth": 0}})");
   // Found by fuzz/results: a config without options made the report throw a JSON library exception.
   report_of(R"({"config": {"task": "niah", "method": "fullkv"}, "score": 1, "meta": {"depth": 0, "length": 1000}})");
   CHECK(std::filesystem::exists(dir / "rep" / "summary.md"));

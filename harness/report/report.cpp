@@ -94,6 +94,8 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
 // One record, reduced to what the tables group by.
 struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
+  json params;                                 // the method's parameters, as recorded
+  std::string dtype;                           // the cache's KV dtype
   KvBudget budget;
   int length = 0;
   double score = 0, kv_share = 1;
@@ -225,7 +227,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   }
   std::map<std::string, Group> groups;
   std::vector<Entry> entries;
-  std::map<std::string, std::set<std::string>> method_configs;  // method -> distinct parameter sets
+  // method -> its distinct settings (parameters and GQA mode, as text) -> their parameters
+  std::map<std::string, std::map<std::string, json>> method_configs;
   // A cell recorded twice (overlapping files, or two runs appending to one file) counts once; the
   // runs are deterministic, so a second copy with another score means the records disagree.
   std::map<std::string, std::pair<double, std::string>> seen;  // key -> score, where first recorded
@@ -278,7 +281,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       g.fp16_share += e.fp16_share;
       g.t_eq += e.fp16_share * j.value("prompt_tokens", 0.0);
       ++g.n;
-      if (e.task == "niah" && j.contains("meta") && j["meta"].contains("depth")) {
+      // (Both must be looked up: a const json's [] of a missing key is undefined behaviour.)
+      if (e.task == "niah" && j.contains("meta") && j["meta"].contains("depth") && j["meta"].contains("length")) {
         auto& cell = g.niah[{j["meta"]["depth"].get<int>(), j["meta"]["length"].get<int>()}];
         cell.first += j["score"].get<double>();
         ++cell.second;
@@ -287,10 +291,10 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       e.budget = budget_of(cfg);
       e.score = j["score"].get<double>();
       e.empty = python_strip(j.value("prediction", "")).empty();
-      // made readable below; the dtype is shown where it is not fp32
-      e.label = cfg.value("params", json::object()).dump() + "|" + cfg.value("gqa", "-") + "|" +
-                cfg.value("kv_dtype", std::string("fp32"));
-      method_configs[e.method].insert(e.label.substr(0, e.label.rfind('|')));
+      // labelled below; the dtype is shown where it is not fp32
+      e.params = cfg.value("params", json::object());
+      e.dtype = cfg.value("kv_dtype", std::string("fp32"));
+      method_configs[e.method].emplace(json::array({e.params, cfg.value("gqa", "-")}).dump(), e.params);
       entries.push_back(e);
     });
   }
@@ -301,8 +305,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
   for (const auto& [method, configs] : method_configs) {
     std::map<std::string, std::set<std::string>> values;
-    for (const auto& c : configs) {
-      const json params = json::parse(c.substr(0, c.find('|')));
+    for (const auto& [setting, params] : configs) {
       for (const auto& [k, v] : params.items()) {
         values[k].insert(v.dump());
       }
@@ -312,13 +315,13 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       if (v.size() > 1) varying[method].insert(k);
   }
   for (Entry& e : entries) {
-    const json params = json::parse(e.label.substr(0, e.label.find('|')));
-    const std::string dtype = e.label.substr(e.label.rfind('|') + 1);
-    const std::string name = (e.method == "fullkv" ? "FullKV" : e.method) + (dtype == "fp32" ? "" : " [" + dtype + "]");
+    const std::string name =
+        (e.method == "fullkv" ? "FullKV" : e.method) + (e.dtype == "fp32" ? "" : " [" + e.dtype + "]");
     json shown = json::object();
-    for (const auto& [k, v] : params.items())
+    for (const auto& [k, v] : e.params.items())
       if (varying[e.method].count(k)) shown[k] = v;
-    if (method_configs[e.method].size() > 1) e.group->distinct = shown.empty() ? params_text(params) : params_text(shown);
+    if (method_configs[e.method].size() > 1)
+      e.group->distinct = shown.empty() ? params_text(e.params) : params_text(shown);
     e.label = e.group->distinct.empty() ? name : name + " (" + e.group->distinct + ")";
   }
   std::filesystem::create_directories(dir);
