@@ -42,6 +42,14 @@ std::unique_ptr<Task> TaskRegistry::create(const std::string& name, const TaskCo
   return ti.make(ctx, Params(ti.options, ctx.options, "task " + name));
 }
 
+std::map<std::string, std::string> TaskRegistry::canonical_options(
+    const std::string& name, const std::map<std::string, std::string>& given) const {
+  const Params read(info(name).options, given, "task " + name);
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : given) out[k] = read.values().at(k);
+  return out;
+}
+
 bool register_task(TaskInfo info) {
   TaskRegistry::get().add(std::move(info));
   return true;

@@ -58,6 +58,10 @@ class TaskRegistry {
   const TaskInfo& info(const std::string& name) const;  // Error listing the tasks if unknown
   std::vector<std::string> names() const;
   std::unique_ptr<Task> create(const std::string& name, const TaskContext& ctx) const;
+  // The given options as the task reads them (yes -> true, 05 -> 5), none added: what records keep,
+  // so that one setting has one cell key. Error naming the option if one is unknown or invalid.
+  std::map<std::string, std::string> canonical_options(const std::string& name,
+                                                       const std::map<std::string, std::string>& given) const;
 
  private:
   std::map<std::string, TaskInfo> tasks_;

@@ -123,6 +123,20 @@ TEST_CASE("experiment specs: errors name the file, line and column", "[experimen
   require_error([&] { load_experiment(write_spec(dir, "kvb_e7.yaml", "task: [unclosed\n")); }, {"kvb_e7.yaml:"});
   require_error([&] { load_experiment(write_spec(dir, "kvb_e8.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64]\ngrid:\n  snapk: {window: [8, 16]}\n")); },
                 {"kvb_e8.yaml:6:3", "grid for method 'snapk'"});
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e9.yaml", kModelLine + "task: niah\ntask_options: {chatt: true}\nmethods: [fullkv]\n")); },
+                {"kvb_e9.yaml:3:", "unknown parameter 'chatt'", "chat"});
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e10.yaml", kModelLine + "task: niah\ntask_options: {depths: [5, x]}\nmethods: [fullkv]\n")); },
+                {"kvb_e10.yaml:3:", "'depths' = 'x' is invalid"});
+}
+
+TEST_CASE("experiment specs: task options are recorded as the task reads them", "[experiment]") {
+  // chat: yes and chat: true are one setting, so one cell key and one report row.
+  const TempDir dir("spec_options");
+  const auto a = load_experiment(write_spec(dir, "a.yaml", kModelLine + "task: niah\ntask_options: {chat: yes, depths: 05}\nmethods: [fullkv]\n"));
+  const auto b = load_experiment(write_spec(dir, "b.yaml", kModelLine + "task: niah\ntask_options: {chat: true, depths: 5}\nmethods: [fullkv]\n"));
+  REQUIRE(a.task_variants.size() == 1);
+  CHECK(a.task_variants == b.task_variants);
+  CHECK(a.task_variants[0] == std::map<std::string, std::string>{{"chat", "true"}, {"depths", "5"}});
 }
 
 TEST_CASE("cell keys are stable and change with any input", "[experiment]") {

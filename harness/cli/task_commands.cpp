@@ -212,7 +212,8 @@ void register_task_commands(CLI::App& app) {
                                                     : fmt::format("{}-T{}", a->method, a->budget);
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
       const json config =
-          cell_config(*m, a->model, a->task, parse_key_values(a->options), method.get(), budget, kv_dtype);
+          cell_config(*m, a->model, a->task, TaskRegistry::get().canonical_options(a->task, parse_key_values(a->options)),
+                      method.get(), budget, kv_dtype);
       const auto done = recorded_keys(out.path());
       const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
       Progress bar(fmt::format("{} {}", a->task, label), n, "samples");

@@ -160,6 +160,15 @@ ExperimentSpec load_experiment(const std::string& path) {
     }
   }
   s.task_variants = expand_grid(fixed, task_grid);
+  // One setting, one cell key and report row (chat: yes is chat: true); a bad option is an error
+  // here, before any cell runs.
+  for (auto& variant : s.task_variants) {
+    try {
+      variant = TaskRegistry::get().canonical_options(s.task, variant);
+    } catch (const Error& e) {
+      spec_error(path, root["task_options"], e.what());
+    }
+  }
   s.data = root["data"] ? scalar(path, root["data"], "data") : default_data_dir();
   s.out = root["out"] ? scalar(path, root["out"], "out") : "runs/" + s.name + ".jsonl";
 
