@@ -61,15 +61,16 @@ namespace {
 constexpr int kTileRows = 384;
 constexpr int kKeyTile = 512;
 
-// One key tile of the online softmax. Row r sees the first visible[r] of the tile's `cols` scores
+// One key tile of the online softmax. Row r is position `first + r / group` (first: the query tile's
+// first position less the key tile's) and sees the tile's scores up to it, at most `cols`
 // (none: the row is zeroed and its state kept). The row's running max m and sum l are updated, its
 // accumulator rescaled to the new max, and the scores replaced by their exponentials (0 where masked)
 // for the product with V that follows.
-KVB_VECTOR_CLONES void online_softmax_tile(float* s, int rows, int cols, const int* visible, float* m, float* l,
+KVB_VECTOR_CLONES void online_softmax_tile(float* s, int rows, int cols, int first, int group, float* m, float* l,
                                            float* acc, int d) {
   for (int r = 0; r < rows; ++r) {
     float* row = s + size_t(r) * kKeyTile;
-    const int vis = std::clamp(visible[r], 0, cols);
+    const int vis = std::clamp(first + r / group + 1, 0, cols);
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
     for (int j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
@@ -95,10 +96,10 @@ KVB_VECTOR_CLONES void online_softmax_tile(float* s, int rows, int cols, const i
 // Column sums from the kept exponentials of one key tile: tile entries are exp(s - m_t) with m_t the
 // row's running max after that tile; the probability is that times exp(m_t - m) / l with the row's
 // final max m and sum l. Row r belongs to head r % group.
-KVB_VECTOR_CLONES void tile_column_sums(const float* p, int rows, int cols, const int* visible, const float* m_tile,
+KVB_VECTOR_CLONES void tile_column_sums(const float* p, int rows, int cols, int first, const float* m_tile,
                                         const float* m, const float* l, int group, float* const* cs) {
   for (int r = 0; r < rows; ++r) {
-    const int vis = std::clamp(visible[r], 0, cols);
+    const int vis = std::clamp(first + r / group + 1, 0, cols);
     if (vis == 0) continue;
     const float coef = exp_poly(m_tile[r] - m[r]) / l[r];
     const float* row = p + size_t(r) * kKeyTile;
@@ -126,7 +127,6 @@ void attention_prefill_fused(const float* q, const float* k, const float* v, int
     const int kept_tiles = colsum ? (n + kKeyTile - 1) / kKeyTile : 1;
     std::vector<float> qt(max_rows * d), s(max_rows * kKeyTile * kept_tiles), acc(max_rows * d), m(max_rows),
         l(max_rows), m_tiles(colsum ? max_rows * kept_tiles : 0), cs(colsum ? size_t(hq) * n : 0);
-    std::vector<int> visible(max_rows * kept_tiles);
     std::vector<float*> cs_heads(group);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < hkv * tiles; ++task) {
@@ -150,11 +150,9 @@ void attention_prefill_fused(const float* q, const float* k, const float* v, int
         const int cols = std::min(kKeyTile, keys - k0);
         const int kept = colsum ? t : 0;
         float* st = s.data() + size_t(kept) * max_rows * kKeyTile;
-        int* vis = visible.data() + size_t(kept) * max_rows;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d, 1.0f, qt.data(), d,
                     kg + size_t(k0) * ldk, ldk, 0.0f, st, kKeyTile);
-        for (int r = 0; r < rows; ++r) vis[r] = p0 + r / group - k0 + 1;
-        online_softmax_tile(st, rows, cols, vis, m.data(), l.data(), acc.data(), d);
+        online_softmax_tile(st, rows, cols, p0 - k0, group, m.data(), l.data(), acc.data(), d);
         if (colsum) std::copy(m.begin(), m.begin() + rows, m_tiles.begin() + size_t(t) * max_rows);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, cols, 1.0f, st, kKeyTile,
                     vg + size_t(k0) * ldk, ldk, 1.0f, acc.data(), d);
@@ -170,7 +168,7 @@ void attention_prefill_fused(const float* q, const float* k, const float* v, int
       for (int k0 = 0, t = 0; k0 < keys; k0 += kKeyTile, ++t) {
         for (int j = 0; j < group; ++j) cs_heads[j] = cs.data() + size_t(g * group + j) * n + k0;
         tile_column_sums(s.data() + size_t(t) * max_rows * kKeyTile, rows, std::min(kKeyTile, keys - k0),
-                         visible.data() + size_t(t) * max_rows, m_tiles.data() + size_t(t) * max_rows, m.data(),
+                         p0 - k0, m_tiles.data() + size_t(t) * max_rows, m.data(),
                          l.data(), group, cs_heads.data());
       }
     }
