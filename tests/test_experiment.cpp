@@ -127,6 +127,29 @@ TEST_CASE("experiment specs: errors name the file, line and column", "[experimen
                 {"kvb_e9.yaml:3:", "unknown parameter 'chatt'", "chat"});
   require_error([&] { load_experiment(write_spec(dir, "kvb_e10.yaml", kModelLine + "task: niah\ntask_options: {depths: [5, x]}\nmethods: [fullkv]\n")); },
                 {"kvb_e10.yaml:3:", "'depths' = 'x' is invalid"});
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e11.yaml", kModelLine + "weights: q4\ntask: niah\nmethods: [fullkv]\n")); },
+                {"kvb_e11.yaml:2:", "weights", "'q4'", "fp32, bf16 or gguf"});
+  require_error([&] { load_experiment(write_spec(dir, "kvb_e12.yaml", kModelLine + "backend: cuda\nweights: fp32\ntask: niah\nmethods: [fullkv]\n")); },
+                {"kvb_e12.yaml:3:", "bf16 only"});
+}
+
+TEST_CASE("experiment specs: the weight format is read and keys its cells unless fp32", "[experiment]") {
+  const TempDir dir("spec_weights");
+  const auto none = load_experiment(write_spec(dir, "n.yaml", kModelLine + "task: niah\nmethods: [fullkv]\n"));
+  const auto f32 = load_experiment(write_spec(dir, "f.yaml", kModelLine + "weights: fp32\ntask: niah\nmethods: [fullkv]\n"));
+  const auto bf = load_experiment(write_spec(dir, "b.yaml", kModelLine + "weights: bf16\ntask: niah\nmethods: [fullkv]\n"));
+  CHECK(!none.weights);
+  CHECK(f32.weights == WeightFormat::F32);
+  CHECK(bf.weights == WeightFormat::BF16);
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  auto config = [&](const ExperimentSpec& s) {
+    return cell_config(*model, *path, s.task, {}, nullptr, KvBudget{}, s.kv_dtype, s.weights);
+  };
+  CHECK(config(none) == config(f32));
+  CHECK(!config(none).contains("weights"));
+  CHECK(config(bf)["weights"] == "bf16");
 }
 
 TEST_CASE("experiment specs: task options are recorded as the task reads them", "[experiment]") {

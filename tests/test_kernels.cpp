@@ -1,11 +1,17 @@
 // Fast CPU kernels against their plain references, on random inputs over several shapes.
 #include <bit>
+#include <cstring>
 #include <limits>
 #include <random>
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/kv_rows.hpp"
+#include "kernels/cpu/dequant.hpp"
+#include "kernels/cpu/linear_bf16.hpp"
+#include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "test_util.hpp"
 
@@ -21,6 +27,12 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   return v;
 }
 
+float max_abs(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
@@ -32,6 +44,93 @@ TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
     linear(x.data(), w.data(), bias.data(), n, in, out, fast.data());
     CHECK(max_abs_diff(ref, fast) < 1e-4f);
   }
+}
+
+TEST_CASE("linear over bf16 weights equals the reference, vector and portable GEMV", "[kernels]") {
+  const bool portable = GENERATE(false, true);
+  force_portable_kernels(portable);
+  INFO((portable ? "portable" : "vector") << " kernels");
+  std::mt19937 rng(2);
+  // Widths off the 8-lane vectors and row counts off the 4-row blocks; one token (GEMV) and several.
+  for (auto [n, in, out] : {std::tuple{1, 64, 96}, {1, 13, 5}, {1, 577, 130}, {1, 2048, 7}, {2, 64, 9},
+                            {7, 576, 192}, {33, 100, 3}, {40, 300, 513}}) {
+    INFO("n " << n << " in " << in << " out " << out);
+    auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
+    const auto wf = randn(size_t(out) * in, rng, 0.1f);
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float_to_bf16(wf[i]);
+    std::vector<float> ref(size_t(n) * out), fast(ref.size(), std::numeric_limits<float>::quiet_NaN());
+    linear_bf16_ref(x.data(), w.data(), bias.data(), n, in, out, ref.data());
+    linear_bf16(x.data(), w.data(), bias.data(), n, in, out, fast.data());
+    CHECK(max_abs_diff(ref, fast) < 1e-4f);
+  }
+  force_portable_kernels(false);
+}
+
+TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kernels]") {
+  std::mt19937 rng(4);
+  auto x = randn(96, rng, 3.0f);
+  std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block: d = 0, q = 0
+  Q8Row q;
+  quantize_row_q8(x.data(), 96, q);
+  REQUIRE(q.d.size() == 3);
+  CHECK(q.d[1] == 0.0f);
+  for (int i = 0; i < 3; ++i) {
+    int sum = 0, qmax = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int v = q.q[size_t(i) * 32 + j];
+      sum += v;
+      qmax = std::max(qmax, std::abs(v));
+      // d is stored at fp16: each value is within half a step (plus d's rounding) of x
+      CHECK(std::abs(x[size_t(i) * 32 + j] - q.d[i] * float(v)) <= 0.5f * q.d[i] + 127 * q.d[i] * 1e-3f);
+    }
+    if (q.d[i] != 0.0f) CHECK(qmax == 127);
+    CHECK(q.s[i] == Approx(q.d[i] * float(sum)).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("products on Q4_0, Q4_1 and Q8_0 blocks equal their references", "[kernels]") {
+  const bool portable = GENERATE(false, true);
+  force_portable_kernels(portable);
+  INFO((portable ? "portable" : "vector") << " kernels");
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    const auto& info = dtype_info(t);
+    for (auto [n, in, out] : {std::tuple{1, 32, 5}, {1, 576, 192}, {1, 1536, 37}, {3, 64, 9}, {17, 576, 300}}) {
+      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
+      // Random blocks: scales of either sign from a normal distribution, random quants.
+      std::vector<uint8_t> w(size_t(out) * in / 32 * info.block_bytes);
+      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      const size_t scales = t == DType::Q4_1 ? 2 : 1;
+      std::normal_distribution<float> sd(0.0f, 0.01f);
+      for (size_t b = 0; b < w.size(); b += info.block_bytes)
+        for (size_t s = 0; s < scales; ++s) {
+          const uint16_t h = float_to_half(sd(rng));
+          std::memcpy(&w[b + 2 * s], &h, 2);
+        }
+      std::vector<float> wf(size_t(out) * in);
+      dequantize_ref(t, w.data(), wf.data(), wf.size());
+      auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
+      std::vector<float> fast(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()), ref(fast.size());
+      linear_quant(t, w.data(), bias.data(), x.data(), n, in, out, fast.data());
+      if (n == 1) {
+        Q8Row q;
+        quantize_row_q8(x.data(), in, q);
+        gemv_quant_ref(t, w.data(), q, in, out, ref.data());
+        for (int o = 0; o < out; ++o) ref[o] += bias[o];
+        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+        // and near the product with unquantized activations (8-bit activations: ~1% of the scale)
+        std::vector<float> exact(out);
+        linear_ref(x.data(), wf.data(), bias.data(), 1, in, out, exact.data());
+        CHECK(max_abs_diff(exact, fast) < 0.02f * std::max(1.0f, max_abs(exact)));
+      } else {
+        linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
+        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+      }
+    }
+  }
+  force_portable_kernels(false);
 }
 
 TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {

@@ -114,7 +114,11 @@ void require_error(F&& f, std::initializer_list<std::string> fragments) {
 inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float d = std::abs(a[i] - b[i]);
+    if (std::isnan(d)) return INFINITY;  // std::max would skip it: an unwritten or NaN output must fail
+    m = std::max(m, d);
+  }
   return m;
 }
 

@@ -42,6 +42,12 @@ void DenseSegment::append(const float* k, const float* v, int32_t pos) {
   pos_.push_back(pos);
 }
 
+void DenseSegment::append_rows(const float* k, const float* v, size_t n, size_t stride, const int32_t* pos) {
+  k_.append(k, n, stride);
+  v_.append(v, n, stride);
+  pos_.insert(pos_.end(), pos, pos + n);
+}
+
 void DenseSegment::erase(size_t index) {
   if (index >= pos_.size()) fail("DenseSegment::erase: index {} of {} tokens", index, pos_.size());
   k_.erase(index, 1);
@@ -104,14 +110,11 @@ void LayerCache::append(const float* k, const float* v, int32_t pos) {
 void LayerCache::append_many(const float* k, const float* v, int n, const int32_t* pos) {
   touch();
   const int hc = n_cache_heads();
-  for (int h = 0; h < hc; ++h) {
-    DenseSegment& seg = tail(h);
-    seg.reserve(seg.size() + n);
-    for (int t = 0; t < n; ++t) {
-      const size_t off = (size_t(t) * hc + h) * d_;
-      seg.append(k + off, v + off, pos[t]);
-    }
-  }
+  // A long prompt's cache is hundreds of MB per layer on the host: heads are filled in parallel
+  // (each touches only its own segments).
+#pragma omp parallel for schedule(static) if (size_t(n) * hc * d_ > (size_t(1) << 20))
+  for (int h = 0; h < hc; ++h)
+    tail(h).append_rows(k + size_t(h) * d_, v + size_t(h) * d_, size_t(n), size_t(hc) * d_, pos);
 }
 
 void LayerCache::store_as(KvDtype t) {

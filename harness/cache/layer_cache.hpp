@@ -80,6 +80,8 @@ class DenseSegment final : public Segment {
   }
 
   void append(const float* k, const float* v, int32_t pos);
+  // n tokens whose rows lie `stride` floats apart (one head of a [n, heads, d] prefill output).
+  void append_rows(const float* k, const float* v, size_t n, size_t stride, const int32_t* pos);
   bool append_token(const float* k, const float* v, int32_t pos) override {
     append(k, v, pos);
     return true;

@@ -40,6 +40,7 @@ struct Row {
   Spread prefill_tps, decode_tps;
   double prefill_tflops = 0, linear_tflops = 0, attention_tflops = 0, linear_eff = 0, linear_share = 0;
   double attention_eff = 0;  // attention flops rate / the GEMM peak
+  double attention_share = 0;  // attention time / prefill time (profiled)
   double compress_share = 0;  // compression time / prefill time
   double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
@@ -105,7 +106,7 @@ class LowRankStore final : public PrefillObserver {
 void register_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Prefill and decode speed against the hardware's measured limits");
   struct Args {
-    std::string model, backend = "cpu", format = "md", method, kv_dtype = "fp32";
+    std::string model, backend = "cpu", format = "md", method, kv_dtype = "fp32", weights;
     std::vector<int> contexts = {512, 2048}, budgets;
     std::vector<std::string> params;
     int repeat = 3, decode_tokens = 32, threads = 0, lowrank = 0;
@@ -124,6 +125,7 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   add_kv_dtype_option(cmd, a->kv_dtype);
+  add_weights_option(cmd, a->weights);
   cmd->callback([a] {
     auto m = ModelFile::open(a->model);
     const ModelConfig& cfg = m->config();
@@ -138,7 +140,10 @@ void register_bench_command(CLI::App& app) {
     if (!budgeted && !a->budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a->method);
     if (a->lowrank < 0 || a->lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a->lowrank, cfg.head_dim);
     if (a->lowrank && a->method.empty()) fail("--lowrank needs --method and --budget");
-    Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype")});
+    Engine engine(*m, {.backend = a->backend,
+                       .threads = a->threads,
+                       .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype"),
+                       .weights = weights_option(a->weights)});
     Backend& b = engine.backend();
     fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b.name());
     const DeviceLimits limits = b.measure_limits();
@@ -154,15 +159,17 @@ void register_bench_command(CLI::App& app) {
     auto print_header = [&] {
       if (md)
         fmt::print("{} on {} backend; {} peak {}, bandwidth {:.1f} GB/s, weights read per decode step "
-                   "{:.0f} MiB; KV cache stored as {}; medians of {} runs (min-max)\n\n",
+                   "{:.0f} MiB ({} weights); KV cache stored as {}; medians of {} runs (min-max)\n\n",
                    a->model, b.name(), limits.gemm_kind,
                    // GFLOP/s where a TFLOP/s figure would round to a digit or two (CPUs)
                    limits.gemm_gflops < 1000 ? fmt::format("{:.0f} GFLOP/s", limits.gemm_gflops)
                                              : fmt::format("{:.1f} TFLOP/s", limits.gemm_gflops / 1e3),
-                   limits.bandwidth_gbs, mib(weights_read), a->kv_dtype, a->repeat);
+                   limits.bandwidth_gbs, mib(weights_read), weight_format_name(engine.weight_format()),
+                   a->kv_dtype, a->repeat);
       const std::vector<std::string> head = {
           "context", "cache", "prefill tok/s", "prefill TFLOP/s", "linear TFLOP/s", "linear / GEMM peak",
-          "linear share", "attention TFLOP/s", "attention / GEMM peak", "compression share", "decode tok/s", "decode bound tok/s",
+          "linear share", "attention TFLOP/s", "attention / GEMM peak", "attention share", "compression share",
+          "decode tok/s", "decode bound tok/s",
           "decode / bound", "decode GEMV / bandwidth", "decode vs full", "decode transform share", "KV MiB", "peak memory MiB"};
       line(head);
       if (md) line(std::vector<std::string>(head.size(), "---"));
@@ -173,7 +180,7 @@ void register_bench_command(CLI::App& app) {
       line({std::to_string(r.context), r.cache,
             fmt::format("{:.1f} ({:.1f}-{:.1f})", r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max),
             fmt::format("{:.3f}", r.prefill_tflops), fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff),
-            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops), pct(r.attention_eff),
+            pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops), pct(r.attention_eff), pct(r.attention_share),
             r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
             dec ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max)
                 : "n/a",
@@ -196,24 +203,36 @@ void register_bench_command(CLI::App& app) {
       row.context = ctx;
       row.cache = label;
       std::vector<double> p_tps, d_tps;
+      OpStats st;
       b.reset_peak_memory();
       for (int r = 0; r < a->repeat; ++r) {
         std::vector<int32_t> ids(ctx);
         for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.vocab_size));
+        if (r == 0) {
+          // Per-operation rates and shares from one profiled prefill: profiling synchronises a GPU
+          // after every operation, which serialises the host's share of a layer with the device's,
+          // so the speed comes from the unprofiled runs below.
+          auto probe = make_observer();
+          b.set_profiling(true);
+          b.reset_stats();
+          const auto t0 = std::chrono::steady_clock::now();
+          engine.prefill(ids, probe.observer);
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          b.set_profiling(false);
+          st = b.stats();
+          row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
+          row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
+          row.linear_share = st.linear_seconds / s;
+          row.attention_share = st.attention_seconds / s;
+          row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
+        }
         auto holder = make_observer();
-        b.set_profiling(true);
-        b.reset_stats();
         auto t0 = std::chrono::steady_clock::now();
         auto logits = engine.prefill(ids, holder.observer);
+        b.synchronize();
         const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const OpStats st = b.stats();
-        b.set_profiling(false);
         p_tps.push_back(ctx / pre_s);
         row.prefill_tflops = (st.linear_flops + st.attention_flops) / pre_s / 1e12;
-        row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
-        row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
-        row.linear_share = st.linear_seconds / pre_s;
-        row.compress_share = holder.runner ? holder.runner->compress_seconds() / pre_s : 0.0;
         const int steps = std::min(a->decode_tokens, cfg.context_length - ctx);
         if (steps > 0) {
           int32_t tok = static_cast<int32_t>(rng() % 1000);
@@ -288,6 +307,7 @@ void register_bench_command(CLI::App& app) {
 
     if (a->format == "json") {
       nlohmann::json j = {{"model", a->model}, {"backend", b.name()}, {"kv_dtype", a->kv_dtype},
+                          {"weights", weight_format_name(engine.weight_format())},
                           {"gemm_kind", limits.gemm_kind},
                           {"gemm_peak_gflops", limits.gemm_gflops}, {"bandwidth_gbs", limits.bandwidth_gbs},
                           {"weights_read_bytes", weights_read}, {"repeat", a->repeat}};
@@ -297,6 +317,7 @@ void register_bench_command(CLI::App& app) {
                              {"prefill_tflops", r.prefill_tflops}, {"linear_tflops", r.linear_tflops},
                              {"linear_efficiency", r.linear_eff}, {"linear_time_share", r.linear_share},
                              {"attention_tflops", r.attention_tflops}, {"attention_efficiency", r.attention_eff},
+                             {"attention_time_share", r.attention_share},
                              {"compress_time_share", r.compress_share},
                              {"decode_transform_share", r.transform_share},
                              {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},

@@ -2,8 +2,11 @@
 // Each group of subcommands registers itself on the CLI11 app.
 #include <CLI/CLI.hpp>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "harness/engine/backend.hpp"
 
 namespace kvb::cli {
 
@@ -20,6 +23,20 @@ void register_new_command(CLI::App& app);
 inline void add_kv_dtype_option(CLI::App* cmd, std::string& into) {
   cmd->add_option("--kv-dtype", into, "KV cache storage: fp32 (default), bf16 or fp16 (the papers' full cache)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+}
+
+// --weights on a command that builds an engine: how weight matrices are stored. Empty (the option
+// not given): the backend's own format.
+inline void add_weights_option(CLI::App* cmd, std::string& into) {
+  cmd->add_option("--weights", into,
+                  "Weight storage: fp32 (the CPU default; matches Hugging Face), bf16 (half the bytes per "
+                  "decode step; the CUDA backend's only format) or gguf (CPU: the file's Q4_0/Q4_1/Q8_0 blocks "
+                  "as they are, other matrices bf16)")
+      ->check(CLI::IsMember({"fp32", "bf16", "gguf"}));
+}
+inline std::optional<WeightFormat> weights_option(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  return parse_weight_format(s, "--weights");
 }
 
 // "key=value" items of --param options; Error naming a malformed one.

@@ -80,7 +80,7 @@ void register_engine_commands(CLI::App& app) {
   {
     auto* cmd = app.add_subcommand("generate", "Greedy continuation of a prompt");
     struct Args {
-      std::string model, prompt, backend = "cpu", method, kv_dtype = "fp32";
+      std::string model, prompt, backend = "cpu", method, kv_dtype = "fp32", weights;
       bool chat = false, json = false;
       int max_new = 128, threads = 0, budget = 0;
       std::vector<std::string> stop, params;
@@ -98,10 +98,14 @@ void register_engine_commands(CLI::App& app) {
     cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")->check(CLI::PositiveNumber);
     cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
     add_kv_dtype_option(cmd, a->kv_dtype);
+    add_weights_option(cmd, a->weights);
     cmd->callback([a] {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
-      Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype")});
+      Engine engine(*m, {.backend = a->backend,
+                         .threads = a->threads,
+                         .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype"),
+                         .weights = weights_option(a->weights)});
       const auto prompt = build_prompt(*m, *tok, a->prompt, a->chat);
       GenerateOptions opt;
       opt.max_new_tokens = a->max_new;
@@ -124,7 +128,7 @@ void register_engine_commands(CLI::App& app) {
                             {"text", utf8_lossy(g.text)}, {"stop_reason", g.stop_reason},
                             {"prefill_seconds", g.prefill_seconds}, {"decode_seconds", g.decode_seconds},
                             {"prefill_kv_bytes", kept}, {"full_kv_bytes", full},
-                            {"kv_dtype", a->kv_dtype}, {"T_eq", equivalent_kv_size(engine.config(), kept)},
+                            {"kv_dtype", a->kv_dtype}, {"weights", weight_format_name(engine.weight_format())}, {"T_eq", equivalent_kv_size(engine.config(), kept)},
                             {"method", a->method.empty() ? "fullkv" : a->method},
                             {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
                             {"compress_seconds", runner ? runner->compress_seconds() : 0.0}};

@@ -169,7 +169,7 @@ void register_task_commands(CLI::App& app) {
   {
     auto* cmd = app.add_subcommand("run-task", "Run a task through the model and score it (resumable)");
     struct Args : TaskArgs {
-      std::string backend = "cpu", method, out, kv_dtype = "fp32";
+      std::string backend = "cpu", method, out, kv_dtype = "fp32", weights;
       int budget = 0, threads = 0;
       double ratio = 0;
       size_t limit = 0;
@@ -189,12 +189,14 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)");
     cmd->add_option("--out", a->out, "Results JSONL (appended; default runs/<task>-<method>[-T<budget>].jsonl)");
     add_kv_dtype_option(cmd, a->kv_dtype);
+    add_weights_option(cmd, a->weights);
     cmd->callback([a] {
       auto m = ModelFile::open(a->model);
       auto tok = load_tokenizer(*m);
       auto task = make_task(*a, *tok);
       const KvDtype kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
-      Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = kv_dtype});
+      const auto weights = weights_option(a->weights);
+      Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = kv_dtype, .weights = weights});
       std::unique_ptr<Method> method;
       KvBudget budget = a->budget;
       if (!a->method.empty()) {
@@ -213,7 +215,7 @@ void register_task_commands(CLI::App& app) {
       ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
       const json config =
           cell_config(*m, a->model, a->task, TaskRegistry::get().canonical_options(a->task, parse_key_values(a->options)),
-                      method.get(), budget, kv_dtype);
+                      method.get(), budget, kv_dtype, weights);
       const auto done = recorded_keys(out.path());
       const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
       Progress bar(fmt::format("{} {}", a->task, label), n, "samples");

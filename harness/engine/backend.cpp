@@ -27,12 +27,23 @@ Weight::Weight(Backend& b, std::span<const float> w, int rows, int cols)
   if (w.size() != size_t(rows) * cols) fail("weight of {} values is not {} x {}", w.size(), rows, cols);
   ptr_ = b.upload_weight(w, rows, cols, bytes_);
 }
+void* Backend::upload_weight_blocks(DType type, std::span<const uint8_t>, int, int, size_t&) {
+  fail("internal: backend {} keeps no {} blocks", name(), dtype_name(type));
+}
+
+Weight::Weight(Backend& b, DType type, std::span<const uint8_t> blocks, int rows, int cols)
+    : backend_(&b), rows_(rows), cols_(cols), blocks_(type) {
+  const auto& info = dtype_info(type);
+  if (cols % info.block_elems || blocks.size() != size_t(rows) * cols / info.block_elems * info.block_bytes)
+    fail("weight of {} bytes is not {} x {} in {} blocks", blocks.size(), rows, cols, dtype_name(type));
+  ptr_ = b.upload_weight_blocks(type, blocks, rows, cols, bytes_);
+}
 Weight::~Weight() {
   if (ptr_) backend_->release_weight(ptr_);
 }
 Weight::Weight(Weight&& o) noexcept
     : backend_(o.backend_), ptr_(std::exchange(o.ptr_, nullptr)), rows_(o.rows_), cols_(o.cols_),
-      bytes_(std::exchange(o.bytes_, 0)) {}
+      bytes_(std::exchange(o.bytes_, 0)), blocks_(o.blocks_) {}
 Weight& Weight::operator=(Weight&& o) noexcept {
   if (this != &o) {
     if (ptr_) backend_->release_weight(ptr_);
@@ -41,8 +52,24 @@ Weight& Weight::operator=(Weight&& o) noexcept {
     rows_ = o.rows_;
     cols_ = o.cols_;
     bytes_ = std::exchange(o.bytes_, 0);
+    blocks_ = o.blocks_;
   }
   return *this;
+}
+
+WeightFormat parse_weight_format(const std::string& s, const std::string& what) {
+  if (s == "fp32") return WeightFormat::F32;
+  if (s == "bf16") return WeightFormat::BF16;
+  if (s == "gguf") return WeightFormat::GGUF;
+  fail("{}: unknown weight format '{}' (expected fp32, bf16 or gguf)", what, s);
+}
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::BF16: return "bf16";
+    case WeightFormat::GGUF: return "gguf";
+    default: return "fp32";
+  }
 }
 
 #ifndef KVBENCH_CUDA

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/model/dtype.hpp"
+
 namespace kvb {
 
 class Backend;
@@ -35,12 +37,23 @@ class Buffer {
   size_t n_ = 0;
 };
 
-// A weight matrix [rows, cols] in the backend's storage format: fp32 on the CPU, bf16 on a GPU (half
-// the bytes every decode step reads). Only linear() and embed() read it.
+// How weight matrices are stored. fp32: as loaded (dequantized), the mode that matches Hugging Face
+// and the CPU default. bf16: rounded once to nearest even, half the bytes a decode step reads (fp32
+// activations and accumulation still); the CUDA backend's only format. gguf (CPU): the file's own
+// Q4_0, Q4_1 and Q8_0 blocks, multiplied as ggml does (kernels/cpu/linear_quant.hpp); matrices of
+// other types are stored as bf16.
+enum class WeightFormat { F32, BF16, GGUF };
+// "fp32", "bf16" or "gguf"; an Error naming `what` (the option or field) otherwise.
+WeightFormat parse_weight_format(const std::string& s, const std::string& what);
+const char* weight_format_name(WeightFormat f);
+
+// A weight matrix [rows, cols] in the backend's weight format. Only linear() and embed() read it.
 class Weight {
  public:
   Weight() = default;
   Weight(Backend& b, std::span<const float> w, int rows, int cols);
+  // The tensor's own quantized blocks (Backend::stores_blocks(type) must hold).
+  Weight(Backend& b, DType type, std::span<const uint8_t> blocks, int rows, int cols);
   ~Weight();
   Weight(Weight&& o) noexcept;
   Weight& operator=(Weight&& o) noexcept;
@@ -51,12 +64,16 @@ class Weight {
   int rows() const { return rows_; }
   int cols() const { return cols_; }
   size_t bytes() const { return bytes_; }
+  // The block type of a weight kept in its file's quantized blocks; F32 for one in the backend's
+  // weight format.
+  DType blocks() const { return blocks_; }
 
  private:
   Backend* backend_ = nullptr;
   void* ptr_ = nullptr;
   int rows_ = 0, cols_ = 0;
   size_t bytes_ = 0;
+  DType blocks_ = DType::F32;
 };
 
 // What the hardware under a backend delivers, measured in the same run as a benchmark.
@@ -85,9 +102,17 @@ class Backend {
 
   virtual float* allocate(size_t n) = 0;
   virtual void release(float* p, size_t n) = 0;
+  // The format of the weights stored from now on (set before loading a model); an Error if this
+  // backend cannot store that format.
+  virtual void set_weight_format(WeightFormat f) = 0;
+  virtual WeightFormat weight_format() const = 0;
   // Stores a weight matrix; returns its handle and the bytes it occupies.
   virtual void* upload_weight(std::span<const float> w, int rows, int cols, size_t& bytes) = 0;
   virtual void release_weight(void* p) = 0;
+  // Whether a matrix of this quantized type is kept in its blocks under the current weight format.
+  virtual bool stores_blocks(DType /*type*/) const { return false; }
+  virtual void* upload_weight_blocks(DType type, std::span<const uint8_t> blocks, int rows, int cols,
+                                     size_t& bytes);
   virtual void upload(Buffer& dst, std::span<const float> src, size_t offset = 0) = 0;
   virtual void download(const Buffer& src, std::span<float> dst, size_t offset = 0) = 0;
 

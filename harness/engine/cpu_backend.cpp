@@ -1,5 +1,5 @@
 // CPU backend: OpenBLAS for matrix products (linear layers and the tiles of attention), OpenMP for
-// the rest; all fp32.
+// the rest; fp32 throughout, except weights stored as bf16 when asked (WeightFormat).
 #include <cblas.h>
 #include <omp.h>
 
@@ -15,6 +15,10 @@
 #include "harness/util/error.hpp"
 #include "harness/util/machine.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/dequant.hpp"
+#include "kernels/cpu/linear_bf16.hpp"
+#include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace kvb {
@@ -36,7 +40,31 @@ class CpuBackend final : public Backend {
   }
   void release(float* p, size_t) override { std::free(p); }
 
+  void set_weight_format(WeightFormat f) override { format_ = f; }
+  WeightFormat weight_format() const override { return format_; }
+
+  bool stores_blocks(DType type) const override {
+    return format_ == WeightFormat::GGUF && linear_quant_supports(type);
+  }
+  void* upload_weight_blocks(DType, std::span<const uint8_t> blocks, int, int, size_t& bytes) override {
+    bytes = blocks.size();
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) fail("out of memory allocating {} MiB", bytes >> 20);
+    std::memcpy(p, blocks.data(), bytes);
+    return p;
+  }
+
   void* upload_weight(std::span<const float> w, int, int, size_t& bytes) override {
+    // Under gguf, matrices of types without block kernels are bf16.
+    if (format_ != WeightFormat::F32) {
+      bytes = (w.size() * sizeof(uint16_t) + 63) / 64 * 64;
+      auto* p = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
+      if (!p) fail("out of memory allocating {} MiB", bytes >> 20);
+#pragma omp parallel for schedule(static) if (w.size() > (1u << 20))
+      for (size_t i = 0; i < w.size(); ++i) p[i] = float_to_bf16(w[i]);
+      bytes = w.size() * sizeof(uint16_t);
+      return p;
+    }
     float* p = allocate(w.size());
     std::memcpy(p, w.data(), w.size_bytes());
     bytes = w.size_bytes();
@@ -72,9 +100,20 @@ class CpuBackend final : public Backend {
 
   void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
-    const auto* rows = static_cast<const float*>(table.data());
-    for (size_t i = 0; i < ids.size(); ++i)
-      std::memcpy(out.data() + i * dim, rows + size_t(ids[i]) * dim, dim * sizeof(float));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const size_t row = size_t(ids[i]) * dim;
+      float* y = out.data() + i * dim;
+      if (table.blocks() != DType::F32) {
+        const auto& info = dtype_info(table.blocks());
+        dequantize(table.blocks(), static_cast<const uint8_t*>(table.data()) + row / info.block_elems * info.block_bytes,
+                   y, size_t(dim));
+      } else if (format_ != WeightFormat::F32) {
+        const auto* w = static_cast<const uint16_t*>(table.data()) + row;
+        for (int c = 0; c < dim; ++c) y[c] = bf16_to_float(w[c]);
+      } else {
+        std::memcpy(y, static_cast<const float*>(table.data()) + row, dim * sizeof(float));
+      }
+    }
   }
 
   void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
@@ -87,7 +126,13 @@ class CpuBackend final : public Backend {
               Buffer& y) override {
     OpTimer t(*this, profiling_, stats_.linear_seconds);
     stats_.linear_flops += 2.0 * n * in * out;
-    kvb::linear(x.data(), static_cast<const float*>(w.data()), bias ? bias->data() : nullptr, n, in, out, y.data());
+    const float* b = bias ? bias->data() : nullptr;
+    if (w.blocks() != DType::F32)
+      kvb::linear_quant(w.blocks(), static_cast<const uint8_t*>(w.data()), b, x.data(), n, in, out, y.data());
+    else if (format_ != WeightFormat::F32)
+      kvb::linear_bf16(x.data(), static_cast<const uint16_t*>(w.data()), b, n, in, out, y.data());
+    else
+      kvb::linear(x.data(), static_cast<const float*>(w.data()), b, n, in, out, y.data());
   }
 
   void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {
@@ -127,6 +172,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  WeightFormat format_ = WeightFormat::F32;
   std::unique_ptr<RopeTable> rope_;
   std::vector<std::vector<float>> stages_;
 };

@@ -22,6 +22,7 @@
 #include "harness/engine/backend.hpp"
 #include "harness/engine/op_timer.hpp"
 #include "harness/util/error.hpp"
+#include "kernels/cpu/fp16.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 
 namespace kvb {
@@ -194,15 +195,18 @@ class CudaBackend final : public Backend {
   size_t peak_memory_bytes() const override { return memory().peak; }
   void reset_peak_memory() override { memory().peak = memory().current.load(); }
 
+  void set_weight_format(WeightFormat f) override {
+    if (f != WeightFormat::BF16)
+      fail("the CUDA backend stores weights as bf16 only; weight format {} is for --backend cpu",
+           weight_format_name(f));
+  }
+  WeightFormat weight_format() const override { return WeightFormat::BF16; }
+
   void* upload_weight(std::span<const float> w, int, int, size_t& bytes) override {
     std::vector<uint16_t> h(w.size());
-    // Round to nearest even, as __float2bfloat16_rn does (weights here are finite).
+    // Round to nearest even, as __float2bfloat16_rn does.
 #pragma omp parallel for schedule(static) if (w.size() > (1u << 20))
-    for (size_t i = 0; i < w.size(); ++i) {
-      uint32_t u;
-      std::memcpy(&u, &w[i], 4);
-      h[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
+    for (size_t i = 0; i < w.size(); ++i) h[i] = float_to_bf16(w[i]);
     bytes = h.size() * sizeof(uint16_t);
     void* p = memory().allocate(bytes, "a weight");
     check(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice), "weight upload");
@@ -334,7 +338,9 @@ class CudaBackend final : public Backend {
     if (!cuda::attention_prefill_supports(d)) fail("CUDA prefill attention supports head dims 64 and 128, not {}", d);
     stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
     lse_.ensure(size_t(hq) * n * sizeof(float));
-    cuda::attention_prefill(q.data(), k.data(), v.data(), n, hq, hkv, d, out.data(), lse_.as<float>(), stream_);
+    qkv_bf16_.ensure(cuda::attention_prefill_scratch_bytes(n, hq, hkv, d));
+    cuda::attention_prefill(q.data(), k.data(), v.data(), n, hq, hkv, d, out.data(), lse_.as<float>(),
+                            qkv_bf16_.as<uint16_t>(), stream_);
     if (colsum) {
       colsum_.ensure(size_t(hq) * n * sizeof(float));
       cuda::attention_colsum(q.data(), k.data(), lse_.as<float>(), n, hq, hkv, d, colsum_.as<float>(), stream_);
@@ -635,7 +641,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::vector<float> inv_freq_host_;
-  DeviceArray inv_freq_, ints_, xb_, lse_, colsum_;
+  DeviceArray inv_freq_, ints_, xb_, lse_, colsum_, qkv_bf16_;
   std::array<PinnedArray, 8> int_stage_;
   size_t next_int_stage_ = 0;
   bool interleaved_ = false;

@@ -28,8 +28,8 @@ Buffer load(Backend& b, const ModelFile& m, const std::string& name, size_t& byt
 
 Weight load_matrix(Backend& b, const ModelFile& m, const std::string& name, size_t& bytes) {
   const TensorRef& t = m.tensor(name);
-  const auto v = m.load_f32(name);
-  Weight w(b, v, static_cast<int>(t.ne[1]), static_cast<int>(t.ne[0]));
+  const int rows = static_cast<int>(t.ne[1]), cols = static_cast<int>(t.ne[0]);
+  Weight w = b.stores_blocks(t.type) ? Weight(b, t.type, t.data, rows, cols) : Weight(b, m.load_f32(name), rows, cols);
   bytes += w.bytes();
   return w;
 }
@@ -40,6 +40,7 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
     : cfg_(model.config()), backend_(make_backend(opt.backend, opt.threads)), opt_(opt) {
   model.validate_tensors();
   Backend& b = *backend_;
+  if (opt.weights) b.set_weight_format(*opt.weights);
   b.set_rope(rope_inv_freq(cfg_), cfg_.rope_layout == RopeLayout::Interleaved);
   tok_embd_ = load_matrix(b, model, "token_embd.weight", weight_bytes_);
   out_norm_ = load(b, model, "output_norm.weight", weight_bytes_);

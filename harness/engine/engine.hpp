@@ -5,6 +5,7 @@
 // decode appends one token at a time and attends over that cache.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct EngineOptions {
   int mlp_chunk = 2048;      // tokens per MLP block during prefill (bounds the [chunk, ffn] buffers)
   // What the KV cache stores full-precision numbers as. Prefill attention is always exact (fp32).
   KvDtype kv_dtype = KvDtype::F32;
+  // How weight matrices are stored (backend.hpp); unset: the backend's own (CPU fp32, CUDA bf16).
+  std::optional<WeightFormat> weights = std::nullopt;
 };
 
 class Engine {
@@ -45,6 +48,7 @@ class Engine {
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() { return *backend_; }
   KvDtype kv_dtype() const { return opt_.kv_dtype; }
+  WeightFormat weight_format() const { return backend_->weight_format(); }
 
   // Starts a new sequence with `ids` (positions 0..n-1) and returns the logits of the last token.
   // Without an observer every layer keeps its full K/V. The observer, if it acts on decoding, is

@@ -107,7 +107,7 @@ ExperimentSpec load_experiment(const std::string& path) {
   }
   if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
   check_keys(path, root,
-             {"name", "model", "backend", "kv_dtype", "threads", "task", "task_options", "data", "limit", "methods",
+             {"name", "model", "backend", "kv_dtype", "weights", "threads", "task", "task_options", "data", "limit", "methods",
               "budgets", "ratios", "grid", "out"},
              "the spec");
   ExperimentSpec s;
@@ -125,6 +125,15 @@ ExperimentSpec load_experiment(const std::string& path) {
     } catch (const Error& e) {
       spec_error(path, root["kv_dtype"], e.what());
     }
+  }
+  if (root["weights"]) {
+    try {
+      s.weights = parse_weight_format(scalar(path, root["weights"], "weights"), "weights");
+    } catch (const Error& e) {
+      spec_error(path, root["weights"], e.what());
+    }
+    if (s.backend == "cuda" && *s.weights != WeightFormat::BF16)
+      spec_error(path, root["weights"], "the cuda backend stores weights as bf16 only");
   }
   auto integer = [&](const char* key, long min) {
     const YAML::Node n = root[key];
@@ -240,7 +249,7 @@ ExperimentSpec load_experiment(const std::string& path) {
 
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
-                           KvBudget budget, KvDtype kv_dtype) {
+                           KvBudget budget, KvDtype kv_dtype, std::optional<WeightFormat> weights) {
   nlohmann::json c = {{"task", task},
           {"options", task_options},
           {"model", std::filesystem::path(model_path).filename().string()},
@@ -251,6 +260,7 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
           {"gqa", method ? gqa_mode_name(method->gqa()) : "-"}};
   if (method && budget.is_ratio()) c["compression_ratio"] = budget.ratio;
   if (kv_dtype != KvDtype::F32) c["kv_dtype"] = kv_dtype_name(kv_dtype);
+  if (weights && *weights != WeightFormat::F32) c["weights"] = weight_format_name(*weights);
   // A recalibrated artifact changes the numbers: its digest is part of the key (the path is not).
   if (method && !method->artifacts().is_null()) {
     nlohmann::json a = method->artifacts();
@@ -314,6 +324,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"score", task.score(s, g.text)},
           {"prompt_tokens", g.prompt_tokens},
           {"kv_dtype", kv_dtype_name(engine.kv_dtype())},
+          {"weights", weight_format_name(engine.weight_format())},
           {"kv_bytes", kept},
           {"full_kv_bytes", full},
           {"T_eq", t_eq},

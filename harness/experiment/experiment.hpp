@@ -4,10 +4,12 @@
 // configuration x budget), each with a stable key, run once and recorded in a results file.
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "harness/engine/backend.hpp"
 #include "harness/method/method.hpp"
 
 namespace kvb {
@@ -28,6 +30,7 @@ struct MethodConfig {
 struct ExperimentSpec {
   std::string path, name, model, backend = "cpu", task, data, out;
   KvDtype kv_dtype = KvDtype::F32;  // what the cache stores full-precision numbers as
+  std::optional<WeightFormat> weights = std::nullopt;  // how weight matrices are stored; unset: the backend's own
   int threads = 0;
   size_t limit = 0;
   std::vector<std::map<std::string, std::string>> task_variants;  // task options, list values expanded
@@ -37,11 +40,13 @@ struct ExperimentSpec {
 // Parses and validates a spec; errors name the file, line and column, and list the valid keys.
 ExperimentSpec load_experiment(const std::string& path);
 
-// Identity of a configuration's results: everything that moves its numbers. The KV dtype is part of it
-// unless fp32 (so that records made before it was an option keep their keys).
+// Identity of a configuration's results: everything that moves its numbers. The KV dtype and the
+// weight format are part of it unless fp32 (so that records made before they were options keep
+// their keys).
 nlohmann::json cell_config(const ModelFile& model, const std::string& model_path, const std::string& task,
                            const std::map<std::string, std::string>& task_options, const Method* method,
-                           KvBudget budget, KvDtype kv_dtype = KvDtype::F32);
+                           KvBudget budget, KvDtype kv_dtype = KvDtype::F32,
+                           std::optional<WeightFormat> weights = std::nullopt);
 // The spec's memory unit (fp16 token units): bytes / (layers x KV heads x 2 x head_dim x 2 bytes), i.e.
 // the KV size T of a full fp16 cache holding as many bytes.
 double equivalent_kv_size(const ModelConfig& m, size_t bytes);

@@ -46,14 +46,15 @@ const std::vector<std::pair<const char*, std::vector<Field>>>& record_fields() {
   static const std::vector<std::pair<const char*, std::vector<Field>>> fields = {
       {"",
        {{"config", kObject, true}, {"score", kNumber, true}, {"key", kString}, {"version", kString},
-        {"id", kString}, {"prediction", kString}, {"kv_dtype", kString}, {"prompt_tokens", kNumber},
+        {"id", kString}, {"prediction", kString}, {"kv_dtype", kString}, {"weights", kString},
+        {"prompt_tokens", kNumber},
         {"kv_bytes", kNumber}, {"full_kv_bytes", kNumber}, {"peak_memory_bytes", kNumber}, {"T_eq", kNumber},
         {"kv_bits_per_element", kNumber}, {"prefill_seconds", kNumber}, {"decode_seconds", kNumber},
         {"compress_seconds", kNumber}, {"prefill_shared", kBool}, {"answers", kList}, {"protocol", kObject},
         {"cache", kObjectOrNull}, {"meta", kObject}}},
       {"config.",
        {{"task", kString}, {"method", kString}, {"model", kString}, {"model_fingerprint", kString},
-        {"gqa", kString}, {"kv_dtype", kString}, {"version", kString}, {"options", kTextMap},
+        {"gqa", kString}, {"kv_dtype", kString}, {"weights", kString}, {"version", kString}, {"options", kTextMap},
         {"params", kTextMap}, {"budget", kInteger}, {"compression_ratio", kNumber}, {"artifacts", kObject}}},
       {"meta.", {{"depth", kInteger}, {"length", kInteger}}}};
   return fields;

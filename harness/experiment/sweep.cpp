@@ -43,7 +43,8 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
     for (size_t i = 0; i < n; ++i) p.samples.push_back(p.task->sample(i));
     for (size_t c = 0; c < spec.configs.size(); ++c)
       p.configs.push_back(
-          cell_config(*model_, spec.model, spec.task, options, methods_[c].get(), spec.configs[c].budget, spec.kv_dtype));
+          cell_config(*model_, spec.model, spec.task, options, methods_[c].get(), spec.configs[c].budget, spec.kv_dtype,
+                      spec.weights));
     parts_.push_back(std::move(p));
   }
 }
@@ -69,8 +70,9 @@ void Sweep::describe() const {
         }
     }
   }
-  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations, KV cache stored as {}:\n", spec_.path,
-             spec_.task, parts_.size(), samples, spec_.configs.size(), kv_dtype_name(spec_.kv_dtype));
+  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations, KV cache stored as {}{}:\n",
+             spec_.path, spec_.task, parts_.size(), samples, spec_.configs.size(), kv_dtype_name(spec_.kv_dtype),
+             spec_.weights ? fmt::format(", {} weights", weight_format_name(*spec_.weights)) : "");
   for (const auto& part : parts_) fmt::print("  task options {}\n", part.configs.front()["options"].dump());
   for (const auto& c : parts_.front().configs)
     fmt::print("  {} {} gqa {} params {}\n", c["method"].get<std::string>(),
@@ -84,7 +86,8 @@ void Sweep::describe() const {
 }
 
 SweepOutcome Sweep::run(bool progress) {
-  Engine engine(*model_, {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype});
+  Engine engine(*model_,
+                {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype, .weights = spec_.weights});
   ResultsFile out(spec_.out);  // first: opening cuts a torn last line
   auto done = recorded_keys(spec_.out);
   SweepOutcome o;

@@ -4,6 +4,7 @@
 // Layouts are row-major: activations [n_tokens, dim], weights [out, in] (y = x W^T).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -12,6 +13,14 @@ namespace kvb {
 // y[n, out] = x[n, in] W[out, in]^T (+ bias[out]).
 void linear_ref(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
 void linear(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
+
+// y[n, out] = x[n, in] W^T (+ bias) for W stored in another format (bf16, quantized blocks):
+// `widen(o0, rows, dst)` writes rows [o0, o0 + rows) of W as fp32 into dst; blocks of rows are
+// widened, kept in cache, and multiplied by BLAS sgemm in turn.
+void linear_widened(const float* x, const float* bias, int n, int in, int out, float* y,
+                    const std::function<void(int o0, int rows, float* dst)>& widen);
+// y[i, :] += bias for each of n rows.
+void add_bias(float* y, const float* bias, int n, int out);
 
 // Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.
 void rmsnorm_ref(const float* x, const float* w, int n, int dim, float eps, float* y);

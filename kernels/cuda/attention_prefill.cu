@@ -1,6 +1,6 @@
-// Causal GQA prefill attention, FlashAttention-2 style: one block per (64 queries, query head), key
-// tiles of 64 streamed through shared memory, QK^T and PV on bf16 tensor cores (WMMA) with fp32
-// accumulation, the online softmax in fp32. Memory is O(tile), never n x n.
+// Causal GQA prefill attention on bf16 tensor cores with fp32 accumulation and softmax: a
+// FlashAttention-2 kernel for the output and log-sum-exp, and a second pass that recomputes the
+// probabilities from the lse for H2O's column sums. Memory is O(tile), never n x n.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -68,96 +68,218 @@ __device__ void warp_qk(const __nv_bfloat16* qs, const __nv_bfloat16* ks, float*
   }
 }
 
+// ---- Tensor-core flash attention (FlashAttention-2 layout, mma.sync m16n8k16, sm_80 and later) ----
+// One block per (query head, 128 queries); 8 warps of 16 query rows each; key tiles of 64 double-
+// buffered in shared memory by cp.async. S = QK^T, the softmax and O = PV stay in registers: P is
+// reused as the A operand of PV straight from the S accumulators, so no tile goes through shared
+// memory except K and V. Inputs are bf16 copies of q, k and v made once per call.
+constexpr int kFaRows = 128, kFaKeys = 64, kFaWarps = 8;
+constexpr int kFaPad = 8;  // bf16 per row: a 16-byte shift per row keeps ldmatrix free of bank conflicts
+
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32)
-    flash_prefill_kernel(const float* q, const float* k, const float* v, int n, int hq, int hkv, float scale,
-                         float* out, float* lse) {
-  using L = Smem<D>;
+struct FaSmem {
+  static constexpr int ld = D + kFaPad;
+  static constexpr size_t q = 0;
+  static constexpr size_t kv = q + sizeof(__nv_bfloat16) * kFaRows * ld;  // [2 stages][K, V][64][ld]
+  static constexpr size_t bytes = kv + sizeof(__nv_bfloat16) * 4 * kFaKeys * ld;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, zero-filled when `valid` is false (rows past the prompt).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// c += a b: a 16x16 row-major, b 16x8 column-major, bf16; c 16x8 fp32.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 2^x by the special-function unit (exp2(-inf) = 0, which the masked logits rely on).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Rows [r0, r0 + rows) of head h of x[n, heads, D] (bf16) into shared rows of stride ld.
+template <int D, int Rows>
+__device__ __forceinline__ void fa_load_rows(const __nv_bfloat16* x, int n, int heads, int h, int r0,
+                                             __nv_bfloat16* dst) {
+  constexpr int chunks = D / 8;  // 16-byte pieces per row
+  for (int idx = threadIdx.x; idx < Rows * chunks; idx += kFaWarps * 32) {
+    const int r = idx / chunks, c = (idx % chunks) * 8;
+    const bool valid = r0 + r < n;
+    const __nv_bfloat16* src = x + (size_t(valid ? r0 + r : 0) * heads + h) * D + c;
+    cp_async16(dst + r * FaSmem<D>::ld + c, src, valid);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFaWarps * 32)
+    flash_prefill_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n, int hq,
+                         int hkv, float scale_log2, float scale, float* out, float* lse) {
+  using L = FaSmem<D>;
+  constexpr int ld = L::ld;
   extern __shared__ __align__(16) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + L::q);
-  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem + L::k);
-  auto* vs = reinterpret_cast<__nv_bfloat16*>(smem + L::v);
-  auto* ss = reinterpret_cast<float*>(smem + L::s);
-  auto* ps = reinterpret_cast<__nv_bfloat16*>(smem + L::p);
-  auto* os = reinterpret_cast<float*>(smem + L::o);
-  float* row_max = reinterpret_cast<float*>(smem + L::stats);
-  float* row_sum = row_max + kTile;
+  auto* kvs = reinterpret_cast<__nv_bfloat16*>(smem + L::kv);
+  auto k_stage = [&](int st) { return kvs + (st * 2) * kFaKeys * ld; };
+  auto v_stage = [&](int st) { return kvs + (st * 2 + 1) * kFaKeys * ld; };
 
-  // Largest query blocks (most keys) first.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kTile;
-  const int h = blockIdx.y, hk = h / (hq / hkv);
+  // Heads vary fastest so that the query heads of one KV head run together and share its tiles in
+  // L2; the largest query blocks (most keys) start first.
+  const int h = blockIdx.x, hk = h / (hq / hkv);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kFaRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
+  const int row0 = q0 + warp * 16;        // this warp's first query
 
-  load_tile<D>(q, n, hq, h, q0, qs);
-  for (int i = threadIdx.x; i < kTile * L::ldo; i += blockDim.x) os[i] = 0.0f;
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    row_max[i] = -FLT_MAX;
-    row_sum[i] = 0.0f;
-  }
+  const int key_end = min(n, q0 + kFaRows);
+  const int n_tiles = (key_end + kFaKeys - 1) / kFaKeys;
 
-  const int key_end = min(n, q0 + kTile);
-  // Two lanes per row: lane owns row warp*16 + lane/2, columns [half*32, half*32 + 32).
-  const int r = warp * 16 + lane / 2, half = lane % 2;
-  const int qi = q0 + r;
-  for (int k0 = 0; k0 < key_end; k0 += kTile) {
-    __syncthreads();  // previous tile's K/V no longer read
-    load_tile<D>(k, n, hkv, hk, k0, ks);
-    load_tile<D>(v, n, hkv, hk, k0, vs);
+  fa_load_rows<D, kFaRows>(q, n, hq, h, q0, qs);
+  fa_load_rows<D, kFaKeys>(k, n, hkv, hk, 0, k_stage(0));
+  fa_load_rows<D, kFaKeys>(v, n, hkv, hk, 0, v_stage(0));
+  cp_async_commit();
+
+  uint32_t qf[D / 16][4];
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g and g + 8
+
+  for (int t = 0; t < n_tiles; ++t) {
+    if (t + 1 < n_tiles) {
+      const int st = (t + 1) & 1;
+      fa_load_rows<D, kFaKeys>(k, n, hkv, hk, (t + 1) * kFaKeys, k_stage(st));
+      fa_load_rows<D, kFaKeys>(v, n, hkv, hk, (t + 1) * kFaKeys, v_stage(st));
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    warp_qk<D>(qs, ks, ss, warp);
-    __syncwarp();
-
-    float* srow = ss + r * L::lds + half * 32;
-    float m_tile = -FLT_MAX;
-    for (int c = 0; c < 32; ++c) {
-      const int kj = k0 + half * 32 + c;
-      const float val = (kj <= qi && kj < n) ? srow[c] * scale : -FLT_MAX;
-      srow[c] = val;
-      m_tile = fmaxf(m_tile, val);
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk], qs + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ld + kk * 16 + (lane / 16) * 8);
     }
-    m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, 1));
-    const float m_old = row_max[r];
-    const float m_new = fmaxf(m_old, m_tile);
-    const float alpha = __expf(m_old - m_new);
-    float psum = 0;
-    __nv_bfloat16* prow = ps + r * L::ldp + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      const float p = srow[c] == -FLT_MAX ? 0.0f : __expf(srow[c] - m_new);
-      psum += p;
-      prow[c] = __float2bfloat16_rn(p);
-    }
-    psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-    float* orow = os + r * L::ldo + half * (D / 2);
-    for (int c = 0; c < D / 2; ++c) orow[c] *= alpha;
-    __syncwarp();
-    if (half == 0) {
-      row_max[r] = m_new;
-      row_sum[r] = row_sum[r] * alpha + psum;
-    }
-
-    // O_w += P_w V over this tile.
-    for (int j = 0; j < D / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      float* otile = os + warp * 16 * L::ldo + j * 16;
-      wmma::load_matrix_sync(acc, otile, L::ldo, wmma::mem_row_major);
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, ps + warp * 16 * L::ldp + kk * 16, L::ldp);
-        wmma::load_matrix_sync(b, vs + kk * 16 * L::ldh + j * 16, L::ldh);
-        wmma::mma_sync(acc, a, b, acc);
+    const int k0 = t * kFaKeys;
+    // Key tiles wholly after this warp's last query add nothing (the first tile never is).
+    if (k0 <= row0 + 15) {
+      const __nv_bfloat16* ks = k_stage(t & 1);
+      const __nv_bfloat16* vs = v_stage(t & 1);
+      float s[kFaKeys / 8][4];
+#pragma unroll
+      for (int j = 0; j < kFaKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int j = 0; j < kFaKeys / 8; j += 2) {
+          uint32_t b[4];  // keys 8j..8j+15 by dims 16kk..16kk+15
+          ldmatrix_x4(b, ks + (j * 8 + (lane % 8) + (lane / 16) * 8) * ld + kk * 16 + ((lane / 8) % 2) * 8);
+          mma_bf16(s[j], qf[kk], b[0], b[1]);
+          mma_bf16(s[j + 1], qf[kk], b[2], b[3]);
+        }
       }
-      wmma::store_matrix_sync(otile, acc, L::ldo, wmma::mem_row_major);
+      // Causal and length mask, only where the tile reaches past this warp's first query.
+      if (k0 + kFaKeys - 1 > row0 || k0 + kFaKeys > n) {
+#pragma unroll
+        for (int j = 0; j < kFaKeys / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + j * 8 + t4 * 2 + (e & 1), qi = row0 + g + (e >> 1) * 8;
+            if (key > qi || key >= n) s[j][e] = -INFINITY;
+          }
+      }
+      float m_new[2], alpha[2];  // m_new: the running max in log2 units
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float m = m_run[r];
+#pragma unroll
+        for (int j = 0; j < kFaKeys / 8; ++j) m = fmaxf(m, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        m_new[r] = m * scale_log2;  // finite: every row sees key 0 in the first tile
+        alpha[r] = fast_exp2(m_run[r] * scale_log2 - m_new[r]);
+        m_run[r] = m;
+      }
+      float psum[2] = {0.0f, 0.0f};
+      uint32_t pf[kFaKeys / 16][4];  // P as the A operand of PV, straight from the S layout
+#pragma unroll
+      for (int j = 0; j < kFaKeys / 8; ++j) {
+        // One FFMA and one ex2 per logit: the scale is folded into the exponent.
+        const float p0 = fast_exp2(fmaf(s[j][0], scale_log2, -m_new[0]));
+        const float p1 = fast_exp2(fmaf(s[j][1], scale_log2, -m_new[0]));
+        const float p2 = fast_exp2(fmaf(s[j][2], scale_log2, -m_new[1]));
+        const float p3 = fast_exp2(fmaf(s[j][3], scale_log2, -m_new[1]));
+        psum[0] += p0 + p1;
+        psum[1] += p2 + p3;
+        pf[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+        pf[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
+        psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
+        l_run[r] = l_run[r] * alpha[r] + psum[r];
+      }
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kFaKeys / 16; ++kk) {
+#pragma unroll
+        for (int j = 0; j < D / 8; j += 2) {
+          uint32_t b[4];  // keys 16kk..16kk+15 by dims 8j..8j+15
+          ldmatrix_x4_trans(b, vs + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * ld + j * 8 + (lane / 16) * 8);
+          mma_bf16(o[j], pf[kk], b[0], b[1]);
+          mma_bf16(o[j + 1], pf[kk], b[2], b[3]);
+        }
+      }
     }
-    __syncwarp();
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
-  if (qi < n) {
-    const float inv = 1.0f / row_sum[r];
-    float* dst = out + (size_t(qi) * hq + h) * D + half * (D / 2);
-    const float* orow = os + r * L::ldo + half * (D / 2);
-    for (int c = 0; c < D / 2; ++c) dst[c] = orow[c] * inv;
-    if (half == 0) lse[size_t(h) * n + qi] = row_max[r] + logf(row_sum[r]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = row0 + g + r * 8;
+    if (qi >= n) continue;
+    const float inv = 1.0f / l_run[r];
+    float* dst = out + (size_t(qi) * hq + h) * D + t4 * 2;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    if (t4 == 0) lse[size_t(h) * n + qi] = m_run[r] * scale + logf(l_run[r]);
   }
 }
 
@@ -208,14 +330,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int D>
 void launch_prefill(const float* q, const float* k, const float* v, int n, int hq, int hkv, float* out, float* lse,
-                    cudaStream_t s) {
-  const size_t smem = Smem<D>::bytes;
+                    uint16_t* scratch, cudaStream_t s) {
+  auto* qb = reinterpret_cast<__nv_bfloat16*>(scratch);
+  auto* kb = qb + size_t(n) * hq * D;
+  auto* vb = kb + size_t(n) * hkv * D;
+  f32_to_bf16(q, reinterpret_cast<uint16_t*>(qb), size_t(n) * hq * D, s);
+  f32_to_bf16(k, reinterpret_cast<uint16_t*>(kb), size_t(n) * hkv * D, s);
+  f32_to_bf16(v, reinterpret_cast<uint16_t*>(vb), size_t(n) * hkv * D, s);
+  const size_t smem = FaSmem<D>::bytes;
   check(cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "attention_prefill shared memory");
-  const dim3 grid((n + kTile - 1) / kTile, hq);
-  flash_prefill_kernel<D><<<grid, kWarps * 32, smem, s>>>(q, k, v, n, hq, hkv, rsqrtf(static_cast<float>(D)),
-                                                          out, lse);
+  const float scale = rsqrtf(static_cast<float>(D));
+  const dim3 grid(hq, (n + kFaRows - 1) / kFaRows);
+  flash_prefill_kernel<D><<<grid, kFaWarps * 32, smem, s>>>(qb, kb, vb, n, hq, hkv, scale * 1.4426950408889634f,
+                                                             scale, out, lse);
   check(cudaGetLastError(), "attention_prefill");
 }
 
@@ -234,10 +363,14 @@ void launch_colsum(const float* q, const float* k, const float* lse, int n, int 
 
 bool attention_prefill_supports(int d) { return d == 64 || d == 128; }
 
+size_t attention_prefill_scratch_bytes(int n, int hq, int hkv, int d) {
+  return sizeof(uint16_t) * size_t(n) * (hq + 2 * hkv) * d;
+}
+
 void attention_prefill(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
-                       float* lse, cudaStream_t s) {
-  if (d == 64) return launch_prefill<64>(q, k, v, n, hq, hkv, out, lse, s);
-  if (d == 128) return launch_prefill<128>(q, k, v, n, hq, hkv, out, lse, s);
+                       float* lse, uint16_t* scratch, cudaStream_t s) {
+  if (d == 64) return launch_prefill<64>(q, k, v, n, hq, hkv, out, lse, scratch, s);
+  if (d == 128) return launch_prefill<128>(q, k, v, n, hq, hkv, out, lse, scratch, s);
   check(cudaErrorInvalidValue, "attention_prefill: head dim must be 64 or 128");
 }
 

@@ -30,9 +30,11 @@ void gemv_bf16(const float* x, const uint16_t* w, int n, int in, int out, float*
 
 // Causal GQA attention of a whole prompt (positions 0..n-1), tiled with online softmax (bf16 tensor
 // cores, fp32 accumulation and softmax): q[n, hq, d], k/v[n, hkv, d] -> out[n, hq, d]. lse[hq, n]
-// receives each query row's log-sum-exp of its scaled logits. d must be 64 or 128.
+// receives each query row's log-sum-exp of its scaled logits. d must be 64 or 128. `scratch` holds
+// the bf16 copies of q, k and v: attention_prefill_scratch_bytes(n, hq, hkv, d).
 void attention_prefill(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
-                       float* lse, cudaStream_t s);
+                       float* lse, uint16_t* scratch, cudaStream_t s);
+size_t attention_prefill_scratch_bytes(int n, int hq, int hkv, int d);
 // colsum[hq, n]: attention probability each key receives summed over all queries, recomputed from
 // the lse of attention_prefill (H2O's accumulated attention).
 void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d,

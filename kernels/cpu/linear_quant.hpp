@@ -1,0 +1,33 @@
+#pragma once
+// Matrix products straight on GGUF weight blocks (Q4_0, Q4_1, Q8_0): the CPU engine's `gguf` weight
+// format, which reads the file's quantized bytes at each decode step instead of their fp32 expansion.
+// As ggml does for these types, one token's activations are quantized per block of 32 to 8 bits
+// (Q8_0 for Q4_0 and Q8_0 weights, Q8_1, which also keeps d x sum(q), for Q4_1), the block products
+// are exact integer sums, and each is scaled by the two block scales.
+#include <cstdint>
+#include <vector>
+
+#include "harness/model/dtype.hpp"
+
+namespace kvb {
+
+bool linear_quant_supports(DType t);
+
+// One row of activations quantized per block of 32 as ggml's quantize_row_q8_0 / q8_1 reference
+// does: d = max|x| / 127 (stored as fp16), q = round(x / d) (half away from zero), s = d x sum(q).
+struct Q8Row {
+  std::vector<float> d, s;  // per block; d and s hold the fp16-rounded values ggml stores
+  std::vector<int8_t> q;
+};
+void quantize_row_q8(const float* x, int n, Q8Row& out);
+
+// y[o] = sum over blocks of W row o against the quantized x. The reference takes each block's
+// integer sum and scales it in double.
+void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, float* y);
+
+// y[n, out] = x[n, in] W[out, in]^T (+ bias). One token: x quantized, then a GEMV over the blocks
+// (AVX2 where the processor has it). More tokens (prefill): W dequantized a block of rows at a time
+// for BLAS sgemm, as ggml hands large batches to BLAS.
+void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y);
+
+}  // namespace kvb
