@@ -25,6 +25,7 @@
 #include "harness/report/report.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
 
 namespace fs = std::filesystem;
@@ -104,6 +105,14 @@ void fuzz_longbench(Bytes data) {
   exercise(*kvb::TaskRegistry::get().create("longbench", task_context({{"dataset", dataset}, {"max_len", "256"}})));
 }
 
+void fuzz_longbench_pred(Bytes data) {
+  // A predictions file for `kvbench score`, scored by length range; one dataset per English metric.
+  static constexpr std::array<const char*, 6> kDatasets = {"qasper", "gov_report", "trec", "passage_count",
+                                                           "passage_retrieval_en", "lcc"};
+  const auto [dataset, file] = pick(kDatasets, data);
+  (void)kvb::longbench::score_predictions(dataset, write_input("pred.jsonl", file), true, nullptr);
+}
+
 void fuzz_ruler(Bytes data) {
   static constexpr std::array<const char*, 4> kLayouts = {"2024", "2025", "squad", "hotpotqa"};
   const auto [layout, file] = pick(kLayouts, data);
@@ -121,7 +130,8 @@ void fuzz_ruler(Bytes data) {
 
 const std::map<std::string_view, void (*)(Bytes)> kParsers = {
     {"spec", fuzz_spec},     {"results", fuzz_results},   {"tokenizer_json", fuzz_tokenizer_json},
-    {"config", fuzz_config}, {"longbench", fuzz_longbench}, {"ruler", fuzz_ruler}};
+    {"config", fuzz_config}, {"longbench", fuzz_longbench}, {"longbench_pred", fuzz_longbench_pred},
+    {"ruler", fuzz_ruler}};
 
 void (*parser)(Bytes) = nullptr;
 

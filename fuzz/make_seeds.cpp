@@ -88,6 +88,13 @@ int main(int argc, char** argv) {
   // longbench: the byte indexes {qasper, gov_report, trec, passage_count, passage_retrieval_en, lcc}.
   write(out / "longbench/qasper.jsonl", std::string(1, '\0') + read(fx / "longbench/data/longbench/qasper.jsonl"));
   write(out / "longbench/trec.jsonl", std::string(1, '\2') + read(fx / "longbench/data/longbench/trec.jsonl"));
+  // longbench_pred: the same dataset indexes; LongBench's pred/ layout.
+  write(out / "longbench_pred/qasper.jsonl",
+        std::string(1, '\0') + R"({"pred": "in Lyon", "answers": ["Paris", "Lyon"], "all_classes": null, "length": 3000})" +
+            "\n" + R"({"pred": "Rome", "answers": ["Paris"], "all_classes": null, "length": 9100})" + "\n");
+  write(out / "longbench_pred/trec.jsonl",
+        std::string(1, '\2') + R"({"pred": "Abbreviation\nx", "answers": ["Abbreviation"], )" +
+            R"("all_classes": ["Abbreviation", "Entity"], "length": 5000})" + "\n");
   // ruler: the byte indexes {2024 layout, 2025 layout, SQuAD, HotpotQA}.
   write(out / "ruler/2024.jsonl", std::string(1, '\0') + read(fx / "ruler/files/4096/niah_single_1.jsonl"));
   write(out / "ruler/2025.jsonl", std::string(1, '\1') + read(fx / "ruler/files/vt/validation.jsonl"));

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-120}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors spec results tokenizer_json config longbench ruler)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf safetensors spec results tokenizer_json config longbench longbench_pred ruler)
 
 if [ ! -f build-fuzz/build.ninja ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \

@@ -244,3 +244,65 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
     CHECK(replaced > 0);
   }
 }
+
+TEST_CASE("LongBench predictions files are scored as eval.py scores them, by length range too",
+          "[tasks][longbench]") {
+  std::ifstream in(fixture("longbench/metric_cases.json"));
+  REQUIRE(in.good());
+  const auto cases = nlohmann::json::parse(in).at("cases");
+  const TempDir dir("longbench_score");
+  // The golden cases of two metrics as prediction files: qasper (qa_f1) and trec (classification
+  // with the first-line rule); lengths spread over LongBench-E's three ranges.
+  for (auto [dataset, metric] : {std::pair{"qasper", "qa_f1"}, {"trec", "classification_first_line"}}) {
+    INFO(dataset);
+    const auto path = (dir / (std::string(dataset) + ".jsonl")).string();
+    std::ofstream out(path);
+    double sum = 0, range_sum[3] = {0, 0, 0};
+    int n = 0, range_n[3] = {0, 0, 0};
+    for (const auto& c : cases) {
+      if (c.at("metric") != metric) continue;
+      const int length = 1500 * (n % 7);  // 0 .. 9000
+      nlohmann::json line = {{"pred", c.at("prediction")}, {"answers", {c.at("answer")}}, {"length", length}};
+      if (c.contains("all_classes")) line["all_classes"] = c.at("all_classes");
+      out << line.dump() << "\n";
+      const double s = c.at("score");
+      sum += s;
+      const int k = length < 4000 ? 0 : length < 8000 ? 1 : 2;
+      range_sum[k] += s;
+      ++range_n[k];
+      ++n;
+    }
+    out.close();
+    REQUIRE(n > 20);
+    const auto r = longbench::score_predictions(dataset, path, true, nullptr);
+    CHECK(r.lines == size_t(n));
+    CHECK(r.score == Approx(std::round(100.0 * sum / n * 100.0) / 100.0));
+    REQUIRE(r.ranges.size() == 3);
+    for (int k = 0; k < 3; ++k) CHECK(r.ranges[k].second == Approx(std::round(100.0 * range_sum[k] / range_n[k] * 100.0) / 100.0));
+  }
+
+  auto write = [&](const std::string& name, const std::string& text) {
+    const auto path = (dir / name).string();
+    std::ofstream(path) << text;
+    return path;
+  };
+  const auto ok = R"({"pred": "Paris", "answers": ["Paris"], "length": 10})";
+  require_error([&] { longbench::score_predictions("qasper", write("m.jsonl", std::string(ok) + "\n{\"pred\": \"b\"}\n"), false, nullptr); },
+                {"m.jsonl:2", "'answers' is missing"});
+  require_error([&] { longbench::score_predictions("qasper", write("j.jsonl", "{nope\n"), false, nullptr); },
+                {"j.jsonl:1", "not a JSON object"});
+  require_error([&] { longbench::score_predictions("qasper", write("t.jsonl", R"({"pred": 3, "answers": ["a"]})"), false, nullptr); },
+                {"t.jsonl:1", "'pred' is not a string"});
+  require_error([&] { longbench::score_predictions("qasper", write("l.jsonl", R"({"pred": "a", "answers": ["a"]})"), true, nullptr); },
+                {"l.jsonl:1", "'length' is missing"});
+  require_error([&] { longbench::score_predictions("trec", write("c.jsonl", ok), false, nullptr); },
+                {"c.jsonl:1", "'all_classes'"});
+  require_error([&] { longbench::score_predictions("qasper", write("e.jsonl", "\n"), false, nullptr); },
+                {"e.jsonl", "no predictions"});
+  require_error([&] { longbench::score_predictions("nope", write("n.jsonl", ok), false, nullptr); }, {"nope"});
+  // An empty range is NaN (null in the JSON the CLI writes), not a division by zero.
+  const auto r = longbench::score_predictions("qasper", write("one.jsonl", ok), true, nullptr);
+  CHECK(r.score == 100.0);
+  CHECK(r.ranges[0].second == 100.0);
+  CHECK(std::isnan(r.ranges[1].second));
+}

@@ -24,6 +24,8 @@
 #include "harness/util/error.hpp"
 #include "harness/util/npy.hpp"
 #include "harness/util/progress.hpp"
+#include "tasks/longbench/jieba.hpp"
+#include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
 
 namespace kvb::cli {
@@ -231,6 +233,45 @@ void register_task_commands(CLI::App& app) {
       }
       bar.finish();
       fmt::print("results in {}; summarise with: kvbench report {}\n", out.path(), out.path());
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand(
+        "score", "Score predictions made anywhere with a benchmark's own metric (LongBench's eval.py)");
+    struct Args {
+      std::string task, predictions, out, data = default_data_dir();
+      bool by_length = false;
+    };
+    auto a = std::make_shared<Args>();
+    cmd->add_option("--task", a->task, "longbench/DATASET")->required();
+    cmd->add_option("predictions", a->predictions,
+                    "JSONL in LongBench's pred/ layout: pred, answers, all_classes, length per line")
+        ->required();
+    cmd->add_flag("--longbench-e", a->by_length, "Also score by length range (0-4k, 4-8k, 8k+) as LongBench-E");
+    cmd->add_option("--data", a->data, "Data folder with jieba's tables (the Chinese datasets)");
+    cmd->add_option("--out", a->out, "Write the scores as JSON, as eval.py's result.json");
+    cmd->callback([a] {
+      const std::string prefix = "longbench/";
+      if (a->task.rfind(prefix, 0) != 0 || a->task.size() == prefix.size())
+        fail("--task {}: score reads LongBench predictions; name the dataset as longbench/DATASET", a->task);
+      const std::string dataset = a->task.substr(prefix.size());
+      const std::string metric = longbench::metric_of(dataset);
+      const longbench::Jieba* jieba =
+          metric == "qa_f1_zh" || metric == "rouge_zh" ? &longbench::Jieba::load(a->data) : nullptr;
+      const auto r = longbench::score_predictions(dataset, a->predictions, a->by_length, jieba);
+      nlohmann::json j;
+      if (a->by_length) {
+        for (const auto& [range, s] : r.ranges) j[dataset][range] = std::isnan(s) ? nlohmann::json() : nlohmann::json(s);
+      } else {
+        j[dataset] = r.score;
+      }
+      fmt::print("{} ({}, {} predictions): {:.2f}\n", dataset, metric, r.lines, r.score);
+      for (const auto& [range, s] : r.ranges)
+        fmt::print("  {}: {}\n", range, std::isnan(s) ? std::string("-") : fmt::format("{:.2f}", s));
+      if (!a->out.empty()) {
+        std::ofstream(a->out) << j.dump(4) << "\n";
+        fmt::print("scores in {}\n", a->out);
+      }
     });
   }
   {

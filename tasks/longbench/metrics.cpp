@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "harness/tokenizer/unicode.hpp"
@@ -314,6 +316,62 @@ double score(const std::string& dataset, std::string_view prediction, const std:
     best = std::max(best, s);
   }
   return best;
+}
+
+}  // namespace kvb::longbench
+
+namespace kvb::longbench {
+
+PredictionScores score_predictions(const std::string& dataset, const std::string& path, bool by_length,
+                                   const Jieba* jieba) {
+  metric_of(dataset);  // an unknown dataset is an error before the file is read
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read the predictions file", path);
+  const char* names[] = {"0-4k", "4-8k", "8k+"};
+  double total = 0, range_sum[3] = {0, 0, 0};
+  size_t range_n[3] = {0, 0, 0};
+  PredictionScores r;
+  std::string line;
+  for (size_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}:{}: not a JSON object ({})", path, no, e.what());
+    }
+    auto field = [&](const char* key, auto check, const char* expected) -> const nlohmann::json& {
+      if (!j.is_object() || !j.contains(key)) fail("{}:{}: field '{}' is missing ({})", path, no, key, expected);
+      if (!check(j[key])) fail("{}:{}: field '{}' is not {}", path, no, key, expected);
+      return j[key];
+    };
+    auto is_strings = [](const nlohmann::json& v) {
+      return v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_string(); });
+    };
+    const auto pred = field("pred", [](const auto& v) { return v.is_string(); }, "a string").get<std::string>();
+    const auto answers = field("answers", is_strings, "a list of strings").get<std::vector<std::string>>();
+    std::vector<std::string> classes;
+    if (j.contains("all_classes") && !j["all_classes"].is_null())
+      classes = field("all_classes", is_strings, "a list of strings or null").get<std::vector<std::string>>();
+    if (metric_of(dataset) == "classification" && classes.empty())
+      fail("{}:{}: field 'all_classes' is missing ({} is scored against its classes)", path, no, dataset);
+    const double s = score(dataset, pred, answers, classes, jieba);
+    total += s;
+    ++r.lines;
+    if (by_length) {
+      const double len = field("length", [](const auto& v) { return v.is_number(); }, "a number").get<double>();
+      const int k = len < 4000 ? 0 : len < 8000 ? 1 : 2;
+      range_sum[k] += s;
+      ++range_n[k];
+    }
+  }
+  if (r.lines == 0) fail("{}: no predictions", path);
+  auto pct = [](double sum, size_t n) { return std::round(100.0 * sum / double(n) * 100.0) / 100.0; };
+  r.score = pct(total, r.lines);
+  if (by_length)
+    for (int k = 0; k < 3; ++k)
+      r.ranges.emplace_back(names[k], range_n[k] ? pct(range_sum[k], range_n[k]) : std::nan(""));
+  return r;
 }
 
 }  // namespace kvb::longbench

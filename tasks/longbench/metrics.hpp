@@ -3,8 +3,10 @@
 // SQuAD-style normalisation and token F1, ROUGE-L of the `rouge` 1.0.1 package, classification,
 // passage count and retrieval, fuzzywuzzy's ratio for code, and the Chinese variants on jieba's
 // segments. Scores are in [0, 1].
+#include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvb::longbench {
@@ -38,5 +40,22 @@ std::string metric_of(const std::string& dataset);
 // The Chinese metrics need `jieba`; Error naming the dataset if it is null for them.
 double score(const std::string& dataset, std::string_view prediction, const std::vector<std::string>& answers,
              const std::vector<std::string>& all_classes, const Jieba* jieba = nullptr);
+
+}  // namespace kvb::longbench
+
+namespace kvb::longbench {
+
+// LongBench's eval.py over a predictions file in its pred/ layout (one JSON object per line with
+// "pred", "answers" and, as the datasets need them, "all_classes" and "length"): the mean of the
+// per-line scores x 100, rounded to 2 decimals. With `by_length` (LongBench-E's scorer_e) one such
+// score per length range, "0-4k" (length < 4000), "4-8k" (< 8000) and "8k+" (null when a range has
+// no line). `jieba` is needed for the Chinese datasets. Errors name the file, the line and the field.
+struct PredictionScores {
+  size_t lines = 0;
+  double score = 0;                                    // all lines
+  std::vector<std::pair<std::string, double>> ranges;  // by_length only; NaN for an empty range
+};
+PredictionScores score_predictions(const std::string& dataset, const std::string& path, bool by_length,
+                                   const Jieba* jieba);
 
 }  // namespace kvb::longbench
