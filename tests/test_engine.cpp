@@ -33,6 +33,13 @@ Loaded* default_engine() {
   return loaded.get();
 }
 
+// The 25 parity prompts with their Hugging Face greedy continuations (tools/reference/hf_logits.py).
+nlohmann::json parity_fixture() {
+  std::ifstream jf(test::fixture("engine/hf_logits.json"));
+  REQUIRE(jf.good());
+  return nlohmann::json::parse(jf);
+}
+
 float max_abs(const std::vector<float>& v) {
   float m = 0;
   for (float x : v) m = std::max(m, std::abs(x));
@@ -79,9 +86,7 @@ TEST_CASE("logits and greedy continuations match Hugging Face transformers on th
           "[engine][model][reference]") {
   Loaded* L = default_engine();
   if (!L) return;
-  std::ifstream jf(test::fixture("engine/hf_logits.json"));
-  REQUIRE(jf.good());
-  const auto ref = nlohmann::json::parse(jf);
+  const auto ref = parity_fixture();
   std::ifstream bf(test::fixture("engine/hf_logits.bin"), std::ios::binary);
   REQUIRE(bf.good());
   const auto& prompts = ref["prompts"];
@@ -130,9 +135,7 @@ TEST_CASE("bf16 weights: logits near fp32's and the parity prompts' greedy conti
   // Half the bytes per decode step (the norms stay fp32).
   CHECK(100 * e.decode_weight_bytes() < 51 * L->engine->decode_weight_bytes());
 
-  std::ifstream jf(test::fixture("engine/hf_logits.json"));
-  REQUIRE(jf.good());
-  const auto prompts = nlohmann::json::parse(jf)["prompts"];
+  const auto prompts = parity_fixture()["prompts"];
   // The fixture's greedy tokens are fp32 continuations: the Hugging Face test above holds the fp32
   // engine to them.
   float worst_ratio = 0;
@@ -180,9 +183,7 @@ TEST_CASE("gguf weights: products on the file's blocks, logits near fp32's on th
   // The default model's matrices are Q4_1 (and a Q8_0 embedding): about a sixth of fp32's bytes.
   CHECK(5 * e.decode_weight_bytes() < L->engine->decode_weight_bytes());
 
-  std::ifstream jf(test::fixture("engine/hf_logits.json"));
-  REQUIRE(jf.good());
-  const auto prompts = nlohmann::json::parse(jf)["prompts"];
+  const auto prompts = parity_fixture()["prompts"];
   // Prefill multiplies dequantized blocks (as fp32 does) except for the last token's output head;
   // each decode step quantizes the token's activations to 8 bits per block before every product.
   // Compared: the prompt's last logits and those of the first decode step, over 25 prompts.
