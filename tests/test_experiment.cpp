@@ -376,3 +376,32 @@ TEST_CASE("a record's key leaves out the code version, also for records that car
   CHECK(record_key({{"key", key}, {"id", "s0"}, {"config", cfg}, {"version", "1234abc"}}) == key);
   CHECK(cell_key(old_style, "s0") != key);
 }
+
+TEST_CASE("a cell that fails is logged beside the results and retried, the other cells recorded", "[experiment][sweep]") {
+  const auto model = model_file(kDefaultModel);
+  if (!model || !essays_present()) return;
+  const TempDir dir("sweep_fail");
+  const std::string out = (dir / "r.jsonl").string();
+  // StreamingLLM cannot keep 4 sink tokens in a KV size of 4: every such cell fails.
+  const std::string path = write_spec(dir, "fail.yaml",
+                                      "name: fail\nmodel: " + *model +
+                                          "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2}\n"
+                                          "methods: [fullkv, streamingllm]\nbudgets: [4]\nout: " + out + "\n");
+  const ExperimentSpec spec = load_experiment(path);
+  const SweepOutcome o = Sweep(spec).run(false);
+  CHECK(o.run == 4);
+  CHECK(o.failed == 4);
+  REQUIRE(o.failures == out + ".failed");
+  const auto failures = read_jsonl(o.failures);
+  REQUIRE(failures.size() == 4);
+  for (const auto& f : failures) {
+    CHECK(f["config"]["method"] == "streamingllm");
+    CHECK(f["error"].get<std::string>().find("must exceed the 4 sink tokens") != std::string::npos);
+    CHECK(f["key"].get<std::string>().size() == 16);
+  }
+  CHECK(read_jsonl(out).size() == 4);
+  const SweepOutcome again = Sweep(spec).run(false);  // the failed cells are tried again, the rest skipped
+  CHECK(again.run == 0);
+  CHECK(again.already == 4);
+  CHECK(again.failed == 4);
+}

@@ -18,6 +18,7 @@ void register_task_commands(CLI::App& app);
 void register_run_command(CLI::App& app);
 void register_calibrate_command(CLI::App& app);
 void register_new_command(CLI::App& app);
+void register_slurm_commands(CLI::App& app);
 
 // --kv-dtype on a command that builds an engine: what the KV cache stores its numbers as.
 inline void add_kv_dtype_option(CLI::App* cmd, std::string& into) {

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvb::cli::register_run_command(app);
   kvb::cli::register_calibrate_command(app);
   kvb::cli::register_new_command(app);
+  kvb::cli::register_slurm_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,7 @@
 #include "harness/experiment/results.hpp"
 
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -50,7 +51,7 @@ const std::vector<std::pair<const char*, std::vector<Field>>>& record_fields() {
         {"prompt_tokens", kNumber},
         {"kv_bytes", kNumber}, {"full_kv_bytes", kNumber}, {"peak_memory_bytes", kNumber}, {"T_eq", kNumber},
         {"kv_bits_per_element", kNumber}, {"prefill_seconds", kNumber}, {"decode_seconds", kNumber},
-        {"compress_seconds", kNumber}, {"prefill_shared", kBool}, {"answers", kList}, {"protocol", kObject},
+        {"compress_seconds", kNumber}, {"wall_seconds", kNumber}, {"prefill_shared", kBool}, {"answers", kList}, {"protocol", kObject},
         {"cache", kObjectOrNull}, {"meta", kObject}}},
       {"config.",
        {{"task", kString}, {"method", kString}, {"model", kString}, {"model_fingerprint", kString},
@@ -114,17 +115,24 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
 ResultsFile::ResultsFile(const std::string& path) : path_(path) {
   namespace fs = std::filesystem;
   if (auto dir = fs::path(path).parent_path(); !dir.empty()) fs::create_directories(dir);
-  if (fs::exists(path)) {
-    // Keep everything up to the last newline: a record without one was cut off.
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
-    const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
-    if (keep != text.size()) fs::resize_file(path, keep);
-  }
   f_ = std::fopen(path.c_str(), "ab");
   if (!f_) fail("{}: cannot open for appending", path);
+  // One writer per file: a second run of the same shard (a task resubmitted while the first still
+  // runs) would interleave records and cut the other's line in flight below.
+  if (flock(fileno(f_), LOCK_EX | LOCK_NB) != 0) {
+    std::fclose(f_);
+    f_ = nullptr;
+    fail("{}: another kvbench process is writing this results file (the same sweep or shard running twice?); "
+         "wait for it to finish or write to another file",
+         path);
+  }
+  // Keep everything up to the last newline: a record without one was cut off.
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+  if (keep != text.size()) fs::resize_file(path, keep);
 }
 
 ResultsFile::~ResultsFile() {

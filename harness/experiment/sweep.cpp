@@ -47,12 +47,25 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
                       spec.weights));
     parts_.push_back(std::move(p));
   }
+  const auto mine = cells_by_shard(shard_.count)[size_t(shard_.index)];
+  shard_keys_.insert(mine.begin(), mine.end());
 }
 
 Sweep::~Sweep() = default;
 
-bool Sweep::in_shard(const std::string& key) const {
-  return std::stoull(key, nullptr, 16) % uint64_t(shard_.count) == uint64_t(shard_.index);
+bool Sweep::in_shard(const std::string& key) const { return shard_keys_.count(key) > 0; }
+
+std::vector<std::vector<std::string>> Sweep::cells_by_shard(int count) const {
+  std::vector<std::vector<std::string>> shards(static_cast<size_t>(count));
+  std::set<std::string> seen;
+  size_t sample = 0;
+  for (const auto& part : parts_)
+    for (const auto& s : part.samples) {
+      auto& into = shards[sample++ % size_t(count)];
+      for (const auto& c : part.configs)
+        if (std::string key = cell_key(c, s.id); seen.insert(key).second) into.push_back(std::move(key));
+    }
+  return shards;
 }
 
 void Sweep::describe() const {
@@ -92,6 +105,8 @@ SweepOutcome Sweep::run(bool progress) {
   auto done = recorded_keys(spec_.out);
   SweepOutcome o;
   o.already = done.size();
+  o.failures = spec_.out + ".failed";
+  std::unique_ptr<ResultsFile> failures;  // opened at the first failure
   // Two entries of a spec that resolve to the same configuration are one cell, run once.
   std::set<std::string> pending;
   for (const auto& part : parts_)
@@ -111,13 +126,29 @@ SweepOutcome Sweep::run(bool progress) {
         if (!in_shard(key) || !done.insert(key).second) continue;
         (methods_[c] && !methods_[c]->shares_prefill() ? own : shared).push_back(c);
       }
+      // What a cell costs, its share of a shared prefill included: the rate status estimates from.
+      double prefill_share = 0;
       auto record = [&](size_t c, const PrefillCapture* capture) {
-        auto rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
-                            part.configs[c], capture);
+        const auto t = std::chrono::steady_clock::now();
+        const std::string& method = part.configs[c]["method"].get_ref<const std::string&>();
+        nlohmann::json rec;
+        try {
+          rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
+                         part.configs[c], capture);
+        } catch (const Error& e) {
+          if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
+          failures->append({{"key", cell_key(part.configs[c], s.id)}, {"id", s.id}, {"version", code_version()},
+                            {"config", part.configs[c]}, {"error", e.what()}});
+          ++o.failed;
+          fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, e.what());
+          if (bar) bar->advance(1, fmt::format("{} failed", method));
+          return;
+        }
+        rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() +
+                              (capture ? prefill_share : 0.0);
         out.append(rec);
         ++o.run;
-        if (bar)
-          bar->advance(1, fmt::format("{} {:.2f}", part.configs[c]["method"].get<std::string>(), rec["score"].get<double>()));
+        if (bar) bar->advance(1, fmt::format("{} {:.2f}", method, rec["score"].get<double>()));
       };
       if (!shared.empty()) {
         // One prefill keeps what the most demanding of the sharing methods reads.
@@ -126,7 +157,9 @@ SweepOutcome Sweep::run(bool progress) {
           if (methods_[c]) needs.merge(methods_[c]->needs());
         const auto t = std::chrono::steady_clock::now();
         const PrefillCapture capture = engine.prefill_capture(build_prompt(*model_, *tok_, s.prompt, s.chat), needs);
-        o.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        o.prefill_seconds += prefill;
+        prefill_share = prefill / double(shared.size());
         for (size_t c : shared) record(c, &capture);
       }
       for (size_t c : own) record(c, nullptr);

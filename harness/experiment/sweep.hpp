@@ -2,9 +2,11 @@
 // The sweep behind `kvbench run`: the model is loaded once, every sample of the task is prefilled
 // once with full attention and that prefill serves each method x budget cell of the sample (methods
 // that change prefill themselves get their own). Cells have stable keys; those already recorded are
-// skipped, the rest are appended one by one (synced), so a killed sweep resumes where it stopped.
+// skipped, the rest are appended one by one (synced), so a killed sweep resumes where it stopped. A
+// cell that fails is logged beside the results (`<out>.failed`) and retried by the next run.
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,14 +17,22 @@ namespace kvb {
 
 class Method;
 
+// Shard i of N holds the cells of every N-th sample (counted over the task variants), starting at
+// the i-th: a sample's cells stay together so that its shared prefill is done once, and samples of
+// every length are spread evenly over the shards.
 struct SweepShard {
-  int index = 0, count = 1;  // share `index` of `count`, by cell key
+  int index = 0, count = 1;
 };
 // Parses "i/N" (0 <= i < N).
 SweepShard parse_shard(const std::string& text);
 
 struct SweepOutcome {
   size_t run = 0, already = 0;  // cells run now, cells found recorded
+  // Cells that stopped with an error (a method refusing its input, a Python method raising): each is
+  // logged to `failures` (one JSON line: key, id, config, error) and left unrecorded, so that a rerun
+  // tries it again; the sweep goes on with the other cells.
+  size_t failed = 0;
+  std::string failures;
   double seconds = 0, prefill_seconds = 0;
 };
 
@@ -32,6 +42,8 @@ class Sweep {
   ~Sweep();
   // The expanded cells and the work they need, without running anything.
   void describe() const;
+  // The keys of the cells of each of `count` shards, each key once, in the order they run.
+  std::vector<std::vector<std::string>> cells_by_shard(int count) const;
   SweepOutcome run(bool progress = true);
 
  private:
@@ -47,6 +59,7 @@ class Sweep {
 
   ExperimentSpec spec_;
   SweepShard shard_;
+  std::set<std::string> shard_keys_;
   std::unique_ptr<ModelFile> model_;
   std::unique_ptr<Tokenizer> tok_;
   std::vector<std::unique_ptr<Method>> methods_;  // null for the full cache

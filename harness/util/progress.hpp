@@ -1,5 +1,6 @@
 #pragma once
-// A one-line progress bar on stderr with rate and ETA, redrawn at most every 0.2 s.
+// A one-line progress bar on stderr with rate and ETA, redrawn at most every 0.2 s; where stderr is
+// not a terminal (a batch job's log), a line every 30 s and one at the end.
 #include <chrono>
 #include <string>
 
@@ -15,7 +16,8 @@ class Progress {
  private:
   void draw(bool force);
   std::string label_, unit_, note_;
-  size_t total_, done_ = 0;
+  size_t total_, done_ = 0, drawn_ = 0;
+  bool tty_;
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
