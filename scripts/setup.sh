@@ -16,7 +16,8 @@ die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
 PACKAGES=(build-essential cmake ninja-build pkg-config python3-pip unzip
   libyaml-cpp-dev libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev python3-doc
-  slurm-wlm munge jq)  # the last three: kvbench submit's test starts a private Slurm cluster
+  slurm-wlm munge jq  # kvbench submit's test starts a private Slurm cluster
+  pybind11-dev python3-dev python3-venv python3-numpy python3-pandas python3-pytest)  # the Python module
 
 if [[ "${SKIP_APT:-0}" != 1 ]]; then
   missing=()
@@ -188,7 +189,11 @@ fi
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   log "building in ${BUILD#$ROOT/}"
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_WERROR=ON >/dev/null
+  # The Python module is built for Debian's python3, which has numpy, pandas and pytest from the
+  # packages above (KVBENCH_PYTHON names another interpreter).
+  PY=${KVBENCH_PYTHON:-/usr/bin/python3}
+  [[ -x $PY ]] || PY=$(command -v python3)
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_WERROR=ON -DPython_EXECUTABLE="$PY" >/dev/null
   cmake --build "$BUILD" -j"$(nproc)"
   log "built $BUILD/kvbench"
 fi

@@ -330,3 +330,22 @@ TEST_CASE("method parameters from YAML", "[methods]") {
   test::require_error([&] { MethodRegistry::get().create("snapkv", params_from_yaml(YAML::Load("kernal: 5"), "s.yaml"), cfg); },
                       {"unknown parameter 'kernal'", "kernel"});
 }
+
+TEST_CASE("a name the registry lacks goes to the resolver first and python names say where they run", "[methods]") {
+  auto& reg = MethodRegistry::get();
+  kvb::test::require_error([&] { reg.info("python:mod.Cls"); }, {"python:mod.Cls", "written in Python", "kvbench.run"});
+  std::vector<std::string> asked;
+  reg.set_resolver([&](const std::string& name) {
+    asked.push_back(name);
+    if (name != "resolved_on_demand") return false;
+    MethodInfo info = reg.info("streamingllm");
+    info.name = name;
+    reg.add(info);
+    return true;
+  });
+  CHECK(reg.info("resolved_on_demand").name == "resolved_on_demand");
+  CHECK(reg.info("resolved_on_demand").name == "resolved_on_demand");  // registered now: not asked again
+  kvb::test::require_error([&] { reg.info("still_unknown"); }, {"unknown method 'still_unknown'"});
+  CHECK(asked == std::vector<std::string>{"resolved_on_demand", "still_unknown"});
+  reg.set_resolver(nullptr);
+}

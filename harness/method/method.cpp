@@ -51,7 +51,14 @@ bool register_method(MethodInfo info) {
 
 const MethodInfo& MethodRegistry::info(const std::string& name) const {
   auto it = methods_.find(name);
-  if (it == methods_.end()) fail("unknown method '{}' (available: {})", name, fmt::join(names(), ", "));
+  if (it == methods_.end() && resolver_ && resolver_(name)) it = methods_.find(name);
+  if (it == methods_.end()) {
+    if (name.rfind("python:", 0) == 0)
+      fail("method '{}' is written in Python: it runs through the Python module (kvbench.run, kvbench.Model."
+           "generate), not the command line",
+           name);
+    fail("unknown method '{}' (available: {})", name, fmt::join(names(), ", "));
+  }
   return it->second;
 }
 

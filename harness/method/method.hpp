@@ -176,8 +176,12 @@ class MethodRegistry {
   std::vector<std::string> names(Composition role) const;
   std::unique_ptr<Method> create(const std::string& name, const std::map<std::string, std::string>& params,
                                  const ModelConfig& model) const;
+  // Asked about a name the registry does not know, before that is an error: a front end that makes
+  // methods on demand (the Python module, for "python:module.Class") registers it and returns true.
+  void set_resolver(std::function<bool(const std::string&)> resolver) { resolver_ = std::move(resolver); }
 
  private:
+  std::function<bool(const std::string&)> resolver_;
   std::map<std::string, MethodInfo> methods_;
   std::vector<OfflineStep> steps_;
 };

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -82,8 +83,12 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
                                              : fmt::format("{} ({}{})", method, budget_heading(budget), settings),
                           100.0 * g.score / g.n);
   const bool chat = g.config["options"].value("chat", "false") == "true";
+  // File names keep to letters, digits, '.', '-' and '_' (python:module.Class -> python_module.Class).
+  std::string file_method = method;
+  for (char& c : file_method)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
   const std::string base =
-      fmt::format("{}/niah-{}{}{}{}", dir, method, method == "fullkv" ? "" : budget.is_ratio() ? fmt::format("-r{}", budget.ratio) : fmt::format("-T{}", budget.tokens),
+      fmt::format("{}/niah-{}{}{}{}", dir, file_method, method == "fullkv" ? "" : budget.is_ratio() ? fmt::format("-r{}", budget.ratio) : fmt::format("-T{}", budget.tokens),
                   chat ? "-chat" : "", g.config.value("gqa", "-") == "repeat" ? "-repeat" : "");
   std::string stem = base;
   for (int i = 2; used.count(stem); ++i) stem = fmt::format("{}-{}", base, i);

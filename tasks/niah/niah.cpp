@@ -13,6 +13,7 @@
 
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "tasks/niah/niah.hpp"
 #include "tasks/task.hpp"
 #include "tasks/text.hpp"
 
@@ -87,17 +88,7 @@ class Niah final : public Task {
     return s;
   }
 
-  // The heatmap score of visualize.py: distinct lowercased words of the response found among the 11
-  // of the expected answer (punctuation kept, so "day" without its period does not count).
-  double score(const Sample&, const std::string& prediction) const override {
-    static const std::vector<std::string> expected_words = python_split(python_lower(kAnswer));
-    const std::set<std::string> expected(expected_words.begin(), expected_words.end());
-    const auto words = python_split(python_lower(python_strip(prediction)));
-    const std::set<std::string> got(words.begin(), words.end());
-    size_t hit = 0;
-    for (const auto& w : got) hit += expected.count(w);
-    return static_cast<double>(hit) / static_cast<double>(expected.size());
-  }
+  double score(const Sample&, const std::string& prediction) const override { return niah_score(prediction); }
 
  private:
   void load_haystack(const std::string& data_dir) {
@@ -136,4 +127,17 @@ const bool registered = register_task(
      [](const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); }});
 
 }  // namespace
+
+// The heatmap score of visualize.py: distinct lowercased words of the response found among the 11 of
+// the expected answer (punctuation kept, so "day" without its period does not count).
+double niah_score(const std::string& prediction) {
+  static const std::vector<std::string> expected_words = python_split(python_lower(kAnswer));
+  const std::set<std::string> expected(expected_words.begin(), expected_words.end());
+  const auto words = python_split(python_lower(python_strip(prediction)));
+  const std::set<std::string> got(words.begin(), words.end());
+  size_t hit = 0;
+  for (const auto& w : got) hit += expected.count(w);
+  return static_cast<double>(hit) / static_cast<double>(expected.size());
+}
+
 }  // namespace kvb

@@ -152,7 +152,7 @@ int tokens_to_generate(const std::string& task) {
 class RulerFiles final : public RulerTask {
  public:
   RulerFiles(const TaskContext& ctx, const Params& p) : RulerTask(ctx, p, tokens_to_generate(p.get("task"))) {
-    part_ = name_.rfind("qa", 0) == 0;
+    part_ = ruler_scores_any(name_);
     const std::string dir = p.get("dir");
     if (dir.empty()) fail("ruler: source=files needs dir=<directory of official RULER files>");
     const std::string a = fmt::format("{}/{}/{}.jsonl", dir, length_, name_), b = fmt::format("{}/{}/validation.jsonl", dir, name_);

@@ -26,6 +26,8 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 // RULER's per-sample score in [0, 1] after evaluate.py's post-processing of the prediction:
 // string_match_all (share of references found, case-insensitive) or string_match_part (any found).
 double ruler_string_match(const std::string& prediction, const std::vector<std::string>& references, bool part);
+// Whether a RULER task scores with string_match_part (the QA tasks) rather than string_match_all.
+inline bool ruler_scores_any(const std::string& task) { return task.rfind("qa", 0) == 0; }
 
 class RulerTask : public Task {
  public:

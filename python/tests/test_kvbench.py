@@ -1,0 +1,217 @@
+"""The Python module against the command line and the C++ methods on the default model, the metrics
+against the golden fixtures, and the errors of Python methods. Run by ctest (tests/CMakeLists.txt)
+with PYTHONPATH=<build>/python and KVBENCH_CLI=<build>/kvbench."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvbench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(os.environ.get("KVBENCH_MODELS", os.path.join(ROOT, "models")), "SmolLM2-135M-Instruct.Q4_1.gguf")
+CLI = os.environ.get("KVBENCH_CLI", os.path.join(ROOT, "build", "kvbench"))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from streaming import Streaming  # noqa: E402  (examples/streaming.py: StreamingLLM in numpy)
+
+needs_model = pytest.mark.skipif(not os.path.exists(MODEL) and os.environ.get("KVBENCH_REQUIRE_MODELS") != "1",
+                                 reason=f"{MODEL} absent (scripts/setup.sh)")
+PROMPT = "What is the capital of France? Answer in one word. " * 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    return kvbench.Model(MODEL, threads=2)
+
+
+def cli(*args):
+    return subprocess.run([CLI, *args], check=True, capture_output=True, text=True).stdout
+
+
+kvbench.register(Streaming, name="numpy_streaming")
+
+
+class Raising(kvbench.Method):
+    def compress(self, view, budget):
+        raise ValueError("no thanks")
+
+
+kvbench.register(Raising, name="raising")
+
+
+@needs_model
+def test_generate_and_logits_equal_the_cli(model):
+    got = model.generate("What is the capital of France?", chat=True, max_new_tokens=16)
+    want = json.loads(cli("generate", MODEL, "--prompt", "What is the capital of France?", "--chat", "--json",
+                          "-n", "16", "--threads", "2"))
+    assert got["text"] == want["text"]
+    assert got["ids"] == want["tokens"]
+    assert got["kv_bytes"] == want["prefill_kv_bytes"]
+
+    got = model.generate(PROMPT, method="snapkv", budget=32, params={"window": 8}, max_new_tokens=8)
+    want = json.loads(cli("generate", MODEL, "--prompt", PROMPT, "--chat", "--json", "-n", "8", "--method", "snapkv",
+                          "--budget", "32", "--param", "window=8", "--threads", "2"))
+    assert got["text"] == want["text"] and got["kv_bytes"] == want["prefill_kv_bytes"]
+    assert got["kv_bytes"] < got["full_kv_bytes"]
+
+    text = "The capital of France is"
+    logits = model.logits(model.tokenize(text, prompt=True))
+    top = json.loads(cli("logits", MODEL, "--text", text, "--top-k", "5", "--threads", "2"))["top"]
+    order = np.argsort(-logits, kind="stable")[:5]
+    assert [t["id"] for t in top] == order.tolist()
+    np.testing.assert_allclose([t["logit"] for t in top], logits[order], rtol=0, atol=1e-4)
+    assert model.detokenize(model.tokenize(text)) == text
+
+
+@needs_model
+def test_python_streamingllm_keeps_what_the_cpp_one_keeps(model):
+    py = model.kept_positions(PROMPT, "numpy_streaming", budget=24, params={"sinks": 4})
+    cpp = model.kept_positions(PROMPT, "streamingllm", budget=24, params={"sinks": 4})
+    assert len(py) == len(cpp) == model.config["n_layers"]
+    for a, b in zip(py, cpp):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert len(py[0][0]) == 24
+    g_py = model.generate(PROMPT, method="numpy_streaming", budget=24, max_new_tokens=12)
+    g_cpp = model.generate(PROMPT, method="streamingllm", budget=24, params={"sinks": 4}, max_new_tokens=12)
+    assert (g_py["text"], g_py["ids"], g_py["kv_bytes"]) == (g_cpp["text"], g_cpp["ids"], g_cpp["kv_bytes"])
+
+
+@needs_model
+def test_scores_go_through_the_shared_top_k(model):
+    # Python scores = SnapKV's own window attention (its defaults: window 32, max pooling over 7, mean
+    # over the window rows) give SnapKV's kept sets.
+    class AttentionScores(kvbench.Method):
+        params = {"window": 32}
+
+        def compress(self, view, budget):
+            a = view.attention()[:, :, : view.n_tokens - self.params["window"]].mean(axis=1)
+            pad = np.pad(a, ((0, 0), (3, 3)), constant_values=-np.inf)
+            return np.lib.stride_tricks.sliding_window_view(pad, 7, axis=1).max(axis=2)
+
+    kvbench.register(AttentionScores, name="attention_scores")
+    py = model.kept_positions(PROMPT, "attention_scores", budget=64)
+    cpp = model.kept_positions(PROMPT, "snapkv", budget=64)
+    same = sum(np.array_equal(x, y) for a, b in zip(py, cpp) for x, y in zip(a, b))
+    total = sum(len(a) for a in cpp)
+    assert same >= total - 2, f"{same} of {total} heads keep SnapKV's set"  # float ties may differ
+
+
+@needs_model
+@pytest.mark.parametrize("returned, fragment", [
+    ("too_many", "keeps 25 positions, more than the KV size 24"),
+    ("out_of_range", "out of range"),
+    ("floats_wrong_shape", "scores of shape"),
+    ("strings", "dtype"),
+    ("raise", "compress() raised ValueError: no thanks"),
+    ("heads", "position lists; expected one per stored head"),
+])
+def test_python_method_errors_name_the_method_and_layer(model, returned, fragment):
+    class Bad(kvbench.Method):
+        def compress(self, view, budget):
+            n = view.n_tokens
+            if returned == "too_many":
+                return np.tile(np.arange(budget + 1), (view.stored_heads, 1))
+            if returned == "out_of_range":
+                return np.tile(np.arange(n - budget + 1, n + 1), (view.stored_heads, 1))
+            if returned == "floats_wrong_shape":
+                return np.zeros((view.stored_heads, 3), dtype=np.float32)
+            if returned == "strings":
+                return np.array([["a"] * budget] * view.stored_heads)
+            if returned == "heads":
+                return [np.arange(budget)]
+            raise ValueError("no thanks")
+
+    kvbench.register(Bad, name=f"bad_{returned}")
+    with pytest.raises(kvbench.Error) as e:
+        model.generate(PROMPT, method=f"bad_{returned}", budget=24, max_new_tokens=4)
+    assert f"python method bad_{returned}, layer 0" in str(e.value)
+    assert fragment in str(e.value)
+
+
+def sweep_spec(tmp_path, methods, name):
+    return {"name": name, "model": MODEL, "task": "niah", "threads": 2,
+            "task_options": {"s_len": 300, "e_len": 400, "step": 100, "depths": 2, "chat": True},
+            "methods": methods, "budgets": [64], "out": str(tmp_path / f"{name}.jsonl")}
+
+
+@needs_model
+def test_a_sweep_with_python_methods_records_failed_cells_and_keeps_the_rest(tmp_path):
+    out = kvbench.run(sweep_spec(tmp_path, ["fullkv", "streamingllm", "numpy_streaming", "raising",
+                                            "python:keynorm.KeyNorm"], "mixed"), progress=False)
+    assert out["run"] == 16 and out["failed"] == 4  # 4 samples x (fullkv, 2 streamings, keynorm) / raising
+    failures = [json.loads(line) for line in open(out["failures"])]
+    assert {f["config"]["method"] for f in failures} == {"raising"}
+    assert all("python method raising, layer 0: compress() raised ValueError" in f["error"] for f in failures)
+    df = kvbench.load_results(out["out"])
+    assert len(df) == 16
+    for col in ("key", "score", "config.method", "config.params.sinks", "kv_bytes", "meta.depth", "prediction"):
+        assert col in df.columns
+    a = df[df["config.method"] == "streamingllm"].sort_values("id")
+    b = df[df["config.method"] == "numpy_streaming"].sort_values("id")
+    assert a["prediction"].tolist() == b["prediction"].tolist()
+    assert a["kv_bytes"].tolist() == b["kv_bytes"].tolist()
+    # A rerun retries only the failed cells.
+    again = kvbench.run(sweep_spec(tmp_path, ["fullkv", "streamingllm", "numpy_streaming", "raising",
+                                              "python:keynorm.KeyNorm"], "mixed"), progress=False)
+    assert (again["run"], again["already"], again["failed"]) == (0, 16, 4)
+
+
+def test_registries_list_methods_and_tasks():
+    methods = {m["name"]: m for m in kvbench.methods()}
+    assert "snapkv" in methods and methods["snapkv"]["composition"] == "selector"
+    assert {p["name"] for p in methods["snapkv"]["params"]} >= {"window", "kernel", "gqa"}
+    assert methods["numpy_streaming"]["params"][0]["name"] in ("sinks", "gqa")
+    assert {"niah", "ruler", "longbench"} <= {t["name"] for t in kvbench.tasks()}
+
+
+LONGBENCH_DATASET = {"qa_f1": "qasper", "rouge": "gov_report", "classification_first_line": "trec",
+                     "code_sim": "lcc", "count": "passage_count", "retrieval": "passage_retrieval_en",
+                     "retrieval_zh": "passage_retrieval_zh", "qa_f1_zh": "multifieldqa_zh", "rouge_zh": "dureader"}
+
+
+def test_score_equals_the_golden_metric_fixtures():
+    cases = json.load(open(os.path.join(FIXTURES, "longbench", "metric_cases.json")))["cases"]
+    data = os.path.join(ROOT, "data")
+    checked = 0
+    for metric, dataset in LONGBENCH_DATASET.items():
+        if metric.endswith("_zh") and not os.path.isdir(os.path.join(data, "jieba")):
+            continue
+        cs = [c for c in cases if c["metric"] == metric]
+        preds, answers = [c["prediction"] for c in cs], [[c["answer"]] for c in cs]
+        classes = [c.get("all_classes", []) for c in cs]
+        got = kvbench.sample_scores(f"longbench/{dataset}", preds, answers, all_classes=classes, data=data)
+        np.testing.assert_allclose(got, [c["score"] for c in cs], rtol=0, atol=1e-9, err_msg=metric)
+        assert kvbench.score(f"longbench/{dataset}", preds, answers, all_classes=classes, data=data) == \
+            round(100 * sum(c["score"] for c in cs) / len(cs), 2)
+        checked += 1
+    assert checked >= 6
+
+    ruler = json.load(open(os.path.join(FIXTURES, "ruler", "metric_cases.json")))
+    preds, refs = [c["prediction"] for c in ruler["cases"]], [c["references"] for c in ruler["cases"]]
+    # The evaluator reports round(100 x mean, 2); for one pair that is the pair's score.
+    for task, key in (("ruler/niah_single_1", "all"), ("ruler/qa_1", "part")):
+        got = np.round(100 * kvbench.sample_scores(task, preds, refs), 2)
+        np.testing.assert_allclose(got, [c[key] for c in ruler["cases"]], rtol=0, atol=1e-9, err_msg=task)
+    assert kvbench.score("ruler/vt", preds, refs) == ruler["aggregate"]["all"]
+    assert kvbench.score("ruler/qa_2", preds, refs) == ruler["aggregate"]["part"]
+
+    assert kvbench.score("niah", ["You should eat a sandwich and sit in Dolores Park on a sunny day."], [[]]) == 100
+    assert kvbench.score("niah", ["A sandwich."], [[]]) == pytest.approx(100 / 11)
+
+    e = kvbench.score("longbench-e/qasper", ["Paris", "x", "Rome"], [["Paris"], ["y"], ["Paris"]], length=[100, 5000, 9000])
+    assert e == {"0-4k": 100.0, "4-8k": 0.0, "8k+": 0.0}
+
+
+def test_a_predictions_file_with_a_missing_field_names_the_line(tmp_path):
+    p = tmp_path / "qasper.jsonl"
+    p.write_text('{"pred": "Paris", "answers": ["Paris"]}\n{"pred": "Rome"}\n')
+    with pytest.raises(kvbench.Error, match=r"qasper.jsonl:2.*answers"):
+        kvbench.score("longbench/qasper", str(p))
+    p.write_text('{"pred": "Paris", "answers": ["Paris"]}\n{"pred": "Rome", "answers": ["Paris"]}\n')
+    assert kvbench.score("longbench/qasper", str(p)) == 50.0
+    with pytest.raises(ValueError, match="2 lengths for 3"):
+        kvbench.score("longbench-e/qasper", ["a", "b", "c"], [["a"]] * 3, length=[1, 2])
