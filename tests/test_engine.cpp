@@ -7,6 +7,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/model/random_model.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
@@ -172,6 +173,39 @@ TEST_CASE("bf16 weights: logits near fp32's and the parity prompts' greedy conti
   CHECK(worst_ratio < 0.02f);
   // The two continuations of this model that part in bf16 do so at fp32 margins of 0.015 and 0.005.
   CHECK(identical + 2 >= prompts.size());
+}
+
+TEST_CASE("gguf weights of a Q4_K_M-type model: K-quant blocks multiplied as they are, logits near fp32's",
+          "[engine][model]") {
+  ModelShape s;
+  s.name = "tiny-q4km";
+  s.layers = 2;
+  s.hidden = 256;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.ffn = 512;
+  s.vocab = 512;
+  s.context = 512;
+  const test::TempDir dir("q4km");
+  const std::string path = (dir / "tiny-q4km.gguf").string();
+  write_random_model(path, s, DType::Q4_K, 5);
+  auto m = ModelFile::open(path);
+  Engine fp32(*m), gguf(*m, {.weights = WeightFormat::GGUF});
+  // Q4_K at 4.5 bits and Q6_K at 6.6 bits per weight against 32: the decode step reads < 1/5.
+  CHECK(5 * gguf.decode_weight_bytes() < fp32.decode_weight_bytes());
+  std::mt19937 rng(9);
+  std::vector<int32_t> ids(48);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 512);
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> steps = {{gguf.prefill(ids), fp32.prefill(ids)}};
+  for (int32_t t : {7, 300, 42}) steps.emplace_back(gguf.decode(t), fp32.decode(t));
+  for (const auto& [got, want] : steps) {
+    // Only the activations' 8-bit quantization per block of 256 separates the two.
+    CHECK(test::max_abs_diff(got, want) < 0.03f * max_abs(want));
+  }
+  s.hidden = 320;  // rows of 320 values are no whole number of K-quant blocks
+  s.heads = s.kv_heads = 5;
+  test::require_error([&] { write_random_model((dir / "bad.gguf").string(), s, DType::Q4_K, 5); },
+                      {"token_embd.weight", "not whole Q4_K blocks of 256"});
 }
 
 TEST_CASE("gguf weights: products on the file's blocks, logits near fp32's on the parity prompts",

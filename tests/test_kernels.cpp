@@ -13,6 +13,7 @@
 #include "kernels/cpu/linear_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/quantize.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -131,6 +132,105 @@ TEST_CASE("products on Q4_0, Q4_1 and Q8_0 blocks equal their references", "[ker
     }
   }
   force_portable_kernels(false);
+}
+
+TEST_CASE("activations quantized per block of 256 as ggml's q8_K reference does", "[kernels]") {
+  std::mt19937 rng(6);
+  auto x = randn(768, rng, 2.0f);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
+  x[700] = 9.0f;                                       // block 2's largest magnitude is positive
+  Q8KRow q;
+  quantize_row_q8_k(x.data(), 768, q);
+  REQUIRE(q.d.size() == 3);
+  CHECK(q.d[1] == 0.0f);
+  CHECK(q.q[700] == -127);  // the value of largest magnitude maps to -127 (d < 0)
+  CHECK(q.d[2] == Approx(9.0f / -127.0f));
+  for (int i : {0, 2})
+    for (int j = 0; j < 16; ++j) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) {
+        const size_t e = size_t(i) * 256 + 16 * j + l;
+        sum += q.q[e];
+        CHECK(std::abs(x[e] - q.d[i] * float(q.q[e])) <= 0.5f * std::abs(q.d[i]) * 1.0001f);
+      }
+      CHECK(q.bsums[size_t(i) * 16 + j] == sum);
+    }
+}
+
+TEST_CASE("products on Q4_K and Q6_K blocks equal their references", "[kernels]") {
+  const bool portable = GENERATE(false, true);
+  force_portable_kernels(portable);
+  INFO((portable ? "portable" : "vector") << " kernels");
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    const auto& info = dtype_info(t);
+    for (auto [n, in, out] : {std::tuple{1, 256, 5}, {1, 1536, 37}, {1, 768, 200}, {3, 512, 9}, {9, 768, 130}}) {
+      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
+      // Random blocks (scales, mins and quants of every value) with random fp16 super-block scales.
+      std::vector<uint8_t> w(size_t(out) * in / 256 * info.block_bytes);
+      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      std::normal_distribution<float> sd(0.0f, 0.002f);
+      for (size_t b = 0; b < w.size(); b += info.block_bytes)
+        for (size_t at : t == DType::Q4_K ? std::vector<size_t>{0, 2} : std::vector<size_t>{208}) {
+          const uint16_t h = float_to_half(sd(rng));
+          std::memcpy(&w[b + at], &h, 2);
+        }
+      std::vector<float> wf(size_t(out) * in);
+      dequantize_ref(t, w.data(), wf.data(), wf.size());
+      auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
+      std::vector<float> fast(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()), ref(fast.size());
+      linear_quant(t, w.data(), bias.data(), x.data(), n, in, out, fast.data());
+      if (n == 1) {
+        Q8KRow q;
+        quantize_row_q8_k(x.data(), in, q);
+        gemv_kquant_ref(t, w.data(), q, in, out, ref.data());
+        for (int o = 0; o < out; ++o) ref[o] += bias[o];
+        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+        // The integer form agrees with the dequantized weights (the layouts the dequantizer reads,
+        // checked bit-exact against the gguf package) up to the activations' 8 bits.
+        std::vector<float> exact(out);
+        linear_ref(x.data(), wf.data(), bias.data(), 1, in, out, exact.data());
+        CHECK(max_abs_diff(exact, fast) < 0.02f * std::max(1.0f, max_abs(exact)));
+      } else {
+        linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
+        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+      }
+    }
+  }
+  force_portable_kernels(false);
+}
+
+TEST_CASE("Q4_K and Q6_K blocks written by the quantizer read back within their steps", "[kernels]") {
+  std::mt19937 rng(8);
+  auto x = randn(4 * 256, rng, 0.05f);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
+  x[600] = 1.0f;                                       // an outlier in the third
+  for (auto [t, rel_rms, rel_max] : {std::tuple{DType::Q4_K, 0.1f, 0.12f}, {DType::Q6_K, 0.03f, 0.035f}}) {
+    INFO(dtype_name(t));
+    std::vector<uint8_t> q(4 * dtype_info(t).block_bytes);
+    quantize_kquant(t, x.data(), q.data(), x.size());
+    std::vector<float> y(x.size());
+    dequantize_ref(t, q.data(), y.data(), y.size());
+    for (int b = 0; b < 4; ++b) {
+      double err2 = 0, x2 = 0;
+      float amax = 0, emax = 0;
+      for (int j = 0; j < 256; ++j) {
+        const size_t i = size_t(b) * 256 + j;
+        err2 += double(x[i] - y[i]) * (x[i] - y[i]);
+        x2 += double(x[i]) * x[i];
+        amax = std::max(amax, std::abs(x[i]));
+        emax = std::max(emax, std::abs(x[i] - y[i]));
+      }
+      if (b == 1) {
+        CHECK(emax == 0.0f);
+        continue;
+      }
+      CHECK(emax <= rel_max * amax);
+      if (b != 2) CHECK(std::sqrt(err2 / x2) < rel_rms);  // the outlier's block has a coarse step
+    }
+  }
+  require_error([] { quantize_kquant(DType::Q4_0, nullptr, nullptr, 256); }, {"not Q4_K or Q6_K"});
 }
 
 TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <numeric>
 
 #include "harness/model/gguf_writer.hpp"
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/quantize.hpp"
 
 namespace kvb {
 
@@ -75,11 +78,24 @@ std::vector<TensorPlan> plan(const ModelShape& s) {
   return p;
 }
 
+bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
+
+// Q4_K models follow llama.cpp's Q4_K_M: attn_v, ffn_down and the output head in Q6_K (llama.cpp
+// gives Q6_K to some of the attn_v and ffn_down layers only), the other matrices in Q4_K.
+DType tensor_type(const TensorPlan& t, DType type) {
+  if (t.ne.size() == 1) return DType::F32;
+  if (type != DType::Q4_K) return type;
+  auto ends = [&](const std::string& suffix) {
+    return t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return t.name == "output.weight" || ends("attn_v.weight") || ends("ffn_down.weight") ? DType::Q6_K : DType::Q4_K;
+}
+
 }  // namespace
 
 void write_random_model(const std::string& path, const ModelShape& s, DType type, uint64_t seed) {
-  if (type != DType::F32 && type != DType::F16 && type != DType::BF16)
-    fail("random model '{}': weight type {} is not supported (F32, F16 or BF16)", s.name, dtype_name(type));
+  if (type != DType::F32 && type != DType::F16 && type != DType::BF16 && type != DType::Q4_K)
+    fail("random model '{}': weight type {} is not supported (F32, F16, BF16 or Q4_K)", s.name, dtype_name(type));
   if (s.hidden % s.heads != 0 || s.heads % s.kv_heads != 0)
     fail("random model '{}': {} heads / {} KV heads do not divide hidden size {}", s.name, s.heads, s.kv_heads,
          s.hidden);
@@ -97,28 +113,42 @@ void write_random_model(const std::string& path, const ModelShape& s, DType type
   w.add_float32(a + "rope.freq_base", static_cast<float>(s.rope_theta));
   w.add_float32(a + "attention.layer_norm_rms_epsilon", s.rms_eps);
   const auto tensors = plan(s);
+  std::vector<DType> types;
+  for (const auto& t : tensors) {
+    types.push_back(tensor_type(t, type));
+    if (is_kquant(types.back()) && t.ne[0] % 256)
+      fail("random model '{}': {} has rows of {} values, not whole {} blocks of 256 (choose a shape whose sizes are "
+           "multiples of 256)",
+           s.name, t.name, t.ne[0], dtype_name(types.back()));
+  }
   // Norm weights stay F32 as llama.cpp's converters write them.
-  for (const auto& t : tensors) w.add_tensor_shape(t.name, t.ne.size() == 1 ? DType::F32 : type, t.ne);
+  for (size_t i = 0; i < tensors.size(); ++i) w.add_tensor_shape(tensors[i].name, types[i], tensors[i].ne);
 
   w.write_streaming(path, [&](size_t i, std::vector<uint8_t>& buf) {
     const TensorPlan& t = tensors[i];
-    const bool f32 = t.ne.size() == 1 || type == DType::F32;
-    const size_t n = buf.size() / (f32 ? 4 : 2);
-    constexpr size_t kBlock = 1 << 16;
+    const DType tt = types[i];
+    const size_t n = std::accumulate(t.ne.begin(), t.ne.end(), size_t(1), std::multiplies<>());
+    constexpr size_t kBlock = 1 << 16;  // a whole number of K-quant blocks
     const uint64_t tseed = mix(seed ^ mix(i + 1));
 #pragma omp parallel for schedule(static)
     for (size_t b0 = 0; b0 < n; b0 += kBlock) {
+      const size_t len = std::min(n, b0 + kBlock) - b0;
+      std::vector<float> x(len);
       uint64_t state = mix(tseed + b0);
-      for (size_t j = b0; j < std::min(n, b0 + kBlock); ++j) {
+      for (size_t j = 0; j < len; ++j) {
         state = mix(state);
         // 24 random bits -> [-1, 1)
         const float u = static_cast<float>(state >> 40) * (2.0f / 16777216.0f) - 1.0f;
-        const float x = t.scale == 0.0f ? 1.0f : u * t.scale;
-        if (f32)
-          std::memcpy(buf.data() + 4 * j, &x, 4);
-        else {
-          const uint16_t h = type == DType::F16 ? float_to_half(x) : float_to_bf16(x);
-          std::memcpy(buf.data() + 2 * j, &h, 2);
+        x[j] = t.scale == 0.0f ? 1.0f : u * t.scale;
+      }
+      if (is_kquant(tt)) {
+        quantize_kquant(tt, x.data(), buf.data() + b0 / 256 * dtype_info(tt).block_bytes, len);
+      } else if (tt == DType::F32) {
+        std::memcpy(buf.data() + 4 * b0, x.data(), 4 * len);
+      } else {
+        for (size_t j = 0; j < len; ++j) {
+          const uint16_t h = tt == DType::F16 ? float_to_half(x[j]) : float_to_bf16(x[j]);
+          std::memcpy(buf.data() + 2 * (b0 + j), &h, 2);
         }
       }
     }

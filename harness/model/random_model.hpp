@@ -24,7 +24,9 @@ const std::vector<ModelShape>& known_model_shapes();
 // Error listing the known names if absent.
 const ModelShape& model_shape(const std::string& name);
 
-// Writes a GGUF with `shape`'s tensors in `type` (F32, F16 or BF16) drawn from `seed`.
+// Writes a GGUF with `shape`'s tensors in `type` drawn from `seed`: F32, F16, BF16, or Q4_K for the
+// types of a Q4_K_M file (Q6_K for attn_v, ffn_down and the output head; every row length a multiple
+// of 256). Norm weights are F32.
 void write_random_model(const std::string& path, const ModelShape& shape, DType type, uint64_t seed);
 
 }  // namespace kvb

@@ -69,17 +69,6 @@ void block_q8_0(const uint8_t* b, float* y) {
   for (int j = 0; j < QK; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
 
-// 6-bit scale and min of sub-block j from the 12-byte packed array of Q4_K/Q5_K.
-inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 void block_q4_k(const uint8_t* b, float* y) {
   const float d = rdh(b), dmin = rdh(b + 2);
   const uint8_t* scales = b + 4;

@@ -102,9 +102,212 @@ void gemv_rows_avx2(const uint8_t* w, size_t row_bytes, const Q8Row& x, int bloc
   for (int o = 0; o < out; ++o) y[o] = dot_row_avx2<T>(w + size_t(o) * row_bytes, x, blocks);
 }
 
+// ---- K-quants: blocks of 256 against Q8_K activations ----
+
+constexpr int QKK = 256;
+
+bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
+
+// Q4_K: value = d sc_j q - dmin m_j for sub-blocks j of 32. Returns sum_j sc_j (q4 . q8) and, in
+// `mins`, sum_j m_j (sum of the sub-block's q8), so that the product is d yd isum - dmin yd mins.
+int q4k_isum(const uint8_t* b, const int8_t* q, const int16_t* bsums, int& mins) {
+  const uint8_t* scales = b + 4;
+  const uint8_t* qs = b + 16;
+  int isum = 0;
+  mins = 0;
+  for (int c = 0; c < 4; ++c) {  // 64 values: low nibbles are sub-block 2c, high ones 2c + 1
+    uint8_t sc1, m1, sc2, m2;
+    scale_min_k4(2 * c, scales, sc1, m1);
+    scale_min_k4(2 * c + 1, scales, sc2, m2);
+    int s1 = 0, s2 = 0;
+    for (int l = 0; l < 32; ++l) {
+      s1 += (qs[32 * c + l] & 0xF) * q[64 * c + l];
+      s2 += (qs[32 * c + l] >> 4) * q[64 * c + 32 + l];
+    }
+    isum += sc1 * s1 + sc2 * s2;
+    mins += m1 * (bsums[4 * c] + bsums[4 * c + 1]) + m2 * (bsums[4 * c + 2] + bsums[4 * c + 3]);
+  }
+  return isum;
+}
+
+// Q6_K: value = d sc_k (u6 - 32) for sub-blocks k of 16. Returns sum_k sc_k (u6 . q8 - 32 bsum_k).
+int q6k_isum(const uint8_t* b, const int8_t* q, const int16_t* bsums) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+  int sums[16] = {};
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32, q += 128)
+    for (int l = 0; l < 32; ++l) {
+      const int k = 8 * half + l / 16;
+      sums[k] += ((ql[l] & 0xF) | (qh[l] & 3) << 4) * q[l];
+      sums[k + 2] += ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) * q[l + 32];
+      sums[k + 4] += ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) * q[l + 64];
+      sums[k + 6] += ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) * q[l + 96];
+    }
+  int isum = 0;
+  for (int k = 0; k < 16; ++k) isum += sc[k] * (sums[k] - 32 * bsums[k]);
+  return isum;
+}
+
+float kquant_block(DType t, const uint8_t* b, const Q8KRow& x, int i) {
+  const int8_t* q = x.q.data() + size_t(i) * QKK;
+  const int16_t* bs = x.bsums.data() + size_t(i) * 16;
+  if (t == DType::Q6_K) return rdh(b + 208) * x.d[i] * static_cast<float>(q6k_isum(b, q, bs));
+  int mins = 0;
+  const int isum = q4k_isum(b, q, bs, mins);
+  return rdh(b) * x.d[i] * static_cast<float>(isum) - rdh(b + 2) * x.d[i] * static_cast<float>(mins);
+}
+
+float kquant_dot_portable(DType t, const uint8_t* row, const Q8KRow& x, int blocks) {
+  const size_t bb = block_bytes(t);
+  float acc = 0;
+  for (int i = 0; i < blocks; ++i) acc += kquant_block(t, row + i * bb, x, i);
+  return acc;
+}
+
+// Eight int32 partial sums of 32 u x s byte products, each 16-bit pair sum weighted by `scales`.
+__attribute__((target("avx2,fma"))) inline __m256i dot_scaled(__m256i u, __m256i s, __m256i scales) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales);
+}
+
+__attribute__((target("avx2,fma,f16c"))) float q4k_dot_avx2(const uint8_t* row, const Q8KRow& x, int blocks) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float mins_total = 0;
+  for (int i = 0; i < blocks; ++i) {
+    const uint8_t* b = row + size_t(i) * 144;
+    const int8_t* q = x.q.data() + size_t(i) * QKK;
+    const int16_t* bs = x.bsums.data() + size_t(i) * 16;
+    __m256i isum = _mm256_setzero_si256();
+    int mins = 0;
+    for (int c = 0; c < 4; ++c) {
+      uint8_t sc1, m1, sc2, m2;
+      scale_min_k4(2 * c, b + 4, sc1, m1);
+      scale_min_k4(2 * c + 1, b + 4, sc2, m2);
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
+      const __m256i qhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(dot_scaled(lo, qlo, _mm256_set1_epi16(sc1)),
+                                                     dot_scaled(hi, qhi, _mm256_set1_epi16(sc2))));
+      mins += m1 * (bs[4 * c] + bs[4 * c + 1]) + m2 * (bs[4 * c + 2] + bs[4 * c + 3]);
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(rdh_f16c(b) * x.d[i]), acc);
+    mins_total += rdh_f16c(b + 2) * x.d[i] * static_cast<float>(mins);
+  }
+  return hsum_avx2(acc) - mins_total;
+}
+
+__attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, const Q8KRow& x, int blocks) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  float offset = 0;  // the -32 of every value, against the activations' sums
+  for (int i = 0; i < blocks; ++i) {
+    const uint8_t* b = row + size_t(i) * 210;
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const int8_t* q = x.q.data() + size_t(i) * QKK;
+    const int16_t* bs = x.bsums.data() + size_t(i) * 16;
+    __m256i isum = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b + 64 * half;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
+      // The four 32-value groups of the half: low or high nibbles of ql, two bits of qh each on top.
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
+      for (int g = 0; g < 4; ++g) {
+        const int k = 8 * half + 2 * g;  // the group's two sub-blocks of 16: k and k + 1
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k]));
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128 * half + 32 * g));
+        isum = _mm256_add_epi32(isum, dot_scaled(u[g], qv, scales));
+      }
+    }
+    int off = 0;
+    for (int k = 0; k < 16; ++k) off += sc[k] * bs[k];
+    const float dd = rdh_f16c(b + 208) * x.d[i];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc);
+    offset += dd * static_cast<float>(32 * off);
+  }
+  return hsum_avx2(acc) - offset;
+}
+
+void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, const Q8KRow& x, int blocks, int out, float* y) {
+  const bool avx2 = cpu_has_avx2();
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < out; ++o) {
+    const uint8_t* row = w + size_t(o) * row_bytes;
+    y[o] = !avx2 ? kquant_dot_portable(t, row, x, blocks)
+           : t == DType::Q4_K ? q4k_dot_avx2(row, x, blocks)
+                              : q6k_dot_avx2(row, x, blocks);
+  }
+}
+
 }  // namespace
 
-bool linear_quant_supports(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+bool linear_quant_supports(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
+}
+
+void quantize_row_q8_k(const float* x, int n, Q8KRow& out) {
+  const int blocks = n / QKK;
+  out.d.assign(size_t(blocks), 0.0f);
+  out.q.assign(size_t(n), 0);
+  out.bsums.assign(size_t(blocks) * 16, 0);
+  // ggml's nearest_int: round half to even through the float mantissa (|v| < 2^22).
+  auto nearest = [](float v) {
+    const float f = v + 12582912.0f;
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return (i & 0x007fffff) - 0x00400000;
+  };
+  for (int i = 0; i < blocks; ++i) {
+    const float* xb = x + size_t(i) * QKK;
+    float amax = 0, max = 0;
+    for (int j = 0; j < QKK; ++j)
+      if (std::fabs(xb[j]) > amax) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    if (amax == 0.0f) continue;
+    const float iscale = -127.0f / max;
+    int8_t* q = out.q.data() + size_t(i) * QKK;
+    for (int j = 0; j < QKK; ++j) q[j] = static_cast<int8_t>(std::min(127, nearest(iscale * xb[j])));
+    for (int j = 0; j < 16; ++j) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+      out.bsums[size_t(i) * 16 + j] = static_cast<int16_t>(sum);
+    }
+    out.d[i] = 1.0f / iscale;
+  }
+}
+
+void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out, float* y) {
+  const int blocks = in / QKK;
+  const size_t bb = block_bytes(t);
+  for (int o = 0; o < out; ++o) {
+    double acc = 0;
+    for (int i = 0; i < blocks; ++i) {
+      const uint8_t* b = w + (size_t(o) * blocks + i) * bb;
+      const int8_t* q = x.q.data() + size_t(i) * QKK;
+      const int16_t* bs = x.bsums.data() + size_t(i) * 16;
+      if (t == DType::Q6_K) {
+        acc += double(rdh(b + 208)) * x.d[i] * q6k_isum(b, q, bs);
+      } else {
+        int mins = 0;
+        const int isum = q4k_isum(b, q, bs, mins);
+        acc += double(rdh(b)) * x.d[i] * isum - double(rdh(b + 2)) * x.d[i] * mins;
+      }
+    }
+    y[o] = static_cast<float>(acc);
+  }
+}
 
 void quantize_row_q8(const float* x, int n, Q8Row& out) {
   const int blocks = n / QK;
@@ -142,9 +345,14 @@ void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, 
 }
 
 void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y) {
+  const size_t row_bytes = size_t(in) / size_t(dtype_info(t).block_elems) * block_bytes(t);
   const int blocks = in / QK;
-  const size_t row_bytes = blocks * block_bytes(t);
-  if (n == 1) {
+  if (n == 1 && is_kquant(t)) {
+    Q8KRow xq;
+    quantize_row_q8_k(x, in, xq);
+    kquant_gemv(t, w, size_t(in / QKK) * block_bytes(t), xq, in / QKK, out, y);
+    if (bias) add_bias(y, bias, 1, out);
+  } else if (n == 1) {
     Q8Row xq;
     quantize_row_q8(x, in, xq);
     if (!cpu_has_avx2()) {

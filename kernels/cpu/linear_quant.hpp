@@ -1,9 +1,10 @@
 #pragma once
-// Matrix products straight on GGUF weight blocks (Q4_0, Q4_1, Q8_0): the CPU engine's `gguf` weight
-// format, which reads the file's quantized bytes at each decode step instead of their fp32 expansion.
-// As ggml does for these types, one token's activations are quantized per block of 32 to 8 bits
-// (Q8_0 for Q4_0 and Q8_0 weights, Q8_1, which also keeps d x sum(q), for Q4_1), the block products
-// are exact integer sums, and each is scaled by the two block scales.
+// Matrix products straight on GGUF weight blocks (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K and Q6_K
+// of Q4_K_M files): the CPU engine's `gguf` weight format, which reads the file's quantized bytes at
+// each decode step instead of their fp32 expansion. As ggml does for these types, one token's
+// activations are quantized to 8 bits per block (of 32: Q8_0 for Q4_0 and Q8_0 weights, Q8_1, which
+// also keeps d x sum(q), for Q4_1; of 256: Q8_K, with the sums of each 16, for the K-quants), the
+// block products are exact integer sums, and each is scaled by the blocks' scales.
 #include <cstdint>
 #include <vector>
 
@@ -24,6 +25,19 @@ void quantize_row_q8(const float* x, int n, Q8Row& out);
 // y[o] = sum over blocks of W row o against the quantized x. The reference takes each block's
 // integer sum and scales it in double.
 void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, float* y);
+
+// One row of activations quantized per block of 256 as ggml's quantize_row_q8_K_ref does: the value
+// of largest magnitude maps to -127 (d = max / -127, kept as fp32), q = nearest(x / d) (half to even),
+// and bsums holds the sum of each 16 q.
+struct Q8KRow {
+  std::vector<float> d;
+  std::vector<int8_t> q;
+  std::vector<int16_t> bsums;
+};
+void quantize_row_q8_k(const float* x, int n, Q8KRow& out);
+// The same for Q4_K and Q6_K rows against Q8_K activations: every sub-block's integer sum, scaled in
+// double by the block scales (and, for Q4_K, minus its mins against the activations' sums).
+void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out, float* y);
 
 // y[n, out] = x[n, in] W[out, in]^T (+ bias). One token: x quantized, then a GEMV over the blocks
 // (AVX2 where the processor has it). More tokens (prefill): W dequantized a block of rows at a time
