@@ -112,6 +112,8 @@ void write_random_model(const std::string& path, const ModelShape& s, DType type
   w.add_uint32(a + "vocab_size", static_cast<uint32_t>(s.vocab));
   w.add_float32(a + "rope.freq_base", static_cast<float>(s.rope_theta));
   w.add_float32(a + "attention.layer_norm_rms_epsilon", s.rms_eps);
+  // No tokenizer: llama.cpp then loads the file too (its "no_vocab" models), for speed comparisons.
+  w.add_string("tokenizer.ggml.model", "no_vocab");
   const auto tensors = plan(s);
   std::vector<DType> types;
   for (const auto& t : tensors) {
