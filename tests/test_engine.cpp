@@ -190,6 +190,7 @@ TEST_CASE("gguf weights of a Q4_K_M-type model: K-quant blocks multiplied as the
   const std::string path = (dir / "tiny-q4km.gguf").string();
   write_random_model(path, s, DType::Q4_K, 5);
   auto m = ModelFile::open(path);
+  test::require_error([&] { load_tokenizer(*m); }, {"has no tokenizer", "no_vocab"});
   Engine fp32(*m), gguf(*m, {.weights = WeightFormat::GGUF});
   // Q4_K at 4.5 bits and Q6_K at 6.6 bits per weight against 32: the decode step reads < 1/5.
   CHECK(5 * gguf.decode_weight_bytes() < fp32.decode_weight_bytes());

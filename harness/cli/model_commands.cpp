@@ -21,7 +21,8 @@ namespace {
 
 using nlohmann::json;
 
-json describe(const ModelFile& m, const Tokenizer& tok) {
+// tok: null for a model without a tokenizer (random models of make-model).
+json describe(const ModelFile& m, const Tokenizer* tok) {
   const ModelConfig& c = m.config();
   uint64_t params = 0;
   std::map<std::string, int> types;
@@ -50,16 +51,17 @@ json describe(const ModelFile& m, const Tokenizer& tok) {
       {"qkv_bias", c.qkv_bias},
       {"parameters", params},
       {"tensor_types", types},
-      {"tokenizer", tok.kind()},
+      {"tokenizer", tok ? tok->kind() : "none"},
   };
-  const auto& s = tok.special();
+  const SpecialTokens none;
+  const auto& sp = tok ? tok->special() : none;
   auto tok_json = [&](std::optional<int32_t> id) {
-    return id ? json{{"id", *id}, {"text", tok.token_text(*id)}} : json(nullptr);
+    return id ? json{{"id", *id}, {"text", tok->token_text(*id)}} : json(nullptr);
   };
-  j["bos"] = tok_json(s.bos);
-  j["eos"] = tok_json(s.eos);
-  j["add_bos"] = s.add_bos;
-  j["end_of_generation"] = s.end_of_generation;
+  j["bos"] = tok_json(sp.bos);
+  j["eos"] = tok_json(sp.eos);
+  j["add_bos"] = sp.add_bos;
+  j["end_of_generation"] = sp.end_of_generation;
   try {
     j["chat_template"] = ChatTemplate::for_model(m).name();
   } catch (const Error&) {
@@ -139,8 +141,9 @@ void register_model_commands(CLI::App& app) {
     cmd->callback([=] {
       auto m = ModelFile::open(*model);
       m->validate_tensors();
-      auto tok = load_tokenizer(*m);
-      const json j = describe(*m, *tok);
+      const bool no_vocab = m->gguf() && m->gguf()->get_string_opt("tokenizer.ggml.model") == "no_vocab";
+      const auto tok = no_vocab ? nullptr : load_tokenizer(*m);
+      const json j = describe(*m, tok.get());
       if (*as_json)
         fmt::print("{}\n", j.dump(2));
       else

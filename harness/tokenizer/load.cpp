@@ -15,6 +15,10 @@ std::unique_ptr<Tokenizer> from_gguf(const GGUFFile& f) {
   const std::string& model = f.get_string("tokenizer.ggml.model");
   if (model == "gpt2") return std::make_unique<BpeTokenizer>(bpe_spec_from_gguf(f));
   if (model == "llama") return SpmTokenizer::from_gguf(f);
+  if (model == "no_vocab")
+    fail("{}: the model has no tokenizer (tokenizer.ggml.model = 'no_vocab', as kvbench make-model writes): it runs "
+         "on token ids, not text",
+         f.path());
   fail("{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2' or 'llama')", f.path(),
        model);
 }
