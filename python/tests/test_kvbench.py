@@ -215,3 +215,24 @@ def test_a_predictions_file_with_a_missing_field_names_the_line(tmp_path):
     assert kvbench.score("longbench/qasper", str(p)) == 50.0
     with pytest.raises(ValueError, match="2 lengths for 3"):
         kvbench.score("longbench-e/qasper", ["a", "b", "c"], [["a"]] * 3, length=[1, 2])
+
+
+@needs_model
+def test_parameters_reach_the_python_method_typed(model):
+    seen = []
+
+    class Typed(kvbench.Method):
+        params = {"n": 3, "ratio": 0.5, "flag": False, "mode": "a"}
+
+        def compress(self, view, budget):
+            seen.append(dict(self.params))
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    kvbench.register(Typed, name="typed")
+    model.generate(PROMPT, method="typed", budget=24, params={"n": 7, "flag": True, "mode": "b"}, max_new_tokens=2)
+    assert seen[0] == {"n": 7, "ratio": 0.5, "flag": True, "mode": "b", "gqa": "native"}
+    assert len(seen) == model.config["n_layers"]
+    with pytest.raises(kvbench.Error, match="typed"):
+        model.generate(PROMPT, method="typed", budget=24, params={"n": "seven"}, max_new_tokens=2)
+    with pytest.raises(kvbench.Error, match="nope"):
+        model.generate(PROMPT, method="typed", budget=24, params={"nope": 1}, max_new_tokens=2)
