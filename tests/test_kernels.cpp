@@ -90,47 +90,60 @@ TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kerne
   }
 }
 
+namespace {
+
+// linear_quant on random blocks of type t (random bytes; fp16 scales from N(0, sd) at the byte offsets
+// `scales_at` of each block): one token against `gemv_ref(x, w, y)` (activations quantized as the
+// kernel does) and near the product with unquantized activations; more tokens against the
+// dequantized product.
+template <typename GemvRef>
+void check_quant_products(DType t, const std::vector<size_t>& scales_at, float sd, std::mt19937& rng, int n, int in,
+                          int out, GemvRef gemv_ref) {
+  INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
+  const auto& info = dtype_info(t);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> w(size_t(out) * in / info.block_elems * info.block_bytes);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  std::normal_distribution<float> scale(0.0f, sd);
+  for (size_t b = 0; b < w.size(); b += info.block_bytes)
+    for (size_t at : scales_at) {
+      const uint16_t h = float_to_half(scale(rng));
+      std::memcpy(&w[b + at], &h, 2);
+    }
+  std::vector<float> wf(size_t(out) * in);
+  dequantize_ref(t, w.data(), wf.data(), wf.size());
+  auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
+  std::vector<float> fast(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()), ref(fast.size());
+  linear_quant(t, w.data(), bias.data(), x.data(), n, in, out, fast.data());
+  if (n == 1) {
+    gemv_ref(x.data(), w.data(), ref.data());
+    for (int o = 0; o < out; ++o) ref[o] += bias[o];
+    CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+    // and near the product with unquantized activations (8-bit activations: ~1% of the scale)
+    std::vector<float> exact(out);
+    linear_ref(x.data(), wf.data(), bias.data(), 1, in, out, exact.data());
+    CHECK(max_abs_diff(exact, fast) < 0.02f * std::max(1.0f, max_abs(exact)));
+  } else {
+    linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
+    CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("products on Q4_0, Q4_1 and Q8_0 blocks equal their references", "[kernels]") {
   const bool portable = GENERATE(false, true);
   force_portable_kernels(portable);
   INFO((portable ? "portable" : "vector") << " kernels");
   std::mt19937 rng(5);
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
-    const auto& info = dtype_info(t);
-    for (auto [n, in, out] : {std::tuple{1, 32, 5}, {1, 576, 192}, {1, 1536, 37}, {3, 64, 9}, {17, 576, 300}}) {
-      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
-      // Random blocks: scales of either sign from a normal distribution, random quants.
-      std::vector<uint8_t> w(size_t(out) * in / 32 * info.block_bytes);
-      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
-      const size_t scales = t == DType::Q4_1 ? 2 : 1;
-      std::normal_distribution<float> sd(0.0f, 0.01f);
-      for (size_t b = 0; b < w.size(); b += info.block_bytes)
-        for (size_t s = 0; s < scales; ++s) {
-          const uint16_t h = float_to_half(sd(rng));
-          std::memcpy(&w[b + 2 * s], &h, 2);
-        }
-      std::vector<float> wf(size_t(out) * in);
-      dequantize_ref(t, w.data(), wf.data(), wf.size());
-      auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
-      std::vector<float> fast(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()), ref(fast.size());
-      linear_quant(t, w.data(), bias.data(), x.data(), n, in, out, fast.data());
-      if (n == 1) {
-        Q8Row q;
-        quantize_row_q8(x.data(), in, q);
-        gemv_quant_ref(t, w.data(), q, in, out, ref.data());
-        for (int o = 0; o < out; ++o) ref[o] += bias[o];
-        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
-        // and near the product with unquantized activations (8-bit activations: ~1% of the scale)
-        std::vector<float> exact(out);
-        linear_ref(x.data(), wf.data(), bias.data(), 1, in, out, exact.data());
-        CHECK(max_abs_diff(exact, fast) < 0.02f * std::max(1.0f, max_abs(exact)));
-      } else {
-        linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
-        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
-      }
-    }
-  }
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0})
+    for (auto [n, in, out] : {std::tuple{1, 32, 5}, {1, 576, 192}, {1, 1536, 37}, {3, 64, 9}, {17, 576, 300}})
+      check_quant_products(t, t == DType::Q4_1 ? std::vector<size_t>{0, 2} : std::vector<size_t>{0}, 0.01f, rng, n,
+                           in, out, [&](const float* x, const uint8_t* w, float* y) {
+                             Q8Row q;
+                             quantize_row_q8(x, in, q);
+                             gemv_quant_ref(t, w, q, in, out, y);
+                           });
   force_portable_kernels(false);
 }
 
@@ -162,42 +175,14 @@ TEST_CASE("products on Q4_K and Q6_K blocks equal their references", "[kernels]"
   force_portable_kernels(portable);
   INFO((portable ? "portable" : "vector") << " kernels");
   std::mt19937 rng(7);
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (DType t : {DType::Q4_K, DType::Q6_K}) {
-    const auto& info = dtype_info(t);
-    for (auto [n, in, out] : {std::tuple{1, 256, 5}, {1, 1536, 37}, {1, 768, 200}, {3, 512, 9}, {9, 768, 130}}) {
-      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
-      // Random blocks (scales, mins and quants of every value) with random fp16 super-block scales.
-      std::vector<uint8_t> w(size_t(out) * in / 256 * info.block_bytes);
-      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
-      std::normal_distribution<float> sd(0.0f, 0.002f);
-      for (size_t b = 0; b < w.size(); b += info.block_bytes)
-        for (size_t at : t == DType::Q4_K ? std::vector<size_t>{0, 2} : std::vector<size_t>{208}) {
-          const uint16_t h = float_to_half(sd(rng));
-          std::memcpy(&w[b + at], &h, 2);
-        }
-      std::vector<float> wf(size_t(out) * in);
-      dequantize_ref(t, w.data(), wf.data(), wf.size());
-      auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
-      std::vector<float> fast(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()), ref(fast.size());
-      linear_quant(t, w.data(), bias.data(), x.data(), n, in, out, fast.data());
-      if (n == 1) {
-        Q8KRow q;
-        quantize_row_q8_k(x.data(), in, q);
-        gemv_kquant_ref(t, w.data(), q, in, out, ref.data());
-        for (int o = 0; o < out; ++o) ref[o] += bias[o];
-        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
-        // The integer form agrees with the dequantized weights (the layouts the dequantizer reads,
-        // checked bit-exact against the gguf package) up to the activations' 8 bits.
-        std::vector<float> exact(out);
-        linear_ref(x.data(), wf.data(), bias.data(), 1, in, out, exact.data());
-        CHECK(max_abs_diff(exact, fast) < 0.02f * std::max(1.0f, max_abs(exact)));
-      } else {
-        linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
-        CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
-      }
-    }
-  }
+  for (DType t : {DType::Q4_K, DType::Q6_K})
+    for (auto [n, in, out] : {std::tuple{1, 256, 5}, {1, 1536, 37}, {1, 768, 200}, {3, 512, 9}, {9, 768, 130}})
+      check_quant_products(t, t == DType::Q4_K ? std::vector<size_t>{0, 2} : std::vector<size_t>{208}, 0.002f, rng, n,
+                           in, out, [&](const float* x, const uint8_t* w, float* y) {
+                             Q8KRow q;
+                             quantize_row_q8_k(x, in, q);
+                             gemv_kquant_ref(t, w, q, in, out, y);
+                           });
   force_portable_kernels(false);
 }
 
