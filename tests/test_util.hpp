@@ -73,14 +73,17 @@ inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return out;
 }
 
-// Path of a file under models/ (or $KVBENCH_MODELS), or nullopt after a warning if it is absent.
-inline std::optional<std::string> model_file(const std::string& rel) {
+// Path of a file under models/ (or $KVBENCH_MODELS), or nullopt after a warning if it is absent; its
+// absence fails the test when the environment variable `require` is 1 (the default model's files under
+// KVBENCH_REQUIRE_MODELS, which scripts/test.sh sets; an optional model names its own).
+inline std::optional<std::string> model_file(const std::string& rel, const char* require = "KVBENCH_REQUIRE_MODELS",
+                                             const std::string& setup = "scripts/setup.sh") {
   const char* dir = std::getenv("KVBENCH_MODELS");
   const std::string path = (dir ? std::string(dir) : source_path("models")) + "/" + rel;
   if (std::filesystem::exists(path)) return path;
-  const char* req = std::getenv("KVBENCH_REQUIRE_MODELS");
-  if (req && std::string(req) == "1") FAIL("missing " << path << " (run scripts/setup.sh)");
-  WARN("skipped: " << path << " is absent (run scripts/setup.sh)");
+  const char* req = std::getenv(require);
+  if (req && std::string(req) == "1") FAIL("missing " << path << " (run " << setup << ")");
+  WARN("skipped: " << path << " is absent (run " << setup << ")");
   return std::nullopt;
 }
 

@@ -18,6 +18,7 @@
 #include "harness/method/method.hpp"
 #include "harness/method/mixed_dim.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/published.hpp"
 #include "harness/report/report.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
@@ -283,7 +284,21 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("results", *files, "Results JSONL files or directories of them (kvbench run or run-task)")->required();
     cmd->add_option("--out-dir", *dir, "Directory for tables and figures");
     cmd->add_option("--format", *formats, "Table formats: md, csv, tex (comma-separated)")->delimiter(',');
-    cmd->callback([files, dir, formats] { write_report(*files, *dir, {formats->begin(), formats->end()}); });
+    struct Compare {
+      std::string published, table, model;
+    };
+    auto c = std::make_shared<Compare>();
+    cmd->add_option("--compare", c->published,
+                    "A published.csv (experiments/papers/<paper>/): also writes ours beside the paper's numbers, per "
+                    "table (compare-<table>.*)");
+    cmd->add_option("--table", c->table, "With --compare: only this table (a spec's file name, e.g. table1_longbench)");
+    cmd->add_option("--published-model", c->model,
+                    "With --compare: the paper's model whose numbers to show (default: the first the table lists)");
+    cmd->callback([files, dir, formats, c] {
+      const std::set<std::string> f(formats->begin(), formats->end());
+      write_report(*files, *dir, f);
+      if (!c->published.empty()) write_comparison(*files, c->published, c->table, c->model, *dir, f);
+    });
   }
 }
 

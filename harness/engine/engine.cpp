@@ -252,7 +252,8 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
   if (observer && observer->kv_transform())
     fail("resume: the method changes the model's keys and values; it needs a prefill of its own, not a capture");
   transform_ = nullptr;
-  if (want.window > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) || (want.attn_colsum && !c.needs.attn_colsum))
+  // A capture keeps at most every prompt row (window = min(wanted, n)), which serves any larger want.
+  if (std::min(want.window, c.n_tokens) > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) || (want.attn_colsum && !c.needs.attn_colsum))
     fail("resume: the capture lacks what the method needs (window {} of {}, pre-RoPE keys, accumulated attention)",
          want.window, c.window);
   backend_->forget_caches();

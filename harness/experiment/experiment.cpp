@@ -94,9 +94,67 @@ std::vector<std::map<std::string, std::string>> expand_grid(
   return combos;
 }
 
+// Lays "a.b.c=value" over the spec (the value parsed as YAML), creating the mappings on the way.
+void apply_set(const std::string& path, YAML::Node& root, const std::string& set) {
+  const auto eq = set.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail("{}: override '{}': expected KEY=VALUE (e.g. limit=1 or task_options.length=[4096])", path, set);
+  YAML::Node value;
+  try {
+    value = YAML::Load(set.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    fail("{}: override '{}': the value is not YAML ({})", path, set, e.msg);
+  }
+  std::vector<std::string> keys;
+  for (size_t start = 0, dot;; start = dot + 1) {
+    dot = set.find('.', start);
+    keys.push_back(set.substr(start, std::min(dot, eq) - start));
+    if (dot == std::string::npos || dot > eq) break;
+  }
+  // yaml-cpp's operator[] on a node rebinds; walk with fresh handles so each level is the parent's child.
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (next && !next.IsMap())
+      fail("{}: override '{}': '{}' is not a mapping", path, set, keys[i]);
+    if (!next) chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map);
+    chain.push_back(chain.back()[keys[i]]);
+  }
+  chain.back()[keys.back()] = value;
+}
+
+// ${NAME} in scalars: the environment variable NAME.
+void expand_environment(const std::string& path, YAML::Node n) {
+  if (n.IsMap() || n.IsSequence()) {
+    for (auto it = n.begin(); it != n.end(); ++it) expand_environment(path, n.IsMap() ? it->second : *it);
+    return;
+  }
+  if (!n.IsScalar() || n.Scalar().find("${") == std::string::npos) return;
+  std::string s = n.Scalar(), out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t open = s.find("${", i);
+    if (open == std::string::npos) {
+      out += s.substr(i);
+      break;
+    }
+    const size_t close = s.find('}', open);
+    if (close == std::string::npos) spec_error(path, n, fmt::format("'{}': '${{' without a closing '}}'", s));
+    const std::string name = s.substr(open + 2, close - open - 2);
+    const char* v = std::getenv(name.c_str());
+    if (!v)
+      spec_error(path, n,
+                 fmt::format("'{}' needs the environment variable {}, which is not set (set it, or override the key: "
+                             "kvbench run SPEC --model PATH, or --set KEY=VALUE)",
+                             s, name));
+    out += s.substr(i, open - i) + v;
+    i = close + 1;
+  }
+  n = out;
+}
+
 }  // namespace
 
-ExperimentSpec load_experiment(const std::string& path) {
+ExperimentSpec load_experiment(const std::string& path, const std::vector<std::string>& sets) {
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -106,12 +164,15 @@ ExperimentSpec load_experiment(const std::string& path) {
     fail("{}:{}:{}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
   if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
+  for (const auto& set : sets) apply_set(path, root, set);
+  expand_environment(path, root);
   check_keys(path, root,
-             {"name", "model", "backend", "kv_dtype", "weights", "threads", "task", "task_options", "data", "limit", "methods",
-              "budgets", "ratios", "grid", "out"},
+             {"name", "model", "backend", "kv_dtype", "weights", "threads", "task", "task_options", "data", "limit",
+              "max_new_tokens", "methods", "budgets", "ratios", "grid", "out", "published"},
              "the spec");
   ExperimentSpec s;
   s.path = path;
+  for (const auto& set : sets) s.overridden.insert(set.substr(0, std::min(set.find('.'), set.find('='))));
   for (const char* req : {"model", "task", "methods"})
     if (!root[req]) fail("{}: required key '{}' is missing", path, req);
   s.name = root["name"] ? scalar(path, root["name"], "name") : std::filesystem::path(path).stem().string();
@@ -147,6 +208,14 @@ ExperimentSpec load_experiment(const std::string& path) {
   };
   if (root["threads"]) s.threads = static_cast<int>(integer("threads", 0));
   if (root["limit"]) s.limit = static_cast<size_t>(integer("limit", 0));
+  if (root["max_new_tokens"]) s.max_new_tokens = static_cast<int>(integer("max_new_tokens", 1));
+  // Beside the spec, like the table it belongs to.
+  if (root["published"]) {
+    const std::filesystem::path p = scalar(path, root["published"], "published");
+    s.published = (p.is_absolute() ? p : std::filesystem::path(path).parent_path() / p).lexically_normal().string();
+    if (!std::filesystem::exists(s.published))
+      spec_error(path, root["published"], fmt::format("published table {} not found", s.published));
+  }
   s.task = scalar(path, root["task"], "task");
   try {
     TaskRegistry::get().info(s.task);

@@ -33,12 +33,18 @@ struct ExperimentSpec {
   std::optional<WeightFormat> weights = std::nullopt;  // how weight matrices are stored; unset: the backend's own
   int threads = 0;
   size_t limit = 0;
+  int max_new_tokens = 0;  // > 0: caps every sample's generation (a smoke run's knob; part of the cell key)
+  std::string published;   // a published.csv of the paper table the spec regenerates (path as resolved), or empty
+  std::set<std::string> overridden;  // top-level keys replaced or reached into by load_experiment's `sets`
   std::vector<std::map<std::string, std::string>> task_variants;  // task options, list values expanded
   std::vector<MethodConfig> configs;  // methods x grid x (budgets, then ratios), expanded
 };
 
 // Parses and validates a spec; errors name the file, line and column, and list the valid keys.
-ExperimentSpec load_experiment(const std::string& path);
+// `sets` are overrides "key=value" laid over the file before validation: a dotted key reaches into
+// mappings (task_options.length), the value is YAML ([4096, 8192] is a list). `${NAME}` in a value is
+// the environment variable NAME (model: ${MODEL}); an unset one is an error.
+ExperimentSpec load_experiment(const std::string& path, const std::vector<std::string>& sets = {});
 
 // Identity of a configuration's results: everything that moves its numbers. The KV dtype and the
 // weight format are part of it unless fp32 (so that records made before they were options keep

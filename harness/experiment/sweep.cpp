@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <set>
 
@@ -10,6 +11,7 @@
 #include "harness/engine/generate.hpp"
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
+#include "harness/report/published.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
@@ -40,12 +42,45 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
     ctx.data_dir = spec.data;
     p.task = TaskRegistry::get().create(spec.task, ctx);
     const size_t n = spec.limit ? std::min(spec.limit, p.task->size()) : p.task->size();
-    for (size_t i = 0; i < n; ++i) p.samples.push_back(p.task->sample(i));
-    for (size_t c = 0; c < spec.configs.size(); ++c)
-      p.configs.push_back(
-          cell_config(*model_, spec.model, spec.task, options, methods_[c].get(), spec.configs[c].budget, spec.kv_dtype,
-                      spec.weights));
+    const int context = model_->config().context_length;
+    for (size_t i = 0; i < n; ++i) {
+      Sample s = p.task->sample(i);
+      if (spec.max_new_tokens > 0) {
+        s.max_new_tokens = std::min(s.max_new_tokens, spec.max_new_tokens);
+        s.min_new_tokens = std::min(s.min_new_tokens, s.max_new_tokens);
+      }
+      // Before any cell runs: a table that needs more context than the model has is the wrong model
+      // (or the wrong length option), not a list of failed cells hours later.
+      const size_t tokens = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
+      if (tokens > size_t(context))
+        fail("{}: task {} with options {}: sample {} has a prompt of {} tokens, but the model {} has a context of {} "
+             "tokens; this table needs a model with a longer context (or a smaller length option)",
+             spec.path, spec.task, nlohmann::json(options).dump(), s.id, tokens, spec.model, context);
+      p.prompt_tokens.push_back(tokens);
+      p.samples.push_back(std::move(s));
+    }
+    for (size_t c = 0; c < spec.configs.size(); ++c) {
+      nlohmann::json config = cell_config(*model_, spec.model, spec.task, options, methods_[c].get(),
+                                          spec.configs[c].budget, spec.kv_dtype, spec.weights);
+      if (spec.max_new_tokens > 0) config["max_new_tokens"] = spec.max_new_tokens;
+      p.configs.push_back(std::move(config));
+    }
     parts_.push_back(std::move(p));
+  }
+  if (!spec.published.empty()) {
+    std::vector<nlohmann::json> configs;
+    std::vector<std::map<std::string, std::string>> variants;
+    for (const auto& part : parts_) {
+      configs.insert(configs.end(), part.configs.begin(), part.configs.end());
+      variants.push_back(part.configs.front()["options"].get<std::map<std::string, std::string>>());
+    }
+    // A run that changes the table's columns or budgets on purpose (a smoke run on a small model)
+    // is checked for what it kept: the methods.
+    PublishedChecks checks;
+    checks.budgets = !spec.overridden.count("budgets") && !spec.overridden.count("ratios");
+    checks.columns = !spec.overridden.count("task_options");
+    check_published(load_published(spec.published), std::filesystem::path(spec.path).stem().string(), spec.path,
+                    spec.task, configs, variants, checks);
   }
   const auto mine = cells_by_shard(shard_.count)[size_t(shard_.index)];
   shard_keys_.insert(mine.begin(), mine.end());
@@ -73,8 +108,9 @@ void Sweep::describe() const {
   std::set<std::string> seen;
   for (const auto& part : parts_) {
     samples += part.samples.size();
-    for (const auto& s : part.samples) {
-      const size_t p = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
+    for (size_t i = 0; i < part.samples.size(); ++i) {
+      const Sample& s = part.samples[i];
+      const size_t p = part.prompt_tokens[i];
       for (const auto& c : part.configs)
         if (const std::string key = cell_key(c, s.id); in_shard(key) && seen.insert(key).second) {
           ++cells;

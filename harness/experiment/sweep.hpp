@@ -54,6 +54,7 @@ class Sweep {
   struct Part {
     std::unique_ptr<Task> task;
     std::vector<Sample> samples;
+    std::vector<size_t> prompt_tokens;  // of each sample, as the model sees it (chat template included)
     std::vector<nlohmann::json> configs;
   };
 

@@ -214,9 +214,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
 
 }  // namespace
 
-void write_report(const std::vector<std::string>& inputs, const std::string& dir, const std::set<std::string>& formats) {
-  for (const auto& f : formats)
-    if (f != "md" && f != "csv" && f != "tex") fail("report format '{}': expected md, csv or tex", f);
+std::vector<std::string> result_files(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;
   for (const auto& in : inputs) {
     if (!std::filesystem::exists(in)) fail("{}: not found", in);
@@ -230,6 +228,33 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       files.push_back(in);
     }
   }
+  return files;
+}
+
+std::string column_name(const std::string& task, const std::string& column) {
+  if (task == "longbench" || task == "longbench-e")
+    for (const auto& c : longbench_columns())
+      if (column == c.dataset) return c.name;
+  if (task == "ruler")
+    for (const auto& [name, abbreviation] : ruler_columns())
+      if (column == name) return abbreviation;
+  return column;
+}
+
+size_t column_order(const std::string& task, const std::string& column) {
+  if (task == "longbench" || task == "longbench-e")
+    for (size_t i = 0; i < longbench_columns().size(); ++i)
+      if (column == longbench_columns()[i].dataset) return i;
+  if (task == "ruler")
+    for (size_t i = 0; i < ruler_columns().size(); ++i)
+      if (column == ruler_columns()[i].first) return i;
+  return SIZE_MAX;
+}
+
+void write_report(const std::vector<std::string>& inputs, const std::string& dir, const std::set<std::string>& formats) {
+  for (const auto& f : formats)
+    if (f != "md" && f != "csv" && f != "tex") fail("report format '{}': expected md, csv or tex", f);
+  const std::vector<std::string> files = result_files(inputs);
   std::map<std::string, Group> groups;
   std::vector<Entry> entries;
   // method -> its distinct settings (parameters and GQA mode, as text) -> their parameters

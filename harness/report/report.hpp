@@ -15,4 +15,13 @@ namespace kvb {
 void write_report(const std::vector<std::string>& results, const std::string& dir,
                   const std::set<std::string>& formats = {"md", "csv"});
 
+// The results files named, directories expanded to their .jsonl files (sorted); a missing one is an error.
+std::vector<std::string> result_files(const std::vector<std::string>& inputs);
+
+// A column's heading in the papers' tables: LongBench's short dataset names (NrtvQA), RULER's task
+// abbreviations (MK1); any other column as it is.
+std::string column_name(const std::string& task, const std::string& column);
+// The column's place in the papers' order (LongBench's categories, RULER's task list); later for others.
+size_t column_order(const std::string& task, const std::string& column);
+
 }  // namespace kvb

@@ -15,12 +15,6 @@ std::string row_md(const std::vector<std::string>& cells) {
   return s + "\n";
 }
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
 
 std::string tex(const std::string& s) {
   std::string out;
@@ -37,6 +31,13 @@ std::string tex(const std::string& s) {
 }
 
 }  // namespace
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
 
 std::string to_markdown(const Table& t) {
   std::string s = t.caption.empty() ? "" : "**" + t.caption + "**\n\n";

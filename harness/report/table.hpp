@@ -25,6 +25,9 @@ std::string to_markdown(const Table& t);
 std::string to_csv(const Table& t);
 std::string to_latex(const Table& t);
 
+// A CSV field, quoted where it must be.
+std::string csv_field(const std::string& s);
+
 // Writes <stem>.md / .csv / .tex for the formats asked for ("md", "csv", "tex").
 void write_table(const Table& t, const std::string& stem, const std::set<std::string>& formats);
 

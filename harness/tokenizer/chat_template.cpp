@@ -24,15 +24,17 @@ std::string trim(const std::string& s) {
 // A ChatML template that injects a system turn writes it as a literal; the text between the
 // system header and <|im_end|> is the default system message (SmolLM2, Qwen2).
 std::string chatml_default_system(const std::string& jinja) {
+  // Every system header is looked at: Qwen2.5's first opens its tool-use branch, whose text is an
+  // expression; the literal default comes later.
   for (const char* head : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
-    const size_t b = jinja.find(head);
-    if (b == std::string::npos) continue;
-    const size_t start = b + std::strlen(head);
-    const size_t e = jinja.find("<|im_end|>", start);
-    if (e == std::string::npos) continue;
-    const std::string s = jinja.substr(start, e - start);
-    // Only a literal counts; a template expression (message['content']) is not a default.
-    if (s.find("{{") == std::string::npos && s.find('\'') == std::string::npos) return s;
+    for (size_t b = jinja.find(head); b != std::string::npos; b = jinja.find(head, b + 1)) {
+      const size_t start = b + std::strlen(head);
+      const size_t e = jinja.find("<|im_end|>", start);
+      if (e == std::string::npos) break;
+      const std::string s = jinja.substr(start, e - start);
+      // Only a literal counts; a template expression (message['content']) is not a default.
+      if (s.find("{{") == std::string::npos && s.find('\'') == std::string::npos) return s;
+    }
   }
   return "";
 }

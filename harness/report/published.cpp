@@ -1,0 +1,490 @@
+#include "harness/report/published.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <ranges>
+
+#include "harness/experiment/experiment.hpp"
+#include "harness/experiment/results.hpp"
+#include "harness/report/figure.hpp"
+#include "harness/report/report.hpp"
+#include "harness/report/table.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+using nlohmann::json;
+
+const char* const kHeader = "table,model,method,params,budget,task,length,column,score";
+
+// One CSV record (RFC 4180 quoting; the files hold no line breaks inside fields).
+std::vector<std::string> csv_fields(const std::string& line, const std::string& where) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        out.back() += c;
+      }
+    } else if (c == '"' && out.back().empty()) {
+      quoted = true;
+    } else if (c == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  if (quoted) fail("{}: a quoted field is not closed", where);
+  return out;
+}
+
+bool parse_number(const std::string& s, double& v) {
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && end == s.data() + s.size() && std::isfinite(v);
+}
+
+std::string budget_text(const KvBudget& b) {
+  return b.is_full() ? "full" : b.is_ratio() ? fmt::format("r{}", b.ratio) : std::to_string(b.tokens);
+}
+
+std::string params_text(const std::map<std::string, std::string>& p) {
+  std::string s;
+  for (const auto& [k, v] : p) s += (s.empty() ? "" : " ") + k + "=" + v;
+  return s;
+}
+
+std::string describe(const PublishedRow& r) {
+  return fmt::format("{}{} at {}, column {}{}", r.method, r.params.empty() ? "" : " (" + params_text(r.params) + ")",
+                     budget_text(r.budget), r.column, r.length ? fmt::format(" at length {}", r.length) : "");
+}
+
+KvBudget config_budget(const json& c) {
+  if (c.contains("compression_ratio")) return KvBudget::compression_ratio(c["compression_ratio"].get<double>());
+  return c.value("budget", 0);
+}
+
+bool same_budget(const KvBudget& a, const KvBudget& b) {
+  return a.is_ratio() == b.is_ratio() && a.tokens == b.tokens && std::abs(a.ratio - b.ratio) < 1e-9;
+}
+
+// The row's method, parameters (those it lists) and budget are the configuration's.
+bool row_matches_config(const PublishedRow& r, const json& c, bool budget = true) {
+  if (c.value("method", "") != r.method || (budget && !same_budget(config_budget(c), r.budget))) return false;
+  const json& p = c.contains("params") ? c["params"] : json::object();
+  for (const auto& [k, v] : r.params)
+    if (!p.contains(k) || !p[k].is_string() || p[k].get<std::string>() != v) return false;
+  return true;
+}
+
+// The task option a column of the task's tables is, and whether the variant's options hold it.
+bool column_in_options(const PublishedRow& r, const std::map<std::string, std::string>& o) {
+  auto has = [&](const char* k, const std::string& v) { return o.count(k) && o.at(k) == v; };
+  if (r.task == "longbench" || r.task == "longbench-e") return has("dataset", r.column);
+  if (r.task == "ruler") return has("task", r.column) && (!r.length || has("length", std::to_string(r.length)));
+  return true;  // niah: one score over the grid
+}
+
+bool summary_column(const std::string& c) { return c == "avg" || c == "score"; }
+
+}  // namespace
+
+std::vector<PublishedRow> load_published(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read the published table", path);
+  std::string line;
+  if (!std::getline(in, line) || (line.erase(line.find_last_not_of("\r") + 1), line != kHeader))
+    fail("{}:1: expected the header '{}'", path, kHeader);
+  std::vector<PublishedRow> rows;
+  for (int no = 2; std::getline(in, line); ++no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const std::string where = fmt::format("{}:{}", path, no);
+    const auto f = csv_fields(line, where);
+    if (f.size() != 9) fail("{}: {} fields, expected 9 ({})", where, f.size(), kHeader);
+    PublishedRow r;
+    r.file = path;
+    r.line = no;
+    r.table = f[0];
+    r.model = f[1];
+    r.method = f[2];
+    for (const auto& [i, name] : std::vector<std::pair<int, const char*>>{{0, "table"}, {1, "model"}, {2, "method"},
+                                                                          {5, "task"}, {7, "column"}})
+      if (f[size_t(i)].empty()) fail("{}: field '{}' is empty", where, name);
+    for (size_t a = 0; a < f[3].size();) {
+      const size_t b = std::min(f[3].find(' ', a), f[3].size());
+      const std::string kv = f[3].substr(a, b - a);
+      const size_t eq = kv.find('=');
+      if (!kv.empty() && (eq == std::string::npos || eq == 0))
+        fail("{}: field 'params': '{}' is not key=value", where, kv);
+      if (!kv.empty()) r.params[kv.substr(0, eq)] = kv.substr(eq + 1);
+      a = b + 1;
+    }
+    double v = 0;
+    if (f[4] == "full") {
+      r.budget = KvBudget{};
+    } else if (f[4].size() > 1 && f[4][0] == 'r' && parse_number(f[4].substr(1), v) && v > 0 && v < 1) {
+      r.budget = KvBudget::compression_ratio(v);
+    } else if (parse_number(f[4], v) && v >= 1 && v == std::floor(v) && v < 1e9) {
+      r.budget = KvBudget(static_cast<int>(v));
+    } else {
+      fail("{}: field 'budget': expected full, a KV size (a positive whole number) or r<ratio> (r0.5), not '{}'",
+           where, f[4]);
+    }
+    r.task = f[5];
+    if (r.task != "longbench" && r.task != "longbench-e" && r.task != "ruler" && r.task != "niah")
+      fail("{}: field 'task': expected longbench, longbench-e, ruler or niah, not '{}'", where, r.task);
+    if (r.task == "ruler" && !f[6].empty()) {
+      if (!parse_number(f[6], v) || v < 1 || v != std::floor(v))
+        fail("{}: field 'length': a RULER context length in tokens, or blank for the mean over the spec's lengths, "
+             "not '{}'",
+             where, f[6]);
+      r.length = static_cast<int>(v);
+    } else if (r.task != "ruler" && !f[6].empty()) {
+      fail("{}: field 'length': only RULER rows have a length ('{}' given for {})", where, f[6], r.task);
+    }
+    r.column = f[7];
+    if (!parse_number(f[8], r.score)) fail("{}: field 'score': expected a number, not '{}'", where, f[8]);
+    rows.push_back(std::move(r));
+  }
+  if (rows.empty()) fail("{}: no rows after the header", path);
+  return rows;
+}
+
+void check_published(const std::vector<PublishedRow>& rows, const std::string& table, const std::string& spec_path,
+                     const std::string& task, const std::vector<json>& configs,
+                     const std::vector<std::map<std::string, std::string>>& variants, PublishedChecks checks) {
+  size_t mine = 0;
+  for (const auto& r : rows) {
+    if (r.table != table) continue;
+    ++mine;
+    const std::string where = fmt::format("{}:{}: published row {}", r.file, r.line, describe(r));
+    if (r.task != task) fail("{}: its task is {}, the spec {} runs {}", where, r.task, spec_path, task);
+    if (std::none_of(configs.begin(), configs.end(), [&](const json& c) { return c.value("method", "") == r.method; }))
+      fail("{}: the spec {} does not run method {}", where, spec_path, r.method);
+    if (std::none_of(configs.begin(), configs.end(), [&](const json& c) {
+          return checks.budgets ? row_matches_config(r, c) : row_matches_config(r, c, false);
+        }))
+      fail("{}: no configuration of {} in the spec {} has these parameters{}", where, r.method, spec_path,
+           checks.budgets ? " and this budget" : "");
+    if (checks.columns && !summary_column(r.column) &&
+        std::none_of(variants.begin(), variants.end(), [&](const auto& o) { return column_in_options(r, o); }))
+      fail("{}: the spec {} has no task variant for this column (its task_options)", where, spec_path);
+  }
+  if (!mine && !rows.empty())
+    fail("{}: no rows for table '{}' (the spec {}); its tables are named by their specs' file names", rows.front().file,
+         table, spec_path);
+}
+
+namespace {
+
+// Our records, reduced to what a published row is matched on.
+struct Ours {
+  json config;
+  std::map<std::string, std::string> options;
+  std::string model;
+  double score = 0;
+};
+
+struct Cell {
+  const PublishedRow* row = nullptr;
+  double ours = std::nan("");
+  int samples = 0;
+  std::string coverage;  // for avg: "k/n" columns of ours behind it, if not all
+};
+
+std::string fmt2(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", v); }
+
+// Spearman's rank correlation (average ranks for ties).
+double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+  auto ranks = [](const std::vector<double>& v) {
+    std::vector<size_t> idx(v.size());
+    for (size_t i = 0; i < v.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return v[x] < v[y]; });
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < idx.size();) {
+      size_t j = i;
+      while (j + 1 < idx.size() && v[idx[j + 1]] == v[idx[i]]) ++j;
+      for (size_t k = i; k <= j; ++k) r[idx[k]] = (double(i) + double(j)) / 2;
+      i = j + 1;
+    }
+    return r;
+  };
+  const auto ra = ranks(a), rb = ranks(b);
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) ma += ra[i], mb += rb[i];
+  ma /= double(ra.size());
+  mb /= double(rb.size());
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    sab += (ra[i] - ma) * (rb[i] - mb);
+    saa += (ra[i] - ma) * (ra[i] - ma);
+    sbb += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : std::nan("");
+}
+
+void set_colour(cairo_t* cr, size_t i) {
+  static const unsigned colours[] = {0x4E79A7, 0xF28E2B, 0xE15759, 0x76B7B2, 0x59A14F,
+                                     0xEDC948, 0xB07AA1, 0xFF9DA7, 0x9C755F, 0xBAB0AC};
+  const unsigned c = colours[i % 10];
+  cairo_set_source_rgb(cr, ((c >> 16) & 0xFF) / 255.0, ((c >> 8) & 0xFF) / 255.0, (c & 0xFF) / 255.0);
+}
+
+// Ours against published, one dot per cell, coloured by method; the diagonal is agreement.
+void write_scatter(const std::string& stem, const std::string& title,
+                   const std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>>& series) {
+  constexpr double kLeft = 60, kTop = 40, kSide = 320, kBottom = 50;
+  double hi = 10;
+  for (const auto& s : series)
+    for (const auto& [x, y] : s.second) hi = std::max({hi, x, y});
+  hi = std::ceil(hi / 10) * 10;
+  size_t longest = 0;
+  for (const auto& s : series) longest = std::max(longest, s.first.size());
+  const double width = kLeft + kSide + 60 + 6.0 * double(longest);
+  const double height = std::max(kTop + kSide + kBottom, kTop + 18.0 * double(series.size()) + 20);
+  auto X = [&](double v) { return kLeft + v / hi * kSide; };
+  auto Y = [&](double v) { return kTop + (1 - v / hi) * kSide; };
+  write_figure(stem, width, height, [&](cairo_t* cr) {
+    cairo_set_source_rgb(cr, 1, 1, 1);
+    cairo_paint(cr);
+    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_line_width(cr, 0.5);
+    for (int i = 0; i <= 5; ++i) {
+      const double v = hi * i / 5;
+      cairo_set_source_rgb(cr, 0.88, 0.88, 0.88);
+      cairo_move_to(cr, X(v), kTop);
+      cairo_line_to(cr, X(v), kTop + kSide);
+      cairo_move_to(cr, kLeft, Y(v));
+      cairo_line_to(cr, kLeft + kSide, Y(v));
+      cairo_stroke(cr);
+      cairo_set_source_rgb(cr, 0, 0, 0);
+      figure_text(cr, X(v), kTop + kSide + 12, fmt::format("{:g}", v), 10, 0.5);
+      figure_text(cr, kLeft - 6, Y(v), fmt::format("{:g}", v), 10, 1.0);
+    }
+    cairo_set_source_rgb(cr, 0.5, 0.5, 0.5);
+    cairo_set_dash(cr, std::array<double, 2>{4, 3}.data(), 2, 0);
+    cairo_move_to(cr, X(0), Y(0));
+    cairo_line_to(cr, X(hi), Y(hi));
+    cairo_stroke(cr);
+    cairo_set_dash(cr, nullptr, 0, 0);
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    cairo_rectangle(cr, kLeft, kTop, kSide, kSide);
+    cairo_stroke(cr);
+    figure_text(cr, kLeft + kSide / 2, kTop + kSide + 32, "Published (x 100)", 11, 0.5);
+    figure_text(cr, 16, kTop + kSide / 2, "Ours (x 100)", 11, 0.5, -M_PI / 2);
+    figure_text(cr, kLeft + kSide / 2, 18, title, 12, 0.5);
+    for (size_t i = 0; i < series.size(); ++i) {
+      set_colour(cr, i);
+      for (const auto& [x, y] : series[i].second) {
+        cairo_arc(cr, X(x), Y(y), 3.5, 0, 2 * M_PI);
+        cairo_fill(cr);
+      }
+      const double ly = kTop + 18.0 * double(i) + 6;
+      cairo_arc(cr, kLeft + kSide + 30, ly, 3.5, 0, 2 * M_PI);
+      cairo_fill(cr);
+      cairo_set_source_rgb(cr, 0, 0, 0);
+      figure_text(cr, kLeft + kSide + 40, ly, series[i].first, 10);
+    }
+  });
+}
+
+}  // namespace
+
+void write_comparison(const std::vector<std::string>& results, const std::string& published, const std::string& table,
+                      const std::string& model, const std::string& dir, const std::set<std::string>& formats) {
+  const auto rows = load_published(published);
+  std::vector<std::string> tables;
+  for (const auto& r : rows)
+    if (std::find(tables.begin(), tables.end(), r.table) == tables.end()) tables.push_back(r.table);
+  if (!table.empty()) {
+    if (std::find(tables.begin(), tables.end(), table) == tables.end())
+      fail("--table {}: {} has no rows for it (its tables: {})", table, published, fmt::join(tables, ", "));
+    tables = {table};
+  }
+  // Our records, each cell once.
+  std::vector<Ours> ours;
+  std::set<std::string> keys, our_models;
+  for (const auto& f : result_files(results))
+    for_each_record(f, [&](const json& j, int) {
+      if (const std::string k = record_key(j); !k.empty() && !keys.insert(k).second) return;
+      Ours o;
+      o.config = j["config"];
+      if (o.config.contains("options"))
+        for (const auto& [k, v] : o.config["options"].items())
+          if (v.is_string()) o.options[k] = v.get<std::string>();
+      o.model = o.config.value("model", "");
+      o.score = j["score"].get<double>();
+      ours.push_back(std::move(o));
+    });
+  if (ours.empty()) fail("no result records in the given files");
+  for (const auto& o : ours) our_models.insert(o.model);
+  std::filesystem::create_directories(dir);
+
+  for (const auto& t : tables) {
+    std::vector<const PublishedRow*> trows;
+    std::vector<std::string> models;
+    for (const auto& r : rows)
+      if (r.table == t && std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
+    const std::string paper_model = model.empty() ? models.front() : model;
+    if (std::find(models.begin(), models.end(), paper_model) == models.end())
+      fail("--published-model {}: table {} of {} lists {}", paper_model, t, published, fmt::join(models, ", "));
+    for (const auto& r : rows)
+      if (r.table == t && r.model == paper_model) trows.push_back(&r);
+
+    // Our mean for the row's configuration at a column (the row's own, or another of the table's).
+    auto mean_ours = [&](const PublishedRow& row, const std::string& column, int& samples) {
+      PublishedRow r = row;
+      r.column = column;
+      double sum = 0;
+      samples = 0;
+      std::map<std::string, int> configs;  // our configurations behind the cell -> records
+      for (const auto& o : ours)
+        if (o.config.value("task", "") == r.task && row_matches_config(r, o.config) && column_in_options(r, o.options)) {
+          sum += o.score;
+          ++samples;
+          json id = o.config;
+          for (const char* k : {"dataset", "task", "length"}) id["options"].erase(k);
+          ++configs[id.dump()];
+        }
+      // Averaging two of our configurations into one published cell would be a number of neither.
+      if (configs.size() > 1)
+        fail("{}:{}: published row {} matches {} configurations in the results (they differ in a parameter the row "
+             "does not list, the model or a task option): {}; report one run's results, or list the parameter in the "
+             "row",
+             r.file, r.line, describe(r), configs.size(), fmt::join(std::views::keys(configs), " | "));
+      return samples ? 100 * sum / samples : std::nan("");
+    };
+    // The table's columns (those a paper's average is over), in the papers' order.
+    std::vector<std::string> columns;
+    for (const PublishedRow* r : trows)
+      if (std::find(columns.begin(), columns.end(), r->column) == columns.end()) columns.push_back(r->column);
+    std::stable_sort(columns.begin(), columns.end(), [&](const std::string& a, const std::string& b) {
+      return std::pair(summary_column(a), column_order(trows.front()->task, a)) <
+             std::pair(summary_column(b), column_order(trows.front()->task, b));
+    });
+    std::vector<Cell> cells;
+    for (const PublishedRow* r : trows) {
+      Cell c;
+      c.row = r;
+      if (!summary_column(r->column) || r->task == "niah") {
+        c.ours = mean_ours(*r, r->column, c.samples);
+      } else if (r->column == "avg") {
+        // The paper's average against ours over the table's columns, where we have them.
+        double sum = 0;
+        int n = 0, of = 0;
+        for (const auto& col : columns) {
+          if (summary_column(col)) continue;
+          ++of;
+          int samples = 0;
+          if (const double v = mean_ours(*r, col, samples); !std::isnan(v)) sum += v, ++n;
+        }
+        if (n) c.ours = sum / n;
+        if (n && n < of) c.coverage = fmt::format("{}/{}", n, of);
+      }
+      cells.push_back(c);
+    }
+
+    // The paper's layout: blocks by (length, budget) in the order the table lists them.
+    std::vector<std::pair<int, KvBudget>> blocks;
+    std::vector<std::pair<std::string, std::map<std::string, std::string>>> methods;
+    for (const auto& c : cells) {
+      const PublishedRow& r = *c.row;
+      const std::pair<int, KvBudget> b{r.length, r.budget};
+      if (std::none_of(blocks.begin(), blocks.end(), [&](const auto& x) { return x.first == b.first && same_budget(x.second, b.second); }))
+        blocks.push_back(b);
+      const std::pair<std::string, std::map<std::string, std::string>> m{r.method, r.params};
+      if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.push_back(m);
+    }
+    const std::string task = trows.front()->task;
+    Table out;
+    out.caption = fmt::format("{}: ours ({}) vs published ({}), scores x 100", t,
+                              fmt::join(our_models.begin(), our_models.end(), ", "), paper_model);
+    out.columns = {"Method"};
+    for (const auto& c : columns) out.columns.push_back(c == "avg" ? "Avg." : column_name(task, c));
+    std::vector<double> xs, ys;
+    std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
+    std::string cells_csv = "table,model,method,params,budget,task,length,column,published,ours,samples,difference\n";
+    for (const auto& [length, budget] : blocks) {
+      Table::Block block;
+      block.heading = (budget.is_full() ? std::string("Full cache")
+                       : budget.is_ratio() ? fmt::format("Compression ratio = {}", budget.ratio)
+                                           : fmt::format("KV size = {}", budget.tokens)) +
+                      (length ? fmt::format(", context length = {}", length) : "");
+      for (const auto& [method, params] : methods) {
+        const std::string label = (method == "fullkv" ? std::string("FullKV") : method) +
+                                  (params.empty() ? "" : " (" + params_text(params) + ")");
+        std::vector<std::string> mine = {label}, theirs = {label + ", published"}, diff = {label + ", difference"};
+        bool any = false;
+        for (const auto& col : columns) {
+          const auto it = std::find_if(cells.begin(), cells.end(), [&](const Cell& c) {
+            const PublishedRow& r = *c.row;
+            return r.method == method && r.params == params && r.length == length && same_budget(r.budget, budget) &&
+                   r.column == col;
+          });
+          if (it == cells.end()) {
+            // Not published (or not transcribed): ours alone, from any row of the configuration.
+            const auto like = std::find_if(trows.begin(), trows.end(), [&](const PublishedRow* r) {
+              return r->method == method && r->params == params && r->length == length && same_budget(r->budget, budget);
+            });
+            int samples = 0;
+            const double v = like != trows.end() && !summary_column(col) ? mean_ours(**like, col, samples) : std::nan("");
+            mine.push_back(std::isnan(v) ? "" : fmt2(v));
+            theirs.push_back("");
+            diff.push_back("");
+            continue;
+          }
+          any = true;
+          const Cell& c = *it;
+          mine.push_back(fmt2(c.ours) + (c.coverage.empty() ? "" : " (" + c.coverage + ")"));
+          theirs.push_back(fmt2(c.row->score));
+          diff.push_back(std::isnan(c.ours) ? "-" : fmt::format("{:+.2f}", c.ours - c.row->score));
+          cells_csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t), csv_field(paper_model),
+                                   method, csv_field(params_text(params)), budget_text(budget), task,
+                                   length ? std::to_string(length) : "", col, c.row->score,
+                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours), c.samples,
+                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours - c.row->score));
+          if (!std::isnan(c.ours) && col != "avg") {
+            xs.push_back(c.row->score);
+            ys.push_back(c.ours);
+            auto s = std::find_if(series.begin(), series.end(), [&](const auto& x) { return x.first == label; });
+            if (s == series.end()) s = series.insert(series.end(), {label, {}});
+            s->second.push_back({c.row->score, c.ours});
+          }
+        }
+        if (!any) continue;
+        block.rows.push_back(mine);
+        block.rows.push_back(theirs);
+        block.rows.push_back(diff);
+      }
+      if (!block.rows.empty()) out.blocks.push_back(block);
+    }
+    const double rho = xs.size() >= 3 ? spearman(xs, ys) : std::nan("");
+    out.note = fmt::format(
+        "Ours: the mean over our records of each cell (samples in {}-cells.csv); published: as printed in the paper "
+        "for {}; difference: ours - published. Avg.: ours over the same columns as the paper's average; (k/n) where we "
+        "have k of its n columns. {} of {} published cells have ours{}.",
+        "compare-" + t, paper_model, xs.size(),
+        std::count_if(cells.begin(), cells.end(), [](const Cell& c) { return !summary_column(c.row->column); }),
+        std::isnan(rho) ? "" : fmt::format("; Spearman's rank correlation of ours with published over them: {:.2f}", rho));
+    const std::string stem = dir + "/compare-" + t;
+    write_table(out, stem, formats);
+    std::ofstream(stem + "-cells.csv") << cells_csv;
+    write_scatter(stem, fmt::format("{}: ours vs published ({})", t, paper_model), series);
+    fmt::print("{}\nwrote {}.{{{}}}, {}-cells.csv, {}.png and .svg\n", to_markdown(out), stem,
+               fmt::format("{}", fmt::join(formats, ",")), stem, stem);
+  }
+}
+
+}  // namespace kvb

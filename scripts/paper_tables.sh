@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Regenerates the papers' tables: runs the specs of experiments/papers/<paper>/ (one per published table)
+# and writes, per table, the report with our numbers beside the published ones.
+#
+#   scripts/paper_tables.sh PAPER|all --model PATH [--data DIR] [--backend cpu|cuda] [--shard i/N]
+#   scripts/paper_tables.sh PAPER|all --smoke
+#
+# PAPER is a directory of experiments/papers (mixeddimkv, headkv, pyramidkv, kvcrush, vector, kvmix, dynakv).
+# Results go to runs/papers/<paper>/<table>.jsonl (resumable: rerun to finish), reports to
+# reports/papers/<paper>/<table>/ (compare-<table>.md/.csv/.tex/.png beside the usual tables). With
+# --shard i/N only that share of each spec's cells runs (one job of N; run the reports once all are done
+# with --report-only).
+#
+# --smoke proves every paper's pipeline end to end in minutes on the default model (SmolLM2-135M, CPU):
+# the first sample of each dataset or task, prompts cut to 1,024 tokens, RULER at 1,024 tokens without the
+# QA tasks, NIAH at one length, at most 8 new tokens. Its numbers mean nothing; it writes to
+# runs/papers-smoke/ and reports/papers-smoke/. DynaKV's specs need weights trained per model
+# (kvbench train dynakv), so the smoke skips them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+die() { printf '\033[31m[paper_tables] error:\033[0m %s\n' "$*" >&2; exit 1; }
+log() { printf '\033[1m[paper_tables]\033[0m %s\n' "$*"; }
+
+paper="" model="" data="" backend="" shard="" smoke=0 report_only=0
+KVBENCH=${KVBENCH:-$ROOT/build/kvbench}
+while (($#)); do
+  case $1 in
+    --model) model=${2:?--model needs a path}; shift 2 ;;
+    --data) data=${2:?--data needs a directory}; shift 2 ;;
+    --backend) backend=${2:?--backend needs cpu or cuda}; shift 2 ;;
+    --shard) shard=${2:?--shard needs i/N}; shift 2 ;;
+    --smoke) smoke=1; shift ;;
+    --report-only) report_only=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) [[ -z $paper ]] || die "one PAPER (or all), not '$paper' and '$1'"; paper=$1; shift ;;
+  esac
+done
+[[ -n $paper ]] || die "name a paper (a directory of experiments/papers) or all"
+[[ -x $KVBENCH ]] || die "$KVBENCH not found: build first (scripts/setup.sh)"
+if [[ $paper == all ]]; then
+  papers=$(cd experiments/papers && ls -d */ | tr -d /)
+else
+  [[ -d experiments/papers/$paper ]] || die "no experiments/papers/$paper (papers: $(cd experiments/papers && ls -d */ | tr -d / | xargs))"
+  papers=$paper
+fi
+
+runs=runs/papers reports=reports/papers
+sets=()
+if ((smoke)); then
+  runs=runs/papers-smoke reports=reports/papers-smoke
+  model=${model:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+  backend=${backend:-cpu}
+  sets+=(--set limit=1 --set max_new_tokens=8)
+fi
+[[ -n $model ]] || die "--model PATH is required (the model the tables run on; see the spec comments for the papers' models)"
+[[ -e $model ]] || die "--model $model: not found"
+export MODEL=$model
+[[ -n $backend ]] && sets+=(--set "backend=$backend")
+[[ -n $data ]] && sets+=(--set "data=$data")
+
+# The LongBench datasets a smoke run can use: those of --data (or data/) that the spec lists, else the
+# two small files the tests carry.
+smoke_longbench() {
+  local spec=$1 dir=${data:-${KVBENCH_DATA:-$ROOT/data}} have=()
+  # The flow list after `dataset:` in task_options, over as many lines as it takes.
+  for d in $(awk '/^  dataset:/ {on = 1; sub(/^  dataset:/, "")} on {print; if (/]/) exit}' "$spec" | tr '[],' '   '); do
+    [[ -f $dir/longbench/$d.jsonl ]] && have+=("$d")
+  done
+  if ((${#have[@]} == 0)); then
+    echo "--set data=$ROOT/tests/fixtures/longbench/data --set task_options.dataset=[qasper,trec]"
+  else
+    echo "--set task_options.dataset=[$(IFS=,; echo "${have[*]}")]"
+  fi
+}
+
+status=0
+for p in $papers; do
+  for spec in experiments/papers/$p/*.yaml; do
+    table=$(basename "$spec" .yaml)
+    out=$runs/$p/$table.jsonl
+    extra=()
+    if ((smoke)); then
+      if grep -q 'name: dynakv' "$spec"; then
+        log "$p/$table: skipped by the smoke run (DynaKV needs weights trained for the model: kvbench train dynakv)"
+        continue
+      fi
+      case $(sed -n 's/^task: *//p' "$spec") in
+        longbench|longbench-e) read -ra extra <<< "$(smoke_longbench "$spec") --set task_options.max_len=1024" ;;
+        ruler) extra=(--set 'task_options.length=[1024]' --set 'task_options.samples=1'
+                      --set 'task_options.task=[niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe]') ;;
+        niah) extra=(--set task_options.s_len=1000 --set task_options.e_len=1000 --set task_options.depths=2) ;;
+      esac
+    fi
+    if ((!report_only)); then
+      log "$p/$table: kvbench run $spec${shard:+ --shard $shard}"
+      if ! "$KVBENCH" run "$spec" "${sets[@]}" "${extra[@]}" --set "out=$out" ${shard:+--shard "$shard"}; then
+        log "$p/$table: failed (see above); going on with the next table"
+        status=1
+        continue
+      fi
+    fi
+    [[ -n $shard && $report_only == 0 ]] && continue
+    [[ -f $out ]] || { log "$p/$table: no results in $out yet"; status=1; continue; }
+    log "$p/$table: report -> $reports/$p/$table/"
+    mkdir -p "$reports/$p"
+    "$KVBENCH" report "$out" --out-dir "$reports/$p/$table" --format md,csv,tex \
+      --compare "experiments/papers/$p/published.csv" --table "$table" > "$reports/$p/$table.log" 2>&1 \
+      || { cat "$reports/$p/$table.log" >&2; status=1; }
+  done
+done
+exit $status

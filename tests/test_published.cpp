@@ -1,0 +1,269 @@
+// Paper tables as data: published.csv parsing and its checks against a spec, spec overrides (--set,
+// ${VAR}, --model), ours beside published (kvbench report --compare), the context check before a
+// sweep runs, and one transcribed table against the paper's text.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/experiment/experiment.hpp"
+#include "harness/experiment/sweep.hpp"
+#include "harness/report/published.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+using namespace kvb::test;
+using nlohmann::json;
+
+namespace {
+
+std::string write_file(const TempDir& dir, const std::string& name, const std::string& text) {
+  const auto path = (dir / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Rows of a CSV whose fields hold no commas or quotes.
+std::vector<std::vector<std::string>> read_csv_rows(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f(1);
+    for (char c : line) {
+      if (c == ',') f.emplace_back();
+      else f.back().push_back(c);
+    }
+    rows.push_back(f);
+  }
+  return rows;
+}
+
+const std::string kHeader = "table,model,method,params,budget,task,length,column,score\n";
+
+json config(const std::string& method, int budget, json params, const std::string& dataset) {
+  return {{"task", "longbench"},
+          {"options", {{"dataset", dataset}, {"max_len", "7950"}}},
+          {"model", "m.gguf"},
+          {"method", method},
+          {"budget", budget},
+          {"params", std::move(params)},
+          {"gqa", method == "fullkv" ? "-" : "native"}};
+}
+
+}  // namespace
+
+TEST_CASE("published.csv: rows are read and bad fields are named", "[published]") {
+  const TempDir dir("published");
+  const auto ok = write_file(dir, "ok.csv", kHeader +
+                                                "t1,Llama,snapkv,window=8 kernel=7,128,longbench,,qasper,16.92\n"
+                                                "t1,Llama,vector,base=snapkv,r0.5,longbench,,avg,\"40.10\"\n"
+                                                "t2,Llama,fullkv,,full,ruler,8192,niah_single_1,100\n"
+                                                "t3,Llama,dynakv,,full,ruler,,vt,55.5\n");
+  const auto rows = load_published(ok);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0].params == std::map<std::string, std::string>{{"kernel", "7"}, {"window", "8"}});
+  CHECK(rows[0].budget == KvBudget(128));
+  CHECK(rows[0].score == 16.92);
+  CHECK(rows[0].line == 2);
+  CHECK(rows[1].budget.is_ratio());
+  CHECK(rows[1].budget.ratio == 0.5);
+  CHECK(rows[1].score == 40.10);
+  CHECK(rows[2].budget.is_full());
+  CHECK(rows[2].length == 8192);
+  CHECK(rows[3].length == 0);  // the mean over the spec's lengths
+
+  auto bad = [&](const std::string& row, std::initializer_list<std::string> fragments) {
+    const auto p = write_file(dir, "bad.csv", kHeader + row + "\n");
+    require_error([&] { load_published(p); }, fragments);
+  };
+  bad("t1,L,snapkv,,0,longbench,,qasper,1", {"bad.csv:2", "budget", "'0'"});
+  bad("t1,L,snapkv,,r1.5,longbench,,qasper,1", {"budget", "r1.5"});
+  bad("t1,L,snapkv,,128,longbench,,qasper,n/a", {"bad.csv:2", "score", "n/a"});
+  bad("t1,L,snapkv,,128,longbench,4096,qasper,1", {"length", "only RULER"});
+  bad("t1,L,snapkv,,128,ruler,4k,vt,1", {"length", "4k"});
+  bad("t1,L,snapkv,,128,mmlu,,x,1", {"task", "mmlu"});
+  bad("t1,L,snapkv,window,128,longbench,,qasper,1", {"params", "'window'"});
+  bad("t1,L,snapkv,,128,longbench,qasper,1", {"8 fields, expected 9"});
+  bad("t1,L,,,128,longbench,,qasper,1", {"field 'method' is empty"});
+  const auto header = write_file(dir, "h.csv", "table,method,score\nt1,snapkv,1\n");
+  require_error([&] { load_published(header); }, {"h.csv:1", "expected the header"});
+}
+
+TEST_CASE("published.csv: every row of a table must name a cell of its spec", "[published]") {
+  const TempDir dir("published_check");
+  const std::vector<json> configs = {
+      config("fullkv", 0, json::object(), "qasper"),
+      config("snapkv", 128, {{"window", "8"}, {"kernel", "7"}}, "qasper"),
+  };
+  const std::vector<std::map<std::string, std::string>> variants = {{{"dataset", "qasper"}, {"max_len", "7950"}},
+                                                                    {{"dataset", "trec"}, {"max_len", "7950"}}};
+  auto check = [&](const std::string& rows, PublishedChecks checks = {}) {
+    const auto p = write_file(dir, "p.csv", kHeader + rows);
+    check_published(load_published(p), "t1", "spec.yaml", "longbench", configs, variants, checks);
+  };
+  check("t1,L,snapkv,window=8,128,longbench,,qasper,1\nt1,L,fullkv,,full,longbench,,trec,2\nt1,L,fullkv,,full,"
+        "longbench,,avg,3\nt9,L,h2o,,64,longbench,,lcc,4\n");  // rows of other tables are not this spec's
+  require_error([&] { check("t1,L,h2o,,128,longbench,,qasper,1\n"); }, {"p.csv:2", "does not run method h2o"});
+  require_error([&] { check("t1,L,snapkv,window=32,128,longbench,,qasper,1\n"); },
+                {"p.csv:2", "no configuration of snapkv", "window=32"});
+  require_error([&] { check("t1,L,snapkv,,256,longbench,,qasper,1\n"); }, {"and this budget"});
+  require_error([&] { check("t1,L,snapkv,,128,longbench,,lcc,1\n"); }, {"column lcc", "no task variant"});
+  require_error([&] { check("t1,L,snapkv,,128,ruler,4096,vt,1\n"); }, {"its task is ruler"});
+  require_error([&] { check("t2,L,snapkv,,128,longbench,,qasper,1\n"); }, {"no rows for table 't1'"});
+  // A run that overrides the budgets or the task options is checked for its methods only.
+  check("t1,L,snapkv,,256,longbench,,lcc,1\n", {.budgets = false, .columns = false});
+}
+
+TEST_CASE("experiment specs: ${VAR}, --set overrides, max_new_tokens and published", "[published][experiment]") {
+  const TempDir dir("spec_overrides");
+  const std::string model = source_path("tests/test_published.cpp");  // the loader only checks it exists
+  write_file(dir, "published.csv", kHeader + "s,L,fullkv,,full,niah,,score,90\n");
+  const auto spec = write_file(dir, "s.yaml", R"(
+model: ${KVB_TEST_MODEL}
+task: niah
+task_options: {s_len: 1000, e_len: 2000, step: 1000}
+methods: [fullkv, snapkv]
+budgets: [64]
+published: published.csv
+)");
+  ::unsetenv("KVB_TEST_MODEL");
+  require_error([&] { load_experiment(spec); }, {"s.yaml:2", "KVB_TEST_MODEL", "not set", "--model"});
+  ::setenv("KVB_TEST_MODEL", model.c_str(), 1);
+  ExperimentSpec s = load_experiment(spec);
+  CHECK(s.model == model);
+  CHECK(s.published == (dir / "published.csv").lexically_normal().string());
+  CHECK(s.max_new_tokens == 0);
+  CHECK(s.overridden.empty());
+  ::unsetenv("KVB_TEST_MODEL");
+
+  s = load_experiment(spec, {"model=" + model, "limit=2", "max_new_tokens=8", "budgets=[32, 128]",
+                             "task_options.e_len=3000", "task_options.depths=[2, 4]"});
+  CHECK(s.model == model);
+  CHECK(s.limit == 2);
+  CHECK(s.max_new_tokens == 8);
+  CHECK(s.configs.size() == 1 + 2);
+  REQUIRE(s.task_variants.size() == 2);
+  CHECK(s.task_variants[0].at("e_len") == "3000");
+  CHECK(s.task_variants[1].at("depths") == "4");
+  CHECK(s.overridden == std::set<std::string>{"budgets", "limit", "max_new_tokens", "model", "task_options"});
+
+  require_error([&] { load_experiment(spec, {"model=" + model, "limit"}); }, {"'limit'", "KEY=VALUE"});
+  require_error([&] { load_experiment(spec, {"model=" + model, "limit=[1"}); }, {"not YAML"});
+  require_error([&] { load_experiment(spec, {"model=" + model, "limit=abc"}); }, {"'limit' must be an integer"});
+  require_error([&] { load_experiment(spec, {"model=" + model, "task.x=1"}); }, {"'task' is not a mapping"});
+  require_error([&] { load_experiment(spec, {"model=" + model, "max_new_tokens=0"}); }, {"max_new_tokens", "at least 1"});
+  require_error([&] { load_experiment(spec, {"model=" + model, "publshed=x.csv"}); }, {"unknown key 'publshed'"});
+  require_error([&] { load_experiment(spec, {"model=" + model, "published=none.csv"}); }, {"published table", "none.csv"});
+}
+
+TEST_CASE("report --compare: ours beside published, per cell and averaged, ambiguity refused", "[published][report]") {
+  const TempDir dir("compare");
+  std::ofstream records(dir / "r.jsonl");
+  int id = 0;
+  auto record = [&](json cfg, double score) {
+    records << json{{"id", "s" + std::to_string(id++)}, {"config", std::move(cfg)}, {"score", score}}.dump() << "\n";
+  };
+  record(config("fullkv", 0, json::object(), "qasper"), 0.30);
+  record(config("fullkv", 0, json::object(), "qasper"), 0.50);
+  record(config("fullkv", 0, json::object(), "trec"), 0.70);
+  record(config("snapkv", 128, {{"window", "8"}}, "qasper"), 0.20);
+  records.close();
+  const auto published = write_file(dir, "published.csv", kHeader +
+                                                              "t1,Llama,fullkv,,full,longbench,,qasper,32.30\n"
+                                                              "t1,Llama,fullkv,,full,longbench,,trec,74.00\n"
+                                                              "t1,Llama,fullkv,,full,longbench,,avg,53.15\n"
+                                                              "t1,Llama,snapkv,window=8,128,longbench,,qasper,15.98\n"
+                                                              "t1,Llama,snapkv,window=8,128,longbench,,trec,65.50\n"
+                                                              "t1,Llama,snapkv,window=8,128,longbench,,avg,40.74\n"
+                                                              "t1,Mistral,fullkv,,full,longbench,,qasper,41.54\n");
+  const std::string out = (dir / "out").string();
+  write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md", "csv"});
+  const auto cells = read_csv_rows(out + "/compare-t1-cells.csv");
+  // table,model,method,params,budget,task,length,column,published,ours,samples,difference
+  REQUIRE(cells.size() == 1 + 6);  // the first model the table lists
+  auto find = [&](const std::string& method, const std::string& column) {
+    for (const auto& c : cells)
+      if (c[2] == method && c[7] == column) return c;
+    FAIL("no cell " << method << " " << column);
+    return std::vector<std::string>{};
+  };
+  CHECK(find("fullkv", "qasper")[9] == "40.0000");  // mean of 30 and 50
+  CHECK(find("fullkv", "qasper")[10] == "2");
+  CHECK(find("fullkv", "qasper")[11] == "7.7000");
+  CHECK(find("fullkv", "avg")[9] == "55.0000");  // (40 + 70) / 2
+  CHECK(find("snapkv", "trec")[9].empty());      // not run: no number of ours
+  CHECK(find("snapkv", "avg")[9] == "20.0000");  // over the one column we have
+  std::stringstream md;
+  md << std::ifstream(out + "/compare-t1.md").rdbuf();
+  CHECK(md.str().find("20.00 (1/2)") != std::string::npos);
+  CHECK(md.str().find("snapkv (window=8), published") != std::string::npos);
+  CHECK(std::filesystem::exists(out + "/compare-t1.png"));
+  CHECK(std::filesystem::exists(out + "/compare-t1.svg"));
+
+  write_comparison({(dir / "r.jsonl").string()}, published, "t1", "Mistral", out, {"md"});
+  CHECK(read_csv_rows(out + "/compare-t1-cells.csv").size() == 1 + 1);
+  require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "t1", "Qwen", out, {"md"}); },
+                {"--published-model Qwen", "Llama, Mistral"});
+  require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "t7", "", out, {"md"}); },
+                {"--table t7", "t1"});
+
+  // Two of our configurations under one published row: a mean of both would be neither's.
+  std::ofstream(dir / "r.jsonl", std::ios::app)
+      << json{{"id", "x"}, {"config", config("snapkv", 128, {{"window", "8"}, {"kernel", "5"}}, "qasper")}, {"score", 0.9}}
+             .dump()
+      << "\n";
+  require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md"}); },
+                {"published.csv:5", "matches 2 configurations"});
+}
+
+// The MixedDimKV paper's Table 2, Llama-3-8B-Instruct blocks, as printed (arXiv:2603.20616): the
+// published.csv the paper specs carry must hold exactly these numbers.
+TEST_CASE("published numbers: MixedDimKV Table 2, Llama-3 rows, transcribed exactly", "[published]") {
+  const std::vector<std::string> columns = {"narrativeqa", "qasper",   "multifieldqa_en", "hotpotqa", "2wikimqa",
+                                            "musique",     "gov_report", "qmsum",         "multi_news", "trec",
+                                            "triviaqa",    "samsum",   "passage_count",   "passage_retrieval_en",
+                                            "lcc",         "repobench-p", "avg"};
+  const std::string paper = R"(128 fullkv 25.56 32.30 39.71 43.56 35.49 21.14 28.58 23.22 26.67 74.00 90.48 42.29 4.80 69.75 59.13 54.02 41.92
+128 h2o 23.52 13.74 25.26 29.07 22.72 14.67 21.94 21.34 24.01 46.50 87.99 35.12 5.36 68.21 54.77 48.73 33.93
+128 snapkv 22.39 15.98 30.97 40.78 28.60 19.35 19.76 21.88 21.40 65.50 89.72 38.77 5.75 69.00 58.76 54.73 37.71
+128 pyramidkv 21.40 16.92 31.62 38.45 28.72 18.59 19.97 22.48 20.96 66.50 89.35 38.39 5.92 69.00 57.86 51.80 37.37
+128 mixeddimkv 25.22 29.07 38.30 43.20 33.84 19.58 24.53 23.12 26.03 72.00 90.61 42.16 5.54 69.50 59.32 55.16 41.07
+512 h2o 23.76 21.56 31.57 40.54 30.36 17.79 24.89 22.15 25.74 69.00 90.67 40.33 6.05 68.07 61.00 56.26 39.36
+512 snapkv 25.53 23.59 38.58 43.78 33.33 19.85 23.10 22.52 24.19 71.00 90.57 40.48 5.51 69.50 61.10 57.23 40.62
+512 pyramidkv 24.83 23.33 35.20 43.29 31.87 20.55 23.43 22.80 24.29 71.50 90.61 40.81 5.91 69.50 59.60 54.71 40.14
+512 mixeddimkv 25.56 32.11 39.71 43.56 35.55 21.18 28.66 23.29 26.70 73.50 90.48 42.47 4.80 69.25 59.15 54.13 41.88
+)";
+  std::map<std::tuple<std::string, std::string, std::string>, double> want;  // (method, budget, column)
+  std::istringstream in(paper);
+  std::string budget, method;
+  while (in >> budget >> method) {
+    for (const auto& c : columns) {
+      double v = 0;
+      in >> v;
+      want[{method, method == "fullkv" ? "full" : budget, c}] = v;
+    }
+  }
+  REQUIRE(want.size() == 9 * columns.size());
+  std::map<std::tuple<std::string, std::string, std::string>, double> got;
+  for (const auto& r : load_published(source_path("experiments/papers/mixeddimkv/published.csv"))) {
+    if (r.table != "table2_longbench" || r.model != "Llama-3-8B-Instruct") continue;
+    const std::string b = r.budget.is_full() ? "full" : std::to_string(r.budget.tokens);
+    INFO(r.method << " " << b << " " << r.column << " (line " << r.line << ")");
+    CHECK(got.emplace(std::tuple(r.method, b, r.column), r.score).second);  // each cell once
+  }
+  CHECK(got == want);
+}
+
+TEST_CASE("sweeps: a prompt longer than the model's context is an error before any cell runs", "[published][model]") {
+  const auto model = model_file(kDefaultModel);
+  if (!model || !setup_data("PaulGrahamEssays")) return;
+  const TempDir dir("context_check");
+  const auto spec = write_file(dir, "long.yaml", "model: " + *model + R"(
+task: niah
+task_options: {s_len: 9000, e_len: 9000, depths: 1}
+methods: [fullkv]
+)" + "out: " + (dir / "r.jsonl").string() + "\n");
+  require_error([&] { Sweep sweep(load_experiment(spec)); }, {"long.yaml", "context of 8192 tokens", "longer context"});
+  CHECK(!std::filesystem::exists(dir / "r.jsonl"));
+}
