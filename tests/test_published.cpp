@@ -113,6 +113,7 @@ TEST_CASE("published.csv: every row of a table must name a cell of its spec", "[
   require_error([&] { check("t2,L,snapkv,,128,longbench,,qasper,1\n"); }, {"no rows for table 't1'"});
   // A run that overrides the budgets or the task options is checked for its methods only.
   check("t1,L,snapkv,,256,longbench,,lcc,1\n", {.budgets = false, .columns = false});
+  check("t1,L,snapkv,window=8,128,longbench,,qasper,1\nt1,L,h2o,,128,longbench,,qasper,1\n", {.methods = false});
 }
 
 TEST_CASE("experiment specs: ${VAR}, --set overrides, max_new_tokens and published", "[published][experiment]") {

@@ -74,9 +74,10 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
       configs.insert(configs.end(), part.configs.begin(), part.configs.end());
       variants.push_back(part.configs.front()["options"].get<std::map<std::string, std::string>>());
     }
-    // A run that changes the table's columns or budgets on purpose (a smoke run on a small model)
-    // is checked for what it kept: the methods.
+    // A run that changes the table's methods, budgets or columns on purpose (a smoke run on a small
+    // model) is checked for what it kept.
     PublishedChecks checks;
+    checks.methods = !spec.overridden.count("methods");
     checks.budgets = !spec.overridden.count("budgets") && !spec.overridden.count("ratios");
     checks.columns = !spec.overridden.count("task_options");
     check_published(load_published(spec.published), std::filesystem::path(spec.path).stem().string(), spec.path,
