@@ -222,9 +222,13 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
   const Sample s = task->sample(0);
   Engine engine(*m);
   std::vector<std::unique_ptr<Method>> methods;
+  // A repeat-mode cache (one head per query head) first: the full cache after it must start from the
+  // model's own layout again. The paper-era H2O reads every query row of the shared prefill.
+  methods.push_back(MethodRegistry::get().create("snapkv", {{"gqa", "repeat"}}, m->config()));
   methods.push_back(nullptr);
   for (const char* name : {"snapkv", "h2o", "streamingllm", "pyramidkv"})
     methods.push_back(MethodRegistry::get().create(name, {}, m->config()));
+  methods.push_back(MethodRegistry::get().create("h2o", {{"mask", "legacy_window_only"}, {"gqa", "repeat"}}, m->config()));
   PrefillNeeds needs;
   for (const auto& meth : methods)
     if (meth) needs.merge(meth->needs());

@@ -105,7 +105,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   const PrefillNeeds needs = observer ? observer->needs() : PrefillNeeds{};
   const int window = std::min(needs.window, n);
 
-  for (auto& c : caches_) c.clear();
+  reset_caches();
   b.forget_caches();
   transform_ = observer ? observer->kv_transform() : nullptr;
   std::vector<int32_t> pos(n);
@@ -235,6 +235,13 @@ void Engine::transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32
   transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void Engine::reset_caches() {
+  // A new sequence starts from the model's layout: a method may have left a cache of another shape
+  // (one head per query head in GQA repeat mode), and appending the model's KV rows to it would read
+  // past them.
+  for (auto& c : caches_) c = LayerCache(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
+}
+
 PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs) {
   PrefillCapture c;
   c.needs = needs;
@@ -257,8 +264,8 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
     fail("resume: the capture lacks what the method needs (window {} of {}, pre-RoPE keys, accumulated attention)",
          want.window, c.window);
   backend_->forget_caches();
+  reset_caches();
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    caches_[l].clear();
     if (!observer) {
       caches_[l].append_many(c.k[l].data(), c.v[l].data(), c.n_tokens, c.positions.data());
       continue;

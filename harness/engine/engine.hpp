@@ -98,6 +98,7 @@ class Engine {
   KvTransform* transform_ = nullptr;  // of the current sequence's observer
   // Applies transform_ to layer l's k and v in backend memory (a round trip through the host).
   void transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos);
+  void reset_caches();
   std::vector<float> tk_, tv_;
   double transform_seconds_ = 0;
   std::vector<float> rep_k_, rep_v_;

@@ -420,13 +420,18 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     std::vector<double> xs, ys;
     std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
     std::string cells_csv = "table,model,method,params,budget,task,length,column,published,ours,samples,difference\n";
-    for (const auto& [length, budget] : blocks) {
+    for (const auto& block_key : blocks) {
+      // Plain names, not a structured binding: lambdas below capture them (clang 14 cannot).
+      const int length = block_key.first;
+      const KvBudget budget = block_key.second;
       Table::Block block;
       block.heading = (budget.is_full() ? std::string("Full cache")
                        : budget.is_ratio() ? fmt::format("Compression ratio = {}", budget.ratio)
                                            : fmt::format("KV size = {}", budget.tokens)) +
                       (length ? fmt::format(", context length = {}", length) : "");
-      for (const auto& [method, params] : methods) {
+      for (const auto& method_key : methods) {
+        const std::string& method = method_key.first;
+        const std::map<std::string, std::string>& params = method_key.second;
         const std::string label = (method == "fullkv" ? std::string("FullKV") : method) +
                                   (params.empty() ? "" : " (" + params_text(params) + ")");
         std::vector<std::string> mine = {label}, theirs = {label + ", published"}, diff = {label + ", difference"};
