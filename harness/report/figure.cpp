@@ -38,4 +38,11 @@ void write_figure(const std::string& stem, double width, double height, const st
   if (sst != CAIRO_STATUS_SUCCESS) fail("{}.svg: cannot write ({})", stem, cairo_status_to_string(sst));
 }
 
+void figure_colour(cairo_t* cr, size_t i) {
+  static const unsigned colours[] = {0x4E79A7, 0xF28E2B, 0xE15759, 0x76B7B2, 0x59A14F,
+                                     0xEDC948, 0xB07AA1, 0xFF9DA7, 0x9C755F, 0xBAB0AC};
+  const unsigned c = colours[i % 10];
+  cairo_set_source_rgb(cr, ((c >> 16) & 0xFF) / 255.0, ((c >> 8) & 0xFF) / 255.0, (c & 0xFF) / 255.0);
+}
+
 }  // namespace kvb

@@ -14,13 +14,6 @@ namespace {
 
 constexpr double kLeft = 60, kTop = 40, kPlotW = 420, kPlotH = 300, kBottom = 50;
 
-// Categorical colours (Tableau 10), cycled.
-void set_colour(cairo_t* cr, size_t i) {
-  static const unsigned colours[] = {0x4E79A7, 0xF28E2B, 0xE15759, 0x76B7B2, 0x59A14F,
-                                     0xEDC948, 0xB07AA1, 0xFF9DA7, 0x9C755F, 0xBAB0AC};
-  const unsigned c = colours[i % 10];
-  cairo_set_source_rgb(cr, ((c >> 16) & 0xFF) / 255.0, ((c >> 8) & 0xFF) / 255.0, (c & 0xFF) / 255.0);
-}
 
 }  // namespace
 
@@ -80,7 +73,7 @@ void write_memory_plot(const MemoryPlot& p, const std::string& stem) {
     for (size_t i = 0; i < p.series.size(); ++i) {
       auto pts = p.series[i].points;
       std::sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) { return a.memory < b.memory; });
-      set_colour(cr, i);
+      figure_colour(cr, i);
       cairo_set_line_width(cr, 1.5);
       for (size_t j = 0; j < pts.size(); ++j)
         (j ? cairo_line_to : cairo_move_to)(cr, X(pts[j].memory), Y(pts[j].score));

@@ -236,12 +236,6 @@ double spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : std::nan("");
 }
 
-void set_colour(cairo_t* cr, size_t i) {
-  static const unsigned colours[] = {0x4E79A7, 0xF28E2B, 0xE15759, 0x76B7B2, 0x59A14F,
-                                     0xEDC948, 0xB07AA1, 0xFF9DA7, 0x9C755F, 0xBAB0AC};
-  const unsigned c = colours[i % 10];
-  cairo_set_source_rgb(cr, ((c >> 16) & 0xFF) / 255.0, ((c >> 8) & 0xFF) / 255.0, (c & 0xFF) / 255.0);
-}
 
 // Ours against published, one dot per cell, coloured by method; the diagonal is agreement.
 void write_scatter(const std::string& stem, const std::string& title,
@@ -287,7 +281,7 @@ void write_scatter(const std::string& stem, const std::string& title,
     figure_text(cr, 16, kTop + kSide / 2, "Ours (x 100)", 11, 0.5, -M_PI / 2);
     figure_text(cr, kLeft + kSide / 2, 18, title, 12, 0.5);
     for (size_t i = 0; i < series.size(); ++i) {
-      set_colour(cr, i);
+      figure_colour(cr, i);
       for (const auto& [x, y] : series[i].second) {
         cairo_arc(cr, X(x), Y(y), 3.5, 0, 2 * M_PI);
         cairo_fill(cr);
