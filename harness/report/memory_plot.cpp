@@ -14,7 +14,6 @@ namespace {
 
 constexpr double kLeft = 60, kTop = 40, kPlotW = 420, kPlotH = 300, kBottom = 50;
 
-
 }  // namespace
 
 void write_memory_plot(const MemoryPlot& p, const std::string& stem) {
