@@ -320,13 +320,20 @@ TEST_CASE("fused prefill attention equals the blockwise kernel, with column sums
          v = randn(size_t(n) * hkv * d, rng);
     std::vector<float> ref(size_t(n) * hq * d), fused(ref.size()), ref_cs(size_t(hq) * n), fused_cs(ref_cs.size());
     attention_prefill_blockwise(q.data(), k.data(), v.data(), n, hq, hkv, d, ref.data(), ref_cs.data());
+    // AVX2 register tiles where the CPU and head size allow them, and the portable BLAS products.
+    for (bool portable : {false, true}) {
+      INFO("portable " << portable);
+      force_portable_kernels(portable);
+      attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, fused.data(), fused_cs.data());
+      CHECK(max_abs_diff(ref, fused) <= 1e-5f * max_abs(ref));
+      CHECK(max_abs_diff(ref_cs, fused_cs) <= 1e-5f * max_abs(ref_cs));
+      // Without column sums the output is the same.
+      std::vector<float> plain(ref.size());
+      attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, plain.data(), nullptr);
+      CHECK(plain == fused);
+    }
+    force_portable_kernels(false);
     attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, fused.data(), fused_cs.data());
-    CHECK(max_abs_diff(ref, fused) <= 1e-5f * max_abs(ref));
-    CHECK(max_abs_diff(ref_cs, fused_cs) <= 1e-5f * max_abs(ref_cs));
-    // Without column sums the output is the same.
-    std::vector<float> plain(ref.size());
-    attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, plain.data(), nullptr);
-    CHECK(plain == fused);
     if (n <= 300) {  // and both agree with the double-precision reference
       std::vector<int32_t> pos(n);
       for (int i = 0; i < n; ++i) pos[i] = i;
@@ -361,22 +368,42 @@ TEST_CASE("decode attention over a multi-segment cache equals the reference", "[
   CHECK(max_abs_diff(ref, fast) < 1e-5f);
 }
 
-TEST_CASE("fast exp is within 2 ulp of std::exp", "[kernels]") {
+TEST_CASE("fast exp is within 2 ulp of std::exp and sums what it wrote", "[kernels]") {
   std::vector<float> x;
   for (float v = -100.0f; v < 88.5f; v += 0.0137f) x.push_back(v);
   x.insert(x.end(), {0.0f, -0.0f, 1e-8f, -1e-8f, 88.5f, -87.0f, -86.9f, -std::numeric_limits<float>::infinity()});
-  auto ref = x, fast = x;
+  auto ref = x;
   exp_shifted_ref(ref.data(), static_cast<int>(ref.size()), 0.5f);
-  exp_shifted(fast.data(), static_cast<int>(fast.size()), 0.5f);
-  int worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (x[i] - 0.5f < -87.0f) {
-      CHECK(fast[i] == 0.0f);
-      continue;
+  for (bool portable : {false, true}) {
+    INFO("portable " << portable);
+    force_portable_kernels(portable);
+    // Lengths around the vector widths reach the tails; the whole range the values.
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(17), size_t(31), x.size()}) {
+      auto fast = x;
+      fast.push_back(123.0f);  // past n: must stay untouched
+      const float sum = exp_shifted(fast.data(), static_cast<int>(n), 0.5f);
+      CHECK(fast[n] == (n < x.size() ? x[n] : 123.0f));
+      int worst = 0;
+      double total = 0;
+      for (size_t i = 0; i < n; ++i) {
+        total += fast[i];
+        if (x[i] - 0.5f < -87.0f) {
+          CHECK(fast[i] == 0.0f);
+          continue;
+        }
+        const int ulps = std::abs(std::bit_cast<int32_t>(ref[i]) - std::bit_cast<int32_t>(fast[i]));
+        worst = std::max(worst, ulps);
+      }
+      INFO("n " << n << ", worst ulp distance " << worst);
+      CHECK(worst <= 2);
+      if (total < std::numeric_limits<float>::max())
+        CHECK(sum == Approx(total).epsilon(1e-5));
+      else  // the whole range reaches e^88 many times over
+        CHECK(std::isinf(sum));
     }
-    const int ulps = std::abs(std::bit_cast<int32_t>(ref[i]) - std::bit_cast<int32_t>(fast[i]));
-    worst = std::max(worst, ulps);
+    float nan = std::numeric_limits<float>::quiet_NaN();
+    exp_shifted(&nan, 1, 0.0f);
+    CHECK(std::isnan(nan));
   }
-  INFO("worst ulp distance " << worst);
-  CHECK(worst <= 2);
+  force_portable_kernels(false);
 }

@@ -7,6 +7,7 @@
 
 #include "harness/util/error.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
 
@@ -159,13 +160,12 @@ void attend(const LayerCache& cache, const float* q, float* out) {
         if (n == 0) continue;
         scores.resize(n);
         seg->logits(qh, scores.data());
-        float m_new = m;
-        for (size_t t = 0; t < n; ++t) m_new = std::max(m_new, scores[t] * scale);
+        for (size_t t = 0; t < n; ++t) scores[t] *= scale;
+        const float m_new = std::max(m, max_of(scores.data(), static_cast<int>(n)));
         // Rescale what was accumulated under the old maximum, then add this segment's terms.
         const float r = std::exp(m - m_new);
         l *= r;
         for (auto& a : acc) a *= r;
-        for (size_t t = 0; t < n; ++t) scores[t] *= scale;
         exp_shifted(scores.data(), static_cast<int>(n), m_new);
         for (size_t t = 0; t < n; ++t) l += scores[t];
         seg->accumulate(scores.data(), acc.data());

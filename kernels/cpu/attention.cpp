@@ -1,12 +1,14 @@
 #include "kernels/cpu/attention.hpp"
 
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/kv_rows.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
@@ -55,32 +57,18 @@ void attention_prefill_blockwise(const float* q, const float* k, const float* v,
 
 namespace {
 
-// Query rows (positions x group heads) per task and keys per tile. Measured on a 2-core Zen 3 at 8K
-// (SmolLM2 shapes): 96 x 128 reached 97 GFLOP/s, 192 x 256 101, 384 x 512 109, larger no better; BLAS
-// runs its products faster the larger they are, while a tile's scores (768 KiB) still stay in cache.
-constexpr int kTileRows = 384;
-constexpr int kKeyTile = 512;
-
 // One key tile of the online softmax. Row r is position `first + r / group` (first: the query tile's
 // first position less the key tile's) and sees the tile's scores up to it, at most `cols`
 // (none: the row is zeroed and its state kept). The row's running max m and sum l are updated, its
 // accumulator rescaled to the new max, and the scores replaced by their exponentials (0 where masked)
 // for the product with V that follows.
-KVB_VECTOR_CLONES void online_softmax_tile(float* s, int rows, int cols, int first, int group, float* m, float* l,
-                                           float* acc, int d) {
+KVB_VECTOR_CLONES void online_softmax_tile(float* s, int lds, int rows, int cols, int first, int group, float* m,
+                                           float* l, float* acc, int d) {
   for (int r = 0; r < rows; ++r) {
-    float* row = s + size_t(r) * kKeyTile;
+    float* row = s + size_t(r) * lds;
     const int vis = std::clamp(first + r / group + 1, 0, cols);
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j < vis; ++j) mx = std::max(mx, row[j]);
-    const float m_new = std::max(m[r], mx);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < vis; ++j) {
-      row[j] = exp_poly(row[j] - m_new);
-      sum += row[j];
-    }
+    const float m_new = std::max(m[r], max_of(row, vis));
+    const float sum = exp_shifted(row, vis, m_new);
     std::fill(row + vis, row + cols, 0.0f);
     if (vis == 0) continue;
     // The first visible tile has m = -inf and nothing accumulated yet.
@@ -96,66 +84,195 @@ KVB_VECTOR_CLONES void online_softmax_tile(float* s, int rows, int cols, int fir
 // Column sums from the kept exponentials of one key tile: tile entries are exp(s - m_t) with m_t the
 // row's running max after that tile; the probability is that times exp(m_t - m) / l with the row's
 // final max m and sum l. Row r belongs to head r % group.
-KVB_VECTOR_CLONES void tile_column_sums(const float* p, int rows, int cols, int first, const float* m_tile,
-                                        const float* m, const float* l, int group, float* const* cs) {
+KVB_VECTOR_CLONES void tile_column_sums(const float* p, int lds, int rows, int cols, int first,
+                                        const float* m_tile, const float* m, const float* l, int group,
+                                        float* const* cs) {
   for (int r = 0; r < rows; ++r) {
     const int vis = std::clamp(first + r / group + 1, 0, cols);
     if (vis == 0) continue;
     const float coef = exp_poly(m_tile[r] - m[r]) / l[r];
-    const float* row = p + size_t(r) * kKeyTile;
+    const float* row = p + size_t(r) * lds;
     float* c = cs[r % group];
 #pragma omp simd
     for (int j = 0; j < vis; ++j) c[j] += row[j] * coef;
   }
 }
 
-}  // namespace
+// Query rows are the positions of a tile times the group's heads: row p * group + j is position p0 + p
+// of head g * group + j. Each product policy below supplies the tile sizes it runs best at, the
+// multiple its row count is padded to (padding rows are zero queries whose output is dropped), and the
+// two products of a key tile: s = q k^T for the tile's keys and acc += p v.
 
-void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d,
-                             float* out, float* colsum) {
+// Through BLAS: any CPU, any head size. Measured on a 2-core Zen 3 at 8K (SmolLM2 shapes): 96 x 128
+// reached 97 GFLOP/s, 192 x 256 101, 384 x 512 109, larger no better; BLAS runs its products faster the
+// larger they are, while a tile's scores (768 KiB) still stay in cache.
+class BlasProducts {
+ public:
+  static constexpr int kRows = 384, kKeys = 512, kRowMultiple = 1;
+  BlasProducts(const float* k, const float* v, int /*n*/, int hkv, int d) : k_(k), v_(v), ld_(hkv * d), d_(d) {}
+  void scores(const float* qt, int rows, int g, int k0, int cols, float* s) const {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d_, 1.0f, qt, d_,
+                k_ + size_t(k0) * ld_ + size_t(g) * d_, ld_, 0.0f, s, kKeys);
+  }
+  void accumulate(const float* p, int rows, int g, int k0, int cols, float* acc) const {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d_, cols, 1.0f, p, kKeys,
+                v_ + size_t(k0) * ld_ + size_t(g) * d_, ld_, 1.0f, acc, d_);
+  }
+
+ private:
+  const float *k_, *v_;
+  int ld_, d_;
+};
+
+// AVX2 register tiles of 6 rows x 16 columns (12 accumulators, two loaded operands, one broadcast) over
+// keys and values packed once per attention call in panels of 16. BLAS packs its operands again on every
+// call and runs these thin products (depth 64) at 55-60% of its peak on one core; the register tiles
+// reach its peak (measured at 8K, SmolLM2 shapes). Head sizes that are multiples of 16.
+constexpr int kPanel = 16, kMicroRows = 6;
+
+// c[i] += sum_e a[i * lda + e] * b[16 e .. 16 e + 16) for the 6 rows i: both products of a tile are this,
+// the scores with a = queries and b = k^T panels, the output with a = exponentials and b = v panels.
+__attribute__((target("avx2,fma"))) inline void tile_6x16(const float* a, size_t lda, const float* b, int depth,
+                                                           __m256 (&c)[kMicroRows][2]) {
+  for (int e = 0; e < depth; ++e) {
+    const __m256 b0 = _mm256_loadu_ps(b + size_t(e) * kPanel), b1 = _mm256_loadu_ps(b + size_t(e) * kPanel + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kMicroRows; ++i) {
+      const __m256 x = _mm256_broadcast_ss(a + size_t(i) * lda + e);
+      c[i][0] = _mm256_fmadd_ps(x, b0, c[i][0]);
+      c[i][1] = _mm256_fmadd_ps(x, b1, c[i][1]);
+    }
+  }
+}
+
+// s[rows x 16 panels] = q[rows x d] k^T, k^T packed as panels of 16 keys: key panel p, dimension e at
+// (p * d + e) * 16. A panel (4 KiB at d = 64) stays in L1 across the row blocks.
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int rows, int d, const float* kt, int panels,
+                                                      float* s, int lds) {
+  for (int p = 0; p < panels; ++p)
+    for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
+      __m256 c[kMicroRows][2];
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
+      tile_6x16(q + size_t(r0) * d, d, kt + size_t(p) * d * kPanel, d, c);
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) {
+        float* dst = s + size_t(r0 + i) * lds + size_t(p) * kPanel;
+        _mm256_storeu_ps(dst, c[i][0]);
+        _mm256_storeu_ps(dst + 8, c[i][1]);
+      }
+    }
+}
+
+// acc[rows x d] += p[rows x cols] v, v packed as panels of 16 columns: column panel c, key j at
+// panel_stride * c + 16 j. The slice the inner loop streams (16 KiB for 256 keys) stays in L1 across
+// the row blocks.
+__attribute__((target("avx2,fma"))) void accumulate_avx2(const float* p, int lds, int rows, int cols, const float* vt,
+                                                          size_t panel_stride, int d, float* acc) {
+  for (int c0 = 0; c0 < d; c0 += kPanel)
+    for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
+      __m256 c[kMicroRows][2];
+      float* out = acc + size_t(r0) * d + c0;
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) {
+        c[i][0] = _mm256_loadu_ps(out + size_t(i) * d);
+        c[i][1] = _mm256_loadu_ps(out + size_t(i) * d + 8);
+      }
+      tile_6x16(p + size_t(r0) * lds, lds, vt + size_t(c0 / kPanel) * panel_stride, cols, c);
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) {
+        _mm256_storeu_ps(out + size_t(i) * d, c[i][0]);
+        _mm256_storeu_ps(out + size_t(i) * d + 8, c[i][1]);
+      }
+    }
+}
+
+class Avx2Products {
+ public:
+  // 96 rows x 256 keys: the tile's scores (96 KiB) stay in L2, a V panel's slice in L1.
+  static constexpr int kRows = 96, kKeys = 256, kRowMultiple = kMicroRows;
+  static bool usable(int d) { return d % kPanel == 0 && cpu_has_avx2(); }
+  // Both packed once per call (each as large as k or v), in 16-wide panels padded with zero keys:
+  // kt_[g][key panel][e][16 keys] and vt_[g][column panel][key][16 columns].
+  Avx2Products(const float* k, const float* v, int n, int hkv, int d)
+      : d_(d), keys_((n + kPanel - 1) / kPanel * kPanel), kt_(size_t(hkv) * keys_ * d), vt_(kt_.size()) {
+    const int ld = hkv * d, panels = keys_ / kPanel;
+#pragma omp parallel for schedule(static)
+    for (int task = 0; task < hkv * panels; ++task) {
+      const int g = task / panels, p = task % panels;
+      float* kdst = kt_.data() + size_t(task) * d * kPanel;
+      for (int jj = 0; jj < kPanel; ++jj) {
+        const int key = p * kPanel + jj;
+        const float* ks = k + size_t(key) * ld + size_t(g) * d;
+        const float* vs = v + size_t(key) * ld + size_t(g) * d;
+        float* vdst = vt_.data() + size_t(g) * keys_ * d + size_t(key) * kPanel;
+        for (int e = 0; e < d; ++e) {
+          kdst[size_t(e) * kPanel + jj] = key < n ? ks[e] : 0.0f;
+          vdst[size_t(e / kPanel) * keys_ * kPanel + e % kPanel] = key < n ? vs[e] : 0.0f;
+        }
+      }
+    }
+  }
+  void scores(const float* qt, int rows, int g, int k0, int cols, float* s) const {
+    scores_avx2(qt, rows, d_, kt_.data() + (size_t(g) * keys_ + k0) * d_, (cols + kPanel - 1) / kPanel, s, kKeys);
+  }
+  void accumulate(const float* p, int rows, int g, int k0, int cols, float* acc) const {
+    accumulate_avx2(p, kKeys, rows, cols, vt_.data() + size_t(g) * keys_ * d_ + size_t(k0) * kPanel,
+                    size_t(keys_) * kPanel, d_, acc);
+  }
+
+ private:
+  int d_, keys_;
+  std::vector<float> kt_, vt_;
+};
+
+template <class Products>
+void attention_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
+                     float* colsum) {
+  constexpr int kKeys = Products::kKeys;
+  const Products products(k, v, n, hkv, d);
   const int group = hq / hkv;
-  const int positions = std::max(1, kTileRows / group);  // positions per task
+  const int positions = std::max(1, Products::kRows / group);  // positions per task
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int ldq = hq * d, ldk = hkv * d;
+  const int ldq = hq * d;
   const int tiles = (n + positions - 1) / positions;
   if (colsum) std::fill(colsum, colsum + size_t(hq) * n, 0.0f);
 #pragma omp parallel
   {
-    const size_t max_rows = size_t(positions) * group;
+    const int max_rows = (positions * group + Products::kRowMultiple - 1) / Products::kRowMultiple *
+                         Products::kRowMultiple;
     // With column sums every key tile's exponentials and row maxima stay until the row's final max and
     // sum are known: rows x n floats, like the blockwise kernel's score block; otherwise one tile.
-    const int kept_tiles = colsum ? (n + kKeyTile - 1) / kKeyTile : 1;
-    std::vector<float> qt(max_rows * d), s(max_rows * kKeyTile * kept_tiles), acc(max_rows * d), m(max_rows),
-        l(max_rows), m_tiles(colsum ? max_rows * kept_tiles : 0), cs(colsum ? size_t(hq) * n : 0);
+    const int kept_tiles = colsum ? (n + kKeys - 1) / kKeys : 1;
+    std::vector<float> qt(size_t(max_rows) * d), s(size_t(max_rows) * kKeys * kept_tiles), acc(size_t(max_rows) * d),
+        m(max_rows), l(max_rows), m_tiles(colsum ? size_t(max_rows) * kept_tiles : 0),
+        cs(colsum ? size_t(hq) * n : 0);
     std::vector<float*> cs_heads(group);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < hkv * tiles; ++task) {
       // The last tiles (most keys) first, so the threads finish together.
       const int g = task % hkv, p0 = (tiles - 1 - task / hkv) * positions;
       const int np = std::min(positions, n - p0), rows = np * group;
-      // Row p * group + j is position p0 + p of head g * group + j, scaled so the scores need no scaling.
+      const int padded = (rows + Products::kRowMultiple - 1) / Products::kRowMultiple * Products::kRowMultiple;
+      // Queries scaled so the scores need no scaling; padding rows are zero and stay so.
       for (int p = 0; p < np; ++p)
         for (int j = 0; j < group; ++j) {
           const float* src = q + size_t(p0 + p) * ldq + size_t(g * group + j) * d;
           float* dst = qt.data() + (size_t(p) * group + j) * d;
           for (int c = 0; c < d; ++c) dst[c] = src[c] * scale;
         }
-      const float* kg = k + size_t(g) * d;
-      const float* vg = v + size_t(g) * d;
+      std::fill(qt.begin() + size_t(rows) * d, qt.begin() + size_t(padded) * d, 0.0f);
       const int keys = p0 + np;  // causal: the tile's last position sees keys [0, p0 + np)
       std::fill(m.begin(), m.begin() + rows, -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.begin() + rows, 0.0f);
-      std::fill(acc.begin(), acc.begin() + size_t(rows) * d, 0.0f);
-      for (int k0 = 0, t = 0; k0 < keys; k0 += kKeyTile, ++t) {
-        const int cols = std::min(kKeyTile, keys - k0);
-        const int kept = colsum ? t : 0;
-        float* st = s.data() + size_t(kept) * max_rows * kKeyTile;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d, 1.0f, qt.data(), d,
-                    kg + size_t(k0) * ldk, ldk, 0.0f, st, kKeyTile);
-        online_softmax_tile(st, rows, cols, p0 - k0, group, m.data(), l.data(), acc.data(), d);
+      std::fill(acc.begin(), acc.begin() + size_t(padded) * d, 0.0f);
+      for (int k0 = 0, t = 0; k0 < keys; k0 += kKeys, ++t) {
+        const int cols = std::min(kKeys, keys - k0);
+        float* st = s.data() + size_t(colsum ? t : 0) * max_rows * kKeys;
+        products.scores(qt.data(), padded, g, k0, cols, st);
+        online_softmax_tile(st, kKeys, rows, cols, p0 - k0, group, m.data(), l.data(), acc.data(), d);
         if (colsum) std::copy(m.begin(), m.begin() + rows, m_tiles.begin() + size_t(t) * max_rows);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, cols, 1.0f, st, kKeyTile,
-                    vg + size_t(k0) * ldk, ldk, 1.0f, acc.data(), d);
+        products.accumulate(st, padded, g, k0, cols, acc.data());
       }
       for (int p = 0; p < np; ++p)
         for (int j = 0; j < group; ++j) {
@@ -165,11 +282,10 @@ void attention_prefill_fused(const float* q, const float* k, const float* v, int
           for (int c = 0; c < d; ++c) dst[c] = acc[r * d + c] * inv;
         }
       if (!colsum) continue;
-      for (int k0 = 0, t = 0; k0 < keys; k0 += kKeyTile, ++t) {
+      for (int k0 = 0, t = 0; k0 < keys; k0 += kKeys, ++t) {
         for (int j = 0; j < group; ++j) cs_heads[j] = cs.data() + size_t(g * group + j) * n + k0;
-        tile_column_sums(s.data() + size_t(t) * max_rows * kKeyTile, rows, std::min(kKeyTile, keys - k0),
-                         p0 - k0, m_tiles.data() + size_t(t) * max_rows, m.data(),
-                         l.data(), group, cs_heads.data());
+        tile_column_sums(s.data() + size_t(t) * max_rows * kKeys, kKeys, rows, std::min(kKeys, keys - k0), p0 - k0,
+                         m_tiles.data() + size_t(t) * max_rows, m.data(), l.data(), group, cs_heads.data());
       }
     }
     if (colsum) {
@@ -177,6 +293,16 @@ void attention_prefill_fused(const float* q, const float* k, const float* v, int
       for (size_t i = 0; i < cs.size(); ++i) colsum[i] += cs[i];
     }
   }
+}
+
+}  // namespace
+
+void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d,
+                             float* out, float* colsum) {
+  if (Avx2Products::usable(d))
+    attention_fused<Avx2Products>(q, k, v, n, hq, hkv, d, out, colsum);
+  else
+    attention_fused<BlasProducts>(q, k, v, n, hq, hkv, d, out, colsum);
 }
 
 }  // namespace kvb

@@ -15,7 +15,9 @@ void attention_prefill_blockwise(const float* q, const float* k, const float* v,
 // online softmax, causal tiles past the diagonal skipped; nothing n x n. The output does not depend on
 // whether column sums are asked for (a cell's numbers must not depend on which other methods share
 // its prefill). For them the tiles' exponentials are kept (rows x n floats per thread, like the
-// blockwise score block) and rescaled by each row's final max and sum at the end.
+// blockwise score block) and rescaled by each row's final max and sum at the end. The two products of
+// each tile run on AVX2 register tiles where the CPU has AVX2 and the head size is a multiple of 16,
+// otherwise through BLAS (also when force_portable_kernels is on).
 void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d,
                              float* out, float* colsum);
 
