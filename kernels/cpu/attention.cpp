@@ -132,8 +132,8 @@ constexpr int kPanel = 16, kMicroRows = 6;
 
 // c[i] += sum_e a[i * lda + e] * b[16 e .. 16 e + 16) for the 6 rows i: both products of a tile are this,
 // the scores with a = queries and b = k^T panels, the output with a = exponentials and b = v panels.
-__attribute__((target("avx2,fma"))) inline void tile_6x16(const float* a, size_t lda, const float* b, int depth,
-                                                           __m256 (&c)[kMicroRows][2]) {
+__attribute__((target("avx2,fma"))) inline void tile_6x16_avx2(const float* a, size_t lda, const float* b,
+                                                                int depth, __m256 (&c)[kMicroRows][2]) {
   for (int e = 0; e < depth; ++e) {
     const __m256 b0 = _mm256_loadu_ps(b + size_t(e) * kPanel), b1 = _mm256_loadu_ps(b + size_t(e) * kPanel + 8);
 #pragma GCC unroll 6
@@ -154,7 +154,7 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int rows, i
       __m256 c[kMicroRows][2];
 #pragma GCC unroll 6
       for (int i = 0; i < kMicroRows; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
-      tile_6x16(q + size_t(r0) * d, d, kt + size_t(p) * d * kPanel, d, c);
+      tile_6x16_avx2(q + size_t(r0) * d, d, kt + size_t(p) * d * kPanel, d, c);
 #pragma GCC unroll 6
       for (int i = 0; i < kMicroRows; ++i) {
         float* dst = s + size_t(r0 + i) * lds + size_t(p) * kPanel;
@@ -178,7 +178,7 @@ __attribute__((target("avx2,fma"))) void accumulate_avx2(const float* p, int lds
         c[i][0] = _mm256_loadu_ps(out + size_t(i) * d);
         c[i][1] = _mm256_loadu_ps(out + size_t(i) * d + 8);
       }
-      tile_6x16(p + size_t(r0) * lds, lds, vt + size_t(c0 / kPanel) * panel_stride, cols, c);
+      tile_6x16_avx2(p + size_t(r0) * lds, lds, vt + size_t(c0 / kPanel) * panel_stride, cols, c);
 #pragma GCC unroll 6
       for (int i = 0; i < kMicroRows; ++i) {
         _mm256_storeu_ps(out + size_t(i) * d, c[i][0]);
