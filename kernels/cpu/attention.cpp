@@ -57,6 +57,9 @@ void attention_prefill_blockwise(const float* q, const float* k, const float* v,
 
 namespace {
 
+// n rounded up to a multiple of m.
+constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
 // One key tile of the online softmax. Row r is position `first + r / group` (first: the query tile's
 // first position less the key tile's) and sees the tile's scores up to it, at most `cols`
 // (none: the row is zeroed and its state kept). The row's running max m and sum l are updated, its
@@ -195,7 +198,7 @@ class Avx2Products {
   // Both packed once per call (each as large as k or v), in 16-wide panels padded with zero keys:
   // kt_[g][key panel][e][16 keys] and vt_[g][column panel][key][16 columns].
   Avx2Products(const float* k, const float* v, int n, int hkv, int d)
-      : d_(d), keys_((n + kPanel - 1) / kPanel * kPanel), kt_(size_t(hkv) * keys_ * d), vt_(kt_.size()) {
+      : d_(d), keys_(round_up(n, kPanel)), kt_(size_t(hkv) * keys_ * d), vt_(kt_.size()) {
     const int ld = hkv * d, panels = keys_ / kPanel;
 #pragma omp parallel for schedule(static)
     for (int task = 0; task < hkv * panels; ++task) {
@@ -239,8 +242,7 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
   if (colsum) std::fill(colsum, colsum + size_t(hq) * n, 0.0f);
 #pragma omp parallel
   {
-    const int max_rows = (positions * group + Products::kRowMultiple - 1) / Products::kRowMultiple *
-                         Products::kRowMultiple;
+    const int max_rows = round_up(positions * group, Products::kRowMultiple);
     // With column sums every key tile's exponentials and row maxima stay until the row's final max and
     // sum are known: rows x n floats, like the blockwise kernel's score block; otherwise one tile.
     const int kept_tiles = colsum ? (n + kKeys - 1) / kKeys : 1;
@@ -253,7 +255,7 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
       // The last tiles (most keys) first, so the threads finish together.
       const int g = task % hkv, p0 = (tiles - 1 - task / hkv) * positions;
       const int np = std::min(positions, n - p0), rows = np * group;
-      const int padded = (rows + Products::kRowMultiple - 1) / Products::kRowMultiple * Products::kRowMultiple;
+      const int padded = round_up(rows, Products::kRowMultiple);
       // Queries scaled so the scores need no scaling; padding rows are zero and stay so.
       for (int p = 0; p < np; ++p)
         for (int j = 0; j < group; ++j) {
