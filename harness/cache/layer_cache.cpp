@@ -166,8 +166,7 @@ void attend(const LayerCache& cache, const float* q, float* out) {
         const float r = std::exp(m - m_new);
         l *= r;
         for (auto& a : acc) a *= r;
-        exp_shifted(scores.data(), static_cast<int>(n), m_new);
-        for (size_t t = 0; t < n; ++t) l += scores[t];
+        l += exp_shifted(scores.data(), static_cast<int>(n), m_new);
         seg->accumulate(scores.data(), acc.data());
         m = m_new;
       }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
 
@@ -181,10 +182,8 @@ void attention_forward(const float* q, const float* k, const float* v, int n, in
       for (int r = 0; r < rows; ++r) {
         float* row = s.data() + size_t(r) * keys;
         const int visible = c0 + r + 1;
-        const float m = *std::max_element(row, row + visible);
-        exp_shifted(row, visible, m);
-        float sum = 0;
-        for (int j = 0; j < visible; ++j) sum += row[j];
+        const float m = max_of(row, visible);
+        const float sum = exp_shifted(row, visible, m);
         const float inv = 1.0f / sum;
         for (int j = 0; j < visible; ++j) row[j] *= inv;
         std::fill(row + visible, row + keys, 0.0f);

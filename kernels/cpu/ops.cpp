@@ -201,11 +201,7 @@ float exp_shifted(float* x, int n, float shift) {
 }
 
 void softmax_inplace(float* x, int n) {
-  const float m = max_of(x, n);
-  exp_shifted(x, n, m);
-  float sum = 0;
-  for (int i = 0; i < n; ++i) sum += x[i];
-  const float inv = 1.0f / sum;
+  const float inv = 1.0f / exp_shifted(x, n, max_of(x, n));
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
