@@ -2,12 +2,13 @@
 #include <fmt/core.h>
 
 #include "harness/cli/commands.hpp"
+#include "harness/experiment/experiment.hpp"
 #include "harness/util/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvbench: KV-cache compression research harness"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kvbench 0.1.0");
+  app.set_version_flag("--version", fmt::format("kvbench 0.1.0 (code {})", kvb::code_version()));
   kvb::cli::register_model_commands(app);
   kvb::cli::register_engine_commands(app);
   kvb::cli::register_bench_command(app);

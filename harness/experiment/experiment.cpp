@@ -16,11 +16,9 @@
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/hash.hpp"
+#include "kvbench/git_version.hpp"
 #include "tasks/task.hpp"
 
-#ifndef KVBENCH_GIT_VERSION
-#define KVBENCH_GIT_VERSION "unknown"
-#endif
 
 namespace kvb {
 
