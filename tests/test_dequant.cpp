@@ -136,6 +136,24 @@ TEST_CASE("hand-computed K-quant blocks", "[dequant]") {
   CHECK(y[0] == 19.0f);
 }
 
+TEST_CASE("the eight scales and mins of a K-quant block unpacked at once equal scale_min_k4's", "[dequant]") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int trial = 0; trial < 200; ++trial) {
+    uint8_t packed[12];
+    for (auto& v : packed) v = static_cast<uint8_t>(trial < 2 ? 255 * trial : byte(rng));  // all 0s, all 1s, random
+    uint8_t out[16];
+    unpack_scales_mins_k4(packed, out);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc = 0, m = 0;
+      scale_min_k4(j, packed, sc, m);
+      INFO("trial " << trial << " sub-block " << j);
+      CHECK(int(out[j]) == int(sc));
+      CHECK(int(out[8 + j]) == int(m));
+    }
+  }
+}
+
 TEST_CASE("dequantization matches the gguf package bit for bit on random blocks", "[dequant]") {
   for (const auto& j : test::read_jsonl(test::fixture("gguf/dequant_blocks.jsonl"))) {
     const std::string name = j["type"];

@@ -5,11 +5,14 @@
 
 namespace kvb {
 
-__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+__attribute__((target("avx2,fma"))) inline float hsum_sse(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+  return hsum_sse(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
 // exp_poly (vec_math.hpp) on eight lanes: the same clamps, range reduction and polynomial, 0 below -87;

@@ -170,43 +170,53 @@ __attribute__((target("avx2,fma"))) inline __m256i dot_scaled(__m256i u, __m256i
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales);
 }
 
+// A 16-bit lane broadcast of word `lo` of each 128-bit lane's source in the low lane and of word `hi`
+// in the high one (a vpshufb mask): hands every sub-block its scale without leaving the registers.
+__attribute__((target("avx2,fma"))) inline __m256i word_mask(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((2 * hi + 1) << 8 | 2 * hi)),
+                          _mm_set1_epi16(static_cast<int16_t>((2 * lo + 1) << 8 | 2 * lo)));
+}
+
 __attribute__((target("avx2,fma,f16c"))) float q4k_dot_avx2(const uint8_t* row, const Q8KRow& x, int blocks) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
-  float mins_total = 0;
+  __m128 acc_mins = _mm_setzero_ps();
   for (int i = 0; i < blocks; ++i) {
     const uint8_t* b = row + size_t(i) * 144;
     const int8_t* q = x.q.data() + size_t(i) * QKK;
-    const int16_t* bs = x.bsums.data() + size_t(i) * 16;
+    uint8_t packed[16];
+    unpack_scales_mins_k4(b + 4, packed);
+    const __m256i scales_mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed)));
+    // The mins against the activations' sums per sub-block of 32 (pairs of the sums per 16).
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums.data() + size_t(i) * 16));
+    const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
+    acc_mins = _mm_fmadd_ps(_mm_set1_ps(rdh_f16c(b + 2) * x.d[i]), _mm_cvtepi32_ps(mins), acc_mins);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
     __m256i isum = _mm256_setzero_si256();
-    int mins = 0;
-    for (int c = 0; c < 4; ++c) {
-      uint8_t sc1, m1, sc2, m2;
-      scale_min_k4(2 * c, b + 4, sc1, m1);
-      scale_min_k4(2 * c + 1, b + 4, sc2, m2);
+    for (int c = 0; c < 4; ++c) {  // 64 values: low nibbles are sub-block 2c, high ones 2c + 1
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
       const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
       const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
       const __m256i qhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32));
-      isum = _mm256_add_epi32(isum, _mm256_add_epi32(dot_scaled(lo, qlo, _mm256_set1_epi16(sc1)),
-                                                     dot_scaled(hi, qhi, _mm256_set1_epi16(sc2))));
-      mins += m1 * (bs[4 * c] + bs[4 * c + 1]) + m2 * (bs[4 * c + 2] + bs[4 * c + 3]);
+      isum = _mm256_add_epi32(
+          isum, _mm256_add_epi32(dot_scaled(lo, qlo, _mm256_shuffle_epi8(scales, word_mask(2 * c, 2 * c))),
+                                 dot_scaled(hi, qhi, _mm256_shuffle_epi8(scales, word_mask(2 * c + 1, 2 * c + 1)))));
     }
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(rdh_f16c(b) * x.d[i]), acc);
-    mins_total += rdh_f16c(b + 2) * x.d[i] * static_cast<float>(mins);
   }
-  return hsum_avx2(acc) - mins_total;
+  return hsum_avx2(acc) - hsum_sse(acc_mins);
 }
 
 __attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, const Q8KRow& x, int blocks) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
   __m256 acc = _mm256_setzero_ps();
-  float offset = 0;  // the -32 of every value, against the activations' sums
+  __m256 offset = _mm256_setzero_ps();  // the -32 of every value, against the activations' sums
   for (int i = 0; i < blocks; ++i) {
     const uint8_t* b = row + size_t(i) * 210;
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
     const int8_t* q = x.q.data() + size_t(i) * QKK;
-    const int16_t* bs = x.bsums.data() + size_t(i) * 16;
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums.data() + size_t(i) * 16));
     __m256i isum = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = b + 64 * half;
@@ -222,20 +232,19 @@ __attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, 
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
-      for (int g = 0; g < 4; ++g) {
-        const int k = 8 * half + 2 * g;  // the group's two sub-blocks of 16: k and k + 1
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k]));
+      // The half's eight scales (sub-blocks 8 half .. 8 half + 7) in both lanes.
+      const __m256i half_sc = half == 0 ? _mm256_permute2x128_si256(sc, sc, 0x00) : _mm256_permute2x128_si256(sc, sc, 0x11);
+      for (int g = 0; g < 4; ++g) {  // the group's two sub-blocks of 16: 2g and 2g + 1 of the half
+        const __m256i scales = _mm256_shuffle_epi8(half_sc, word_mask(2 * g, 2 * g + 1));
         const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128 * half + 32 * g));
         isum = _mm256_add_epi32(isum, dot_scaled(u[g], qv, scales));
       }
     }
-    int off = 0;
-    for (int k = 0; k < 16; ++k) off += sc[k] * bs[k];
-    const float dd = rdh_f16c(b + 208) * x.d[i];
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc);
-    offset += dd * static_cast<float>(32 * off);
+    const __m256 dd = _mm256_set1_ps(rdh_f16c(b + 208) * x.d[i]);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+    offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sc, bsums)), dd, offset);
   }
-  return hsum_avx2(acc) - offset;
+  return hsum_avx2(acc) - 32.0f * hsum_avx2(offset);
 }
 
 void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, const Q8KRow& x, int blocks, int out, float* y) {
