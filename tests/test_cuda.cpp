@@ -45,12 +45,6 @@ std::vector<float> round_bf16(std::vector<float> v) {
   return v;
 }
 
-float max_abs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
 // |gpu - cpu| <= tol * max|cpu| over the whole output.
 void check_close(const std::vector<float>& gpu, const std::vector<float>& cpu, float tol) {
   const float err = max_abs_diff(gpu, cpu), scale = std::max(max_abs(cpu), 1e-30f);

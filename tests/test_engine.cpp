@@ -41,12 +41,6 @@ nlohmann::json parity_fixture() {
   return nlohmann::json::parse(jf);
 }
 
-float max_abs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
 }  // namespace
 
 TEST_CASE("decoding token by token gives the logits of a full prefill", "[engine][model]") {
@@ -68,8 +62,8 @@ TEST_CASE("decoding token by token gives the logits of a full prefill", "[engine
   CHECK(e.kv_bytes() == full_bytes);
   float diff = 0;
   for (size_t i = 0; i < full.size(); ++i) diff = std::max(diff, std::abs(full[i] - step[i]));
-  INFO("max |diff| = " << diff << ", max |logit| = " << max_abs(full));
-  CHECK(diff < 1e-4f * max_abs(full));
+  INFO("max |diff| = " << diff << ", max |logit| = " << test::max_abs(full));
+  CHECK(diff < 1e-4f * test::max_abs(full));
   CHECK(argmax(full) == argmax(step));
 }
 
@@ -148,7 +142,7 @@ TEST_CASE("bf16 weights: logits near fp32's and the parity prompts' greedy conti
     const auto want = L->engine->prefill(ids);
     auto logits = e.prefill(ids);
     const float err = test::max_abs_diff(logits, want);
-    worst_ratio = std::max(worst_ratio, err / max_abs(want));
+    worst_ratio = std::max(worst_ratio, err / test::max_abs(want));
     std::vector<int32_t> ours;
     for (size_t t = 0; t < greedy.size(); ++t) {
       ours.push_back(argmax(logits));
@@ -201,7 +195,7 @@ TEST_CASE("gguf weights of a Q4_K_M-type model: K-quant blocks multiplied as the
   for (int32_t t : {7, 300, 42}) steps.emplace_back(gguf.decode(t), fp32.decode(t));
   for (const auto& [got, want] : steps) {
     // Only the activations' 8-bit quantization per block of 256 separates the two.
-    CHECK(test::max_abs_diff(got, want) < 0.03f * max_abs(want));
+    CHECK(test::max_abs_diff(got, want) < 0.03f * test::max_abs(want));
   }
   s.hidden = 320;  // rows of 320 values are no whole number of K-quant blocks
   s.heads = s.kv_heads = 5;
@@ -230,7 +224,7 @@ TEST_CASE("gguf weights: products on the file's blocks, logits near fp32's on th
     const auto want_pre = L->engine->prefill(ids), want_dec = L->engine->decode(next);
     const auto got_pre = e.prefill(ids), got_dec = e.decode(next);
     for (auto [got, want] : {std::pair{&got_pre, &want_pre}, {&got_dec, &want_dec}}) {
-      worst_ratio = std::max(worst_ratio, test::max_abs_diff(*got, *want) / max_abs(*want));
+      worst_ratio = std::max(worst_ratio, test::max_abs_diff(*got, *want) / test::max_abs(*want));
       top1 += argmax(*got) == argmax(*want);
       ++steps;
     }

@@ -28,12 +28,6 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   return v;
 }
 
-float max_abs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
 }  // namespace
 
 TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
@@ -131,14 +125,15 @@ void check_quant_products(DType t, const std::vector<size_t>& scales_at, float s
 
 }  // namespace
 
-TEST_CASE("products on Q4_0, Q4_1 and Q8_0 blocks equal their references", "[kernels]") {
+TEST_CASE("products on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks equal their references", "[kernels]") {
   const bool portable = GENERATE(false, true);
   force_portable_kernels(portable);
   INFO((portable ? "portable" : "vector") << " kernels");
   std::mt19937 rng(5);
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0})
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
     for (auto [n, in, out] : {std::tuple{1, 32, 5}, {1, 576, 192}, {1, 1536, 37}, {3, 64, 9}, {17, 576, 300}})
-      check_quant_products(t, t == DType::Q4_1 ? std::vector<size_t>{0, 2} : std::vector<size_t>{0}, 0.01f, rng, n,
+      check_quant_products(t, t == DType::Q4_1 || t == DType::Q5_1 ? std::vector<size_t>{0, 2} : std::vector<size_t>{0},
+                           0.01f, rng, n,
                            in, out, [&](const float* x, const uint8_t* w, float* y) {
                              Q8Row q;
                              quantize_row_q8(x, in, q);

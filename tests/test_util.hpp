@@ -114,6 +114,12 @@ void require_error(F&& f, std::initializer_list<std::string> fragments) {
   FAIL("expected kvb::Error mentioning " << *fragments.begin());
 }
 
+inline float max_abs(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
 inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   float m = 0;

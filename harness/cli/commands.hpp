@@ -31,8 +31,8 @@ inline void add_kv_dtype_option(CLI::App* cmd, std::string& into) {
 inline void add_weights_option(CLI::App* cmd, std::string& into) {
   cmd->add_option("--weights", into,
                   "Weight storage: fp32 (the CPU default; matches Hugging Face), bf16 (half the bytes per "
-                  "decode step; the CUDA backend's only format) or gguf (CPU: the file's Q4_0/Q4_1/Q8_0/Q4_K/"
-                  "Q6_K blocks as they are, other matrices bf16)")
+                  "decode step; the CUDA backend's only format) or gguf (CPU: the file's Q4_0/Q4_1/Q5_0/Q5_1/"
+                  "Q8_0/Q4_K/Q6_K blocks as they are, other matrices bf16)")
       ->check(CLI::IsMember({"fp32", "bf16", "gguf"}));
 }
 inline std::optional<WeightFormat> weights_option(const std::string& s) {

@@ -26,8 +26,12 @@ float rdh(const uint8_t* p) {
 
 size_t block_bytes(DType t) { return dtype_info(t).block_bytes; }
 
-// Integer sum of one weight block against 32 quantized activations, and the block's two scales:
-// the product is d * isum (+ m * s for Q4_1).
+// Q4_1 and Q5_1 blocks carry a min (value = d q + m), added as m x (d_x sum q_x).
+constexpr bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+
+// Integer sum of one weight block against 32 quantized activations: the product is d * isum (+ m * s
+// where the block has a min). Element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of
+// qs[j - 16]; Q5 blocks put bit j of qh above it.
 int block_isum(DType t, const uint8_t* b, const int8_t* q) {
   int sum = 0;
   if (t == DType::Q8_0) {
@@ -35,9 +39,18 @@ int block_isum(DType t, const uint8_t* b, const int8_t* q) {
     for (int j = 0; j < QK; ++j) sum += w[j] * q[j];
     return sum;
   }
-  const uint8_t* qs = b + (t == DType::Q4_1 ? 4 : 2);
-  const int off = t == DType::Q4_0 ? 8 : 0;
-  for (int j = 0; j < QK / 2; ++j) sum += ((qs[j] & 0x0F) - off) * q[j] + ((qs[j] >> 4) - off) * q[j + QK / 2];
+  const bool q5 = t == DType::Q5_0 || t == DType::Q5_1;
+  const uint8_t* qs = b + (has_min(t) ? 4 : 2);
+  uint32_t qh = 0;
+  if (q5) {
+    std::memcpy(&qh, qs, 4);
+    qs += 4;
+  }
+  const int off = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0;
+  for (int j = 0; j < QK / 2; ++j) {
+    const int lo = (qs[j] & 0x0F) | int((qh >> j) & 1) << 4, hi = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+    sum += (lo - off) * q[j] + (hi - off) * q[j + QK / 2];
+  }
   return sum;
 }
 
@@ -47,7 +60,7 @@ float dot_row_portable(DType t, const uint8_t* row, const Q8Row& x, int blocks) 
   for (int i = 0; i < blocks; ++i) {
     const uint8_t* b = row + i * bb;
     acc += rdh(b) * x.d[i] * static_cast<float>(block_isum(t, b, x.q.data() + size_t(i) * QK));
-    if (t == DType::Q4_1) acc += rdh(b + 2) * x.s[i];
+    if (has_min(t)) acc += rdh(b + 2) * x.s[i];
   }
   return acc;
 }
@@ -69,14 +82,32 @@ __attribute__((target("avx2,fma"))) inline __m256i nibbles(const uint8_t* qs, __
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low4);
 }
 
+// The 32 fifth bits of a Q5 block (bit j of qh for element j) as bytes 0x10 or 0.
+__attribute__((target("avx2,fma"))) inline __m256i fifth_bits(const uint8_t* qh) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  // Byte j takes byte j / 8 of qh, then keeps bit j % 8 of it.
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)),
+                                             _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 // One weight row against the quantized x; the block type is a template argument so that each
 // loop is straight-line code, and two accumulators keep the FMA chain short.
 template <DType T>
 __attribute__((target("avx2,fma,f16c"))) float dot_row_avx2(const uint8_t* row, const Q8Row& x, int blocks) {
-  constexpr size_t bb = T == DType::Q8_0 ? 34 : T == DType::Q4_1 ? 20 : 18;
-  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+  constexpr size_t bb = T == DType::Q8_0   ? 34
+                        : T == DType::Q5_1 ? 24
+                        : T == DType::Q5_0 ? 22
+                        : T == DType::Q4_1 ? 20
+                                           : 18;
+  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  // Q4_0 and Q5_0 values are unsigned minus 8 or 16: (u - off) q = u q - off q
+  const __m256i off = _mm256_set1_epi8(T == DType::Q5_0 ? 16 : 8);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  float extra = 0;  // Q4_1: sum of m x s
+  float extra = 0;  // blocks with a min: sum of m x s
   for (int i = 0; i < blocks; ++i) {
     const uint8_t* b = row + i * bb;
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + size_t(i) * QK));
@@ -85,11 +116,16 @@ __attribute__((target("avx2,fma,f16c"))) float dot_row_avx2(const uint8_t* row, 
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
       // signed x signed through the unsigned x signed instruction: |w| x (q with w's sign)
       isum = dot_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w), ones16);
-    } else if constexpr (T == DType::Q4_1) {
-      isum = dot_us8(nibbles(b + 4, low4), q, ones16);
-      extra += rdh_f16c(b + 2) * x.s[i];
-    } else {  // Q4_0: (n - 8) q = n q - 8 q
-      isum = _mm256_sub_epi32(dot_us8(nibbles(b + 2, low4), q, ones16), dot_us8(eight, q, ones16));
+    } else {
+      constexpr size_t qh_at = T == DType::Q5_1 ? 4 : 2;
+      constexpr bool q5 = T == DType::Q5_0 || T == DType::Q5_1;
+      __m256i u = nibbles(b + (q5 ? qh_at + 4 : has_min(T) ? 4 : 2), low4);
+      if constexpr (q5) u = _mm256_or_si256(u, fifth_bits(b + qh_at));
+      isum = dot_us8(u, q, ones16);
+      if constexpr (has_min(T))
+        extra += rdh_f16c(b + 2) * x.s[i];
+      else
+        isum = _mm256_sub_epi32(isum, dot_us8(off, q, ones16));
     }
     acc[i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(rdh_f16c(b) * x.d[i]), acc[i & 1]);
   }
@@ -261,7 +297,8 @@ void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, const Q8KRow& x, i
 }  // namespace
 
 bool linear_quant_supports(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0 ||
+         t == DType::Q4_K || t == DType::Q6_K;
 }
 
 void quantize_row_q8_k(const float* x, int n, Q8KRow& out) {
@@ -347,7 +384,7 @@ void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, 
     for (int i = 0; i < blocks; ++i) {
       const uint8_t* b = w + (size_t(o) * blocks + i) * bb;
       acc += double(rdh(b)) * x.d[i] * block_isum(t, b, x.q.data() + size_t(i) * QK);
-      if (t == DType::Q4_1) acc += double(rdh(b + 2)) * x.s[i];
+      if (has_min(t)) acc += double(rdh(b + 2)) * x.s[i];
     }
     y[o] = static_cast<float>(acc);
   }
@@ -367,12 +404,14 @@ void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, 
     if (!cpu_has_avx2()) {
 #pragma omp parallel for schedule(static)
       for (int o = 0; o < out; ++o) y[o] = dot_row_portable(t, w + size_t(o) * row_bytes, xq, blocks);
-    } else if (t == DType::Q4_1) {
-      gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xq, blocks, out, y);
-    } else if (t == DType::Q8_0) {
-      gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xq, blocks, out, y);
     } else {
-      gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xq, blocks, out, y);
+      switch (t) {
+        case DType::Q4_1: gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xq, blocks, out, y); break;
+        case DType::Q5_0: gemv_rows_avx2<DType::Q5_0>(w, row_bytes, xq, blocks, out, y); break;
+        case DType::Q5_1: gemv_rows_avx2<DType::Q5_1>(w, row_bytes, xq, blocks, out, y); break;
+        case DType::Q8_0: gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xq, blocks, out, y); break;
+        default: gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xq, blocks, out, y);
+      }
     }
     if (bias) add_bias(y, bias, 1, out);
   } else {

@@ -1,9 +1,9 @@
 #pragma once
-// Matrix products straight on GGUF weight blocks (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K and Q6_K
-// of Q4_K_M files): the CPU engine's `gguf` weight format, which reads the file's quantized bytes at
+// Matrix products straight on GGUF weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants Q4_K
+// and Q6_K of Q4_K_M files): the CPU engine's `gguf` weight format, which reads the file's quantized bytes at
 // each decode step instead of their fp32 expansion. As ggml does for these types, one token's
-// activations are quantized to 8 bits per block (of 32: Q8_0 for Q4_0 and Q8_0 weights, Q8_1, which
-// also keeps d x sum(q), for Q4_1; of 256: Q8_K, with the sums of each 16, for the K-quants), the
+// activations are quantized to 8 bits per block (of 32: Q8_0 for Q4_0, Q5_0 and Q8_0 weights, Q8_1, which
+// also keeps d x sum(q), for Q4_1 and Q5_1; of 256: Q8_K, with the sums of each 16, for the K-quants), the
 // block products are exact integer sums, and each is scaled by the blocks' scales.
 #include <cstdint>
 #include <vector>
