@@ -125,6 +125,35 @@ void check_quant_products(DType t, const std::vector<size_t>& scales_at, float s
 
 }  // namespace
 
+TEST_CASE("hand-computed Q5_0 and Q5_1 block products", "[kernels]") {
+  // Element 0: low nibble of qs[0] with bit 0 of qh; element 16: high nibble of qs[0] with bit 16.
+  Q8Row x;
+  x.q.assign(32, 0);
+  x.q[0] = 3;
+  x.q[16] = -2;
+  x.q[1] = 5;  // element 1: nibble 0, no fifth bit
+  x.d = {0.5f};
+  x.s = {0.5f * 6};  // d x sum(q)
+  std::vector<uint8_t> q50(22, 0), q51(24, 0);
+  const uint16_t one = float_to_half(1.0f), quarter = float_to_half(0.25f);
+  std::memcpy(&q50[0], &one, 2);
+  q50[2] = 0x01;        // qh bit 0
+  q50[2 + 2] = 0x01;    // qh bit 16
+  q50[6] = 0x27;        // qs[0]: low 7, high 2
+  float y = 0;
+  gemv_quant_ref(DType::Q5_0, q50.data(), x, 32, 1, &y);
+  // (7|16)-16 = 7, (2|16)-16 = 2, 0-16 = -16: 0.5 (7*3 + 2*-2 - 16*5)
+  CHECK(y == 0.5f * (21 - 4 - 80));
+  std::memcpy(&q51[0], &one, 2);
+  std::memcpy(&q51[2], &quarter, 2);
+  q51[4] = 0x01;
+  q51[4 + 2] = 0x01;
+  q51[8] = 0x27;
+  gemv_quant_ref(DType::Q5_1, q51.data(), x, 32, 1, &y);
+  // 23, 18, 0, plus the min against d x sum(q): 0.5 (23*3 + 18*-2) + 0.25 * 3
+  CHECK(y == 0.5f * (69 - 36) + 0.25f * 3.0f);
+}
+
 TEST_CASE("products on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks equal their references", "[kernels]") {
   const bool portable = GENERATE(false, true);
   force_portable_kernels(portable);

@@ -4,7 +4,9 @@
 // prompts, logits at a few positions, top-1 and greedy continuations. scripts/setup.sh fetches this
 // model only when asked (--model qwen2.5-coder-0.5b), so these tests skip with a warning when it is
 // absent, also under KVBENCH_REQUIRE_MODELS=1; KVBENCH_REQUIRE_QWEN=1 makes its absence a failure.
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -216,8 +218,12 @@ TEST_CASE("Qwen2.5-Coder with gguf weights: its Q4_K, Q5_0, Q6_K and Q8_0 matric
   float worst = 0;
   for (const auto& [got, want] : steps) {
     // Only the activations' 8-bit quantization (per block of 32 or 256) separates the two.
-    worst = std::max(worst, test::max_abs_diff(got, want) / test::max_abs(want));
-    CHECK(argmax(got) == argmax(want));
+    const float diff = test::max_abs_diff(got, want);
+    worst = std::max(worst, diff / test::max_abs(want));
+    // The top token must agree unless fp32's two best are within twice the error of each other.
+    std::vector<float> sorted = want;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    CHECK((argmax(got) == argmax(want) || sorted[0] - sorted[1] <= 2 * diff));
   }
   WARN("Qwen2.5-Coder gguf vs fp32 weights: worst max|diff| / max|logit| = " << worst << " over 4 steps");
   CHECK(worst < 0.03f);

@@ -19,7 +19,6 @@
 #include "kvbench/git_version.hpp"
 #include "tasks/task.hpp"
 
-
 namespace kvb {
 
 const char* code_version() { return KVBENCH_GIT_VERSION; }
