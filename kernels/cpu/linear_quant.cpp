@@ -28,6 +28,10 @@ size_t block_bytes(DType t) { return dtype_info(t).block_bytes; }
 
 // Q4_1 and Q5_1 blocks carry a min (value = d q + m), added as m x (d_x sum q_x).
 constexpr bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+constexpr bool has_fifth_bit(DType t) { return t == DType::Q5_0 || t == DType::Q5_1; }
+// Block layout of the 32-value types but Q8_0: fp16 d (and m), Q5's 32 fifth bits, 16 bytes of nibbles.
+constexpr size_t qh_offset(DType t) { return has_min(t) ? 4 : 2; }
+constexpr size_t qs_offset(DType t) { return qh_offset(t) + (has_fifth_bit(t) ? 4 : 0); }
 
 // Integer sum of one weight block against 32 quantized activations: the product is d * isum (+ m * s
 // where the block has a min). Element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of
@@ -39,13 +43,9 @@ int block_isum(DType t, const uint8_t* b, const int8_t* q) {
     for (int j = 0; j < QK; ++j) sum += w[j] * q[j];
     return sum;
   }
-  const bool q5 = t == DType::Q5_0 || t == DType::Q5_1;
-  const uint8_t* qs = b + (has_min(t) ? 4 : 2);
+  const uint8_t* qs = b + qs_offset(t);
   uint32_t qh = 0;
-  if (q5) {
-    std::memcpy(&qh, qs, 4);
-    qs += 4;
-  }
+  if (has_fifth_bit(t)) std::memcpy(&qh, b + qh_offset(t), 4);
   const int off = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0;
   for (int j = 0; j < QK / 2; ++j) {
     const int lo = (qs[j] & 0x0F) | int((qh >> j) & 1) << 4, hi = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
@@ -98,11 +98,7 @@ __attribute__((target("avx2,fma"))) inline __m256i fifth_bits(const uint8_t* qh)
 // loop is straight-line code, and two accumulators keep the FMA chain short.
 template <DType T>
 __attribute__((target("avx2,fma,f16c"))) float dot_row_avx2(const uint8_t* row, const Q8Row& x, int blocks) {
-  constexpr size_t bb = T == DType::Q8_0   ? 34
-                        : T == DType::Q5_1 ? 24
-                        : T == DType::Q5_0 ? 22
-                        : T == DType::Q4_1 ? 20
-                                           : 18;
+  constexpr size_t bb = T == DType::Q8_0 ? 34 : qs_offset(T) + QK / 2;
   const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
   // Q4_0 and Q5_0 values are unsigned minus 8 or 16: (u - off) q = u q - off q
   const __m256i off = _mm256_set1_epi8(T == DType::Q5_0 ? 16 : 8);
@@ -117,10 +113,8 @@ __attribute__((target("avx2,fma,f16c"))) float dot_row_avx2(const uint8_t* row, 
       // signed x signed through the unsigned x signed instruction: |w| x (q with w's sign)
       isum = dot_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w), ones16);
     } else {
-      constexpr size_t qh_at = T == DType::Q5_1 ? 4 : 2;
-      constexpr bool q5 = T == DType::Q5_0 || T == DType::Q5_1;
-      __m256i u = nibbles(b + (q5 ? qh_at + 4 : has_min(T) ? 4 : 2), low4);
-      if constexpr (q5) u = _mm256_or_si256(u, fifth_bits(b + qh_at));
+      __m256i u = nibbles(b + qs_offset(T), low4);
+      if constexpr (has_fifth_bit(T)) u = _mm256_or_si256(u, fifth_bits(b + qh_offset(T)));
       isum = dot_us8(u, q, ones16);
       if constexpr (has_min(T))
         extra += rdh_f16c(b + 2) * x.s[i];
@@ -253,6 +247,8 @@ __attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, 
     const int8_t* q = x.q.data() + size_t(i) * QKK;
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums.data() + size_t(i) * 16));
+    // Each half's eight scales (sub-blocks 8 half .. 8 half + 7) in both lanes.
+    const __m256i half_sc[2] = {_mm256_permute2x128_si256(sc, sc, 0x00), _mm256_permute2x128_si256(sc, sc, 0x11)};
     __m256i isum = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = b + 64 * half;
@@ -268,10 +264,8 @@ __attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, 
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
-      // The half's eight scales (sub-blocks 8 half .. 8 half + 7) in both lanes.
-      const __m256i half_sc = half == 0 ? _mm256_permute2x128_si256(sc, sc, 0x00) : _mm256_permute2x128_si256(sc, sc, 0x11);
       for (int g = 0; g < 4; ++g) {  // the group's two sub-blocks of 16: 2g and 2g + 1 of the half
-        const __m256i scales = _mm256_shuffle_epi8(half_sc, word_mask(2 * g, 2 * g + 1));
+        const __m256i scales = _mm256_shuffle_epi8(half_sc[half], word_mask(2 * g, 2 * g + 1));
         const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128 * half + 32 * g));
         isum = _mm256_add_epi32(isum, dot_scaled(u[g], qv, scales));
       }
