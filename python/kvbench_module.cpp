@@ -465,6 +465,22 @@ PYBIND11_MODULE(_kvbench, m) {
   using namespace kvb;
   using namespace kvb::python;
   m.doc() = "kvbench's native engine, registries, sweeps and metrics";
+  const std::string pybind11_version =
+      fmt::format("{}.{}.{}", PYBIND11_VERSION_MAJOR, PYBIND11_VERSION_MINOR, PYBIND11_VERSION_PATCH);
+  m.attr("pybind11_version") = pybind11_version;
+#if PYBIND11_VERSION_MAJOR < 2 || (PYBIND11_VERSION_MAJOR == 2 && PYBIND11_VERSION_MINOR < 12)
+  // pybind11 before 2.12 reads numpy 1's descriptor layout: under numpy 2 every array it makes has
+  // zero strides, each element reading as the first. Refuse rather than hand those out.
+  {
+    const std::string np = py::module_::import("numpy").attr("__version__").cast<std::string>();
+    if (!np.starts_with("1."))
+      throw py::import_error(fmt::format(
+          "kvbench: this module was built with pybind11 {}, which predates numpy 2, and numpy {} is installed: its "
+          "arrays would read wrong. Rebuild it with pybind11 >= 2.12 (scripts/setup.sh fetches 2.13.6; pip install . "
+          "uses the package index's) or use numpy < 2",
+          pybind11_version, np));
+  }
+#endif
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
 
   py::class_<LayerView>(m, "LayerView", "One layer after the full-attention prefill, valid during compress()")

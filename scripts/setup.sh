@@ -27,7 +27,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config python3-pip unzip
   libyaml-cpp-dev libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev python3-doc
   slurm-wlm munge jq  # kvbench submit's test starts a private Slurm cluster
-  pybind11-dev python3-dev python3-venv python3-numpy python3-pandas python3-pytest)  # the Python module
+  python3-dev python3-venv python3-numpy python3-pandas python3-pytest)  # the Python module (pybind11: below)
 
 if [[ "${SKIP_APT:-0}" != 1 ]]; then
   missing=()
@@ -239,13 +239,44 @@ PY
   log "fetched ${DATA#$ROOT/}/punkt/english (${PUNKT_FILES[*]})"
 fi
 
+# pybind11 from the package index: Debian's (2.10) predates numpy 2's ABI and hands out arrays whose
+# strides are 0 under numpy 2 (every element reads as the first); 2.12 and later support both.
+PYBIND11_DIR=$ROOT/.cache/pybind11-2.13.6
+if [[ -f $PYBIND11_DIR/pybind11/share/cmake/pybind11/pybind11Config.cmake ]]; then
+  log "present: ${PYBIND11_DIR#$ROOT/}"
+else
+  tmp=$(mktemp -d)
+  whl=$(download_dist pybind11==2.13.6 "$tmp")
+  [[ $(sha256sum "$whl" | cut -d' ' -f1) == 237c41e29157b962835d356b370ededd57594a26d5894a795960f0047cb5caf5 ]] \
+    || die "$(basename "$whl"): unexpected sha256 (expected 237c41e29157b962835d356b370ededd57594a26d5894a795960f0047cb5caf5)"
+  rm -rf "$PYBIND11_DIR" && mkdir -p "$PYBIND11_DIR"
+  unzip -q "$whl" 'pybind11/*' -d "$PYBIND11_DIR" || die "could not unpack $(basename "$whl")"
+  rm -rf "$tmp"
+  log "fetched ${PYBIND11_DIR#$ROOT/}"
+fi
+
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-  log "building in ${BUILD#$ROOT/}"
-  # The Python module is built for Debian's python3, which has numpy, pandas and pytest from the
-  # packages above (KVBENCH_PYTHON names another interpreter).
+  # The Python module is built for Debian's python3, which has numpy 1.x, pandas and pytest from the
+  # packages above (KVBENCH_PYTHON names another interpreter). The tests also import it under numpy 2,
+  # what pip gives a new user today, from a virtual environment of the same interpreter.
   PY=${KVBENCH_PYTHON:-/usr/bin/python3}
   [[ -x $PY ]] || PY=$(command -v python3)
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_WERROR=ON -DPython_EXECUTABLE="$PY" >/dev/null
+  NUMPY2_VENV=$ROOT/.cache/venv-numpy2
+  NUMPY2_PINS=(numpy==2.4.6 pandas==3.1.1 pytest==9.2.0)
+  if [[ -x $NUMPY2_VENV/bin/python ]] && [[ $(cat "$NUMPY2_VENV/kvbench-pins" 2>/dev/null) == "$PY ${NUMPY2_PINS[*]}" ]]; then
+    log "present: ${NUMPY2_VENV#$ROOT/}"
+  else
+    log "making ${NUMPY2_VENV#$ROOT/} (${NUMPY2_PINS[*]})"
+    rm -rf "$NUMPY2_VENV"
+    "$PY" -m venv "$NUMPY2_VENV" || die "could not make a virtual environment with $PY (python3-venv)"
+    "$NUMPY2_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${NUMPY2_PINS[@]}" \
+      || die "could not install ${NUMPY2_PINS[*]} into ${NUMPY2_VENV#$ROOT/}; check network access to the package index and rerun"
+    echo "$PY ${NUMPY2_PINS[*]}" > "$NUMPY2_VENV/kvbench-pins"
+  fi
+  log "building in ${BUILD#$ROOT/}"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBENCH_WERROR=ON -DPython_EXECUTABLE="$PY" \
+    -Dpybind11_DIR="$PYBIND11_DIR/pybind11/share/cmake/pybind11" \
+    -DKVBENCH_NUMPY2_PYTHON="$NUMPY2_VENV/bin/python" >/dev/null
   cmake --build "$BUILD" -j"$(nproc)"
   log "built $BUILD/kvbench"
 fi

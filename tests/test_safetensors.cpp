@@ -2,6 +2,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "harness/model/model_file.hpp"
 #include "harness/model/safetensors.hpp"
@@ -137,4 +138,125 @@ TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   cfg["num_key_value_heads"] = 3;
   std::ofstream(dir / "config.json") << cfg.dump();
   test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});
+}
+
+namespace {
+
+// The config of tiny_llama with `edit` applied, read as a model directory's config.json.
+ModelConfig config_with(const std::function<void(json&)>& edit) {
+  static const test::TempDir tmp("st_config");
+  auto cfg = json::parse(std::ifstream(test::fixture("safetensors/tiny_llama/config.json")));
+  cfg.erase("rope_theta");
+  cfg.erase("rope_scaling");
+  edit(cfg);
+  std::ofstream(tmp.path() / "config.json") << cfg.dump();
+  return config_from_hf_dir(tmp.path().string());
+}
+
+}  // namespace
+
+TEST_CASE("RoPE settings are read from both config layouts and never defaulted silently", "[safetensors][config]") {
+  const json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 128}};
+  auto check_llama3 = [](const ModelConfig& c) {
+    CHECK(c.rope_theta == 500000.0);
+    CHECK(c.rope_scaling.type == RopeScaling::Type::Llama3);
+    CHECK(c.rope_scaling.factor == 8.0);
+    CHECK(c.rope_scaling.low_freq_factor == 1.0);
+    CHECK(c.rope_scaling.high_freq_factor == 4.0);
+    CHECK(c.rope_scaling.original_context == 128);
+  };
+  SECTION("transformers 5: rope_parameters") {
+    check_llama3(config_with([&](json& j) {
+      j["rope_parameters"] = llama3;
+      j["rope_parameters"]["rope_theta"] = 500000.0;
+    }));
+    const auto c = config_with([](json& j) { j["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}}; });
+    CHECK(c.rope_theta == 1e6);
+    CHECK(c.rope_scaling.type == RopeScaling::Type::None);
+    const auto lin = config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}}; });
+    CHECK(lin.rope_scaling.type == RopeScaling::Type::Linear);
+    CHECK(lin.rope_scaling.factor == 2.0);
+    CHECK(lin.rope_theta == 10000.0);  // transformers' default for these architectures
+  }
+  SECTION("the older layout: rope_theta and rope_scaling at the top") {
+    check_llama3(config_with([&](json& j) {
+      j["rope_theta"] = 500000.0;
+      j["rope_scaling"] = llama3;
+    }));
+    CHECK(config_with([](json& j) { j["rope_scaling"] = nullptr; }).rope_theta == 10000.0);
+  }
+  SECTION("both layouts, agreeing") {
+    check_llama3(config_with([&](json& j) {
+      j["rope_theta"] = 500000.0;
+      j["rope_scaling"] = llama3;
+      j["rope_parameters"] = llama3;
+      j["rope_parameters"]["rope_theta"] = 500000.0;
+    }));
+  }
+  SECTION("llama3 without original_max_position_embeddings takes max_position_embeddings, as transformers does") {
+    json r = llama3;
+    r.erase("original_max_position_embeddings");
+    const auto c = config_with([&](json& j) { j["rope_parameters"] = r; });
+    CHECK(c.rope_scaling.original_context == 256);
+  }
+  SECTION("per layer type, identical for every type") {
+    const auto c = config_with([](json& j) {
+      j["layer_types"] = {"full_attention", "full_attention"};
+      j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}}};
+    });
+    CHECK(c.rope_theta == 1e6);
+  }
+  SECTION("errors name the file and the field") {
+    test::require_error([&] { config_with([&](json& j) {
+                          j["rope_theta"] = 10000.0;
+                          j["rope_parameters"] = {{"rope_theta", 1e6}};
+                        }); },
+                        {"config.json", "rope_parameters.rope_theta", "rope_theta = 10000"});
+    test::require_error([&] { config_with([&](json& j) {
+                          j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+                          j["rope_parameters"] = llama3;
+                        }); },
+                        {"config.json", "rope_parameters", "rope_scaling", "disagree"});
+    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }); },
+                        {"config.json", "rope_parameters.rope_type 'yarn' is not supported"});
+    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "linear"}}; }); },
+                        {"config.json", "'factor' is missing"});
+    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"mscale", 1.0}}; }); },
+                        {"config.json", "rope_parameters.mscale is not understood"});
+    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"partial_rotary_factor", 0.5}}; }); },
+                        {"config.json", "partial rotary"});
+    test::require_error([] { config_with([](json& j) {
+                          j["layer_types"] = {"full_attention", "sliding_attention"};
+                          j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}},
+                                                  {"sliding_attention", {{"rope_theta", 1e4}}}};
+                        }); },
+                        {"config.json", "per-layer RoPE"});
+    test::require_error([] { config_with([](json& j) { j["hidden_act"] = "gelu"; }); }, {"config.json", "hidden_act"});
+    test::require_error([] { config_with([](json& j) { j["mlp_bias"] = true; }); }, {"config.json", "mlp_bias"});
+  }
+}
+
+TEST_CASE("a sliding window counts only where the model applies it", "[safetensors][config]") {
+  // Qwen2 files carry sliding_window even when use_sliding_window is false (Qwen2.5: 32768 or 131072).
+  auto qwen = [](bool use) {
+    return config_with([&](json& j) {
+      j["model_type"] = "qwen2";
+      j["sliding_window"] = 64;
+      j["use_sliding_window"] = use;
+    });
+  };
+  CHECK(qwen(false).sliding_window == 0);
+  CHECK(qwen(true).sliding_window == 64);
+  // transformers 5 names each layer's attention; all full means no window.
+  CHECK(config_with([](json& j) {
+          j["model_type"] = "mistral";
+          j["sliding_window"] = 64;
+          j["layer_types"] = {"full_attention", "full_attention"};
+        }).sliding_window == 0);
+  CHECK(config_with([](json& j) {
+          j["model_type"] = "mistral";
+          j["sliding_window"] = 64;
+        }).sliding_window == 64);
+  CHECK(config_with([](json& j) { j["sliding_window"] = nullptr; }).sliding_window == 0);
 }

@@ -96,6 +96,10 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   const int n = static_cast<int>(ids.size());
   if (n > cfg_.context_length)
     fail("prompt of {} tokens exceeds the model's context length {}", n, cfg_.context_length);
+  if (cfg_.sliding_window > 0 && n > cfg_.sliding_window)
+    fail("prompt of {} tokens is longer than the model's sliding attention window ({} tokens), which kvbench does not "
+         "implement: attention over the whole prompt would differ from the model's",
+         n, cfg_.sliding_window);
   for (auto id : ids)
     if (id < 0 || id >= cfg_.vocab_size) fail("prefill: token id {} outside the vocabulary", id);
   Backend& b = *backend_;
@@ -296,6 +300,9 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
 std::vector<float> Engine::decode(int32_t token) {
   if (pos_ == 0) fail("decode: no sequence; call prefill first");
   if (pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);
+  if (cfg_.sliding_window > 0 && pos_ >= cfg_.sliding_window)
+    fail("decode: position {} is past the model's sliding attention window ({} tokens), which kvbench does not implement",
+         pos_, cfg_.sliding_window);
   if (token < 0 || token >= cfg_.vocab_size) fail("decode: token id {} outside the vocabulary", token);
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;

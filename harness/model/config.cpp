@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <set>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/model/gguf.hpp"
@@ -139,6 +142,116 @@ double json_num(const json& j, const char* key, const std::string& file) {
   return v.get<double>();
 }
 
+bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
+
+// The RoPE parameters of one dict (transformers 5's `rope_parameters`, or the older `rope_scaling`),
+// every key understood or an error: a key kvbench ignored would change the model silently.
+struct RopeDict {
+  std::string type;                // "default", "linear", "llama3"
+  std::optional<double> theta;     // rope_theta, when the dict holds it
+  RopeScaling scaling;
+};
+
+RopeDict parse_rope_dict(const json& r, const std::string& where, const std::string& file, int64_t max_positions) {
+  if (!r.is_object()) fail("{}: '{}' must be an object, found {}", file, where, r.dump());
+  RopeDict d;
+  if (present(r, "rope_type") && present(r, "type") && r["rope_type"] != r["type"])
+    fail("{}: {}.rope_type = {} but {}.type = {}", file, where, r["rope_type"].dump(), where, r["type"].dump());
+  const char* type_key = present(r, "rope_type") ? "rope_type" : "type";
+  d.type = present(r, type_key) ? r[type_key].get<std::string>() : "default";
+  std::set<std::string> known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (d.type == "linear") {
+    d.scaling.type = RopeScaling::Type::Linear;
+    known.insert("factor");
+    d.scaling.factor = json_num(r, "factor", file);
+  } else if (d.type == "llama3") {
+    d.scaling.type = RopeScaling::Type::Llama3;
+    known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+    d.scaling.factor = json_num(r, "factor", file);
+    d.scaling.low_freq_factor = json_num(r, "low_freq_factor", file);
+    d.scaling.high_freq_factor = json_num(r, "high_freq_factor", file);
+    // transformers fills it in from max_position_embeddings when absent.
+    d.scaling.original_context =
+        present(r, "original_max_position_embeddings") ? json_int(r, "original_max_position_embeddings", file)
+                                                       : max_positions;
+  } else if (d.type != "default") {
+    fail("{}: {}.rope_type '{}' is not supported (expected default, linear or llama3)", file, where, d.type);
+  }
+  for (const auto& [key, value] : r.items())
+    if (!known.count(key))
+      fail("{}: {}.{} is not understood for rope_type '{}' (known: {})", file, where, key, d.type,
+           fmt::format("{}", fmt::join(known, ", ")));
+  if (present(r, "rope_theta")) d.theta = json_num(r, "rope_theta", file);
+  if (present(r, "partial_rotary_factor") && json_num(r, "partial_rotary_factor", file) != 1.0)
+    fail("{}: {}.partial_rotary_factor = {}: partial rotary embeddings are not supported", file, where,
+         r["partial_rotary_factor"].dump());
+  return d;
+}
+
+bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
+  return a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor && a.original_context == b.original_context;
+}
+
+// RoPE from either layout: transformers 5 writes `rope_parameters` {rope_theta, rope_type, factors}
+// (nested per layer type for models that mix attention types); older files write top-level
+// `rope_theta` and `rope_scaling`. Both may be present; where they disagree, the file is ambiguous.
+void parse_rope(const json& j, ModelConfig& c, const std::string& file) {
+  std::optional<RopeDict> modern, legacy;
+  if (present(j, "rope_parameters")) {
+    const json& rp = j["rope_parameters"];
+    if (!rp.is_object()) fail("{}: 'rope_parameters' must be an object, found {}", file, rp.dump());
+    std::vector<std::string> nested;
+    if (present(j, "layer_types") && j["layer_types"].is_array())
+      for (const auto& t : j["layer_types"])
+        if (t.is_string() && rp.contains(t.get<std::string>())) nested.push_back(t.get<std::string>());
+    if (nested.empty()) {
+      modern = parse_rope_dict(rp, "rope_parameters", file, c.context_length);
+    } else {
+      for (const auto& t : nested) {
+        RopeDict d = parse_rope_dict(rp[t], "rope_parameters." + t, file, c.context_length);
+        if (modern && (d.theta != modern->theta || !same_scaling(d.scaling, modern->scaling)))
+          fail("{}: rope_parameters differ between layer types ({} and {}): per-layer RoPE is not supported", file,
+               nested.front(), t);
+        modern = d;
+      }
+    }
+  }
+  if (present(j, "rope_scaling")) legacy = parse_rope_dict(j["rope_scaling"], "rope_scaling", file, c.context_length);
+  std::optional<double> top_theta;
+  if (present(j, "rope_theta")) top_theta = json_num(j, "rope_theta", file);
+  if (present(j, "partial_rotary_factor") && json_num(j, "partial_rotary_factor", file) != 1.0)
+    fail("{}: partial_rotary_factor = {}: partial rotary embeddings are not supported", file,
+         j["partial_rotary_factor"].dump());
+
+  if (modern && legacy && !same_scaling(modern->scaling, legacy->scaling))
+    fail("{}: rope_parameters (rope_type '{}') and rope_scaling (rope_type '{}') disagree; keep one of them", file,
+         modern->type, legacy->type);
+  std::vector<std::pair<std::string, double>> thetas;
+  if (modern && modern->theta) thetas.emplace_back("rope_parameters.rope_theta", *modern->theta);
+  if (legacy && legacy->theta) thetas.emplace_back("rope_scaling.rope_theta", *legacy->theta);
+  if (top_theta) thetas.emplace_back("rope_theta", *top_theta);
+  for (const auto& [key, value] : thetas)
+    if (value != thetas.front().second)
+      fail("{}: {} = {} but {} = {}; keep one of them", file, thetas.front().first, thetas.front().second, key, value);
+  // 10000 is transformers' default for every architecture read here (RotaryEmbeddingConfigMixin).
+  c.rope_theta = thetas.empty() ? 10000.0 : thetas.front().second;
+  c.rope_scaling = modern ? modern->scaling : legacy ? legacy->scaling : RopeScaling{};
+}
+
+// The attention window the model declares, 0 for none. Qwen2 files carry a sliding_window that applies
+// only with use_sliding_window; transformers 5 also names each layer's attention in layer_types.
+int sliding_window(const json& j, const ModelConfig& c, const std::string& file) {
+  bool sliding = present(j, "sliding_window");
+  if (c.arch == Arch::Qwen2) sliding = sliding && j.value("use_sliding_window", false);
+  if (present(j, "layer_types") && j["layer_types"].is_array()) {
+    bool any = false;
+    for (const auto& t : j["layer_types"]) any = any || t == "sliding_attention";
+    sliding = sliding && any;
+  }
+  return sliding ? json_int(j, "sliding_window", file) : 0;
+}
+
 ModelConfig parse_hf_config(const std::string& file) {
   std::ifstream in(file);
   if (!in) fail("{}: cannot open (a Hugging Face model directory needs config.json)", file);
@@ -174,29 +287,15 @@ ModelConfig parse_hf_config(const std::string& file) {
                    : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.vocab_size = json_int(j, "vocab_size", file);
   c.context_length = json_int(j, "max_position_embeddings", file);
-  c.rope_theta = j.contains("rope_theta") ? json_num(j, "rope_theta", file) : 10000.0;
   c.rms_eps = json_num(j, "rms_norm_eps", file);
   c.tied_embeddings = j.value("tie_word_embeddings", false);
   if (c.arch == Arch::Llama && j.value("attention_bias", false)) c.qkv_bias = true;
-  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer())
-    c.sliding_window = j["sliding_window"].get<int>();
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
-    if (!rs.is_object()) fail("{}: 'rope_scaling' must be an object", file);
-    const std::string type = rs.value("rope_type", rs.value("type", std::string()));
-    if (type == "linear") {
-      c.rope_scaling.type = RopeScaling::Type::Linear;
-      c.rope_scaling.factor = json_num(rs, "factor", file);
-    } else if (type == "llama3") {
-      c.rope_scaling.type = RopeScaling::Type::Llama3;
-      c.rope_scaling.factor = json_num(rs, "factor", file);
-      c.rope_scaling.low_freq_factor = json_num(rs, "low_freq_factor", file);
-      c.rope_scaling.high_freq_factor = json_num(rs, "high_freq_factor", file);
-      c.rope_scaling.original_context = json_int(rs, "original_max_position_embeddings", file);
-    } else if (type != "default") {
-      fail("{}: rope_scaling type '{}' is not supported (expected linear or llama3)", file, type);
-    }
-  }
+  // Keys that would change the computation kvbench implements: refused rather than ignored.
+  if (present(j, "hidden_act") && j["hidden_act"] != "silu")
+    fail("{}: hidden_act = {} is not supported (expected \"silu\")", file, j["hidden_act"].dump());
+  if (j.value("mlp_bias", false)) fail("{}: mlp_bias = true is not supported", file);
+  c.sliding_window = sliding_window(j, c, file);
+  parse_rope(j, c, file);
   c.validate(file);
   return c;
 }

@@ -44,7 +44,9 @@ struct ModelConfig {
   double rms_eps = 1e-6;
   bool tied_embeddings = false;
   bool qkv_bias = false;
-  int sliding_window = 0;  // Mistral v0.1 declares one; 0 = none
+  // The attention window the model applies (Mistral v0.1; Qwen2 with use_sliding_window), 0 = none. Not
+  // implemented: the engine refuses sequences longer than it.
+  int sliding_window = 0;
   // model_fingerprint() of the file the config was read from (offline artifacts are keyed by it);
   // empty for configs built in memory.
   std::string fingerprint;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "harness/model/gguf.hpp"
@@ -64,16 +65,36 @@ ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
     where = model.path() + ": tokenizer.chat_template";
     jinja = model.gguf()->get_string_opt("tokenizer.chat_template").value_or("");
   } else {
-    const auto cfg = std::filesystem::path(model.path()) / "tokenizer_config.json";
-    where = cfg.string() + ": chat_template";
-    std::ifstream in(cfg);
-    if (in) {
-      try {
-        const auto j = nlohmann::json::parse(in);
-        if (j.contains("chat_template") && j["chat_template"].is_string())
-          jinja = j["chat_template"].get<std::string>();
-      } catch (const nlohmann::json::exception& e) {
-        fail("{}: not valid JSON: {}", cfg.string(), e.what());
+    // transformers 5 (and current model repositories) keep the template in chat_template.jinja, which
+    // takes priority over tokenizer_config.json's chat_template, as transformers loads them.
+    const auto dir = std::filesystem::path(model.path());
+    const auto file = dir / "chat_template.jinja";
+    if (std::filesystem::exists(file)) {
+      where = file.string();
+      std::ifstream in(file, std::ios::binary);
+      if (!in) fail("{}: cannot read", where);
+      jinja.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } else {
+      const auto cfg = dir / "tokenizer_config.json";
+      where = cfg.string() + ": chat_template (and no chat_template.jinja beside it)";
+      std::ifstream in(cfg);
+      if (in) {
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+          fail("{}: not valid JSON: {}", cfg.string(), e.what());
+        }
+        const auto t = j.find("chat_template");
+        if (t != j.end() && t->is_string()) {
+          jinja = t->get<std::string>();
+        } else if (t != j.end() && t->is_array()) {
+          // The older form for several named templates: [{"name": ..., "template": ...}], "default" used.
+          for (const auto& e : *t)
+            if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+              jinja = e["template"].get<std::string>();
+          if (jinja.empty()) fail("{}: a list of named templates without one named \"default\"", where);
+        }
       }
     }
   }

@@ -22,7 +22,8 @@ class ChatTemplate {
 
   // Recognises the format of a Jinja chat template; nullopt if it is none of the supported ones.
   static std::optional<ChatTemplate> from_jinja(const std::string& jinja);
-  // The template stored with a model (GGUF tokenizer.chat_template or tokenizer_config.json);
+  // The template stored with a model (GGUF tokenizer.chat_template; in a model directory
+  // chat_template.jinja, else tokenizer_config.json's chat_template, as transformers loads them);
   // Error naming the file if there is none or it is not recognised.
   static ChatTemplate for_model(const ModelFile& model);
 

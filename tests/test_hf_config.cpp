@@ -1,0 +1,113 @@
+// Models saved by transformers 5 (tools/reference/hf_config_parity.py): their logits against
+// transformers', from the config.json transformers 5 writes (rope_parameters) and from the same
+// settings in the older layout (rope_theta, rope_scaling at the top).
+#include <filesystem>
+#include <fstream>
+
+#include "harness/engine/engine.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/chat_template.hpp"
+#include "test_util.hpp"
+
+using namespace kvb;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Reference {
+  std::vector<int32_t> ids;
+  size_t vocab = 0;
+  std::vector<float> logits;  // [positions, vocab]
+};
+
+Reference load_reference(const fs::path& dir) {
+  const json j = json::parse(std::ifstream(dir / "reference.json"));
+  Reference r;
+  r.ids = j["ids"].get<std::vector<int32_t>>();
+  r.vocab = j["shape"][1].get<size_t>();
+  r.logits.resize(r.ids.size() * r.vocab);
+  std::ifstream in(dir / j["logits"].get<std::string>(), std::ios::binary);
+  in.read(reinterpret_cast<char*>(r.logits.data()), std::streamsize(r.logits.size() * sizeof(float)));
+  REQUIRE(in.gcount() == std::streamsize(r.logits.size() * sizeof(float)));
+  return r;
+}
+
+// The model directory with `config` as its config.json (a copy in `tmp`).
+fs::path with_config(const fs::path& dir, const json& config, const test::TempDir& tmp) {
+  for (const auto& e : fs::directory_iterator(dir))
+    fs::copy_file(e.path(), tmp / e.path().filename(), fs::copy_options::overwrite_existing);
+  std::ofstream(tmp / "config.json") << config.dump();
+  return tmp.path();
+}
+
+// Largest |kvbench - transformers| over every position, relative to the largest |logit|: the first
+// half of the ids through prefill, the rest one decode step at a time.
+double relative_error(const fs::path& model_dir, const Reference& ref) {
+  auto m = ModelFile::open(model_dir.string());
+  Engine e(*m);
+  const size_t n = ref.ids.size(), half = n / 2;
+  double worst = 0, scale = 0;
+  for (float x : ref.logits) scale = std::max(scale, double(std::fabs(x)));
+  auto compare = [&](const std::vector<float>& got, size_t pos) {
+    REQUIRE(got.size() == ref.vocab);
+    for (size_t v = 0; v < ref.vocab; ++v)
+      worst = std::max(worst, double(std::fabs(got[v] - ref.logits[pos * ref.vocab + v])));
+  };
+  compare(e.prefill(std::span(ref.ids).first(half)), half - 1);
+  for (size_t p = half; p < n; ++p) compare(e.decode(ref.ids[p]), p);
+  return worst / scale;
+}
+
+}  // namespace
+
+TEST_CASE("models saved by transformers 5 give transformers' logits in both config layouts", "[hf_config]") {
+  for (const char* name : {"qwen2_theta1e6", "llama31_scaling"}) {
+    INFO(name);
+    const fs::path dir = test::fixture(std::string("hf_config/") + name);
+    const Reference ref = load_reference(dir);
+    const json modern = json::parse(std::ifstream(dir / "config.json"));
+    const json legacy = json::parse(std::ifstream(dir / "config_legacy.json"));
+    REQUIRE(modern.contains("rope_parameters"));
+    REQUIRE_FALSE(legacy.contains("rope_parameters"));
+
+    const test::TempDir a("hf_modern"), b("hf_legacy"), c("hf_default_rope");
+    const double e_modern = relative_error(with_config(dir, modern, a), ref);
+    const double e_legacy = relative_error(with_config(dir, legacy, b), ref);
+    CHECK(e_modern < 1e-5);
+    CHECK(e_legacy < 1e-5);
+    // What ignoring rope_parameters did (theta 10000, no scaling): far outside the tolerance, so the
+    // comparison above tells the settings apart.
+    json plain = modern;
+    plain.erase("rope_parameters");
+    const double e_plain = relative_error(with_config(dir, plain, c), ref);
+    CHECK(e_plain > 1e-3);
+    WARN(name << ": relative error " << e_modern << " (rope_parameters), " << e_legacy << " (older layout), "
+              << e_plain << " (RoPE settings dropped)");
+  }
+}
+
+TEST_CASE("a model directory's chat template is read from chat_template.jinja first, as transformers 5 saves it",
+          "[hf_config][tokenizer]") {
+  const test::TempDir tmp("hf_chat");
+  for (const auto& e : fs::directory_iterator(test::fixture("hf_config/llama31_scaling")))
+    fs::copy_file(e.path(), tmp / e.path().filename());
+  const std::string dir = tmp.path().string();
+  auto format_of = [&] { return ChatTemplate::for_model(*ModelFile::open(dir)).name(); };
+  test::require_error(format_of, {"tokenizer_config.json", "chat_template.jinja", "no chat template"});
+
+  const std::string chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+  std::ofstream(tmp / "tokenizer_config.json") << json{{"chat_template", chatml}}.dump();
+  CHECK(format_of() == "chatml");
+  // The older form for several templates: a list of named ones, "default" used.
+  std::ofstream(tmp / "tokenizer_config.json")
+      << json{{"chat_template", {{{"name", "tool_use"}, {"template", "[INST]"}}, {{"name", "default"}, {"template", chatml}}}}}
+             .dump();
+  CHECK(format_of() == "chatml");
+  std::ofstream(tmp / "chat_template.jinja")
+      << "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+         "{{ m['content'] | trim }}<|eot_id|>{% endfor %}";
+  CHECK(format_of() == "llama3");  // the file wins over tokenizer_config.json
+  std::ofstream(tmp / "chat_template.jinja") << "{{ messages[0]['content'] }}";
+  test::require_error(format_of, {"chat_template.jinja", "not recognised"});
+}

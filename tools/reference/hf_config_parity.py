@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Random-weight models saved by transformers itself, and their logits, for the config.json layouts.
+
+transformers 5 writes RoPE settings inside `rope_parameters` ({"rope_theta": ..., "rope_type": ...,
+factors}); older versions wrote top-level `rope_theta` and `rope_scaling`. kvbench must read both
+and compute the same model. This script builds two small models with non-default RoPE, saves each
+with `save_pretrained` (safetensors, float32, transformers 5's layout), and writes the logits of every
+position of a fixed sequence of token ids, computed by transformers (float32, eager attention):
+
+  qwen2_theta1e6/    Qwen2ForCausalLM, rope_theta 1e6, q/k/v bias
+  llama31_scaling/   LlamaForCausalLM shaped like Llama 3.1 (GQA, rope_theta 5e5, llama3 scaling with
+                     original_max_position_embeddings 32 < the 96 positions used, so the scaling acts)
+
+Each directory holds the files save_pretrained wrote (config.json, model.safetensors,
+generation_config.json), `config_legacy.json` (the same settings in the older layout: rope_theta and
+rope_scaling at the top, no rope_parameters), `logits.bin` (the logits of every position,
+little-endian float32, [positions, vocab] row-major) and `reference.json` (the ids, the shape, the
+versions).
+The script also loads each model again from the older layout with transformers and checks that the
+logits are identical, so both layouts describe one model to transformers too.
+
+    python3 tools/reference/hf_config_parity.py [--outdir tests/fixtures/hf_config]
+
+Needs torch, transformers 5.x, safetensors, numpy. Deterministic (fixed seeds); runs in seconds.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+from importlib.metadata import version as pkg_version
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+N_TOKENS = 96
+VOCAB = 128
+
+
+def configs():
+    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  bos_token_id=None, eos_token_id=None)
+    qwen = Qwen2Config(max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                       **common)
+    llama = LlamaConfig(max_position_embeddings=512, head_dim=16,
+                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 32},
+                        **common)
+    return {"qwen2_theta1e6": qwen, "llama31_scaling": llama}
+
+
+def legacy_layout(cfg: dict) -> dict:
+    """The same settings as transformers 4 wrote them: rope_theta and rope_scaling at the top."""
+    out = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    rp = dict(cfg["rope_parameters"])
+    out["rope_theta"] = rp.pop("rope_theta")
+    out["rope_scaling"] = None if rp.get("rope_type") == "default" else rp
+    return out
+
+
+def logits_of(model_dir: str, ids: torch.Tensor) -> np.ndarray:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(ids[None, :], use_cache=False).logits[0].float().numpy()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--outdir", default=os.path.join(REPO_ROOT, "tests", "fixtures", "hf_config"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": pkg_version("transformers"), "safetensors": pkg_version("safetensors"),
+                "numpy": np.__version__}
+    ids = torch.tensor(np.random.default_rng(7).integers(0, VOCAB, N_TOKENS), dtype=torch.long)
+    for i, (name, cfg) in enumerate(configs().items()):
+        torch.manual_seed(11 + i)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        with torch.no_grad():  # init_std 0.02 gives near-uniform logits; wider weights make them tell apart
+            for p in model.parameters():
+                p.normal_(0.0, 0.25 if p.dim() > 1 else 1.0)
+        out = os.path.join(args.outdir, name)
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        saved = json.load(open(os.path.join(out, "config.json")))
+        assert "rope_parameters" in saved and "rope_theta" not in saved and "rope_scaling" not in saved, saved
+        with open(os.path.join(out, "config_legacy.json"), "w") as f:
+            json.dump(legacy_layout(saved), f, indent=2, sort_keys=True)
+            f.write("\n")
+        logits = logits_of(out, ids)
+        with tempfile.TemporaryDirectory() as tmp:  # transformers reads the older layout as the same model
+            for f in os.listdir(out):
+                shutil.copy(os.path.join(out, f), tmp)
+            shutil.copy(os.path.join(out, "config_legacy.json"), os.path.join(tmp, "config.json"))
+            legacy = logits_of(tmp, ids)
+        assert np.array_equal(logits, legacy), f"{name}: transformers reads the two layouts differently"
+        logits.astype("<f4").tofile(os.path.join(out, "logits.bin"))
+        ref = {"model": name, "versions": versions, "ids": ids.tolist(), "logits": "logits.bin",
+               "shape": list(logits.shape), "max_abs_logit": float(np.abs(logits).max())}
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump(ref, f, indent=1)
+            f.write("\n")
+        print(f"{name}: {len(ids)} positions, max |logit| {ref['max_abs_logit']:.3f}, layouts agree; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
