@@ -440,11 +440,19 @@ class DynaKV final : public Method, public KvTransform {
     LayerCache cache(view.n_heads, view.n_kv_heads, view.head_dim);
     for (int h = 0; h < view.n_kv_heads; ++h)
       cache.segments(h).push_back(std::make_unique<LatentSegment>(s, h, view.head_dim));
-    // For the record: the hard retain rate of the tokens kept, and how many were kept.
-    double kept = 0;
-    for (size_t t = 0; t < s->pos.size(); ++t) kept += s->k_width[t] + s->v_width[t];
+    // For the record: the hard retain rates of the tokens kept (K and V apart: the paper's gates differ
+    // per kind, and a mean hides which one compresses), and how many were kept.
+    double kept_k = 0, kept_v = 0;
+    for (size_t t = 0; t < s->pos.size(); ++t) {
+      kept_k += s->k_width[t];
+      kept_v += s->v_width[t];
+    }
+    const double slots = s->pos.empty() ? 0.0 : d_ * double(s->pos.size());
+    auto rate = [&](double kept) { return slots > 0 ? kept / slots : 0.0; };
     stats_ = {{"layer", view.layer},
-              {"retain_rate", s->pos.empty() ? 0.0 : kept / (2.0 * d_ * double(s->pos.size()))},
+              {"retain_rate", slots > 0 ? (kept_k + kept_v) / (2.0 * slots) : 0.0},
+              {"k_retain_rate", rate(kept_k)},
+              {"v_retain_rate", rate(kept_v)},
               {"tokens", s->pos.size()}};
     return cache;
   }

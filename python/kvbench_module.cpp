@@ -324,29 +324,44 @@ struct Model {
     return tok->encode(text);
   }
 
-  py::array_t<float> logits(const std::vector<int32_t>& ids) {
+  // The next-token logits of `ids` ([vocab]); with a method, steps or a continuation, one row per
+  // position ([1 + steps, vocab]) as `kvbench logits` computes them (step_logits).
+  py::array_t<float> logits(const std::vector<int32_t>& ids, const std::string& method, int budget,
+                            const py::object& params, int steps, const std::vector<int32_t>& continuation) {
     if (ids.empty()) fail("Model.logits: no token ids");
-    auto l = std::make_unique<std::vector<float>>();
+    if (steps < 0) fail("Model.logits: steps {} is negative", steps);
+    if (!continuation.empty() && steps > 0 && size_t(steps) != continuation.size())
+      fail("Model.logits: steps {} but a continuation of {} tokens (give one of them)", steps, continuation.size());
+    auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.logits");
+    const int n = continuation.empty() ? steps : int(continuation.size());
+    StepLogits sl;
     {
       py::gil_scoped_release release;
-      *l = engine->prefill(ids);
+      sl = step_logits(*engine, ids, n, continuation, choice.runner.get());
     }
-    // The array owns the engine's vector: no copy.
-    const auto n = py::ssize_t(l->size());
-    const float* data = l->data();
-    py::capsule owner(l.release(), [](void* p) { delete static_cast<std::vector<float>*>(p); });
-    return py::array_t<float>(n, data, owner);
+    const bool rows = n > 0 || choice.method;
+    auto flat = std::make_unique<std::vector<float>>();
+    if (sl.logits.size() == 1) {
+      *flat = std::move(sl.logits[0]);  // no copy of the engine's vector
+    } else {
+      for (const auto& r : sl.logits) flat->insert(flat->end(), r.begin(), r.end());
+    }
+    const auto vocab = py::ssize_t(flat->size() / sl.logits.size());
+    std::vector<py::ssize_t> shape = rows ? std::vector<py::ssize_t>{py::ssize_t(sl.logits.size()), vocab}
+                                          : std::vector<py::ssize_t>{vocab};
+    const float* data = flat->data();
+    py::capsule owner(flat.release(), [](void* p) { delete static_cast<std::vector<float>*>(p); });
+    return py::array_t<float>(shape, data, owner);
   }
 
   // The prompt positions each cache head of each layer holds after the method's prefill compression.
   py::list kept_positions(const std::string& prompt, const std::string& method, int budget, const py::object& params,
                           bool chat) {
     const auto ids = build_prompt(*file, *tok, prompt, chat);
-    auto m = MethodRegistry::get().create(method, param_map(params), engine->config());
-    MethodRunner runner(*m, m->budgeted() ? KvBudget(budget) : KvBudget{});
+    auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.kept_positions");
     {
       py::gil_scoped_release release;
-      engine->prefill(ids, &runner);
+      engine->prefill(ids, choice.runner.get());
     }
     py::list layers;
     for (const LayerCache& c : engine->caches()) {
@@ -368,16 +383,7 @@ struct Model {
     GenerateOptions opt;
     opt.max_new_tokens = max_new_tokens;
     opt.stop = stop;
-    std::unique_ptr<Method> m;
-    std::unique_ptr<MethodRunner> runner;
-    if (!method.empty() && method != "fullkv") {
-      m = MethodRegistry::get().create(method, param_map(params), engine->config());
-      if (m->budgeted() && budget <= 0) fail("Model.generate: method {} needs a budget (KV size T)", method);
-      if (!m->budgeted() && budget > 0) fail("Model.generate: method {} takes no budget: it sets its own memory", method);
-      runner = std::make_unique<MethodRunner>(*m, m->budgeted() ? KvBudget(budget) : KvBudget{});
-    } else if (budget > 0 || !params.is_none()) {
-      fail("Model.generate: budget and params need a method");
-    }
+    auto [m, runner] = choose_method(method, param_map(params), budget, engine->config(), "Model.generate");
     Generation g;
     {
       py::gil_scoped_release release;
@@ -605,7 +611,8 @@ PYBIND11_MODULE(_kvbench, m) {
       .def("detokenize", [](const Model& md, const std::vector<int32_t>& ids, bool skip_special) {
              return utf8_lossy(md.tok->decode(ids, skip_special));
            }, py::arg("ids"), py::arg("skip_special") = false)
-      .def("logits", &Model::logits, py::arg("ids"))
+      .def("logits", &Model::logits, py::arg("ids"), py::arg("method") = "", py::arg("budget") = 0,
+           py::arg("params") = py::none(), py::arg("steps") = 0, py::arg("continuation") = std::vector<int32_t>{})
       .def("kept_positions", &Model::kept_positions, py::arg("prompt"), py::arg("method"), py::arg("budget") = 0,
            py::arg("params") = py::none(), py::arg("chat") = true)
       .def("generate", &Model::generate, py::arg("prompt"), py::arg("method") = "", py::arg("budget") = 0,

@@ -8,9 +8,14 @@
 
 #include "harness/engine/backend.hpp"
 #include "harness/engine/engine.hpp"
+#include "harness/engine/generate.hpp"
+#include "harness/method/artifact.hpp"
+#include "harness/method/dynakv.hpp"
 #include "harness/method/method.hpp"
 #include "harness/method/parts.hpp"
+#include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/model/random_model.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"
@@ -348,4 +353,94 @@ TEST_CASE("a name the registry lacks goes to the resolver first and python names
   kvb::test::require_error([&] { reg.info("still_unknown"); }, {"unknown method 'still_unknown'"});
   CHECK(asked == std::vector<std::string>{"resolved_on_demand", "still_unknown"});
   reg.set_resolver(nullptr);
+}
+
+namespace {
+
+// Parameters under which `name` runs on a random model without offline artifacts: its test
+// parameters, uniform head scores for a method that reads profiled ones, and DynaKV maps started from
+// an identity basis for one that reads trained maps (written to `dir`).
+std::map<std::string, std::string> runnable_params(const std::string& name, const ModelFile& model,
+                                                   const std::filesystem::path& dir) {
+  auto p = test_params(name);
+  for (const auto& spec : MethodRegistry::get().param_specs(name)) {
+    if (spec.name == "scores") p.emplace("scores", "uniform");
+    if (spec.name == "weights") {
+      const ModelConfig& c = model.config();
+      DynaKvPca pca;
+      pca.d = c.n_kv_heads * c.head_dim;
+      std::vector<float> eye(size_t(pca.d) * pca.d, 0.0f);
+      for (int i = 0; i < pca.d; ++i) eye[size_t(i) * pca.d + i] = 1.0f;
+      std::vector<double> eig(size_t(pca.d));
+      for (int i = 0; i < pca.d; ++i) eig[size_t(i)] = pca.d - i;
+      for (int l = 0; l < c.n_layers; ++l) {
+        pca.basis.push_back({eye, eye});
+        pca.eigenvalues.push_back({eig, eig});
+      }
+      auto body = dynakv_weights_json(dynakv_init(pca, 0.6, 0.1));
+      body["header"] = artifact_header(kDynaKvKind, c, model.path());
+      const std::string file = (dir / "dynakv_weights.json").string();
+      write_artifact(file, body);
+      p.emplace("weights", file);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("every registered method dumps its prefill views and gives logits under its cache", "[methods][engine]") {
+  const test::TempDir dir("method_logits");
+  ModelShape shape;
+  shape.name = "tiny";
+  shape.layers = 2;
+  shape.hidden = 64;  // head_dim 16: KVmix's test groups of 16
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.ffn = 48;
+  shape.vocab = 64;
+  shape.context = 256;
+  const std::string path = (dir / "tiny.gguf").string();
+  write_random_model(path, shape, DType::F32, 23);
+  auto model = ModelFile::open(path);
+  Engine e(*model);
+  std::vector<int32_t> ids(96);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((7 * i + 3) % 64);
+  const StepLogits full = step_logits(e, ids, 4, {});
+  REQUIRE(full.logits.size() == 5);
+
+  const auto& reg = MethodRegistry::get();
+  for (const auto& name : reg.names()) {
+    INFO(name);
+    const auto params = runnable_params(name, *model, dir.path());
+    const int budget = reg.info(name).budgeted ? 48 : 0;  // half the prompt, room beyond the 32-token windows
+    {
+      auto [m, runner] = choose_method(name, params, budget, e.config(), name);
+      const auto out = dir / ("dump_" + name);
+      std::filesystem::create_directories(out);
+      PrefillDumper dumper(out.string(), {0, 1}, 8, runner.get());
+      e.prefill(ids, &dumper);
+      for (const char* f : {"layer0.k.npy", "layer1.v.npy", "layer1.q_window.npy"})
+        CHECK(std::filesystem::exists(out / f));
+      CHECK(std::filesystem::exists(out / "layer1.widths.npy") == bool(runner));
+    }
+    auto [m, runner] = choose_method(name, params, budget, e.config(), name);
+    // Teacher forcing with the full cache's greedy tokens: every method is scored on the same sequence.
+    const StepLogits sl = step_logits(e, ids, 4, full.fed, runner.get());
+    REQUIRE(sl.logits.size() == 5);
+    CHECK(sl.fed == full.fed);
+    for (const auto& row : sl.logits) {
+      REQUIRE(row.size() == 64);
+      for (float x : row) REQUIRE(std::isfinite(x));
+    }
+    // Prefill attends over the whole prompt: the first row changes only if the method changes the model.
+    CHECK((sl.logits[0] == full.logits[0]) == !reg.info(name).changes_model);
+    // Decode reads the cache the method kept: the full cache's logits exactly when nothing was dropped.
+    const bool same = std::equal(sl.logits.begin() + 1, sl.logits.end(), full.logits.begin() + 1);
+    CHECK(same == (name == "fullkv"));
+  }
+  test::require_error([&] { choose_method("snapkv", {}, 0, e.config(), "--method"); }, {"--method", "needs a budget"});
+  test::require_error([&] { choose_method("kvmix", test_params("kvmix"), 16, e.config(), "Model.logits"); },
+                      {"Model.logits", "takes no budget"});
+  test::require_error([&] { choose_method("", {}, 16, e.config(), "--method"); }, {"need a method"});
 }

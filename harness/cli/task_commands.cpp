@@ -16,7 +16,7 @@
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
-#include "harness/method/mixed_dim.hpp"
+#include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/report/published.hpp"
 #include "harness/report/report.hpp"
@@ -55,45 +55,6 @@ std::unique_ptr<Task> make_task(const TaskArgs& a, const Tokenizer& tok) {
   return TaskRegistry::get().create(a.task, ctx);
 }
 
-// Writes the views a method sees at the chosen layers (K post-RoPE, V, the window queries) as .npy
-// files, and with a method the width each stored head keeps each position at.
-class PrefillDumper final : public PrefillObserver {
- public:
-  PrefillDumper(std::string dir, std::set<int> layers, int window, MethodRunner* runner)
-      : dir_(std::move(dir)), layers_(std::move(layers)), window_(window), runner_(runner) {}
-  PrefillNeeds needs() const override {
-    PrefillNeeds n = runner_ ? runner_->needs() : PrefillNeeds{};
-    n.merge({window_, false, false});
-    return n;
-  }
-  void on_layer(const PrefillView& v, LayerCache& cache) override {
-    if (runner_) {
-      runner_->on_layer(v, cache);
-    } else {
-      cache.append_many(v.k, v.v, v.n_tokens, v.positions);
-    }
-    if (!layers_.count(v.layer)) return;
-    const size_t N = size_t(v.n_tokens), hkv = size_t(v.n_kv_heads), d = size_t(v.head_dim);
-    const std::string stem = fmt::format("{}/layer{}", dir_, v.layer);
-    write_npy(stem + ".k.npy", {v.k, N * hkv * d}, {N, hkv, d});
-    write_npy(stem + ".v.npy", {v.v, N * hkv * d}, {N, hkv, d});
-    const float* q = v.q_window + size_t(v.window - window_) * v.n_heads * d;
-    write_npy(stem + ".q_window.npy", {q, size_t(window_) * v.n_heads * d}, {size_t(window_), size_t(v.n_heads), d});
-    if (runner_) {
-      const auto w = cache_widths(cache, v.n_tokens);
-      std::vector<int32_t> flat;
-      for (const auto& h : w) flat.insert(flat.end(), h.begin(), h.end());
-      write_npy(stem + ".widths.npy", flat, {w.size(), N});
-    }
-  }
-
- private:
-  std::string dir_;
-  std::set<int> layers_;
-  int window_;
-  MethodRunner* runner_;
-};
-
 }  // namespace
 
 void register_task_commands(CLI::App& app) {
@@ -114,7 +75,7 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("--layers", a->layers, "Layers to write (default: all)")->delimiter(',');
     cmd->add_option("--window", a->window, "Window queries to write")->check(CLI::PositiveNumber);
     cmd->add_option("--method", a->method, "Compression method whose kept widths to write");
-    cmd->add_option("--budget", a->budget, "KV size T for --method")->check(CLI::PositiveNumber);
+    cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(CLI::PositiveNumber);
     cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
     cmd->add_option("--out", a->out, "Output directory")->required();
     cmd->callback([a] {
@@ -125,13 +86,7 @@ void register_task_commands(CLI::App& app) {
       const Sample s = task->sample(a->index);
       const auto ids = build_prompt(*m, *tok, s.prompt, s.chat);
       Engine engine(*m);
-      std::unique_ptr<Method> method;
-      std::unique_ptr<MethodRunner> runner;
-      if (!a->method.empty()) {
-        if (a->budget <= 0) fail("--method needs --budget T");
-        method = MethodRegistry::get().create(a->method, parse_key_values(a->params), engine.config());
-        runner = std::make_unique<MethodRunner>(*method, a->budget);
-      }
+      auto [method, runner] = choose_method(a->method, parse_key_values(a->params), a->budget, engine.config(), "--method");
       std::set<int> layers(a->layers.begin(), a->layers.end());
       if (layers.empty())
         for (int l = 0; l < m->config().n_layers; ++l) layers.insert(l);
@@ -144,8 +99,8 @@ void register_task_commands(CLI::App& app) {
                    {"sample", s.id}, {"n_tokens", ids.size()}, {"n_heads", c.n_heads}, {"n_kv_heads", c.n_kv_heads},
                    {"head_dim", c.head_dim}, {"window", a->window}, {"layers", layers}, {"prompt_ids", ids}};
       if (method)
-        meta["method"] = {{"name", method->name()}, {"budget", a->budget}, {"params", method->params().values()},
-                          {"cache", runner->cache_profile()}};
+        meta["method"] = {{"name", method->name()}, {"budget", method->budgeted() ? json(a->budget) : json(nullptr)},
+                          {"params", method->params().values()}, {"cache", runner->cache_profile()}};
       std::ofstream(a->out + "/meta.json") << meta.dump(1) << "\n";
       fmt::print("{}: {} tokens, {} layers written\n", a->out, ids.size(), layers.size());
     });

@@ -7,6 +7,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/chat_template.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "harness/util/error.hpp"
 
 namespace kvb {
 
@@ -83,6 +84,23 @@ Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& 
   Generation g = run(engine, tok, capture.n_tokens, opt, [&] { return engine.resume(capture, observer); });
   g.prefill_seconds = 0;
   return g;
+}
+
+StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int steps, std::span<const int32_t> forced,
+                       PrefillObserver* observer) {
+  if (steps < 0) fail("step_logits: {} steps", steps);
+  if (!forced.empty() && forced.size() != size_t(steps))
+    fail("step_logits: {} forced tokens for {} steps", forced.size(), steps);
+  if (prompt.size() + size_t(steps) > size_t(engine.config().context_length))
+    fail("{} prompt tokens and {} steps exceed the model's context length {}", prompt.size(), steps,
+         engine.config().context_length);
+  StepLogits out;
+  out.logits.push_back(engine.prefill(prompt, observer));
+  for (int i = 0; i < steps; ++i) {
+    out.fed.push_back(forced.empty() ? argmax(out.logits.back()) : forced[size_t(i)]);
+    out.logits.push_back(engine.decode(out.fed.back()));
+  }
+  return out;
 }
 
 }  // namespace kvb

@@ -44,4 +44,16 @@ Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_
 Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& capture, const GenerateOptions& opt,
                     PrefillObserver* observer = nullptr);
 
+// The logits a cache gives: those of the prompt's next token, then those of each of `steps` decode
+// steps over the cache the observer (a method) kept, fed `forced` tokens where given (teacher forcing:
+// two methods compared on the same sequence) and the greedy token otherwise. Prefill attends over the
+// whole prompt, so the first row changes only under a method that changes the model (DynaKV); decode
+// steps read the compressed cache.
+struct StepLogits {
+  std::vector<int32_t> fed;                 // the token fed at each decode step
+  std::vector<std::vector<float>> logits;   // 1 + steps rows of vocabulary size
+};
+StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int steps, std::span<const int32_t> forced,
+                       PrefillObserver* observer = nullptr);
+
 }  // namespace kvb

@@ -222,4 +222,18 @@ nlohmann::json MethodRunner::cache_profile() const {
   return p;
 }
 
+MethodChoice choose_method(const std::string& name, const std::map<std::string, std::string>& params, int budget,
+                           const ModelConfig& model, const std::string& who) {
+  MethodChoice c;
+  if (name.empty() || (name == "fullkv" && budget <= 0)) {
+    if (budget > 0 || !params.empty()) fail("{}: a budget and parameters need a method", who);
+    return c;
+  }
+  c.method = MethodRegistry::get().create(name, params, model);
+  if (c.method->budgeted() && budget <= 0) fail("{}: method {} needs a budget (KV size T)", who, name);
+  if (!c.method->budgeted() && budget > 0) fail("{}: method {} takes no budget: it sets its own memory", who, name);
+  c.runner = std::make_unique<MethodRunner>(*c.method, c.method->budgeted() ? KvBudget(budget) : KvBudget{});
+  return c;
+}
+
 }  // namespace kvb

@@ -230,4 +230,14 @@ class MethodRunner : public PrefillObserver {
   nlohmann::json layer_stats_ = nlohmann::json::array();
 };
 
+// A method as a command or the Python module names it, with its runner: "" (or "fullkv" without a
+// budget) is none, the full cache (both members null). `budget` is the KV size T of a budgeted method and must be 0 for one
+// that sets its own memory (KVmix, DynaKV); `who` starts the error messages ("--method", "Model.logits").
+struct MethodChoice {
+  std::unique_ptr<Method> method;
+  std::unique_ptr<MethodRunner> runner;
+};
+MethodChoice choose_method(const std::string& name, const std::map<std::string, std::string>& params, int budget,
+                           const ModelConfig& model, const std::string& who);
+
 }  // namespace kvb

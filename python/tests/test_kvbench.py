@@ -67,6 +67,122 @@ def test_generate_and_logits_equal_the_cli(model):
     assert model.detokenize(model.tokenize(text)) == text
 
 
+def test_runs_under_the_numpy_it_is_named_for():
+    # ctest runs this suite under the system numpy (1.x) and under numpy 2 from the package index.
+    want = os.environ.get("KVBENCH_EXPECT_NUMPY")
+    if want:
+        assert np.__version__.split(".")[0] == want, f"numpy {np.__version__}, expected {want}.x"
+
+
+@needs_model
+@pytest.mark.parametrize("method, budget, params, steps", [
+    ("", 0, None, 0), ("", 0, None, 3), ("snapkv", 32, {"window": 8}, 3), ("kvmix", 0, None, 2),
+    ("streamingllm", 24, {"sinks": 4}, 0)])
+def test_logits_equal_the_cli_bit_for_bit(model, tmp_path, method, budget, params, steps):
+    ids = model.tokenize(PROMPT, chat=True)
+    got = model.logits(ids, method=method, budget=budget, params=params, steps=steps)
+    args = ["logits", MODEL, "--text", PROMPT, "--chat", "--threads", "2", "--out", str(tmp_path / "l.npy"),
+            "--steps", str(steps)]
+    if method:
+        args += ["--method", method] + (["--budget", str(budget)] if budget else [])
+        args += [a for k, v in (params or {}).items() for a in ("--param", f"{k}={v}")]
+    info = json.loads(cli(*args))
+    want = np.load(tmp_path / "l.npy")
+    assert info["tokens"] == len(ids)
+    if not method and not steps:
+        assert got.shape == (model.config["vocab_size"],)
+        want = want[0]
+    else:
+        assert got.shape == (1 + steps, model.config["vocab_size"])
+    assert got.dtype == np.float32 and got.strides[-1] == 4
+    assert np.array_equal(got, want)
+    assert len(np.unique(got)) > 1000  # a real row, not one value repeated (numpy 2 with an old pybind11)
+    if method == "snapkv":  # the greedy tokens fed are the argmax of each row
+        assert [s["fed"] for s in info["steps"][1:]] == np.argmax(got[:-1], axis=1).tolist()
+        full = model.logits(ids, steps=steps)
+        assert np.array_equal(full[0], got[0]) and not np.array_equal(full[1:], got[1:])
+
+
+@needs_model
+def test_logits_errors_say_what_a_method_needs(model):
+    ids = model.tokenize("Hello", prompt=True)
+    with pytest.raises(kvbench.Error, match="Model.logits: method snapkv needs a budget"):
+        model.logits(ids, method="snapkv")
+    with pytest.raises(kvbench.Error, match="takes no budget"):
+        model.logits(ids, method="kvmix", budget=16)
+    with pytest.raises(kvbench.Error, match="steps 2 but a continuation of 1 tokens"):
+        model.logits(ids, steps=2, continuation=[5])
+    rows = model.logits(ids, continuation=[5, 6])
+    assert rows.shape == (3, model.config["vocab_size"])
+    assert np.array_equal(rows[0], model.logits(ids))
+
+
+NIAH = ["-o", "s_len=600", "-o", "e_len=600", "-o", "depths=1"]
+
+
+def cli_sample_prompt():
+    out = cli("sample", "niah", "-m", MODEL, *NIAH)
+    return out.split("--- prompt ---\n", 1)[1][:-1]  # printed with one newline after it
+
+
+@needs_model
+@pytest.mark.parametrize("method, budget", [("snapkv", 64), ("h2o", 48), ("pyramidkv", 64)])
+def test_kept_positions_equal_the_kept_sets_the_cli_writes(model, tmp_path, method, budget):
+    cli("dump-prefill", "niah", "-m", MODEL, *NIAH, "--method", method, "--budget", str(budget),
+        "--out", str(tmp_path))
+    meta = json.load(open(tmp_path / "meta.json"))
+    prompt = cli_sample_prompt()
+    assert model.tokenize(prompt, prompt=True) == meta["prompt_ids"]
+    got = model.kept_positions(prompt, method, budget, chat=False)
+    assert len(got) == meta["layers"][-1] + 1
+    for layer, heads in enumerate(got):
+        widths = np.load(tmp_path / f"layer{layer}.widths.npy")
+        assert len(heads) == widths.shape[0]
+        for h, kept in enumerate(heads):
+            assert kept.dtype == np.int32
+            assert np.array_equal(kept, np.flatnonzero(widths[h] > 0)), (layer, h)
+
+
+@needs_model
+def test_every_view_a_python_method_reads_holds_the_engine_values(model, tmp_path):
+    cli("dump-prefill", "niah", "-m", MODEL, *NIAH, "--window", "8", "--layers", "0,7", "--out", str(tmp_path))
+    seen = {}
+
+    class Recorder(kvbench.Method):
+        params = {"window": 8}
+
+        def needs(self):
+            return {"window": 8, "attn_colsum": True, "k_pre_rope": True}
+
+        def compress(self, view, budget):
+            if view.layer in (0, 7):
+                seen[view.layer] = {k: np.array(getattr(view, k)) for k in
+                                    ("queries", "keys", "values", "keys_pre_rope", "attn_colsum")}
+                seen[view.layer]["attention"] = view.attention()
+                assert not view.keys.flags.writeable
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    kvbench.register(Recorder, name="recorder")
+    model.kept_positions(cli_sample_prompt(), "recorder", 64, chat=False)
+    for layer, v in seen.items():
+        k, q = np.load(tmp_path / f"layer{layer}.k.npy"), np.load(tmp_path / f"layer{layer}.q_window.npy")
+        assert np.array_equal(v["keys"], k) and np.array_equal(v["values"], np.load(tmp_path / f"layer{layer}.v.npy"))
+        assert np.array_equal(v["queries"], q)
+        n, heads = k.shape[0], q.shape[1]
+        # RoPE rotates: each key's norm is the same before and after it.
+        np.testing.assert_allclose(np.linalg.norm(v["keys_pre_rope"], axis=2), np.linalg.norm(k, axis=2), rtol=1e-4)
+        assert not np.array_equal(v["keys_pre_rope"][1:], k[1:])
+        # Every query's attention sums to 1, so a head's column sums add up to the number of queries.
+        np.testing.assert_allclose(v["attn_colsum"].sum(axis=1), np.full(heads, n), rtol=1e-3)
+        # attention(): the window rows recomputed here from the queries and keys.
+        kk = np.repeat(k, heads // k.shape[1], axis=1)
+        s = np.einsum("whd,nhd->hwn", q.astype(np.float64), kk.astype(np.float64)) / np.sqrt(k.shape[2])
+        s[:, np.arange(8)[:, None] < np.arange(n)[None, :] - (n - 8)] = -np.inf
+        ref = np.exp(s - s.max(axis=2, keepdims=True))
+        ref /= ref.sum(axis=2, keepdims=True)
+        np.testing.assert_allclose(v["attention"], ref, rtol=0, atol=1e-5)
+
+
 @needs_model
 def test_python_streamingllm_keeps_what_the_cpp_one_keeps(model):
     py = model.kept_positions(PROMPT, "numpy_streaming", budget=24, params={"sinks": 4})
