@@ -19,6 +19,7 @@
 #include "harness/method/method.hpp"
 #include "harness/method/parts.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/stats.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
@@ -600,6 +601,17 @@ PYBIND11_MODULE(_kvbench, m) {
     for (const auto& [range, s] : r.ranges) d[py::str(range)] = std::isnan(s) ? py::object(py::none()) : py::float_(s);
     return d;
   });
+  m.def("score_interval", [](const std::vector<std::vector<double>>& strata, const std::string& average) {
+    if (average != "samples" && average != "strata") fail("score_interval: average '{}' (samples or strata)", average);
+    const MeanInterval ci = score_interval(strata, average == "samples" ? Average::Samples : Average::Strata);
+    py::dict d;
+    d["mean"] = ci.mean;
+    d["n"] = ci.n;
+    d["ci_low"] = ci.has_interval() ? py::object(py::float_(ci.low)) : py::object(py::none());
+    d["ci_high"] = ci.has_interval() ? py::object(py::float_(ci.high)) : py::object(py::none());
+    d["interval"] = ci.method;
+    return d;
+  }, py::arg("strata"), py::arg("average") = "samples");
   m.def("default_data_dir", &default_data_dir);
   m.def("code_version", &code_version);
 

@@ -181,7 +181,8 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   const std::string out = (dir / "out").string();
   write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md", "csv"});
   const auto cells = read_csv_rows(out + "/compare-t1-cells.csv");
-  // table,model,method,params,budget,task,length,column,published,ours,samples,difference
+  // table,model,method,params,budget,task,length,column,published,ours,ci_low,ci_high,samples,difference,
+  // published_inside
   REQUIRE(cells.size() == 1 + 6);  // the first model the table lists
   auto find = [&](const std::string& method, const std::string& column) {
     for (const auto& c : cells)
@@ -190,14 +191,23 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
     return std::vector<std::string>{};
   };
   CHECK(find("fullkv", "qasper")[9] == "40.0000");  // mean of 30 and 50
-  CHECK(find("fullkv", "qasper")[10] == "2");
-  CHECK(find("fullkv", "qasper")[11] == "7.7000");
+  // Two samples, 0.3 and 0.5: the bootstrap's resamples have means 0.3, 0.4 and 0.5.
+  CHECK(find("fullkv", "qasper")[10] == "30.0000");
+  CHECK(find("fullkv", "qasper")[11] == "50.0000");
+  CHECK(find("fullkv", "qasper")[12] == "2");
+  CHECK(find("fullkv", "qasper")[13] == "7.7000");
+  CHECK(find("fullkv", "qasper")[14] == "yes");  // 32.30 published lies inside [30, 50]
+  CHECK(find("fullkv", "avg")[10].empty());      // an average over columns has no interval of ours
   CHECK(find("fullkv", "avg")[9] == "55.0000");  // (40 + 70) / 2
   CHECK(find("snapkv", "trec")[9].empty());      // not run: no number of ours
   CHECK(find("snapkv", "avg")[9] == "20.0000");  // over the one column we have
   std::stringstream md;
   md << std::ifstream(out + "/compare-t1.md").rdbuf();
   CHECK(md.str().find("20.00 (1/2)") != std::string::npos);
+  CHECK(md.str().find("| FullKV | 40.00 [30.00, 50.00] |") != std::string::npos);
+  // Our model (m.gguf) is not the paper's: no value is marked as inside our interval.
+  CHECK(md.str().find("(in)") == std::string::npos);
+  CHECK(md.str().find("Our model is not the paper's") != std::string::npos);
   CHECK(md.str().find("snapkv (window=8), published") != std::string::npos);
   CHECK(std::filesystem::exists(out + "/compare-t1.png"));
   CHECK(std::filesystem::exists(out + "/compare-t1.svg"));

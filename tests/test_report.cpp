@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "harness/report/paired.hpp"
 #include "harness/report/report.hpp"
 #include "harness/report/table.hpp"
 #include "test_util.hpp"
@@ -94,10 +95,10 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   CHECK(read(rep / "ruler-lengths.md").find("| FullKV | 75.00 | 75.00 | 75.00 |") != std::string::npos);
   // Method x KV size, with the share of the full cache kept (and of a full fp16 cache: these fp32
   // records hold twice its bytes), its heatmap and the score-memory plot.
-  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%, 50.0% fp16) |") != std::string::npos);
+  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%, 50.0% fp16, n=3) |") != std::string::npos);
   CHECK(read(rep / "longbench-memory.csv").find("\"snapkv\",0.500000,0.3167") != std::string::npos);
   // The table's CSV and the heatmap's cells are separate files.
-  CHECK(read(rep / "longbench-method-budget.csv").find("31.67 (25.0%, 50.0% fp16)") != std::string::npos);
+  CHECK(read(rep / "longbench-method-budget.csv").find("31.67 (25.0%, 50.0% fp16, n=3)") != std::string::npos);
   CHECK(read(rep / "longbench-method-budget-cells.csv").find("snapkv,,0.3167") != std::string::npos);
   for (const char* f : {"longbench-method-budget.png", "longbench-method-budget.svg", "ruler-method-budget.png",
                         "longbench-memory.png", "longbench-memory.svg"})
@@ -145,7 +146,7 @@ TEST_CASE("reports: compression-ratio runs get their own columns and blocks besi
   const std::string mb = read(dir / "rep" / "longbench-method-budget.md");
   INFO(mb);
   CHECK(mb.find("| Method | Full | p_c=0.5 | p_c=0.9 | 128 |") != std::string::npos);
-  CHECK(mb.find("| snapkv | - | 28.00 (50.0%, 100.0% fp16) | 10.00 (10.0%, 20.0% fp16) | 20.00 (25.0%, 50.0% fp16) |") !=
+  CHECK(mb.find("| snapkv | - | 28.00 (50.0%, 100.0% fp16, n=1) | 10.00 (10.0%, 20.0% fp16, n=1) | 20.00 (25.0%, 50.0% fp16, n=1) |") !=
         std::string::npos);
   const std::string lb = read(dir / "rep" / "longbench.md");
   CHECK(lb.find("Compression ratio = 0.9") != std::string::npos);
@@ -202,8 +203,8 @@ TEST_CASE("reports: fp16 records and a method without a budget on one memory axi
   const std::string s = read(dir / "rep" / "summary.md");
   INFO(s);
   // KV kept, vs fp16 full, bits per element, T_eq (fp16 token units of the 1,000-token prompt).
-  CHECK(s.find("| kvmix | Full | fp16 | native | - | 1 | 40.00 | 22.0% | 22.0% | 3.52 | 220 |") != std::string::npos);
-  CHECK(s.find("| fullkv | Full | fp32 | native | - | 1 | 50.00 | 100.0% | 200.0% | 32.00 | 2000 |") != std::string::npos);
+  CHECK(s.find("| kvmix | Full | fp16 | native | - | 1 | 40.00 | - | - | 22.0% | 22.0% | 3.52 | 220 |") != std::string::npos);
+  CHECK(s.find("| fullkv | Full | fp32 | native | - | 1 | 50.00 | - | - | 100.0% | 200.0% | 32.00 | 2000 |") != std::string::npos);
   const std::string mem = read(dir / "rep" / "longbench-memory.csv");
   CHECK(mem.find("\"kvmix [fp16]\",0.220000,0.4000") != std::string::npos);
 }
@@ -235,4 +236,41 @@ TEST_CASE("reports: records of the wrong shape are errors naming the line and fi
   // Found by fuzz/results: a config without options made the report throw a JSON library exception.
   report_of(R"({"config": {"task": "niah", "method": "fullkv"}, "score": 1, "meta": {"depth": 0, "length": 1000}})");
   CHECK(std::filesystem::exists(dir / "rep" / "summary.md"));
+}
+
+TEST_CASE("reports: paired differences from a baseline on the same samples, with intervals", "[report][stats]") {
+  const TempDir dir("report_paired");
+  {
+    std::ofstream out(dir / "r.jsonl");
+    for (int i = 0; i < 30; ++i) {
+      const json opts = {{"task", "vt"}, {"length", "4096"}, {"sample", std::to_string(i)}};
+      const double full = 0.5 + 0.01 * (i % 7);
+      auto rec = [&](const std::string& m, int budget, double score) {
+        json r = record("ruler", opts, m, budget, score);
+        r["id"] = fmt::format("s{}", i);
+        return r.dump() + "\n";
+      };
+      out << rec("fullkv", 0, full);
+      out << rec("snapkv", 128, full - 0.1 + (i % 2 ? 0.05 : -0.05));  // 10 points worse, every sample
+      out << rec("h2o", 128, full + (i % 2 ? 0.1 : -0.1));             // no better nor worse on average
+    }
+  }
+  const std::string rep = (dir / "rep").string();
+  std::filesystem::create_directories(rep);
+  write_paired_comparison({(dir / "r.jsonl").string()}, "fullkv", rep, {"md", "csv"});
+  const std::string t = read(dir / "rep" / "ruler-vs-fullkv.md");
+  INFO(t);
+  CHECK(t.find("| h2o | +0.00 [") != std::string::npos);
+  CHECK(t.find("| snapkv | -10.00 [") != std::string::npos);
+  CHECK(t.find("] * (n=30) |") != std::string::npos);     // snapkv's interval excludes 0
+  CHECK(t.find("] (n=30) |") != std::string::npos);       // h2o's does not
+  require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "pyramidkv", rep, {"md"}); },
+                {"--baseline pyramidkv", "recorded: fullkv, h2o, snapkv"});
+  require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "snapkv:window=8", rep, {"md"}); },
+                {"no recorded setting"});
+  // Against snapkv at its own KV size: the full cache has no KV size 128, so only h2o pairs.
+  write_paired_comparison({(dir / "r.jsonl").string()}, "snapkv", rep, {"md"});
+  const std::string s = read(dir / "rep" / "ruler-vs-snapkv.md");
+  CHECK(s.find("| h2o | +10.00 [") != std::string::npos);
+  CHECK(s.find("fullkv") == std::string::npos);
 }

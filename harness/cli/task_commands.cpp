@@ -18,6 +18,7 @@
 #include "harness/method/method.hpp"
 #include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/paired.hpp"
 #include "harness/report/published.hpp"
 #include "harness/report/report.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
@@ -240,7 +241,7 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("--out-dir", *dir, "Directory for tables and figures");
     cmd->add_option("--format", *formats, "Table formats: md, csv, tex (comma-separated)")->delimiter(',');
     struct Compare {
-      std::string published, table, model;
+      std::string published, table, model, baseline;
     };
     auto c = std::make_shared<Compare>();
     cmd->add_option("--compare", c->published,
@@ -249,9 +250,13 @@ void register_task_commands(CLI::App& app) {
     cmd->add_option("--table", c->table, "With --compare: only this table (a spec's file name, e.g. table1_longbench)");
     cmd->add_option("--published-model", c->model,
                     "With --compare: the paper's model whose numbers to show (default: the first the table lists)");
+    cmd->add_option("--baseline", c->baseline,
+                    "METHOD[:key=value,...]: also writes each method's score minus this one's on the same samples, "
+                    "with paired 95% intervals (<task>-vs-<baseline>.*)");
     cmd->callback([files, dir, formats, c] {
       const std::set<std::string> f(formats->begin(), formats->end());
       write_report(*files, *dir, f);
+      if (!c->baseline.empty()) write_paired_comparison(*files, c->baseline, *dir, f);
       if (!c->published.empty()) write_comparison(*files, c->published, c->table, c->model, *dir, f);
     });
   }

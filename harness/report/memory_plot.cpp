@@ -80,6 +80,15 @@ void write_memory_plot(const MemoryPlot& p, const std::string& stem) {
       for (const auto& pt : pts) {
         cairo_arc(cr, X(pt.memory), Y(pt.score), 3.5, 0, 2 * M_PI);
         cairo_fill(cr);
+        if (std::isnan(pt.low)) continue;
+        cairo_set_line_width(cr, 1.0);  // the 95% interval, with short caps
+        cairo_move_to(cr, X(pt.memory), Y(pt.low));
+        cairo_line_to(cr, X(pt.memory), Y(pt.high));
+        for (double end : {pt.low, pt.high}) {
+          cairo_move_to(cr, X(pt.memory) - 3, Y(end));
+          cairo_line_to(cr, X(pt.memory) + 3, Y(end));
+        }
+        cairo_stroke(cr);
       }
       const double ly = kTop + 18.0 * double(i) + 6;
       cairo_arc(cr, kLeft + kPlotW + 30, ly, 3.5, 0, 2 * M_PI);
@@ -90,9 +99,12 @@ void write_memory_plot(const MemoryPlot& p, const std::string& stem) {
   });
 
   std::ofstream csv(stem + ".csv");
-  csv << "method,memory_fp16_share,score\n";
+  csv << "method,memory_fp16_share,score,ci_low,ci_high,n\n";
+  auto bound = [](double v) { return std::isnan(v) ? std::string() : fmt::format("{:.4f}", v); };
   for (const auto& s : p.series)
-    for (const auto& pt : s.points) csv << '"' << s.label << '"' << ',' << fmt::format("{:.6f},{:.4f}", pt.memory, pt.score) << '\n';
+    for (const auto& pt : s.points)
+      csv << '"' << s.label << '"' << ',' << fmt::format("{:.6f},{:.4f}", pt.memory, pt.score) << ',' << bound(pt.low)
+          << ',' << bound(pt.high) << ',' << pt.n << '\n';
   if (!csv) fail("{}.csv: cannot write", stem);
 }
 

@@ -12,6 +12,7 @@
 #include "harness/experiment/results.hpp"
 #include "harness/report/figure.hpp"
 #include "harness/report/report.hpp"
+#include "harness/report/stats.hpp"
 #include "harness/report/table.hpp"
 #include "harness/util/error.hpp"
 
@@ -201,6 +202,7 @@ struct Ours {
 struct Cell {
   const PublishedRow* row = nullptr;
   double ours = std::nan("");
+  MeanInterval ci;  // of ours, x 1 (scores in [0, 1]); none for an average over columns
   int samples = 0;
   std::string coverage;  // for avg: "k/n" columns of ours behind it, if not all
 };
@@ -339,16 +341,19 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       if (r.table == t && r.model == paper_model) trows.push_back(&r);
 
     // Our mean for the row's configuration at a column (the row's own, or another of the table's).
-    auto mean_ours = [&](const PublishedRow& row, const std::string& column, int& samples) {
+    auto mean_ours = [&](const PublishedRow& row, const std::string& column, int& samples, MeanInterval* ci = nullptr) {
       PublishedRow r = row;
       r.column = column;
       double sum = 0;
       samples = 0;
+      std::map<std::string, std::vector<double>> strata;  // by RULER task or LongBench dataset
       std::map<std::string, int> configs;  // our configurations behind the cell -> records
       for (const auto& o : ours)
         if (o.config.value("task", "") == r.task && row_matches_config(r, o.config) && column_in_options(r, o.options)) {
           sum += o.score;
           ++samples;
+          const auto opt = [&](const char* k) { return o.options.count(k) ? o.options.at(k) : std::string(); };
+          strata[opt("task") + opt("dataset")].push_back(o.score);
           json id = o.config;
           for (const char* k : {"dataset", "task", "length"}) id["options"].erase(k);
           ++configs[id.dump()];
@@ -361,6 +366,11 @@ void write_comparison(const std::vector<std::string>& results, const std::string
              "does not list, the model or a task option): {}; report one run's results, or list the parameter in the "
              "row",
              r.file, r.line, describe(r), configs.size(), list);
+      }
+      if (ci && samples) {
+        std::vector<std::vector<double>> groups;
+        for (auto& [k, v] : strata) groups.push_back(std::move(v));
+        *ci = score_interval(groups);
       }
       return samples ? 100 * sum / samples : std::nan("");
     };
@@ -377,7 +387,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       Cell c;
       c.row = r;
       if (!summary_column(r->column) || r->task == "niah") {
-        c.ours = mean_ours(*r, r->column, c.samples);
+        c.ours = mean_ours(*r, r->column, c.samples, &c.ci);
       } else if (r->column == "avg") {
         // The paper's average against ours over the table's columns, where we have them.
         double sum = 0;
@@ -413,7 +423,17 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     for (const auto& c : columns) out.columns.push_back(c == "avg" ? "Avg." : column_name(task, c));
     std::vector<double> xs, ys;
     std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
-    std::string cells_csv = "table,model,method,params,budget,task,length,column,published,ours,samples,difference\n";
+    // Whether our records ran the paper's model: only then can a published value fall inside our interval
+    // by more than chance.
+    auto lower = [](std::string x) {
+      for (char& ch : x) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      return x;
+    };
+    const bool same_model = our_models.size() == 1 && lower(*our_models.begin()).find(lower(paper_model)) != std::string::npos;
+    int inside = 0, with_interval = 0;
+    std::string cells_csv =
+        "table,model,method,params,budget,task,length,column,published,ours,ci_low,ci_high,samples,difference,"
+        "published_inside\n";
     for (const auto& block_key : blocks) {
       // Plain names, not a structured binding: lambdas below capture them (clang 14 cannot).
       const int length = block_key.first;
@@ -450,14 +470,21 @@ void write_comparison(const std::vector<std::string>& results, const std::string
           }
           any = true;
           const Cell& c = *it;
-          mine.push_back(fmt2(c.ours) + (c.coverage.empty() ? "" : " (" + c.coverage + ")"));
-          theirs.push_back(fmt2(c.row->score));
+          const bool has_ci = !std::isnan(c.ours) && c.ci.has_interval();
+          const bool in = has_ci && 100 * c.ci.low <= c.row->score && c.row->score <= 100 * c.ci.high;
+          with_interval += has_ci;
+          inside += in;
+          mine.push_back((has_ci ? interval_text(c.ci) : fmt2(c.ours)) + (c.coverage.empty() ? "" : " (" + c.coverage + ")"));
+          theirs.push_back(fmt2(c.row->score) + (same_model && in ? " (in)" : ""));
           diff.push_back(std::isnan(c.ours) ? "-" : fmt::format("{:+.2f}", c.ours - c.row->score));
-          cells_csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t), csv_field(paper_model),
+          cells_csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t), csv_field(paper_model),
                                    method, csv_field(params_text(params)), budget_text(budget), task,
                                    length ? std::to_string(length) : "", col, c.row->score,
-                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours), c.samples,
-                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours - c.row->score));
+                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours),
+                                   has_ci ? fmt::format("{:.4f}", 100 * c.ci.low) : "",
+                                   has_ci ? fmt::format("{:.4f}", 100 * c.ci.high) : "", c.samples,
+                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours - c.row->score),
+                                   has_ci ? (in ? "yes" : "no") : "");
           if (!std::isnan(c.ours) && col != "avg") {
             xs.push_back(c.row->score);
             ys.push_back(c.ours);
@@ -477,10 +504,15 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     out.note = fmt::format(
         "Ours: the mean over our records of each cell (samples in {}-cells.csv); published: as printed in the paper "
         "for {}; difference: ours - published. Avg.: ours over the same columns as the paper's average; (k/n) where we "
-        "have k of its n columns. {} of {} published cells have ours{}.",
+        "have k of its n columns; [low, high]: our 95% interval over samples. {} of {} published cells have ours{}. {}",
         "compare-" + t, paper_model, xs.size(),
         std::count_if(cells.begin(), cells.end(), [](const Cell& c) { return !summary_column(c.row->column); }),
-        std::isnan(rho) ? "" : fmt::format("; Spearman's rank correlation of ours with published over them: {:.2f}", rho));
+        std::isnan(rho) ? "" : fmt::format("; Spearman's rank correlation of ours with published over them: {:.2f}", rho),
+        same_model ? fmt::format("Our records ran the paper's model: {} of the {} published values with an interval of "
+                                 "ours lie inside it (marked (in)).",
+                                 inside, with_interval)
+                   : "Our model is not the paper's, so the intervals say how precise ours are, not whether we "
+                     "reproduce the paper.");
     const std::string stem = dir + "/compare-" + t;
     write_table(out, stem, formats);
     std::ofstream(stem + "-cells.csv") << cells_csv;

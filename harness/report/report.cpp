@@ -19,6 +19,7 @@
 #include "harness/method/method.hpp"
 #include "harness/report/heatmap.hpp"
 #include "harness/report/memory_plot.hpp"
+#include "harness/report/stats.hpp"
 #include "harness/report/table.hpp"
 #include "tasks/text.hpp"
 #include "harness/util/error.hpp"
@@ -33,6 +34,7 @@ struct Group {
   double score = 0, kv_share = 0, fp16_share = 0, t_eq = 0;
   int n = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> niah;  // (depth, length) -> sum, count
+  std::map<std::string, std::vector<double>> strata;  // scores by RULER task or LongBench dataset ("" else)
   // The parameters that tell it from the method's other settings in the records ("recency=50"), if any.
   std::string distinct;
 };
@@ -51,6 +53,12 @@ std::string params_text(const json& p) {
   std::string s;
   for (const auto& [k, v] : p.items()) s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
   return s.empty() ? "-" : s;
+}
+
+std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vector<double>>& by_variant) {
+  std::vector<std::vector<double>> out;
+  for (const auto& [variant, scores] : by_variant) out.push_back(scores);
+  return out;
 }
 
 // `used` keeps the names already written, so that configurations differing only in parameters (an
@@ -78,10 +86,18 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
   h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
   h.subtitle = "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")";
   const std::string settings = g.distinct.empty() ? "" : ", " + g.distinct;
-  h.caption = fmt::format("{} Score: {:.2f}",
+  int per_cell_min = INT32_MAX, per_cell_max = 0;
+  for (const auto& [dl, v] : g.niah) {
+    per_cell_min = std::min(per_cell_min, v.second);
+    per_cell_max = std::max(per_cell_max, v.second);
+  }
+  const MeanInterval ci = score_interval(strata_of(g.strata));
+  h.caption = fmt::format("{} Score: {}, {} samples ({} per cell)",
                           method == "fullkv" ? "FullKV" + settings
                                              : fmt::format("{} ({}{})", method, budget_heading(budget), settings),
-                          100.0 * g.score / g.n);
+                          interval_text(ci), g.n,
+                          per_cell_min == per_cell_max ? std::to_string(per_cell_min)
+                                                       : fmt::format("{}-{}", per_cell_min, per_cell_max));
   const bool chat = g.config["options"].value("chat", "false") == "true";
   // File names keep to letters, digits, '.', '-' and '_' (python:module.Class -> python_module.Class).
   std::string file_method = method;
@@ -121,6 +137,7 @@ struct Mean {
 };
 
 std::string pct(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", 100 * v); }
+
 
 // Methods in the order the papers list them (the full cache first), then by name.
 bool method_order(const std::string& a, const std::string& b) {
@@ -301,6 +318,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       e.group = &g;
       g.config = cfg;
       g.score += j["score"].get<double>();
+      g.strata[e.variant].push_back(j["score"].get<double>());
       const double full = j.value("full_kv_bytes", 0.0);
       e.kv_share = full > 0 ? j.value("kv_bytes", 0.0) / full : 1.0;
       // Records made before the dtype was an option held fp32.
@@ -368,24 +386,28 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   });
   Table summary;
   summary.columns = {"task", "options", "method", "KV size", "KV dtype", "gqa", "params", "samples", "score",
-                     "KV kept", "vs fp16 full", "bits/elem", "T_eq"};
+                     "ci_low", "ci_high", "KV kept", "vs fp16 full", "bits/elem", "T_eq"};
   summary.blocks.emplace_back();
   for (const Group* gp : rows) {
     const Group& g = *gp;
     const json& c = g.config;
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
+    const MeanInterval ci = score_interval(strata_of(g.strata));
     summary.blocks[0].rows.push_back({c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""),
                                       budget_of(c).name(), c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"),
                                       params_text(c.value("params", json::object())), std::to_string(g.n),
-                                      fmt::format("{:.2f}", 100.0 * g.score / g.n),
+                                      fmt::format("{:.2f}", 100.0 * g.score / g.n), pct(ci.low), pct(ci.high),
                                       fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n),
                                       fmt::format("{:.1f}%", 100.0 * g.fp16_share / g.n),
                                       fmt::format("{:.2f}", 16.0 * g.fp16_share / g.n),
                                       fmt::format("{:.0f}", g.t_eq / g.n)});
     if (!g.niah.empty()) write_niah_heatmap(g, dir, used);
   }
-  summary.note = "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled); KV kept: the "
+  summary.note = "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled); ci_low, ci_high: "
+                 "its 95% confidence interval (Wilson's for 0/1 scores; otherwise a percentile bootstrap over "
+                 "samples, resampled within each RULER task or LongBench dataset), none for one sample or identical non-0/1 "
+                 "scores; KV kept: the "
                  "prompt cache's bytes as a share of the full cache at the run's dtype; vs fp16 full: the same "
                  "against a full fp16 cache (the papers' unit); bits/elem: bytes kept x 8 per K/V element of the "
                  "prompt; T_eq: the KV size of a full fp16 cache of as many bytes (fp16 token units per KV head and "
@@ -409,8 +431,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     std::vector<std::string> order(labels.begin(), labels.end());
     std::sort(order.begin(), order.end(), method_order);
     Table mb;
-    mb.caption = task + ": score by method and KV size (bytes kept as a share of the run's full cache, and of a "
-                        "full fp16 cache where that differs)";
+    mb.caption = task + ": score by method and KV size, with its 95% interval over samples (bytes kept as a share "
+                        "of the run's full cache, and of a full fp16 cache where that differs)";
     mb.columns = {"Method"};
     for (const KvBudget& b : budgets) mb.columns.push_back(b.name());
     mb.blocks.emplace_back();
@@ -423,6 +445,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     for (const KvBudget& b : budgets) h.cols.push_back(b.name());
     MemoryPlot mp;
     mp.title = task + ": score against KV memory";
+    int n_min = INT32_MAX, n_max = 0;  // samples per cell
     for (const auto& label : order) {
       std::vector<std::string> row = {label};
       std::vector<double> cells;
@@ -430,16 +453,25 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       series.label = label;
       for (const KvBudget& b : budgets) {
         Mean sc, kv, kv16;
+        std::map<std::string, std::vector<double>> strata;
         for (const Entry* e : es)
           if (e->label == label && e->budget == b) {
             sc.add(e->score);
             kv.add(e->kv_share);
             kv16.add(e->fp16_share);
+            strata[e->variant].push_back(e->score);
           }
         const std::string fp16 =
             std::abs(kv16.value() - kv.value()) > 1e-9 ? fmt::format(", {:.1f}% fp16", 100 * kv16.value()) : "";
-        row.push_back(sc.n ? fmt::format("{} ({:.1f}%{})", pct(sc.value()), 100 * kv.value(), fp16) : "-");
-        if (sc.n) series.points.push_back({kv16.value(), sc.value()});
+        if (sc.n) {
+          n_min = std::min(n_min, sc.n);
+          n_max = std::max(n_max, sc.n);
+          const MeanInterval ci = score_interval(strata_of(strata));
+          row.push_back(fmt::format("{} ({:.1f}%{}, n={})", interval_text(ci), 100 * kv.value(), fp16, ci.n));
+          series.points.push_back({kv16.value(), sc.value(), ci.low, ci.high, ci.n});
+        } else {
+          row.push_back("-");
+        }
         cells.push_back(sc.value());
       }
       mb.blocks[0].rows.push_back(row);
@@ -447,7 +479,8 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
       h.cells.push_back(cells);
     }
     // No overall mean: it would average the full cache with compressed cells of different sizes.
-    h.caption = "score x 100, mean over samples";
+    h.caption = n_min == n_max ? fmt::format("score x 100, mean over {} samples per cell", n_min)
+                               : fmt::format("score x 100, mean over {}-{} samples per cell", n_min, n_max);
     write_table(mb, dir + "/" + task + "-method-budget", formats);
     write_heatmap(h, dir + "/" + task + "-method-budget", dir + "/" + task + "-method-budget-cells");
     write_memory_plot(mp, dir + "/" + task + "-memory");

@@ -24,7 +24,7 @@ from . import _kvbench
 from ._kvbench import Error, LayerView, Model
 
 __all__ = ["Error", "LayerView", "Method", "Model", "code_version", "load_results", "methods", "register", "run",
-           "sample_scores", "score", "tasks"]
+           "sample_scores", "score", "summarize", "tasks"]
 
 
 def methods() -> list[dict]:
@@ -137,6 +137,36 @@ def load_results(*paths: str | os.PathLike):
         rows += _kvbench.read_records(f)
     df = pd.json_normalize(rows, max_level=2)
     return df.drop_duplicates("key", ignore_index=True) if "key" in df else df
+
+
+# Task options that name one part of a sweep's grid (a length, a depth, a RULER task, a LongBench
+# dataset): cells that differ only in these are one configuration, as in kvbench report's summary.
+_GRID_OPTIONS = ("s_len", "e_len", "step", "depths", "samples", "task", "dataset", "length")
+
+
+def summarize(df, by: Sequence[str] | None = None):
+    """One row per configuration of a results DataFrame (load_results): its mean score x 100, the
+    number of samples `n`, and the 95% interval `ci_low`, `ci_high` (Wilson's for 0/1 scores, else a
+    percentile bootstrap over samples resampled within each RULER task or LongBench dataset; None for
+    one sample), the same numbers as kvbench report's summary. `by` names the grouping columns
+    (default: every `config.*` column but the grid's options and the code version)."""
+    import pandas as pd
+
+    if by is None:
+        grid = {f"config.options.{o}" for o in _GRID_OPTIONS}
+        by = [c for c in df.columns if c.startswith("config.") and c not in grid]
+    by = list(by)
+    strata = next((c for c in ("config.options.task", "config.options.dataset") if c in df.columns), None)
+    rows = []
+    for key, g in df.groupby(by, dropna=False, sort=True):
+        groups = [s["score"].tolist() for _, s in g.groupby(strata, dropna=False)] if strata else [g["score"].tolist()]
+        ci = _kvbench.score_interval(groups, "samples")
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        row.update(score=100 * ci["mean"], n=ci["n"],
+                   ci_low=None if ci["ci_low"] is None else 100 * ci["ci_low"],
+                   ci_high=None if ci["ci_high"] is None else 100 * ci["ci_high"], interval=ci["interval"])
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _meta(n: int, value, what: str) -> list:

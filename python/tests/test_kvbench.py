@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kvbench
+from kvbench import summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(os.environ.get("KVBENCH_MODELS", os.path.join(ROOT, "models")), "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -352,3 +353,22 @@ def test_parameters_reach_the_python_method_typed(model):
         model.generate(PROMPT, method="typed", budget=24, params={"n": "seven"}, max_new_tokens=2)
     with pytest.raises(kvbench.Error, match="nope"):
         model.generate(PROMPT, method="typed", budget=24, params={"nope": 1}, max_new_tokens=2)
+
+
+def test_summarize_gives_each_configuration_its_interval():
+    import pandas as pd
+
+    df = pd.DataFrame({"config.method": ["snapkv"] * 10 + ["h2o"] * 4 + ["fullkv"],
+                       "config.options.task": ["vt", "cwe"] * 5 + ["vt"] * 4 + ["vt"],
+                       "config.options.length": ["4096"] * 15,
+                       "score": [1, 1, 1, 0, 1, 1, 0, 1, 0, 1] + [0.25, 0.5, 0.5, 0.75] + [1.0]})
+    s = summarize(df).set_index("config.method")
+    assert list(s.index) == ["fullkv", "h2o", "snapkv"]
+    snap = s.loc["snapkv"]  # 7 of 10, 0/1 scores: Wilson's interval
+    assert (snap["n"], snap["interval"]) == (10, "wilson")
+    assert snap["score"] == pytest.approx(70) and snap["ci_low"] == pytest.approx(39.678, abs=1e-3)
+    assert snap["ci_high"] == pytest.approx(89.221, abs=1e-3)
+    h2o = s.loc["h2o"]
+    assert h2o["interval"] == "bootstrap" and h2o["ci_low"] < 50 < h2o["ci_high"]
+    full = s.loc["fullkv"]  # one sample: its n and no interval
+    assert full["n"] == 1 and pd.isna(full["ci_low"]) and pd.isna(full["ci_high"]) and full["interval"] == "none"

@@ -1,0 +1,155 @@
+#include "harness/report/paired.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "harness/experiment/experiment.hpp"
+#include "harness/experiment/results.hpp"
+#include "harness/report/report.hpp"
+#include "harness/report/stats.hpp"
+#include "harness/report/table.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+namespace {
+
+using nlohmann::json;
+
+struct Run {
+  std::string task, variant, method, setting;  // setting: the parameters and GQA mode, as text
+  json params;
+  int budget = 0;  // KV size (0: the full cache or a method without one); ratio runs use -1000 x p_c
+  std::string sample;  // what makes two records the same sample: task, options, model, dtype, id
+  double score = 0;
+};
+
+std::string setting_text(const json& params, const std::string& gqa) {
+  std::string s;
+  for (const auto& [k, v] : params.items()) s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
+  return s + (gqa == "-" || gqa.empty() ? "" : " gqa=" + gqa);
+}
+
+std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
+  std::vector<Run> runs;
+  std::set<std::string> seen;
+  for (const auto& f : result_files(inputs))
+    for_each_record(f, [&](const json& j, int) {
+      if (const std::string key = record_key(j); !key.empty() && !seen.insert(key).second) return;
+      const json& c = j["config"];
+      Run r;
+      r.task = c.value("task", "");
+      const json opts = c.value("options", json::object());
+      r.variant = opts.value("task", opts.value("dataset", ""));
+      r.method = c.value("method", "fullkv");
+      r.params = c.value("params", json::object());
+      r.setting = setting_text(r.params, c.value("gqa", "-"));
+      r.budget = c.contains("compression_ratio") ? -int(1000 * c["compression_ratio"].get<double>())
+                                                  : c.value("budget", 0);
+      r.sample = json::array({r.task, opts, c.value("model", ""), c.value("kv_dtype", "fp32"), j.value("id", "")}).dump();
+      r.score = j["score"].get<double>();
+      runs.push_back(std::move(r));
+    });
+  if (runs.empty()) fail("no result records in the given files");
+  return runs;
+}
+
+std::string budget_name(int b) { return b < 0 ? fmt::format("p_c={}", -b / 1000.0) : b == 0 ? "Full" : std::to_string(b); }
+
+}  // namespace
+
+void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
+                             const std::string& dir, const std::set<std::string>& formats) {
+  const std::vector<Run> runs = read_runs(results);
+  const size_t colon = baseline.find(':');
+  const std::string base_method = baseline.substr(0, colon);
+  std::map<std::string, std::string> want;
+  if (colon != std::string::npos)
+    for (size_t b = colon + 1; b <= baseline.size();) {
+      const size_t e = std::min(baseline.find(',', b), baseline.size());
+      const std::string kv = baseline.substr(b, e - b);
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) fail("--baseline {}: '{}' is not key=value", baseline, kv);
+      want[kv.substr(0, eq)] = kv.substr(eq + 1);
+      b = e + 1;
+    }
+  // The baseline's setting: the one recorded setting of its method whose parameters match.
+  std::set<std::string> methods, settings;
+  for (const Run& r : runs) {
+    methods.insert(r.method);
+    if (r.method != base_method) continue;
+    bool match = true;
+    for (const auto& [k, v] : want) match = match && r.params.contains(k) && r.params[k].get<std::string>() == v;
+    if (match) settings.insert(r.setting);
+  }
+  if (!methods.count(base_method))
+    fail("--baseline {}: no recorded cell of method '{}' (recorded: {})", baseline, base_method, fmt::join(methods, ", "));
+  if (settings.empty()) fail("--baseline {}: no recorded setting of {} has these parameters", baseline, base_method);
+  if (settings.size() > 1)
+    fail("--baseline {}: {} recorded settings of {} match; name the parameters that pick one: {}", baseline,
+         settings.size(), base_method, fmt::join(settings, " | "));
+  const std::string base_setting = *settings.begin();
+
+  // Baseline scores by (sample, budget); a full-cache baseline has one per sample.
+  const bool full_baseline = base_method == "fullkv";
+  std::map<std::pair<std::string, int>, double> base;
+  for (const Run& r : runs)
+    if (r.method == base_method && r.setting == base_setting) base[{r.sample, full_baseline ? 0 : r.budget}] = r.score;
+  // A method's label shows its setting where the records hold several of its settings.
+  std::map<std::string, std::set<std::string>> method_settings;
+  for (const Run& r : runs) method_settings[r.method].insert(r.setting);
+  // task -> label -> budget -> variant -> differences
+  std::map<std::string, std::map<std::string, std::map<int, std::map<std::string, std::vector<double>>>>> diffs;
+  for (const Run& r : runs) {
+    if (r.method == base_method && r.setting == base_setting) continue;
+    const auto it = base.find({r.sample, full_baseline ? 0 : r.budget});
+    if (it == base.end()) continue;
+    const std::string label =
+        r.method + (method_settings[r.method].size() > 1 ? " (" + (r.setting.empty() ? "-" : r.setting) + ")" : "");
+    diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
+  }
+  if (diffs.empty())
+    fail("--baseline {}: no other method ran the baseline's samples{}", baseline,
+         full_baseline ? "" : " at the baseline's KV sizes");
+  const std::string name = baseline.substr(0, colon) + (want.empty() ? "" : "-" + fmt::format("{}", fmt::join(want, "-")));
+  std::string file_name;
+  for (char ch : name) file_name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' ? ch : '_';
+  for (const auto& [task, by_label] : diffs) {
+    std::set<int> budgets;
+    for (const auto& [label, by_budget] : by_label)
+      for (const auto& [b, v] : by_budget) budgets.insert(b);
+    Table t;
+    t.caption = fmt::format("{}: score minus {}'s on the same samples, x 100, with its 95% interval and the pairs "
+                            "(n); * where the interval excludes 0",
+                            task, baseline);
+    t.columns = {"Method"};
+    for (int b : budgets) t.columns.push_back(budget_name(b));
+    t.blocks.emplace_back();
+    for (const auto& [label, by_budget] : by_label) {
+      std::vector<std::string> row = {label};
+      for (int b : budgets) {
+        const auto it = by_budget.find(b);
+        if (it == by_budget.end()) {
+          row.push_back("-");
+          continue;
+        }
+        std::vector<std::vector<double>> strata;
+        for (const auto& [variant, d] : it->second) strata.push_back(d);
+        const MeanInterval ci = bootstrap_interval(strata);
+        row.push_back(ci.has_interval()
+                          ? fmt::format("{:+.2f} [{:+.2f}, {:+.2f}]{} (n={})", 100 * ci.mean, 100 * ci.low,
+                                        100 * ci.high, ci.low > 0 || ci.high < 0 ? " *" : "", ci.n)
+                          : fmt::format("{:+.2f} (n={})", 100 * ci.mean, ci.n));
+      }
+      t.blocks[0].rows.push_back(row);
+    }
+    t.note = "Percentile bootstrap of the mean paired difference (4,000 resamples, within each RULER task or "
+             "LongBench dataset); one pair gives no interval.";
+    write_table(t, fmt::format("{}/{}-vs-{}", dir, task, file_name), formats);
+    fmt::print("{}\n", to_markdown(t));
+  }
+}
+
+}  // namespace kvb

@@ -1,0 +1,107 @@
+#include "harness/report/stats.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+MeanInterval wilson_interval(double successes, int n, double z) {
+  MeanInterval m;
+  m.n = n;
+  if (n <= 0) fail("wilson_interval: no samples");
+  const double p = successes / n, z2 = z * z;
+  m.mean = p;
+  if (n < 2) {
+    m.low = m.high = std::nan("");
+    return m;
+  }
+  const double centre = (p + z2 / (2.0 * n)) / (1 + z2 / n);
+  const double half = z / (1 + z2 / n) * std::sqrt(p * (1 - p) / n + z2 / (4.0 * n * n));
+  m.low = std::max(0.0, centre - half);
+  m.high = std::min(1.0, centre + half);
+  m.method = "wilson";
+  return m;
+}
+
+MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average, double level,
+                                int resamples, uint64_t seed) {
+  MeanInterval m;
+  if (strata.empty()) fail("bootstrap_interval: no samples");
+  for (const auto& s : strata) {
+    if (s.empty()) fail("bootstrap_interval: an empty stratum");
+    m.n += int(s.size());
+  }
+  // The statistic from each stratum's sum: pooled over samples, or the mean of the strata's means.
+  auto statistic = [&](const std::vector<double>& sums) {
+    double t = 0;
+    for (size_t k = 0; k < strata.size(); ++k)
+      t += average == Average::Samples ? sums[k] : sums[k] / double(strata[k].size());
+    return average == Average::Samples ? t / m.n : t / double(strata.size());
+  };
+  std::vector<double> sums(strata.size());
+  for (size_t k = 0; k < strata.size(); ++k)
+    for (double x : strata[k]) sums[k] += x;
+  m.mean = statistic(sums);
+  bool varies = false;
+  for (const auto& s : strata) varies = varies || s.size() > 1;
+  if (!varies) {  // one sample per stratum: nothing to resample
+    m.low = m.high = std::nan("");
+    return m;
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<double> stats(static_cast<size_t>(resamples));
+  for (auto& stat : stats) {
+    for (size_t k = 0; k < strata.size(); ++k) {
+      const auto& s = strata[k];
+      std::uniform_int_distribution<size_t> pick(0, s.size() - 1);
+      sums[k] = 0;
+      for (size_t i = 0; i < s.size(); ++i) sums[k] += s[pick(rng)];
+    }
+    stat = statistic(sums);
+  }
+  std::sort(stats.begin(), stats.end());
+  // The quantile as numpy's default (linear interpolation between order statistics).
+  auto quantile = [&](double q) {
+    const double h = q * double(stats.size() - 1);
+    const size_t lo = size_t(std::floor(h));
+    const size_t hi = std::min(lo + 1, stats.size() - 1);
+    return stats[lo] + (h - double(lo)) * (stats[hi] - stats[lo]);
+  };
+  m.low = quantile((1 - level) / 2);
+  m.high = quantile((1 + level) / 2);
+  m.method = "bootstrap";
+  return m;
+}
+
+MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Average average) {
+  // 0/1 scores pooled over samples: Wilson's interval of the proportion (over several strata it
+  // ignores the stratification, which can only widen it), also where every score is the same.
+  bool binary = average == Average::Samples || strata.size() == 1;
+  double k = 0;
+  int n = 0;
+  for (const auto& s : strata)
+    for (double x : s) {
+      binary = binary && (x == 0.0 || x == 1.0);
+      k += x;
+      ++n;
+    }
+  if (binary && n > 0) return wilson_interval(k, n);
+  MeanInterval m = bootstrap_interval(strata, average);
+  if (m.has_interval() && m.low == m.high) {  // every stratum constant: the bootstrap cannot say
+    m.low = m.high = std::nan("");
+    m.method = "none";
+  }
+  return m;
+}
+
+std::string interval_text(const MeanInterval& m) {
+  if (!m.has_interval()) return fmt::format("{:.2f}", 100 * m.mean);
+  return fmt::format("{:.2f} [{:.2f}, {:.2f}]", 100 * m.mean, 100 * m.low, 100 * m.high);
+}
+
+}  // namespace kvb

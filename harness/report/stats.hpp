@@ -1,0 +1,41 @@
+#pragma once
+// Confidence intervals for the scores in the tables: a cell's mean over its samples with a 95%
+// interval, so that a reader can tell a difference between methods from sampling noise.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+struct MeanInterval {
+  double mean = 0;
+  int n = 0;
+  // NaN when the samples cannot give one (fewer than 2): a table then shows n and no interval.
+  double low = 0, high = 0;
+  const char* method = "none";  // "wilson", "bootstrap", "none"
+  bool has_interval() const { return method[0] != 'n'; }
+};
+
+inline constexpr double kZ95 = 1.959963984540054;  // the standard normal's 97.5% quantile
+
+// Wilson's score interval for a proportion of `successes` in n (z = 1.96 for 95%).
+MeanInterval wilson_interval(double successes, int n, double z = kZ95);
+// What a cell's score averages: every sample alike (the summary table), or the strata's means alike
+// (a table's Avg. over RULER tasks or LongBench datasets).
+enum class Average { Samples, Strata };
+
+// The percentile bootstrap of the mean: each stratum (a RULER task, a LongBench dataset) is resampled
+// within itself, `resamples` times, from a fixed seed; a single stratum is the plain bootstrap over
+// samples. [low, high] are the (1-level)/2 and (1+level)/2 quantiles (numpy's linear interpolation).
+MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
+                                double level = 0.95, int resamples = 4000, uint64_t seed = 20261127);
+// A cell's interval: Wilson's when the scores are 0/1 (NIAH's exact match, RULER's single-needle
+// tasks) and pooled over samples, otherwise the stratified bootstrap; none (n shown alone) for one
+// sample, or where every stratum holds one value and the bootstrap has nothing to resample.
+MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples);
+
+// "43.00 [36.90, 49.10]" (scaled by 100), or "43.00" without an interval.
+std::string interval_text(const MeanInterval& m);
+
+}  // namespace kvb
