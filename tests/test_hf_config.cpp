@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "harness/engine/engine.hpp"
+#include "harness/engine/gradients.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/chat_template.hpp"
 #include "test_util.hpp"
@@ -62,7 +63,7 @@ double relative_error(const fs::path& model_dir, const Reference& ref) {
 }  // namespace
 
 TEST_CASE("models saved by transformers 5 give transformers' logits in both config layouts", "[hf_config]") {
-  for (const char* name : {"qwen2_theta1e6", "llama31_scaling"}) {
+  for (const char* name : {"qwen2_theta1e6", "llama31_scaling", "qwen3_qknorm"}) {
     INFO(name);
     const fs::path dir = test::fixture(std::string("hf_config/") + name);
     const Reference ref = load_reference(dir);
@@ -110,4 +111,46 @@ TEST_CASE("a model directory's chat template is read from chat_template.jinja fi
   CHECK(format_of() == "llama3");  // the file wins over tokenizer_config.json
   std::ofstream(tmp / "chat_template.jinja") << "{{ messages[0]['content'] }}";
   test::require_error(format_of, {"chat_template.jinja", "not recognised"});
+}
+
+TEST_CASE("Qwen3: q/k norms before RoPE, from safetensors and GGUF, its chat template with thinking off", "[hf_config][qwen3]") {
+  const fs::path dir = test::fixture("hf_config/qwen3_qknorm");
+  const Reference ref = load_reference(dir);
+  const std::string gguf = test::fixture("hf_config/qwen3_qknorm.gguf");
+  {
+    auto m = ModelFile::open(gguf);
+    const ModelConfig& c = m->config();
+    CHECK(c.arch == Arch::Qwen3);
+    CHECK(c.qk_norm);
+    CHECK_FALSE(c.qkv_bias);
+    CHECK(c.head_dim == 32);
+    CHECK(c.n_heads * c.head_dim == 2 * c.hidden);  // q_proj wider than the model, as Qwen3-0.6B's
+    CHECK(c.tied_embeddings);
+    CHECK(c.rope_theta == 1e6);
+  }
+  const double e_gguf = relative_error(gguf, ref);
+  CHECK(e_gguf < 1e-5);
+  WARN("qwen3 GGUF: relative error " << e_gguf);
+
+  // The chat template as transformers renders it with enable_thinking=False.
+  const json chat = json::parse(std::ifstream(dir / "chat.json"));
+  const ChatTemplate t = ChatTemplate::for_model(*ModelFile::open(gguf));
+  CHECK(t.name() == "chatml (thinking off)");
+  CHECK(t.render({{"user", "What is 2+2?"}}, true) == chat["rendered"]["user"].get<std::string>());
+  CHECK(t.render({{"system", "Be brief."}, {"user", "Name a colour."}}, true) ==
+        chat["rendered"]["system_user"].get<std::string>());
+  CHECK(ChatTemplate::for_model(*ModelFile::open(dir.string())).name() == "chatml (thinking off)");
+
+  // A Qwen3 file without its norms is an error naming the file and the tensor: the Qwen2 model's
+  // weights under a config that says qwen3.
+  const test::TempDir tmp("qwen3_missing");
+  auto cfg = json::parse(std::ifstream(test::fixture("hf_config/qwen2_theta1e6/config.json")));
+  cfg["model_type"] = "qwen3";
+  cfg["attention_bias"] = true;
+  std::ofstream(tmp / "config.json") << cfg.dump();
+  fs::copy_file(test::fixture("hf_config/qwen2_theta1e6/model.safetensors"), tmp / "model.safetensors");
+  test::require_error([&] { Engine e(*ModelFile::open(tmp.path().string())); },
+                      {tmp.path().string(), "blk.0.attn_q_norm.weight", "missing"});
+  // The backward pass does not have the norms: refused, not computed without them.
+  test::require_error([&] { ModelGradients g(*ModelFile::open(gguf)); }, {"qwen3", "backward pass", "q/k RMSNorm"});
 }

@@ -49,6 +49,7 @@ json describe(const ModelFile& m, const Tokenizer* tok) {
       {"rms_eps", c.rms_eps},
       {"tied_embeddings", c.tied_embeddings},
       {"qkv_bias", c.qkv_bias},
+      {"qk_norm", c.qk_norm},
       {"parameters", params},
       {"tensor_types", types},
       {"tokenizer", tok ? tok->kind() : "none"},
@@ -83,8 +84,9 @@ void print_info(const json& j) {
   fmt::print("  rope            theta {}, {} layout, scaling {}\n", j["rope_theta"].get<double>(),
              j["rope_layout"].get<std::string>(), j["rope_scaling"].get<std::string>());
   fmt::print("  rms norm eps    {}\n", j["rms_eps"].get<double>());
-  fmt::print("  embeddings      {}, q/k/v bias {}\n", j["tied_embeddings"].get<bool>() ? "tied" : "separate output",
-             j["qkv_bias"].get<bool>() ? "yes" : "no");
+  fmt::print("  embeddings      {}, q/k/v bias {}, q/k norm {}\n",
+             j["tied_embeddings"].get<bool>() ? "tied" : "separate output", j["qkv_bias"].get<bool>() ? "yes" : "no",
+             j["qk_norm"].get<bool>() ? "yes" : "no");
   std::string types;
   for (const auto& [k, v] : j["tensor_types"].items()) types += fmt::format("{} {}  ", v.get<int>(), k);
   fmt::print("  parameters      {:.1f} M in tensors: {}\n", j["parameters"].get<double>() / 1e6, types);

@@ -11,7 +11,7 @@
 namespace kvb {
 
 struct Engine::Layer {
-  Buffer attn_norm, ffn_norm, bq, bk, bv;
+  Buffer attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
   Weight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
@@ -63,12 +63,29 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
       L.bk = load(b, model, p + "attn_k.bias", weight_bytes_);
       L.bv = load(b, model, p + "attn_v.bias", weight_bytes_);
     }
+    if (cfg_.qk_norm) {
+      L.q_norm = load(b, model, p + "attn_q_norm.weight", weight_bytes_);
+      L.k_norm = load(b, model, p + "attn_k_norm.weight", weight_bytes_);
+    }
   }
   for (int l = 0; l < cfg_.n_layers; ++l)
     caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
 }
 
 Engine::~Engine() = default;
+
+void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v) {
+  Backend& b = *backend_;
+  const int H = cfg_.hidden, d = cfg_.head_dim, Q = cfg_.n_heads * d, KV = cfg_.n_kv_heads * d;
+  b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q);
+  b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
+  b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
+  if (cfg_.qk_norm) {  // each head's row normalised in place (rmsnorm reads a row before writing it)
+    const float eps = static_cast<float>(cfg_.rms_eps);
+    b.rmsnorm(q, L.q_norm, n * cfg_.n_heads, d, eps, q);
+    b.rmsnorm(k, L.k_norm, n * cfg_.n_kv_heads, d, eps, k);
+  }
+}
 
 size_t Engine::kv_bytes() const {
   size_t b = 0;
@@ -166,9 +183,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     st.q_win = st.v + kv_elems * (needs.k_pre_rope ? 2 : 1);
 
     b.rmsnorm(x, L.attn_norm, n, H, eps, h);
-    b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q);
-    b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
-    b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
+    project_qkv(L, h, n, q, k, v);
     if (transform_) transform(l, k, v, n, pos);
     if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre, kv_elems});
     b.rope(q, n, hq, d, pos);
@@ -325,9 +340,7 @@ std::vector<float> Engine::decode(int32_t token) {
     Layer& L = layers_[l];
     LayerCache& cache = caches_[l];
     b.rmsnorm(x, L.attn_norm, 1, H, eps, h);
-    b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, 1, H, Q, q);
-    b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, 1, H, KV, k);
-    b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, 1, H, KV, v);
+    project_qkv(L, h, 1, q, k, v);
     if (transform_) transform(l, k, v, 1, std::span<const int32_t>(&p, 1));
     b.rope(q, 1, hq, d, std::span<const int32_t>(&p, 1));
     b.rope(k, 1, hkv, d, std::span<const int32_t>(&p, 1));

@@ -83,6 +83,9 @@ class Engine {
  private:
   struct Layer;
   std::vector<float> logits_of_last(const Buffer& x, int n);
+  // q, k, v of n rows of normed hidden states h: the projections (with bias), then Qwen3's per-head
+  // q/k RMSNorm.
+  void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v);
   void append_token(LayerCache& cache, const float* k, const float* v, int32_t pos);
 
   ModelConfig cfg_;

@@ -31,6 +31,10 @@ constexpr const char* kLayerTensors[] = {"attn_norm.weight", "attn_q.weight", "a
 ModelGradients::ModelGradients(const ModelFile& model)
     : cfg_(model.config()), rope_(rope_inv_freq(model.config()), rope_style(model.config())) {
   model.validate_tensors();
+  if (cfg_.qk_norm)
+    fail("{}: the backward pass does not implement {}'s per-head q/k RMSNorm yet; gradients (kvbench grad, KVmix's "
+         "profile, DynaKV's training) are not available for this architecture",
+         model.path(), cfg_.arch_name);
   auto load = [&](const std::string& name) {
     const TensorRef& t = model.tensor(name);
     Tensor& x = tensors_[name];

@@ -26,7 +26,14 @@ int to_int(uint64_t v, const std::string& file, std::string_view key) {
 
 }  // namespace
 
-std::string arch_name(Arch a) { return a == Arch::Llama ? "llama" : "qwen2"; }
+std::string arch_name(Arch a) {
+  switch (a) {
+    case Arch::Llama: return "llama";
+    case Arch::Qwen2: return "qwen2";
+    case Arch::Qwen3: return "qwen3";
+  }
+  return "?";
+}
 std::string rope_layout_name(RopeLayout l) {
   return l == RopeLayout::Interleaved ? "interleaved" : "neox";
 }
@@ -72,8 +79,12 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
     c.arch = Arch::Qwen2;
     c.rope_layout = RopeLayout::NeoX;
     c.qkv_bias = true;
+  } else if (c.arch_name == "qwen3") {
+    c.arch = Arch::Qwen3;
+    c.rope_layout = RopeLayout::NeoX;
+    c.qk_norm = true;
   } else {
-    fail("{}: general.architecture = '{}' is not supported (expected 'llama' or 'qwen2')", file,
+    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2' or 'qwen3')", file,
          c.arch_name);
   }
   c.name = f.get_string_opt("general.name").value_or("");
@@ -243,7 +254,7 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& file) {
 // only with use_sliding_window; transformers 5 also names each layer's attention in layer_types.
 int sliding_window(const json& j, const ModelConfig& c, const std::string& file) {
   bool sliding = present(j, "sliding_window");
-  if (c.arch == Arch::Qwen2) sliding = sliding && j.value("use_sliding_window", false);
+  if (c.arch != Arch::Llama) sliding = sliding && j.value("use_sliding_window", false);  // Qwen2, Qwen3
   if (present(j, "layer_types") && j["layer_types"].is_array()) {
     bool any = false;
     for (const auto& t : j["layer_types"]) any = any || t == "sliding_attention";
@@ -269,8 +280,11 @@ ModelConfig parse_hf_config(const std::string& file) {
   } else if (c.arch_name == "qwen2") {
     c.arch = Arch::Qwen2;
     c.qkv_bias = true;
+  } else if (c.arch_name == "qwen3") {
+    c.arch = Arch::Qwen3;
+    c.qk_norm = true;
   } else {
-    fail("{}: model_type '{}' is not supported (expected llama, mistral or qwen2)", file,
+    fail("{}: model_type '{}' is not supported (expected llama, mistral, qwen2 or qwen3)", file,
          c.arch_name);
   }
   c.rope_layout = RopeLayout::NeoX;
@@ -289,7 +303,7 @@ ModelConfig parse_hf_config(const std::string& file) {
   c.context_length = json_int(j, "max_position_embeddings", file);
   c.rms_eps = json_num(j, "rms_norm_eps", file);
   c.tied_embeddings = j.value("tie_word_embeddings", false);
-  if (c.arch == Arch::Llama && j.value("attention_bias", false)) c.qkv_bias = true;
+  if (c.arch != Arch::Qwen2 && j.value("attention_bias", false)) c.qkv_bias = true;
   // Keys that would change the computation kvbench implements: refused rather than ignored.
   if (present(j, "hidden_act") && j["hidden_act"] != "silu")
     fail("{}: hidden_act = {} is not supported (expected \"silu\")", file, j["hidden_act"].dump());

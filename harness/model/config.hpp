@@ -9,7 +9,7 @@ namespace kvb {
 
 class GGUFFile;
 
-enum class Arch { Llama, Qwen2 };
+enum class Arch { Llama, Qwen2, Qwen3 };
 
 // Which dimensions RoPE rotates together. GGUF llama files store Q/K rows permuted for adjacent pairs
 // (2i, 2i+1); Hugging Face checkpoints and GGUF qwen2 use the half-split pairs (i, i + d/2).
@@ -44,6 +44,9 @@ struct ModelConfig {
   double rms_eps = 1e-6;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  // Qwen3: an RMSNorm over each head's query and key (weights [head_dim], shared by the heads) after
+  // the projections and before RoPE.
+  bool qk_norm = false;
   // The attention window the model applies (Mistral v0.1; Qwen2 with use_sliding_window), 0 = none. Not
   // implemented: the engine refuses sequences longer than it.
   int sliding_window = 0;

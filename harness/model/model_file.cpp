@@ -37,6 +37,8 @@ std::optional<std::string> canonical_tensor_name(const std::string& hf) {
       {"self_attn.q_proj.bias", "attn_q.bias"},
       {"self_attn.k_proj.bias", "attn_k.bias"},
       {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
@@ -145,6 +147,10 @@ void ModelFile::validate_tensors() const {
       check(b + "attn_q.bias", {Q});
       check(b + "attn_k.bias", {KV});
       check(b + "attn_v.bias", {KV});
+    }
+    if (c.qk_norm) {
+      check(b + "attn_q_norm.weight", {uint64_t(c.head_dim)});
+      check(b + "attn_k_norm.weight", {uint64_t(c.head_dim)});
     }
   }
 }

@@ -16,11 +16,14 @@ namespace kvb {
 
 const std::vector<ModelShape>& known_model_shapes() {
   static const std::vector<ModelShape> shapes = {
-      // name, arch, layers, hidden, heads, kv heads, ffn, vocab, context, theta, eps, tied
+      // name, arch, layers, hidden, heads, kv heads, ffn, vocab, context, theta, eps, tied[, head_dim]
       {"llama3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 131072, 500000.0, 1e-5f, false},
       {"mistral-7b", "llama", 32, 4096, 32, 8, 14336, 32000, 32768, 1000000.0, 1e-5f, false},
       {"qwen2-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 32768, 1000000.0, 1e-6f, false},
       {"smollm2-135m", "llama", 30, 576, 9, 3, 1536, 49152, 8192, 100000.0, 1e-5f, true},
+      {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 151936, 40960, 1000000.0, 1e-6f, true, 128},
+      {"qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 151936, 40960, 1000000.0, 1e-6f, false},
+      {"qwen3-14b", "qwen3", 40, 5120, 40, 8, 17408, 151936, 40960, 1000000.0, 1e-6f, false},
   };
   return shapes;
 }
@@ -51,7 +54,8 @@ struct TensorPlan {
 };
 
 std::vector<TensorPlan> plan(const ModelShape& s) {
-  const uint64_t H = s.hidden, F = s.ffn, V = s.vocab, hd = H / s.heads, Q = s.heads * hd, KV = s.kv_heads * hd;
+  const uint64_t H = s.hidden, F = s.ffn, V = s.vocab, hd = s.head_dim ? s.head_dim : H / s.heads, Q = s.heads * hd,
+                 KV = s.kv_heads * hd;
   // Uniform(-a, a) has variance a^2 / 3: a = sqrt(3 / fan_in) keeps unit-variance activations.
   auto mat = [](uint64_t in) { return static_cast<float>(std::sqrt(3.0 / static_cast<double>(in))); };
   std::vector<TensorPlan> p;
@@ -73,6 +77,10 @@ std::vector<TensorPlan> plan(const ModelShape& s) {
       p.push_back({b + "attn_q.bias", {Q}, 0.1f});
       p.push_back({b + "attn_k.bias", {KV}, 0.1f});
       p.push_back({b + "attn_v.bias", {KV}, 0.1f});
+    }
+    if (s.arch == "qwen3") {
+      p.push_back({b + "attn_q_norm.weight", {hd}, 0.0f});
+      p.push_back({b + "attn_k_norm.weight", {hd}, 0.0f});
     }
   }
   return p;
@@ -96,7 +104,7 @@ DType tensor_type(const TensorPlan& t, DType type) {
 void write_random_model(const std::string& path, const ModelShape& s, DType type, uint64_t seed) {
   if (type != DType::F32 && type != DType::F16 && type != DType::BF16 && type != DType::Q4_K)
     fail("random model '{}': weight type {} is not supported (F32, F16, BF16 or Q4_K)", s.name, dtype_name(type));
-  if (s.hidden % s.heads != 0 || s.heads % s.kv_heads != 0)
+  if ((!s.head_dim && s.hidden % s.heads != 0) || s.heads % s.kv_heads != 0)
     fail("random model '{}': {} heads / {} KV heads do not divide hidden size {}", s.name, s.heads, s.kv_heads,
          s.hidden);
   GGUFWriter w;
@@ -110,6 +118,10 @@ void write_random_model(const std::string& path, const ModelShape& s, DType type
   w.add_uint32(a + "attention.head_count", static_cast<uint32_t>(s.heads));
   w.add_uint32(a + "attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
   w.add_uint32(a + "vocab_size", static_cast<uint32_t>(s.vocab));
+  if (s.head_dim) {
+    w.add_uint32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim));
+    w.add_uint32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
+  }
   w.add_float32(a + "rope.freq_base", static_cast<float>(s.rope_theta));
   w.add_float32(a + "attention.layer_norm_rms_epsilon", s.rms_eps);
   // No tokenizer: llama.cpp then loads the file too (its "no_vocab" models), for speed comparisons.

@@ -12,14 +12,15 @@ namespace kvb {
 
 struct ModelShape {
   std::string name;
-  std::string arch = "llama";  // llama or qwen2 (q/k/v bias)
+  std::string arch = "llama";  // llama, qwen2 (q/k/v bias) or qwen3 (q/k norms)
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, context = 0;
   double rope_theta = 10000.0;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;
+  int head_dim = 0;  // 0: hidden / heads (Qwen3-0.6B's is 128 with 16 heads over 1024)
 };
 
-// Llama-3.1-8B, Mistral-7B-v0.2, Qwen2-7B and SmolLM2-135M shapes.
+// Llama-3.1-8B, Mistral-7B-v0.2, Qwen2-7B, Qwen3-0.6B/8B/14B and SmolLM2-135M shapes.
 const std::vector<ModelShape>& known_model_shapes();
 // Error listing the known names if absent.
 const ModelShape& model_shape(const std::string& name);

@@ -47,6 +47,9 @@ std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
   if (contains(jinja, "<|im_start|>")) {
     t.format_ = Format::ChatML;
     t.default_system_ = chatml_default_system(jinja);
+    // Qwen3's template thinks unless told not to; rendered with enable_thinking=False, as kvpress runs
+    // it, the answer follows an empty think block.
+    t.thinking_off_ = contains(jinja, "enable_thinking");
   } else if (contains(jinja, "<|start_header_id|>")) {
     t.format_ = Format::Llama3;
   } else if (contains(jinja, "<<SYS>>")) {
@@ -107,7 +110,7 @@ ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
 
 std::string ChatTemplate::name() const {
   switch (format_) {
-    case Format::ChatML: return "chatml";
+    case Format::ChatML: return thinking_off_ ? "chatml (thinking off)" : "chatml";
     case Format::Llama3: return "llama3";
     case Format::Llama2: return "llama2";
     case Format::Mistral: return "mistral";
@@ -124,7 +127,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
       if (!has_system && !default_system_.empty())
         out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
       for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      if (add_generation_prompt) out += thinking_off_ ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n";
       break;
     case Format::Llama3:
       out += "<|begin_of_text|>";

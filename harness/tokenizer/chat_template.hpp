@@ -1,7 +1,7 @@
 #pragma once
 // Chat formats of the supported model families, rendered natively. A model's Jinja template is not
-// interpreted; it is recognised (ChatML, Llama 3, Llama 2, Mistral) and its fixed parts, such as a
-// default system message, are read from it. Output is checked against transformers'
+// interpreted; it is recognised (ChatML, Qwen3's ChatML with thinking, Llama 3, Llama 2, Mistral) and
+// its fixed parts, such as a default system message, are read from it. Output is checked against transformers'
 // apply_chat_template in the tests.
 #include <optional>
 #include <string>
@@ -37,6 +37,7 @@ class ChatTemplate {
  private:
   Format format_ = Format::ChatML;
   std::string default_system_;  // inserted when the conversation has no system message
+  bool thinking_off_ = false;    // a template with enable_thinking (Qwen3): an empty think block opens the answer
 };
 
 }  // namespace kvb

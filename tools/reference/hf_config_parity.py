@@ -10,6 +10,12 @@ position of a fixed sequence of token ids, computed by transformers (float32, ea
   qwen2_theta1e6/    Qwen2ForCausalLM, rope_theta 1e6, q/k/v bias
   llama31_scaling/   LlamaForCausalLM shaped like Llama 3.1 (GQA, rope_theta 5e5, llama3 scaling with
                      original_max_position_embeddings 32 < the 96 positions used, so the scaling acts)
+  qwen3_qknorm/      Qwen3ForCausalLM: per-head q/k RMSNorm before RoPE (weights drawn away from 1),
+                     head_dim 32 with 4 heads over a hidden size of 64 (q_proj wider than the model,
+                     as Qwen3-0.6B's), tied embeddings, rope_theta 1e6; also written as a GGUF file
+                     (`qwen3_qknorm.gguf`, F32, llama.cpp's qwen3 names and keys, by the gguf package)
+                     with Qwen3's chat-template ending, and `chat.json`: transformers' rendering of a
+                     conversation with enable_thinking=False (the empty think block kvpress renders)
 
 Each directory holds the files save_pretrained wrote (config.json, model.safetensors,
 generation_config.json), `config_legacy.json` (the same settings in the older layout: rope_theta and
@@ -33,7 +39,8 @@ from importlib.metadata import version as pkg_version
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers.utils.chat_template_utils import render_jinja_template
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 N_TOKENS = 96
@@ -51,7 +58,64 @@ def configs():
                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                          "original_max_position_embeddings": 32},
                         **common)
-    return {"qwen2_theta1e6": qwen, "llama31_scaling": llama}
+    qwen3 = Qwen3Config(max_position_embeddings=512, head_dim=32, rope_parameters={"rope_type": "default",
+                                                                                   "rope_theta": 1e6},
+                        **{**common, "tie_word_embeddings": True})
+    return {"qwen2_theta1e6": qwen, "llama31_scaling": llama, "qwen3_qknorm": qwen3}
+
+
+# The parts of Qwen3's chat template that decide the text of a plain conversation (system, user and
+# assistant turns, the generation prompt and its empty think block when thinking is off).
+QWEN3_TEMPLATE = """{%- for message in messages %}
+{%- if message.role == "system" %}{{- '<|im_start|>system\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == "user" %}{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == "assistant" %}{{- '<|im_start|>assistant\\n' + message.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+
+def write_gguf(model, cfg, path):
+    """The model as llama.cpp's converter names it for the qwen3 architecture (F32 tensors)."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, "qwen3")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_chat_template(QWEN3_TEMPLATE)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            out = f"blk.{layer}.{names[rest.rsplit('.', 1)[0]]}.weight"
+        w.add_tensor(out, t.detach().float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def legacy_layout(cfg: dict) -> dict:
@@ -106,6 +170,18 @@ def main():
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump(ref, f, indent=1)
             f.write("\n")
+        if name == "qwen3_qknorm":
+            write_gguf(model, cfg, os.path.join(args.outdir, name + ".gguf"))
+            with open(os.path.join(out, "chat_template.jinja"), "w") as f:
+                f.write(QWEN3_TEMPLATE)
+            conversations = {"user": [{"role": "user", "content": "What is 2+2?"}],
+                             "system_user": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Name a colour."}]}
+            chat = {k: render_jinja_template([v], chat_template=QWEN3_TEMPLATE, add_generation_prompt=True,
+                                             enable_thinking=False)[0][0] for k, v in conversations.items()}
+            with open(os.path.join(out, "chat.json"), "w") as f:
+                json.dump({"enable_thinking": False, "conversations": conversations, "rendered": chat}, f, indent=1)
+                f.write("\n")
         print(f"{name}: {len(ids)} positions, max |logit| {ref['max_abs_logit']:.3f}, layouts agree; wrote {out}")
 
 
