@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "harness/tokenizer/unicode.hpp"
+#include "harness/util/error.hpp"
 
 namespace kvb {
 
@@ -135,6 +136,26 @@ size_t python_rstrip_end(std::string_view s, size_t b) {
     e = start;
   }
   return e;
+}
+
+std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields) {
+  std::string out;
+  for (size_t i = 0; i < t.size();) {
+    if ((t[i] == '{' || t[i] == '}') && i + 1 < t.size() && t[i + 1] == t[i]) {
+      out += t[i];
+      i += 2;
+    } else if (t[i] == '{') {
+      const size_t close = t.find('}', i);
+      if (close == std::string::npos) fail("template: unclosed '{{' at {}", i);
+      const auto f = fields.find(t.substr(i + 1, close - i - 1));
+      if (f == fields.end()) fail("template: no value for field {}", t.substr(i, close - i + 1));
+      out += f->second;
+      i = close + 1;
+    } else {
+      out += t[i++];
+    }
+  }
+  return out;
 }
 
 }  // namespace kvb

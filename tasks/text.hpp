@@ -2,6 +2,7 @@
 // Python string semantics that benchmark metrics depend on (spec/benchmarks.md 0.1), so that scores
 // computed here equal the reference scripts' scores.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,10 @@ std::string python_strip(std::string_view s);
 std::string python_collapse_space(std::string_view s);
 // len(s[b:].rstrip()) + b: where the text ends once trailing whitespace is stripped.
 size_t python_rstrip_end(std::string_view s, size_t b = 0);
+
+// Python's str.format for named fields: every {name} replaced at once (inserted text is not scanned
+// again), {{ and }} for literal braces; Error naming the field a template uses without a value.
+std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields);
 
 // Python's str.isspace() for one code point.
 bool python_space(uint32_t c);

@@ -13,6 +13,7 @@
 #include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
 #include "tasks/task.hpp"
+#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
@@ -99,23 +100,6 @@ const std::string& longbench::prompt_template(const std::string& dataset) {
 
 namespace {
 
-// Replaces {context} and {input} once each, without rescanning inserted text.
-std::string fill(const std::string& tmpl, const std::string& context, const std::string& input) {
-  std::string out;
-  for (size_t i = 0; i < tmpl.size();) {
-    if (tmpl.compare(i, 9, "{context}") == 0) {
-      out += context;
-      i += 9;
-    } else if (tmpl.compare(i, 7, "{input}") == 0) {
-      out += input;
-      i += 7;
-    } else {
-      out += tmpl[i++];
-    }
-  }
-  return out;
-}
-
 struct Record {
   std::string id, input, context;
   std::vector<std::string> answers, all_classes;
@@ -140,7 +124,7 @@ class LongBench final : public Task {
   Sample sample(size_t index) const override {
     if (index >= records_.size()) fail("{}: sample {} of {}", path_, index, records_.size());
     const Record& r = records_[index];
-    std::string prompt = fill(template_, r.context, r.input);
+    std::string prompt = fill_template(template_, {{"context", r.context}, {"input", r.input}});
     // Middle truncation through text, as pred.py does: the two halves are decoded and joined. Each
     // half is decoded as Hugging Face decodes (a character cut at the seam becomes U+FFFD).
     const auto ids = tok_.encode_prompt(prompt);

@@ -24,23 +24,6 @@ std::vector<std::string> read_word_list(const std::string& path) {
   return out;
 }
 
-std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields) {
-  std::string out;
-  for (size_t i = 0; i < t.size();) {
-    if (t[i] == '{') {
-      const size_t close = t.find('}', i);
-      if (close == std::string::npos) fail("template: unclosed '{{' at {}", i);
-      const auto f = fields.find(t.substr(i + 1, close - i - 1));
-      if (f == fields.end()) fail("template: no value for field {}", t.substr(i, close - i + 1));
-      out += f->second;
-      i = close + 1;
-    } else {
-      out += t[i++];
-    }
-  }
-  return out;
-}
-
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
   return s;

@@ -12,14 +12,13 @@
 #include "harness/method/params.hpp"
 #include "tasks/ruler/py_random.hpp"
 #include "tasks/task.hpp"
+#include "tasks/text.hpp"
 
 namespace kvb {
 
 // A word list file of the wonderwords package, as `_get_words_from_text_file` reads it (lines with
 // trailing whitespace removed).
 std::vector<std::string> read_word_list(const std::string& path);
-// Python's str.format for the named fields of RULER's templates (all fields replaced at once).
-std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields);
 // Python's str.replace (every non-overlapping occurrence, left to right).
 std::string replace_all(std::string s, const std::string& from, const std::string& to);
 
