@@ -1,8 +1,10 @@
 // Models saved by transformers 5 (tools/reference/hf_config_parity.py): their logits against
 // transformers', from the config.json transformers 5 writes (rope_parameters) and from the same
 // settings in the older layout (rope_theta, rope_scaling at the top).
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/gradients.hpp"
@@ -151,6 +153,32 @@ TEST_CASE("Qwen3: q/k norms before RoPE, from safetensors and GGUF, its chat tem
   fs::copy_file(test::fixture("hf_config/qwen2_theta1e6/model.safetensors"), tmp / "model.safetensors");
   test::require_error([&] { Engine e(*ModelFile::open(tmp.path().string())); },
                       {tmp.path().string(), "blk.0.attn_q_norm.weight", "missing"});
-  // The backward pass does not have the norms: refused, not computed without them.
-  test::require_error([&] { ModelGradients g(*ModelFile::open(gguf)); }, {"qwen3", "backward pass", "q/k RMSNorm"});
+}
+
+TEST_CASE("Qwen3: the backward pass through the q/k norms equals torch autograd", "[hf_config][qwen3][backward]") {
+  const fs::path dir = test::fixture("hf_config/qwen3_qknorm");
+  const Reference ref = load_reference(dir);
+  const json g = json::parse(std::ifstream(dir / "grads.json"));
+  auto m = ModelFile::open(dir.string());
+  ModelGradients mg(*m);
+  std::set<std::string> want;
+  for (const auto& [name, t] : g["tensors"].items()) want.insert(name);
+  const LossGradients got = mg.compute(ref.ids, want);
+  CHECK(got.loss == Approx(g["loss"].get<double>()).epsilon(1e-6));
+  double worst = 0;
+  for (const auto& [name, t] : g["tensors"].items()) {
+    INFO(name);
+    REQUIRE(got.grads.count(name));
+    const auto& v = got.grads.at(name);
+    double ss = 0;
+    for (float x : v) ss += double(x) * x;
+    CHECK(std::sqrt(ss) == Approx(t["norm"].get<double>()).epsilon(1e-4));
+    const double scale = t["max_abs"].get<double>();
+    for (const auto& s : t["samples"]) {
+      const double diff = std::fabs(v.at(s[0].get<size_t>()) - s[1].get<double>()) / scale;
+      worst = std::max(worst, diff);
+      CHECK(diff < 1e-4);
+    }
+  }
+  WARN("qwen3 gradients: largest sampled difference " << worst << " of the tensor's largest entry");
 }

@@ -44,7 +44,7 @@ TEST_CASE("the bootstrap's percentiles match the exact resampling distribution",
   CHECK(m.high > m.mean);
 }
 
-TEST_CASE("strata: the pooled mean or the mean of strata means; one sample shows no interval", "[stats]") {
+TEST_CASE("strata: the pooled mean or the mean of strata means, and one sample shows no interval", "[stats]") {
   const std::vector<std::vector<double>> s = {{1, 1, 1, 1}, {0, 0.5}};
   CHECK(bootstrap_interval(s, Average::Samples).mean == Approx(4.5 / 6));
   CHECK(bootstrap_interval(s, Average::Strata).mean == Approx((1 + 0.25) / 2));

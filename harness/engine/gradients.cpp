@@ -22,19 +22,17 @@ RopeStyle rope_style(const ModelConfig& c) {
 }
 
 // The names of one layer's tensors, in the order the backward meets them.
-constexpr const char* kLayerTensors[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                         "attn_q.bias",      "attn_k.bias",   "attn_v.bias",   "attn_output.weight",
-                                         "ffn_norm.weight",  "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+constexpr const char* kLayerTensors[] = {"attn_norm.weight",   "attn_q.weight",      "attn_k.weight",
+                                         "attn_v.weight",      "attn_q.bias",        "attn_k.bias",
+                                         "attn_v.bias",        "attn_q_norm.weight", "attn_k_norm.weight",
+                                         "attn_output.weight", "ffn_norm.weight",    "ffn_gate.weight",
+                                         "ffn_up.weight",      "ffn_down.weight"};
 
 }  // namespace
 
 ModelGradients::ModelGradients(const ModelFile& model)
     : cfg_(model.config()), rope_(rope_inv_freq(model.config()), rope_style(model.config())) {
   model.validate_tensors();
-  if (cfg_.qk_norm)
-    fail("{}: the backward pass does not implement {}'s per-head q/k RMSNorm yet; gradients (kvbench grad, KVmix's "
-         "profile, DynaKV's training) are not available for this architecture",
-         model.path(), cfg_.arch_name);
   auto load = [&](const std::string& name) {
     const TensorRef& t = model.tensor(name);
     Tensor& x = tensors_[name];
@@ -47,7 +45,9 @@ ModelGradients::ModelGradients(const ModelFile& model)
   if (!cfg_.tied_embeddings) load("output.weight");
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (const char* what : kLayerTensors) {
-      if (!cfg_.qkv_bias && std::string_view(what).ends_with(".bias")) continue;
+      const std::string_view w(what);
+      if (!cfg_.qkv_bias && w.ends_with(".bias")) continue;
+      if (!cfg_.qk_norm && (w == "attn_q_norm.weight" || w == "attn_k_norm.weight")) continue;
       load(layer_name(l, what));
     }
 }
@@ -86,6 +86,7 @@ struct ModelGradients::Work {
   int n = 0;
   std::vector<int32_t> pos;
   std::vector<float> h1, q, k, v, att, lse, xmid, h2, gate, up, act, tmp;
+  std::vector<float> q_raw, k_raw;  // Qwen3: the projections before the per-head q/k norms
   Work(int n_tokens, const ModelConfig& c) : n(n_tokens), pos(static_cast<size_t>(n_tokens)) {
     const size_t N = size_t(n), H = size_t(c.hidden), F = size_t(c.intermediate), Q = size_t(c.n_heads) * c.head_dim,
                  KV = size_t(c.n_kv_heads) * c.head_dim;
@@ -102,6 +103,10 @@ struct ModelGradients::Work {
     up.resize(N * F);
     act.resize(N * F);
     tmp.resize(N * std::max(H, F));
+    if (c.qk_norm) {
+      q_raw.resize(N * Q);
+      k_raw.resize(N * KV);
+    }
   }
 };
 
@@ -120,9 +125,15 @@ void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvT
   auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
   const bool b = cfg_.qkv_bias;
   rmsnorm(x, w("attn_norm.weight"), n, H, static_cast<float>(cfg_.rms_eps), wk.h1.data());
-  linear(wk.h1.data(), w("attn_q.weight"), b ? w("attn_q.bias") : nullptr, n, H, Q, wk.q.data());
-  linear(wk.h1.data(), w("attn_k.weight"), b ? w("attn_k.bias") : nullptr, n, H, KV, wk.k.data());
+  const bool norm = cfg_.qk_norm;
+  linear(wk.h1.data(), w("attn_q.weight"), b ? w("attn_q.bias") : nullptr, n, H, Q, (norm ? wk.q_raw : wk.q).data());
+  linear(wk.h1.data(), w("attn_k.weight"), b ? w("attn_k.bias") : nullptr, n, H, KV, (norm ? wk.k_raw : wk.k).data());
   linear(wk.h1.data(), w("attn_v.weight"), b ? w("attn_v.bias") : nullptr, n, H, KV, wk.v.data());
+  if (norm) {
+    const auto eps = static_cast<float>(cfg_.rms_eps);
+    rmsnorm(wk.q_raw.data(), w("attn_q_norm.weight"), n * hq, d, eps, wk.q.data());
+    rmsnorm(wk.k_raw.data(), w("attn_k_norm.weight"), n * hkv, d, eps, wk.k.data());
+  }
   if (hook) hook->forward(l, n, wk.k.data(), wk.v.data(), recompute);
   rope_.apply(wk.q.data(), n, hq, d, wk.pos.data());
   rope_.apply(wk.k.data(), n, hkv, d, wk.pos.data());
@@ -222,6 +233,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
   // as d loss / d (layer output) and leaves as d loss / d (layer input).
   std::vector<float> dmid(size_t(n) * H), dh(size_t(n) * H), dgate(size_t(n) * F), dup(size_t(n) * F),
       dq(size_t(n) * Q), dk(size_t(n) * KV), dv(size_t(n) * KV), datt(size_t(n) * Q);
+  std::vector<float> dq_raw(cfg_.qk_norm ? size_t(n) * Q : 0), dk_raw(cfg_.qk_norm ? size_t(n) * KV : 0);
   for (int l = L - 1; l >= lowest; --l) {
     const auto& x = checkpoints[size_t(l)];
     attention_forward_half(l, x.data(), wk, hook, true);
@@ -250,11 +262,24 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     rope_.apply_inverse(dq.data(), n, hq, d, pos.data());
     rope_.apply_inverse(dk.data(), n, hkv, d, pos.data());
     if (hook && hook->trainable()) hook->backward(l, n, dk.data(), dv.data());
+    // Qwen3: through the per-head q/k norms to the projections.
+    float* dq_in = dq.data();
+    float* dk_in = dk.data();
+    if (cfg_.qk_norm) {
+      std::fill(dq_raw.begin(), dq_raw.end(), 0.0f);
+      std::fill(dk_raw.begin(), dk_raw.end(), 0.0f);
+      rmsnorm_backward(wk.q_raw.data(), w(l, "attn_q_norm.weight"), dq.data(), n * hq, d, eps, dq_raw.data(),
+                       g("attn_q_norm.weight"));
+      rmsnorm_backward(wk.k_raw.data(), w(l, "attn_k_norm.weight"), dk.data(), n * hkv, d, eps, dk_raw.data(),
+                       g("attn_k_norm.weight"));
+      dq_in = dq_raw.data();
+      dk_in = dk_raw.data();
+    }
     std::fill(dh.begin(), dh.end(), 0.0f);
     const bool b = cfg_.qkv_bias;
-    linear_backward(h1.data(), w(l, "attn_q.weight"), dq.data(), n, H, Q, dh.data(), g("attn_q.weight"),
+    linear_backward(h1.data(), w(l, "attn_q.weight"), dq_in, n, H, Q, dh.data(), g("attn_q.weight"),
                     b ? g("attn_q.bias") : nullptr);
-    linear_backward(h1.data(), w(l, "attn_k.weight"), dk.data(), n, H, KV, dh.data(), g("attn_k.weight"),
+    linear_backward(h1.data(), w(l, "attn_k.weight"), dk_in, n, H, KV, dh.data(), g("attn_k.weight"),
                     b ? g("attn_k.bias") : nullptr);
     linear_backward(h1.data(), w(l, "attn_v.weight"), dv.data(), n, H, KV, dh.data(), g("attn_v.weight"),
                     b ? g("attn_v.bias") : nullptr);

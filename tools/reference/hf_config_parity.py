@@ -14,8 +14,10 @@ position of a fixed sequence of token ids, computed by transformers (float32, ea
                      head_dim 32 with 4 heads over a hidden size of 64 (q_proj wider than the model,
                      as Qwen3-0.6B's), tied embeddings, rope_theta 1e6; also written as a GGUF file
                      (`qwen3_qknorm.gguf`, F32, llama.cpp's qwen3 names and keys, by the gguf package)
-                     with Qwen3's chat-template ending, and `chat.json`: transformers' rendering of a
-                     conversation with enable_thinking=False (the empty think block kvpress renders)
+                     with Qwen3's chat-template ending, `chat.json`: transformers' rendering of a
+                     conversation with enable_thinking=False (the empty think block kvpress renders),
+                     and `grads.json`: the mean next-token loss over the ids and its gradient for every
+                     weight by torch autograd in float64 (norms, largest entries, sampled entries)
 
 Each directory holds the files save_pretrained wrote (config.json, model.safetensors,
 generation_config.json), `config_legacy.json` (the same settings in the older layout: rope_theta and
@@ -80,6 +82,42 @@ QWEN3_TEMPLATE = """{%- for message in messages %}
 {%- endif %}"""
 
 
+GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(name):
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    _, _, layer, rest = name.split(".", 3)
+    return f"blk.{layer}.{GGUF_NAMES[rest.rsplit('.', 1)[0]]}.weight"
+
+
+def write_gradients(model_dir, ids, path):
+    """The mean next-token cross-entropy over the ids and its gradient for every weight, by torch
+    autograd in float64 (kvbench computes in float32): per tensor (GGUF names; a tied output head's
+    gradient is part of token_embd's) its Frobenius norm, largest |entry| and 16 sampled entries."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
+    model.eval()
+    logits = model(ids[None, :], use_cache=False).logits[0]
+    loss = torch.nn.functional.cross_entropy(logits[:-1], ids[1:])
+    loss.backward()
+    rng = np.random.default_rng(3)
+    tensors = {}
+    for name, p in model.named_parameters():
+        g = p.grad.detach().numpy().reshape(-1)
+        idx = sorted(rng.choice(g.size, size=min(16, g.size), replace=False).tolist())
+        tensors[gguf_name(name)] = {"norm": float(np.linalg.norm(g)), "max_abs": float(np.abs(g).max()),
+                                    "samples": [[i, float(g[i])] for i in idx]}
+    with open(path, "w") as f:
+        json.dump({"loss": loss.item(), "dtype": "float64", "ids": "reference.json", "tensors": tensors}, f, indent=1)
+        f.write("\n")
+
+
 def write_gguf(model, cfg, path):
     """The model as llama.cpp's converter names it for the qwen3 architecture (F32 tensors)."""
     import gguf
@@ -97,21 +135,9 @@ def write_gguf(model, cfg, path):
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_chat_template(QWEN3_TEMPLATE)
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for name, t in model.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied
-        if name == "model.embed_tokens.weight":
-            out = "token_embd.weight"
-        elif name == "model.norm.weight":
-            out = "output_norm.weight"
-        else:
-            _, _, layer, rest = name.split(".", 3)
-            out = f"blk.{layer}.{names[rest.rsplit('.', 1)[0]]}.weight"
-        w.add_tensor(out, t.detach().float().numpy())
+        if name != "lm_head.weight":  # tied
+            w.add_tensor(gguf_name(name), t.detach().float().numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -172,6 +198,7 @@ def main():
             f.write("\n")
         if name == "qwen3_qknorm":
             write_gguf(model, cfg, os.path.join(args.outdir, name + ".gguf"))
+            write_gradients(out, ids, os.path.join(out, "grads.json"))
             with open(os.path.join(out, "chat_template.jinja"), "w") as f:
                 f.write(QWEN3_TEMPLATE)
             conversations = {"user": [{"role": "user", "content": "What is 2+2?"}],
