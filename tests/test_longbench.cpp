@@ -290,7 +290,7 @@ TEST_CASE("LongBench predictions files are scored as eval.py scores them, by len
   require_error([&] { longbench::score_predictions("qasper", write("m.jsonl", std::string(ok) + "\n{\"pred\": \"b\"}\n"), false, nullptr); },
                 {"m.jsonl:2", "'answers' is missing"});
   require_error([&] { longbench::score_predictions("qasper", write("j.jsonl", "{nope\n"), false, nullptr); },
-                {"j.jsonl:1", "not a JSON object"});
+                {"j.jsonl:1", "not JSON"});
   require_error([&] { longbench::score_predictions("qasper", write("t.jsonl", R"({"pred": 3, "answers": ["a"]})"), false, nullptr); },
                 {"t.jsonl:1", "'pred' is not a string"});
   require_error([&] { longbench::score_predictions("qasper", write("l.jsonl", R"({"pred": "a", "answers": ["a"]})"), true, nullptr); },

@@ -13,6 +13,7 @@
 #include "harness/method/parts.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 #include "harness/util/text_files.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "tasks/task.hpp"
@@ -49,15 +50,7 @@ std::vector<Needle> load_needles(const std::string& path, bool with_answer) {
   std::ifstream in(path);
   if (!in) fail("{}: cannot read the needle file", path);
   std::vector<Needle> out;
-  std::string line;
-  for (int no = 1; std::getline(in, line); ++no) {
-    if (python_strip(line).empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}:{}: not valid JSON ({})", path, no, e.what());
-    }
+  for_each_json_line(in, path, [&](const nlohmann::json& j, int no) {
     Needle n;
     for (auto [field, into] : {std::pair{"needle", &n.needle}, {"question", &n.question},
                                {"real_needle", &n.real_needle}, {"answer", &n.answer}}) {
@@ -66,7 +59,8 @@ std::vector<Needle> load_needles(const std::string& path, bool with_answer) {
       *into = j[field].get<std::string>();
     }
     out.push_back(std::move(n));
-  }
+    return true;
+  });
   if (out.empty()) fail("{}: no needles", path);
   return out;
 }

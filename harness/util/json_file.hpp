@@ -3,6 +3,8 @@
 // key becomes an Error naming the file and the field. The build defines JSON_DIAGNOSTICS, so the JSON
 // library's messages carry the field's path: "config.json: (/rope_scaling/factor) type must be
 // number, but is string".
+#include <functional>
+#include <istream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -24,6 +26,24 @@ decltype(auto) with_json_errors(const std::string& file, F&& fn) {
     return fn();
   } catch (const nlohmann::json::exception& e) {
     fail("{}: {}", file, json_error_text(e));
+  }
+}
+
+// Calls fn(record, line_number) for each line of a JSONL stream read from `path` that is not blank
+// (spaces, tabs, carriage returns); fn returns false to stop early. A line that is not JSON is an
+// Error naming the file and the line.
+inline void for_each_json_line(std::istream& in, const std::string& path,
+                               const std::function<bool(const nlohmann::json&, int)>& fn) {
+  std::string line;
+  for (int no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail("{}:{}: not JSON ({})", path, no, json_error_text(e));
+    }
+    if (!fn(j, no)) return;
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "harness/util/error.hpp"
 #include "harness/util/hash.hpp"
+#include "harness/util/json_file.hpp"
 #include "tasks/longbench/jieba.hpp"
 #include "tasks/longbench/metrics.hpp"
 #include "tasks/ruler/ruler.hpp"
@@ -87,18 +88,8 @@ class JsonlTask final : public Task {
   void load() {
     std::ifstream in(path_);
     if (!in) fail("{}: cannot read (task jsonl's option 'file')", path_);
-    std::string line;
-    int no = 0;
     std::map<std::string, int> ids;
-    while (std::getline(in, line)) {
-      ++no;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        fail("{}:{}: not JSON ({})", path_, no, e.what());
-      }
+    for_each_json_line(in, path_, [&](const nlohmann::json& j, int no) {
       if (!j.is_object()) fail("{}:{}: a sample is a JSON object with context, question and answers", path_, no);
       Record r;
       r.line = no;
@@ -135,7 +126,8 @@ class JsonlTask final : public Task {
       const nlohmann::json content = {r.context, r.question, r.answers, r.max_new_tokens};
       r.id = fmt::format("{}-{:08x}", base, uint32_t(fnv1a(content.dump())));
       records_.push_back(std::move(r));
-    }
+      return true;
+    });
     if (records_.empty()) fail("{}: no samples", path_);
   }
 

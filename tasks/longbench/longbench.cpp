@@ -9,6 +9,7 @@
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 #include "tasks/longbench/jieba.hpp"
 #include "tasks/longbench/longbench.hpp"
 #include "tasks/longbench/metrics.hpp"
@@ -160,17 +161,7 @@ class LongBench final : public Task {
       fail("{}: not found; point --data at a directory holding longbench/<dataset>.jsonl from the official "
            "LongBench data.zip",
            path_);
-    std::string line;
-    int no = 0;
-    while (std::getline(in, line)) {
-      ++no;
-      if (line.empty()) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        fail("{}:{}: not JSON ({})", path_, no, e.what());
-      }
+    for_each_json_line(in, path_, [&](const nlohmann::json& j, int no) {
       auto need = [&](const char* key, auto check, const char* what) {
         if (!j.contains(key) || !check(j[key])) fail("{}:{}: field '{}' must be {}", path_, no, key, what);
       };
@@ -195,7 +186,8 @@ class LongBench final : public Task {
           j["dataset"] != dataset_ + "_e")
         fail("{}:{}: record of dataset '{}' in the file of '{}'", path_, no, j["dataset"].get<std::string>(), dataset_);
       records_.push_back(std::move(r));
-    }
+      return true;
+    });
     if (records_.empty()) fail("{}: no records", path_);
   }
 

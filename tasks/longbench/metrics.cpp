@@ -11,6 +11,7 @@
 
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 #include "tasks/longbench/jieba.hpp"
 #include "tasks/text.hpp"
 
@@ -331,15 +332,7 @@ PredictionScores score_predictions(const std::string& dataset, const std::string
   double total = 0, range_sum[3] = {0, 0, 0};
   size_t range_n[3] = {0, 0, 0};
   PredictionScores r;
-  std::string line;
-  for (size_t no = 1; std::getline(in, line); ++no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}:{}: not a JSON object ({})", path, no, e.what());
-    }
+  for_each_json_line(in, path, [&](const nlohmann::json& j, int no) {
     auto field = [&](const char* key, auto check, const char* expected) -> const nlohmann::json& {
       if (!j.is_object() || !j.contains(key)) fail("{}:{}: field '{}' is missing ({})", path, no, key, expected);
       if (!check(j[key])) fail("{}:{}: field '{}' is not {}", path, no, key, expected);
@@ -364,7 +357,8 @@ PredictionScores score_predictions(const std::string& dataset, const std::string
       range_sum[k] += s;
       ++range_n[k];
     }
-  }
+    return true;
+  });
   if (r.lines == 0) fail("{}: no predictions", path);
   auto pct = [](double sum, size_t n) { return std::round(100.0 * sum / double(n) * 100.0) / 100.0; };
   r.score = pct(total, r.lines);

@@ -7,6 +7,7 @@
 
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 #include "tasks/text.hpp"
 
 namespace kvb {
@@ -142,16 +143,7 @@ class RulerFiles final : public RulerTask {
     const std::string path = std::ifstream(a) ? a : b;
     std::ifstream in(path);
     if (!in) fail("ruler: neither {} nor {} exists", a, b);
-    int no = 0;
-    for (std::string line; std::getline(in, line) && samples_.size() < n_samples_;) {
-      ++no;
-      if (line.empty()) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        fail("{}:{}: not JSON ({})", path, no, e.what());
-      }
+    for_each_json_line(in, path, [&](const nlohmann::json& j, int no) {
       if (!j.contains("input") || !j["input"].is_string()) fail("{}:{}: field 'input' must be a string", path, no);
       if (!j.contains("outputs") || !j["outputs"].is_array() || j["outputs"].empty())
         fail("{}:{}: field 'outputs' must be a non-empty list of strings", path, no);
@@ -170,7 +162,8 @@ class RulerFiles final : public RulerTask {
       const bool stored = j.contains("length") && j["length"].is_number_integer();
       r.tokens = stored ? j["length"].get<int>() - gen_ : tokens;
       add(std::move(r), {{"source", path}, {"line", no}, {"prompt_tokens", tokens}});
-    }
+      return samples_.size() < n_samples_;
+    });
     if (samples_.empty()) fail("{}: no records", path);
   }
 };
