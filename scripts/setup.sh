@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set-up for a fresh Debian machine, safe to rerun: Debian packages, the build, and the default model
-# (plus the reference tokenizer the tests compare against), each checked by size and SHA-256.
+# (plus the reference tokenizer the tests compare against), each checked by size and SHA-256; for the
+# Python module pybind11 from the package index and a numpy 2 environment the tests also run under.
 #   scripts/setup.sh            packages + build + model files
 #   SKIP_APT=1 scripts/setup.sh skip the package step (no root)
 #   SKIP_BUILD=1 ...            only fetch model files
