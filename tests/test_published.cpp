@@ -278,3 +278,49 @@ methods: [fullkv]
   require_error([&] { Sweep sweep(load_experiment(spec)); }, {"long.yaml", "context of 8192 tokens", "longer context"});
   CHECK(!std::filesystem::exists(dir / "r.jsonl"));
 }
+
+TEST_CASE("KVCrush*: per column the best of our kvcrush configurations, as the paper derives it", "[published][report]") {
+  const TempDir dir("compare_best_of");
+  std::ofstream records(dir / "r.jsonl");
+  int id = 0;
+  auto record = [&](const std::string& base, const std::string& dataset, double score) {
+    records << json{{"id", "s" + std::to_string(id++)},
+                    {"config", config("kvcrush", 2048, {{"base", base}, {"ratio", "0.25"}}, dataset)},
+                    {"score", score}}
+                   .dump()
+            << "\n";
+  };
+  // qasper: snapkv's configuration is best (mean 0.5); trec: h2o's (0.8).
+  record("h2o", "qasper", 0.2);
+  record("h2o", "qasper", 0.4);
+  record("snapkv", "qasper", 0.5);
+  record("snapkv", "qasper", 0.5);
+  record("h2o", "trec", 0.8);
+  record("snapkv", "trec", 0.6);
+  records.close();
+  const auto published = write_file(dir, "published.csv", kHeader +
+                                                              "t3,L,kvcrush*,,2048,longbench,,qasper,31.00\n"
+                                                              "t3,L,kvcrush*,,2048,longbench,,trec,71.00\n"
+                                                              "t3,L,kvcrush*,,2048,longbench,,avg,51.00\n");
+  const std::string out = (dir / "out").string();
+  write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md"});
+  const auto cells = read_csv_rows(out + "/compare-t3-cells.csv");
+  REQUIRE(cells.size() == 1 + 3);
+  CHECK(cells[1][9] == "50.0000");  // qasper: the better of 30 (h2o) and 50 (snapkv)
+  CHECK(cells[1][10].empty());      // no interval for a best of several means
+  CHECK(cells[1][12] == "2");
+  CHECK(cells[2][9] == "80.0000");  // trec: h2o's
+  CHECK(cells[3][9] == "65.0000");  // the Average: the mean of the per-column bests
+  // The spec check: a derived row needs the configurations it is the best of.
+  const std::vector<std::map<std::string, std::string>> variants = {{{"dataset", "qasper"}, {"max_len", "7950"}}};
+  const std::vector<json> with = {config("kvcrush", 2048, {{"base", "h2o"}}, "qasper")},
+                          without = {config("snapkv", 2048, json::object(), "qasper")};
+  const auto rows = load_published(write_file(dir, "p.csv", kHeader + "t3,L,kvcrush*,,2048,longbench,,qasper,31\n"));
+  check_published(rows, "t3", "spec.yaml", "longbench", with, variants, {});
+  require_error([&] { check_published(rows, "t3", "spec.yaml", "longbench", without, variants, {}); },
+                {"p.csv:2", "kvcrush*", "does not run method kvcrush"});
+  require_error([&] {
+    check_published(load_published(write_file(dir, "q.csv", kHeader + "t3,L,kvcrush*,base=h2o,2048,longbench,,qasper,31\n")),
+                    "t3", "spec.yaml", "longbench", with, variants, {});
+  }, {"q.csv:2", "derived from the kvcrush rows lists no parameters"});
+}
