@@ -120,6 +120,7 @@ TEST_CASE("jsonl task in a sweep on the default model: records per sample, resum
     ++n;
     CHECK(r["score"].get<double>() >= 0.0);
     CHECK(r["meta"]["metric"] == "qa_f1");
+    CHECK(r["kernels"].get<std::string>().find(", clones ") != std::string::npos);  // the CPU path it ran on
     if (r["config"]["method"] == "fullkv") full += r["score"].get<double>();
   });
   CHECK(n == 6);

@@ -16,6 +16,7 @@
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/hash.hpp"
+#include "kernels/cpu/kv_rows.hpp"
 #include "kvbench/git_version.hpp"
 #include "tasks/task.hpp"
 
@@ -391,6 +392,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"prompt_tokens", g.prompt_tokens},
           {"kv_dtype", kv_dtype_name(engine.kv_dtype())},
           {"weights", weight_format_name(engine.weight_format())},
+          {"kernels", engine.backend().name() == "cpu" ? cpu_kernel_path() : engine.backend().name()},
           {"kv_bytes", kept},
           {"full_kv_bytes", full},
           {"T_eq", t_eq},

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "harness/util/error.hpp"
@@ -31,7 +33,10 @@ KvDtype parse_kv_dtype(const std::string& name, const std::string& where) {
 }
 
 namespace {
-std::atomic<bool> portable_forced{false};
+std::atomic<bool> portable_forced{[] {
+  const char* k = std::getenv("KVBENCH_KERNELS");
+  return k != nullptr && std::string_view(k) == "portable";
+}()};
 }  // namespace
 
 bool cpu_has_avx2() {
@@ -46,6 +51,13 @@ bool cpu_has_avx2() {
 }
 
 void force_portable_kernels(bool on) { portable_forced.store(on); }
+
+std::string cpu_kernel_path() {
+  __builtin_cpu_init();
+  // The order target_clones("avx512f", "avx2", "default") resolves in (kernels/cpu/vec_math.hpp).
+  const char* clones = __builtin_cpu_supports("avx512f") ? "avx512f" : __builtin_cpu_supports("avx2") ? "avx2" : "default";
+  return std::string(cpu_has_avx2() ? "avx2" : "portable") + ", clones " + clones;
+}
 
 namespace {
 

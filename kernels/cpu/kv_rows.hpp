@@ -33,9 +33,15 @@ void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* 
 void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
-// Whether the vector paths of the KV kernels run: the processor has AVX2, FMA and F16C, and the
-// portable loops are not forced (tests cover both paths on one machine).
+// Whether the hand-written AVX2 kernels run (KV rows, quantized KV, weight GEMVs, prefill attention's
+// register tiles): the processor has AVX2, FMA and F16C, and the portable loops are not forced, by
+// force_portable_kernels (tests cover both paths on one machine) or by KVBENCH_KERNELS=portable in the
+// environment (a whole run on the portable loops, to compare records across processors).
 bool cpu_has_avx2();
 void force_portable_kernels(bool on);
+// The kernel path a run takes, for its records: "avx2" or "portable" for the hand-written kernels, and
+// the variant the loader picked for the compiler-vectorised loops (target_clones: avx512f, avx2 or
+// default), e.g. "avx2, clones avx512f".
+std::string cpu_kernel_path();
 
 }  // namespace kvb
