@@ -341,13 +341,8 @@ struct Model {
       sl = step_logits(*engine, ids, n, continuation, choice.runner.get());
     }
     const bool rows = n > 0 || choice.method;
-    auto flat = std::make_unique<std::vector<float>>();
-    if (sl.logits.size() == 1) {
-      *flat = std::move(sl.logits[0]);  // no copy of the engine's vector
-    } else {
-      for (const auto& r : sl.logits) flat->insert(flat->end(), r.begin(), r.end());
-    }
-    const auto vocab = py::ssize_t(flat->size() / sl.logits.size());
+    auto flat = std::make_unique<std::vector<float>>(sl.flat());
+    const auto vocab = py::ssize_t(sl.logits[0].size());
     std::vector<py::ssize_t> shape = rows ? std::vector<py::ssize_t>{py::ssize_t(sl.logits.size()), vocab}
                                           : std::vector<py::ssize_t>{vocab};
     const float* data = flat->data();

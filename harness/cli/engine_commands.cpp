@@ -204,9 +204,7 @@ void register_engine_commands(CLI::App& app) {
         j["cache"] = runner->cache_profile();
       }
       if (!a->out.empty()) {
-        std::vector<float> flat;
-        for (const auto& r : sl.logits) flat.insert(flat.end(), r.begin(), r.end());
-        write_npy(a->out, flat, {sl.logits.size(), sl.logits[0].size()});
+        write_npy(a->out, sl.flat(), {sl.logits.size(), sl.logits[0].size()});
         j["out"] = a->out;
       }
       fmt::print("{}\n", j.dump(2));

@@ -86,6 +86,12 @@ Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& 
   return g;
 }
 
+std::vector<float> StepLogits::flat() const {
+  std::vector<float> out;
+  for (const auto& r : logits) out.insert(out.end(), r.begin(), r.end());
+  return out;
+}
+
 StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int steps, std::span<const int32_t> forced,
                        PrefillObserver* observer) {
   if (steps < 0) fail("step_logits: {} steps", steps);

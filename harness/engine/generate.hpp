@@ -52,6 +52,7 @@ Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& 
 struct StepLogits {
   std::vector<int32_t> fed;                 // the token fed at each decode step
   std::vector<std::vector<float>> logits;   // 1 + steps rows of vocabulary size
+  std::vector<float> flat() const;          // the rows one after another, [1 + steps, vocab] row-major
 };
 StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int steps, std::span<const int32_t> forced,
                        PrefillObserver* observer = nullptr);

@@ -21,15 +21,13 @@ using nlohmann::json;
 struct Run {
   std::string task, variant, method, setting;  // setting: the parameters and GQA mode, as text
   json params;
-  int budget = 0;  // KV size (0: the full cache or a method without one); ratio runs use -1000 x p_c
+  KvBudget budget;
   std::string sample;  // what makes two records the same sample: task, options, model, dtype, id
   double score = 0;
 };
 
 std::string setting_text(const json& params, const std::string& gqa) {
-  std::string s;
-  for (const auto& [k, v] : params.items()) s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
-  return s + (gqa == "-" || gqa.empty() ? "" : " gqa=" + gqa);
+  return params_text(params) + (gqa == "-" || gqa.empty() ? "" : " gqa=" + gqa);
 }
 
 std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
@@ -46,8 +44,7 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       r.method = c.value("method", "fullkv");
       r.params = c.value("params", json::object());
       r.setting = setting_text(r.params, c.value("gqa", "-"));
-      r.budget = c.contains("compression_ratio") ? -int(1000 * c["compression_ratio"].get<double>())
-                                                  : c.value("budget", 0);
+      r.budget = config_budget(c);
       r.sample = json::array({r.task, opts, c.value("model", ""), c.value("kv_dtype", "fp32"), j.value("id", "")}).dump();
       r.score = j["score"].get<double>();
       runs.push_back(std::move(r));
@@ -55,8 +52,6 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
   if (runs.empty()) fail("no result records in the given files");
   return runs;
 }
-
-std::string budget_name(int b) { return b < 0 ? fmt::format("p_c={}", -b / 1000.0) : b == 0 ? "Full" : std::to_string(b); }
 
 }  // namespace
 
@@ -94,20 +89,20 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
 
   // Baseline scores by (sample, budget); a full-cache baseline has one per sample.
   const bool full_baseline = base_method == "fullkv";
-  std::map<std::pair<std::string, int>, double> base;
+  std::map<std::pair<std::string, KvBudget>, double> base;
   for (const Run& r : runs)
-    if (r.method == base_method && r.setting == base_setting) base[{r.sample, full_baseline ? 0 : r.budget}] = r.score;
+    if (r.method == base_method && r.setting == base_setting) base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
   // A method's label shows its setting where the records hold several of its settings.
   std::map<std::string, std::set<std::string>> method_settings;
   for (const Run& r : runs) method_settings[r.method].insert(r.setting);
   // task -> label -> budget -> variant -> differences
-  std::map<std::string, std::map<std::string, std::map<int, std::map<std::string, std::vector<double>>>>> diffs;
+  std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;
   for (const Run& r : runs) {
     if (r.method == base_method && r.setting == base_setting) continue;
-    const auto it = base.find({r.sample, full_baseline ? 0 : r.budget});
+    const auto it = base.find({r.sample, full_baseline ? KvBudget{} : r.budget});
     if (it == base.end()) continue;
     const std::string label =
-        r.method + (method_settings[r.method].size() > 1 ? " (" + (r.setting.empty() ? "-" : r.setting) + ")" : "");
+        r.method + (method_settings[r.method].size() > 1 ? " (" + r.setting + ")" : "");
     diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
   }
   if (diffs.empty())
@@ -117,7 +112,7 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
   std::string file_name;
   for (char ch : name) file_name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' ? ch : '_';
   for (const auto& [task, by_label] : diffs) {
-    std::set<int> budgets;
+    std::set<KvBudget> budgets;
     for (const auto& [label, by_budget] : by_label)
       for (const auto& [b, v] : by_budget) budgets.insert(b);
     Table t;
@@ -125,11 +120,11 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
                             "(n); * where the interval excludes 0",
                             task, baseline);
     t.columns = {"Method"};
-    for (int b : budgets) t.columns.push_back(budget_name(b));
+    for (const KvBudget& b : budgets) t.columns.push_back(b.name());
     t.blocks.emplace_back();
     for (const auto& [label, by_budget] : by_label) {
       std::vector<std::string> row = {label};
-      for (int b : budgets) {
+      for (const KvBudget& b : budgets) {
         const auto it = by_budget.find(b);
         if (it == by_budget.end()) {
           row.push_back("-");

@@ -70,11 +70,6 @@ std::string describe(const PublishedRow& r) {
                      budget_text(r.budget), r.column, r.length ? fmt::format(" at length {}", r.length) : "");
 }
 
-KvBudget config_budget(const json& c) {
-  if (c.contains("compression_ratio")) return KvBudget::compression_ratio(c["compression_ratio"].get<double>());
-  return c.value("budget", 0);
-}
-
 bool same_budget(const KvBudget& a, const KvBudget& b) {
   return a.is_ratio() == b.is_ratio() && a.tokens == b.tokens && std::abs(a.ratio - b.ratio) < 1e-9;
 }
@@ -356,57 +351,41 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     auto mean_ours = [&](const PublishedRow& row, const std::string& column, int& samples, MeanInterval* ci = nullptr) {
       PublishedRow r = row;
       r.column = column;
-      if (const std::string base = best_of(row); !base.empty()) {
-        // The best of our configurations of `base` at this cell, each its own mean (no interval: the
-        // best of several means is not a mean of samples).
-        r.method = base;
-        std::map<std::string, std::pair<double, int>> by_config;
-        for (const auto& o : ours)
-          if (o.config.value("task", "") == r.task && row_matches_config(r, o.config) && column_in_options(r, o.options)) {
-            json id = o.config;
-            for (const char* k : {"dataset", "task", "length"}) id["options"].erase(k);
-            auto& [sum, n] = by_config[id.dump()];
-            sum += o.score;
-            ++n;
-          }
-        double best = std::nan("");
-        samples = 0;
-        for (const auto& [config, sn] : by_config)
-          if (std::isnan(best) || sn.first / sn.second > best) {
-            best = sn.first / sn.second;
-            samples = sn.second;
-          }
-        return 100 * best;
-      }
-      double sum = 0;
-      samples = 0;
-      std::map<std::string, std::vector<double>> strata;  // by RULER task or LongBench dataset
-      std::map<std::string, int> configs;  // our configurations behind the cell -> records
+      const std::string base = best_of(row);
+      if (!base.empty()) r.method = base;
+      // Our records behind the cell, by configuration, each by RULER task or LongBench dataset.
+      std::map<std::string, std::map<std::string, std::vector<double>>> configs;
       for (const auto& o : ours)
         if (o.config.value("task", "") == r.task && row_matches_config(r, o.config) && column_in_options(r, o.options)) {
-          sum += o.score;
-          ++samples;
-          const auto opt = [&](const char* k) { return o.options.count(k) ? o.options.at(k) : std::string(); };
-          strata[opt("task") + opt("dataset")].push_back(o.score);
           json id = o.config;
           for (const char* k : {"dataset", "task", "length"}) id["options"].erase(k);
-          ++configs[id.dump()];
+          const auto opt = [&](const char* k) { return o.options.count(k) ? o.options.at(k) : std::string(); };
+          configs[id.dump()][opt("task") + opt("dataset")].push_back(o.score);
         }
-      // Averaging two of our configurations into one published cell would be a number of neither.
-      if (configs.size() > 1) {
+      // Averaging two of our configurations into one published cell would be a number of neither; a
+      // derived row takes the best of them instead.
+      if (base.empty() && configs.size() > 1) {
         std::string list;
-        for (const auto& [config, n] : configs) list += (list.empty() ? "" : " | ") + config;
+        for (const auto& [config, strata] : configs) list += (list.empty() ? "" : " | ") + config;
         fail("{}:{}: published row {} matches {} configurations in the results (they differ in a parameter the row "
              "does not list, the model or a task option): {}; report one run's results, or list the parameter in the "
              "row",
              r.file, r.line, describe(r), configs.size(), list);
       }
-      if (ci && samples) {
+      double best = std::nan("");
+      samples = 0;
+      for (const auto& [config, strata] : configs) {
         std::vector<std::vector<double>> groups;
-        for (auto& [k, v] : strata) groups.push_back(std::move(v));
-        *ci = score_interval(groups);
+        for (const auto& [variant, scores] : strata) groups.push_back(scores);
+        const MeanInterval m = score_interval(groups);
+        if (std::isnan(best) || m.mean > best) {
+          best = m.mean;
+          samples = m.n;
+          // The best of several means is not a mean of samples: no interval for a derived row.
+          if (ci && base.empty()) *ci = m;
+        }
       }
-      return samples ? 100 * sum / samples : std::nan("");
+      return 100 * best;
     };
     // The table's columns (those a paper's average is over), in the papers' order.
     std::vector<std::string> columns;

@@ -39,20 +39,8 @@ struct Group {
   std::string distinct;
 };
 
-// A record's budget: its KV size, or the compression ratio it ran at; none for the full cache.
-KvBudget budget_of(const json& config) {
-  if (config.contains("compression_ratio")) return KvBudget::compression_ratio(config["compression_ratio"].get<double>());
-  return config.value("budget", 0);
-}
-
 std::string budget_heading(const KvBudget& b) {
   return b.is_ratio() ? fmt::format("compression ratio {}", b.ratio) : fmt::format("KV size {}", b.tokens);
-}
-
-std::string params_text(const json& p) {
-  std::string s;
-  for (const auto& [k, v] : p.items()) s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
-  return s.empty() ? "-" : s;
 }
 
 std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vector<double>>& by_variant) {
@@ -82,7 +70,7 @@ void write_niah_heatmap(const Group& g, const std::string& dir, std::set<std::st
   const json& params = g.config.contains("params") ? g.config["params"] : json::object();
   const std::string method = g.config.value("method", "fullkv") +
                              (params.contains("base") ? "-" + params["base"].get<std::string>() : "");
-  const KvBudget budget = budget_of(g.config);
+  const KvBudget budget = config_budget(g.config);
   h.title = "Pressure Testing " + g.config.value("model", std::string("model"));
   h.subtitle = "Fact Retrieval Across Context Lengths (\"Needle In A HayStack\")";
   const std::string settings = g.distinct.empty() ? "" : ", " + g.distinct;
@@ -231,6 +219,17 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
 
 }  // namespace
 
+KvBudget config_budget(const json& config) {
+  if (config.contains("compression_ratio")) return KvBudget::compression_ratio(config["compression_ratio"].get<double>());
+  return config.value("budget", 0);
+}
+
+std::string params_text(const json& params) {
+  std::string s;
+  for (const auto& [k, v] : params.items()) s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
+  return s.empty() ? "-" : s;
+}
+
 std::vector<std::string> result_files(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;
   for (const auto& in : inputs) {
@@ -336,7 +335,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
         ++cell.second;
       }
       e.method = cfg.value("method", "fullkv");
-      e.budget = budget_of(cfg);
+      e.budget = config_budget(cfg);
       e.score = j["score"].get<double>();
       e.empty = python_strip(j.value("prediction", "")).empty();
       // labelled below; the dtype is shown where it is not fp32
@@ -380,7 +379,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
   std::stable_sort(rows.begin(), rows.end(), [](const Group* a, const Group* b) {
     auto k = [](const Group* g) {
       return std::tuple(g->config.value("task", ""), g->config["options"].dump(), g->config.value("method", "") != "fullkv",
-                        g->config.value("method", ""), budget_of(g->config), g->config.dump());
+                        g->config.value("method", ""), config_budget(g->config), g->config.dump());
     };
     return k(a) < k(b);
   });
@@ -395,7 +394,7 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
     const MeanInterval ci = score_interval(strata_of(g.strata));
     summary.blocks[0].rows.push_back({c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""),
-                                      budget_of(c).name(), c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"),
+                                      config_budget(c).name(), c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"),
                                       params_text(c.value("params", json::object())), std::to_string(g.n),
                                       fmt::format("{:.2f}", 100.0 * g.score / g.n), pct(ci.low), pct(ci.high),
                                       fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n),

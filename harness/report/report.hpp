@@ -4,9 +4,12 @@
 // a method x KV size table and heatmap; the papers' tables for LongBench (categories over datasets,
 // one block per KV size) and RULER (per context length, and across lengths); for
 // Needle-in-a-Haystack one depth x length heatmap per configuration.
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "harness/method/method.hpp"
 
 namespace kvb {
 
@@ -14,6 +17,12 @@ namespace kvb {
 // prints the summary table.
 void write_report(const std::vector<std::string>& results, const std::string& dir,
                   const std::set<std::string>& formats = {"md", "csv"});
+
+// A record's budget from its config: its KV size, or the compression ratio it ran at; none for the
+// full cache.
+KvBudget config_budget(const nlohmann::json& config);
+// A method's recorded parameters as "key=value key=value", "-" for none.
+std::string params_text(const nlohmann::json& params);
 
 // The results files named, directories expanded to their .jsonl files (sorted); a missing one is an error.
 std::vector<std::string> result_files(const std::vector<std::string>& inputs);
