@@ -44,7 +44,7 @@ macro(kvbench_doc_example doc source test name)
          "inline constexpr const char* k${name}TestTemplate = R\"kvbdoc(${kvbench_test_block})kvbdoc\";\n")
 endmacro()
 
-kvbench_doc_example(docs/adding-a-method.md methods/keynorm.cpp tests/test_keynorm.cpp Method)
+kvbench_doc_example(docs/adding-a-method.md methods/keynorm/keynorm.cpp methods/keynorm/test_keynorm.cpp Method)
 kvbench_doc_example(docs/adding-a-task.md tasks/passkey/passkey.cpp tests/test_passkey.cpp Task)
 kvbench_write_if_changed(${KVBENCH_GENERATED}/kvbench/doc_templates.hpp
 "#pragma once

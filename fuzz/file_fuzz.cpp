@@ -23,10 +23,10 @@
 #include "harness/experiment/results.hpp"
 #include "harness/model/config.hpp"
 #include "harness/report/report.hpp"
+#include "harness/task/longbench_metrics.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
-#include "tasks/longbench/metrics.hpp"
-#include "tasks/task.hpp"
 
 namespace fs = std::filesystem;
 
@@ -98,8 +98,8 @@ void fuzz_config(Bytes data) {
 
 void fuzz_longbench(Bytes data) {
   // One English dataset per metric (Chinese ones need the jieba dictionary, which the tests cover).
-  static constexpr std::array<const char*, 6> kDatasets = {"qasper", "gov_report", "trec", "passage_count",
-                                                           "passage_retrieval_en", "lcc"};
+  static constexpr std::array<const char*, 6> kDatasets = {"qasper",        "gov_report",           "trec",
+                                                           "passage_count", "passage_retrieval_en", "lcc"};
   const auto [dataset, file] = pick(kDatasets, data);
   write_input(fmt::format("longbench/{}.jsonl", dataset), file);
   exercise(*kvb::TaskRegistry::get().create("longbench", task_context({{"dataset", dataset}, {"max_len", "256"}})));
@@ -107,10 +107,10 @@ void fuzz_longbench(Bytes data) {
 
 void fuzz_longbench_pred(Bytes data) {
   // A predictions file for `kvbench score`, scored by length range; one dataset per English metric.
-  static constexpr std::array<const char*, 6> kDatasets = {"qasper", "gov_report", "trec", "passage_count",
-                                                           "passage_retrieval_en", "lcc"};
+  static constexpr std::array<const char*, 6> kDatasets = {"qasper",        "gov_report",           "trec",
+                                                           "passage_count", "passage_retrieval_en", "lcc"};
   const auto [dataset, file] = pick(kDatasets, data);
-  (void)kvb::longbench::score_predictions(dataset, write_input("pred.jsonl", file), true, nullptr);
+  (void)kvb::score_predictions_file(std::string("longbench/") + dataset, write_input("pred.jsonl", file), true, "");
 }
 
 void fuzz_ruler(Bytes data) {
@@ -122,14 +122,14 @@ void fuzz_ruler(Bytes data) {
     write_input(l == "2024" ? "ruler/512/niah_single_1.jsonl" : "ruler/niah_single_1/validation.jsonl", file);
     options.insert({{"task", "niah_single_1"}, {"source", "files"}, {"dir", (scratch() / "ruler").string()}});
   } else {
-    options.insert({{"task", l == "squad" ? "qa_1" : "qa_2"},
-                    {"qa_file", write_input(fmt::format("{}.json", layout), file)}});
+    options.insert(
+        {{"task", l == "squad" ? "qa_1" : "qa_2"}, {"qa_file", write_input(fmt::format("{}.json", layout), file)}});
   }
   exercise(*kvb::TaskRegistry::get().create("ruler", task_context(std::move(options))));
 }
 
 const std::map<std::string_view, void (*)(Bytes)> kParsers = {
-    {"spec", fuzz_spec},     {"results", fuzz_results},   {"tokenizer_json", fuzz_tokenizer_json},
+    {"spec", fuzz_spec},     {"results", fuzz_results},     {"tokenizer_json", fuzz_tokenizer_json},
     {"config", fuzz_config}, {"longbench", fuzz_longbench}, {"longbench_pred", fuzz_longbench_pred},
     {"ruler", fuzz_ruler}};
 

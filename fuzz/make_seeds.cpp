@@ -46,7 +46,8 @@ void gguf_seeds(const fs::path& dir) {
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
     w.add_string("tokenizer.ggml.model", tok_model);
     w.add_string("tokenizer.ggml.pre", "smollm");
-    w.add_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "H", "e", "l", "o", "He", "ll", "Ġ", "<0x41>"});
+    w.add_string_array("tokenizer.ggml.tokens",
+                       {"<unk>", "<s>", "</s>", "H", "e", "l", "o", "He", "ll", "Ġ", "<0x41>"});
     w.add_int32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6});
     w.add_string_array("tokenizer.ggml.merges", {"H e", "l l"});
     w.add_uint32("tokenizer.ggml.bos_token_id", 1);
@@ -74,8 +75,8 @@ int main(int argc, char** argv) {
     write(out / "spec" / e.path().filename(), std::regex_replace(read(e.path()), model_line, "model: /dev/null"));
   for (const auto& e : fs::recursive_directory_iterator(kSource / "results"))
     if (e.path().extension() == ".jsonl")
-      write(out / "results" / fmt::format("{}-{}", e.path().parent_path().filename().string(),
-                                          e.path().filename().string()),
+      write(out / "results" /
+                fmt::format("{}-{}", e.path().parent_path().filename().string(), e.path().filename().string()),
             read(e.path(), 20));
   const fs::path fx = kSource / "tests/fixtures";
   write(out / "tokenizer_json/digits_grouped.json", read(fx / "tokenizer/synthetic/digits_grouped.json"));
@@ -90,11 +91,12 @@ int main(int argc, char** argv) {
   write(out / "longbench/trec.jsonl", std::string(1, '\2') + read(fx / "longbench/data/longbench/trec.jsonl"));
   // longbench_pred: the same dataset indexes; LongBench's pred/ layout.
   write(out / "longbench_pred/qasper.jsonl",
-        std::string(1, '\0') + R"({"pred": "in Lyon", "answers": ["Paris", "Lyon"], "all_classes": null, "length": 3000})" +
-            "\n" + R"({"pred": "Rome", "answers": ["Paris"], "all_classes": null, "length": 9100})" + "\n");
-  write(out / "longbench_pred/trec.jsonl",
-        std::string(1, '\2') + R"({"pred": "Abbreviation\nx", "answers": ["Abbreviation"], )" +
-            R"("all_classes": ["Abbreviation", "Entity"], "length": 5000})" + "\n");
+        std::string(1, '\0') +
+            R"({"pred": "in Lyon", "answers": ["Paris", "Lyon"], "all_classes": null, "length": 3000})" + "\n" +
+            R"({"pred": "Rome", "answers": ["Paris"], "all_classes": null, "length": 9100})" + "\n");
+  write(out / "longbench_pred/trec.jsonl", std::string(1, '\2') +
+                                               R"({"pred": "Abbreviation\nx", "answers": ["Abbreviation"], )" +
+                                               R"("all_classes": ["Abbreviation", "Entity"], "length": 5000})" + "\n");
   // ruler: the byte indexes {2024 layout, 2025 layout, SQuAD, HotpotQA}.
   write(out / "ruler/2024.jsonl", std::string(1, '\0') + read(fx / "ruler/files/4096/niah_single_1.jsonl"));
   write(out / "ruler/2025.jsonl", std::string(1, '\1') + read(fx / "ruler/files/vt/validation.jsonl"));

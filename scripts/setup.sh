@@ -28,6 +28,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config python3-pip unzip
   libyaml-cpp-dev libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev python3-doc
   slurm-wlm munge jq  # kvbench submit's test starts a private Slurm cluster
+  clang-format-14  # the sources' format check (tests/check_format.sh)
   python3-dev python3-venv python3-numpy python3-pandas python3-pytest)  # the Python module (pybind11: below)
 
 if [[ "${SKIP_APT:-0}" != 1 ]]; then
@@ -179,7 +180,7 @@ else
 fi
 
 # jieba 0.42.1's prefix dictionary and its HMM tables (finalseg/prob_*.py, Python literals, turned
-# into JSON), for the segmentation of LongBench's Chinese metrics (tasks/longbench/jieba.cpp).
+# into JSON), for the segmentation of LongBench's Chinese metrics (harness/task/jieba.cpp).
 JIEBA_FILES=(dict.txt prob_start.json prob_trans.json prob_emit.json)
 if [[ $(cd "$DATA/jieba" 2>/dev/null && ls "${JIEBA_FILES[@]}" 2>/dev/null | wc -l) == "${#JIEBA_FILES[@]}" ]]; then
   log "present: ${DATA#$ROOT/}/jieba"

@@ -9,7 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "tasks/task.hpp"
+#include "harness/task/task.hpp"
 #include "test_util.hpp"
 
 namespace kvb::test {

@@ -8,8 +8,8 @@
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
-#include "harness/engine/rope_freqs.hpp"
 #include "harness/engine/prefill_view.hpp"
+#include "harness/engine/rope_freqs.hpp"
 #include "harness/model/config.hpp"
 #include "kernels/cpu/ops.hpp"
 

@@ -7,11 +7,11 @@
 #include <random>
 
 #include "harness/engine/gradients.hpp"
-#include "harness/model/dtype.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
 #include "kernels/cpu/backward.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/dtype.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -69,10 +69,22 @@ TEST_CASE("backward kernels: linear, rmsnorm, swiglu and cross-entropy against r
   {  // sum(dy * (x W^T + b)) has gradient dy W with respect to x
     std::vector<float> y(size_t(n) * out), g(x.size(), 0.0f);
     linear_backward_ref(x.data(), w.data(), dy.data(), n, in, out, g.data(), nullptr, nullptr);
-    check_fd(x, [&] { linear_ref(x.data(), w.data(), nullptr, n, in, out, y.data()); return dot(y, dy); }, g, 4);
+    check_fd(
+        x,
+        [&] {
+          linear_ref(x.data(), w.data(), nullptr, n, in, out, y.data());
+          return dot(y, dy);
+        },
+        g, 4);
     std::vector<float> gw(w.size(), 0.0f);
     linear_backward_ref(x.data(), w.data(), dy.data(), n, in, out, nullptr, gw.data(), nullptr);
-    check_fd(w, [&] { linear_ref(x.data(), w.data(), nullptr, n, in, out, y.data()); return dot(y, dy); }, gw, 5);
+    check_fd(
+        w,
+        [&] {
+          linear_ref(x.data(), w.data(), nullptr, n, in, out, y.data());
+          return dot(y, dy);
+        },
+        gw, 5);
   }
 
   const int dim = 24;
@@ -84,7 +96,10 @@ TEST_CASE("backward kernels: linear, rmsnorm, swiglu and cross-entropy against r
   check_close(rw2, rw1, 1e-5);
   {
     std::vector<float> y(xr.size());
-    auto f = [&] { rmsnorm_ref(xr.data(), wr.data(), n, dim, 1e-5f, y.data()); return dot(y, gr); };
+    auto f = [&] {
+      rmsnorm_ref(xr.data(), wr.data(), n, dim, 1e-5f, y.data());
+      return dot(y, gr);
+    };
     check_fd(xr, f, rx1, 9);
     check_fd(wr, f, rw1, 10);
   }
@@ -96,7 +111,10 @@ TEST_CASE("backward kernels: linear, rmsnorm, swiglu and cross-entropy against r
   swiglu_backward(ga.data(), ua.data(), da.data(), m, dg2.data(), du2.data());
   check_close(dg2, dg1, 1e-5);
   check_close(du2, du1, 1e-5);
-  auto fs = [&] { swiglu_ref(ga.data(), ua.data(), m, y.data()); return dot(y, da); };
+  auto fs = [&] {
+    swiglu_ref(ga.data(), ua.data(), m, y.data());
+    return dot(y, da);
+  };
   check_fd(ga, fs, dg1, 14);
   check_fd(ua, fs, du1, 15);
 
@@ -111,8 +129,10 @@ TEST_CASE("backward kernels: linear, rmsnorm, swiglu and cross-entropy against r
   check_close(in_place, d1, 1e-6);
   for (int j = 0; j < vocab; ++j) CHECK(d1[size_t(vocab) + j] == 0.0f);  // the ignored row
   std::vector<float> scratch(logits.size());
-  check_fd(logits, [&] { return 0.25 * cross_entropy_ref(logits.data(), targets.data(), rows, vocab, 1.0f, scratch.data()); },
-           d1, 17);
+  check_fd(
+      logits,
+      [&] { return 0.25 * cross_entropy_ref(logits.data(), targets.data(), rows, vocab, 1.0f, scratch.data()); }, d1,
+      17);
 
   std::vector<float> table(4 * 3, 0.0f);
   const std::vector<int32_t> ids = {2, 0, 2};
@@ -222,7 +242,8 @@ TEST_CASE("model gradients of tiny random models equal finite differences of the
     CHECK(kv.grads.size() == 2);
     CHECK(kv.grads.at("blk.1.attn_k.weight") == g.grads.at("blk.1.attn_k.weight"));
     CHECK(kv.grads.at("blk.1.attn_v.weight") == g.grads.at("blk.1.attn_v.weight"));
-    test::require_error([&] { mg.compute(ids, {"blk.0.attn_x.weight"}); }, {"no model tensor 'blk.0.attn_x.weight'", "attn_k"});
+    test::require_error([&] { mg.compute(ids, {"blk.0.attn_x.weight"}); },
+                        {"no model tensor 'blk.0.attn_x.weight'", "attn_k"});
     test::require_error([&] { mg.compute(std::vector<int32_t>{5}, {}); }, {"1 tokens", "at least 2"});
     test::require_error([&] { mg.compute(std::vector<int32_t>{5, 64}, {}); }, {"token id 64"});
     std::filesystem::remove(path);

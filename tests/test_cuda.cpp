@@ -64,8 +64,12 @@ TEST_CASE("CUDA ops equal the CPU backend", "[cuda]") {
   std::mt19937 rng(1);
 
   SECTION("linear: bf16 weights; the CPU reference uses the same rounded weights") {
-    for (auto [n, in, out, bias] : {std::tuple{1, 576, 1536, false}, {3, 64, 40, true}, {4, 1536, 576, false},
-                                    {1, 4096, 1024, true}, {17, 128, 96, true}, {300, 576, 1536, false},
+    for (auto [n, in, out, bias] : {std::tuple{1, 576, 1536, false},
+                                    {3, 64, 40, true},
+                                    {4, 1536, 576, false},
+                                    {1, 4096, 1024, true},
+                                    {17, 128, 96, true},
+                                    {300, 576, 1536, false},
                                     {513, 4096, 1024, false}}) {
       INFO("n " << n << " in " << in << " out " << out << " bias " << bias);
       const auto w = uniform(size_t(out) * in, rng, 0.1f);
@@ -95,8 +99,8 @@ TEST_CASE("CUDA ops equal the CPU backend", "[cuda]") {
 
     for (int dim : {576, 4096, 100}) {
       const auto x = uniform(size_t(n) * dim, rng, 3.0f), w = uniform(dim, rng);
-      Buffer xc = to_buffer(*p.cpu, x), xg = to_buffer(*p.gpu, x), wc = to_buffer(*p.cpu, w),
-             wg = to_buffer(*p.gpu, w), yc(*p.cpu, x.size()), yg(*p.gpu, x.size());
+      Buffer xc = to_buffer(*p.cpu, x), xg = to_buffer(*p.gpu, x), wc = to_buffer(*p.cpu, w), wg = to_buffer(*p.gpu, w),
+             yc(*p.cpu, x.size()), yg(*p.gpu, x.size());
       p.cpu->rmsnorm(xc, wc, n - 1, dim, 1e-5f, yc, dim);  // with a row offset
       p.gpu->rmsnorm(xg, wg, n - 1, dim, 1e-5f, yg, dim);
       auto a = from_buffer(*p.gpu, yg), b = from_buffer(*p.cpu, yc);
@@ -137,9 +141,18 @@ TEST_CASE("CUDA ops equal the CPU backend", "[cuda]") {
 
   SECTION("prefill attention and accumulated attention (bf16 tensor cores)") {
     // Lengths around the 128-query and 64-key tiles, GQA groups 1 to 8, both head dims.
-    for (auto [n, hq, hkv, d] : {std::tuple{1, 4, 2, 64}, {63, 4, 4, 64}, {64, 9, 3, 64}, {65, 8, 2, 128},
-                                 {127, 2, 1, 128}, {128, 4, 4, 64}, {129, 8, 8, 128}, {257, 12, 4, 64},
-                                 {300, 4, 1, 128}, {1000, 2, 2, 64}, {2100, 32, 8, 128}, {4097, 8, 1, 64}}) {
+    for (auto [n, hq, hkv, d] : {std::tuple{1, 4, 2, 64},
+                                 {63, 4, 4, 64},
+                                 {64, 9, 3, 64},
+                                 {65, 8, 2, 128},
+                                 {127, 2, 1, 128},
+                                 {128, 4, 4, 64},
+                                 {129, 8, 8, 128},
+                                 {257, 12, 4, 64},
+                                 {300, 4, 1, 128},
+                                 {1000, 2, 2, 64},
+                                 {2100, 32, 8, 128},
+                                 {4097, 8, 1, 64}}) {
       INFO("n " << n << " hq " << hq << " hkv " << hkv << " d " << d);
       const auto q = uniform(size_t(n) * hq * d, rng, 2.0f), k = uniform(size_t(n) * hkv * d, rng),
                  v = uniform(size_t(n) * hkv * d, rng);
@@ -232,8 +245,8 @@ TEST_CASE("CUDA decode attention over every segment format equals the CPU refere
   if (!have_gpu()) return;
   auto gpu = make_cuda_backend();
   std::mt19937 rng(7);
-  for (auto [hq, hc, d, interleaved] : {std::tuple{8, 2, 64, true}, {9, 3, 64, false}, {32, 8, 128, false},
-                                        {4, 4, 128, true}}) {
+  for (auto [hq, hc, d, interleaved] :
+       {std::tuple{8, 2, 64, true}, {9, 3, 64, false}, {32, 8, 128, false}, {4, 4, 128, true}}) {
     INFO("hq " << hq << " cache heads " << hc << " d " << d << " interleaved " << interleaved);
     MixedCache m(hq, hc, d, interleaved, rng);
     std::vector<float> inv(m.rope->inv_freq().begin(), m.rope->inv_freq().end());
@@ -302,9 +315,9 @@ TEST_CASE("CUDA engine: the default model's greedy continuations equal the CPU's
   if (!path) return;
   auto m = ModelFile::open(*path);
   auto tok = load_tokenizer(*m);
-  const std::vector<std::string> prompts = {
-      "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-      "The three primary colors are", "Water boils at a temperature of"};
+  const std::vector<std::string> prompts = {"The capital of France is",
+                                            "def fibonacci(n):", "Once upon a time, in a small village,",
+                                            "The three primary colors are", "Water boils at a temperature of"};
   double worst = 0;
   for (const auto& text : prompts) {
     INFO(text);

@@ -72,13 +72,16 @@ TEST_CASE("hand-computed Q5_0, Q5_1 and Q8_0 blocks", "[dequant]") {
   std::vector<uint8_t> b(22);
   put_half(b, 0, 1.0f);
   // qh = 0x80000002: fifth bit set for element 1 and element 31.
-  b[2] = 0x02; b[3] = 0; b[4] = 0; b[5] = 0x80;
+  b[2] = 0x02;
+  b[3] = 0;
+  b[4] = 0;
+  b[5] = 0x80;
   for (int j = 0; j < 16; ++j) b[6 + j] = 0x3F;  // low nibble 15, high nibble 3
   auto y = deq(DType::Q5_0, b);
-  CHECK(y[0] == -1.0f);   // 15 - 16
-  CHECK(y[1] == 15.0f);   // 31 - 16
-  CHECK(y[16] == -13.0f); // 3 - 16
-  CHECK(y[31] == 3.0f);   // 19 - 16
+  CHECK(y[0] == -1.0f);    // 15 - 16
+  CHECK(y[1] == 15.0f);    // 31 - 16
+  CHECK(y[16] == -13.0f);  // 3 - 16
+  CHECK(y[31] == 3.0f);    // 19 - 16
 
   std::vector<uint8_t> c(24);
   put_half(c, 0, 0.5f);
@@ -105,13 +108,13 @@ TEST_CASE("hand-computed K-quant blocks", "[dequant]") {
   std::vector<uint8_t> b(144, 0);
   put_half(b, 0, 1.0f);
   put_half(b, 2, 0.5f);
-  b[4 + 0] = 2;                      // scale[0]
-  b[4 + 4] = 3;                      // min[0]
-  b[4 + 8] = 0x5 | 0x1 << 4;         // low 4 bits of scale[4] and min[4]
+  b[4 + 0] = 2;                                        // scale[0]
+  b[4 + 4] = 3;                                        // min[0]
+  b[4 + 8] = 0x5 | 0x1 << 4;                           // low 4 bits of scale[4] and min[4]
   b[4 + 0] |= static_cast<uint8_t>((0x25 >> 4) << 6);  // high 2 bits of scale[4] ride on scale[0]
   b[4 + 4] |= static_cast<uint8_t>((0x11 >> 4) << 6);  // high 2 bits of min[4] ride on min[0]
-  b[16] = 0x07;                      // element 0 -> 7; element 32 -> 0
-  b[16 + 64] = 0x09;                 // element 128 (sub-block 4) -> 9
+  b[16] = 0x07;                                        // element 0 -> 7; element 32 -> 0
+  b[16 + 64] = 0x09;                                   // element 128 (sub-block 4) -> 9
   auto y = deq(DType::Q4_K, b);
   CHECK(y[0] == 2.0f * 7 - 1.5f);
   CHECK(y[128] == 37.0f * 9 - 0.5f * 17);
@@ -129,9 +132,9 @@ TEST_CASE("hand-computed K-quant blocks", "[dequant]") {
   // Q5_K: the fifth bit of sub-block 0 is bit 0 of qh.
   std::vector<uint8_t> d(176, 0);
   put_half(d, 0, 1.0f);
-  d[4] = 1;         // scale[0] = 1, min[0] = 0
-  d[16] = 0x01;     // qh: element 0 gets +16
-  d[48] = 0x03;     // ql low nibble 3
+  d[4] = 1;      // scale[0] = 1, min[0] = 0
+  d[16] = 0x01;  // qh: element 0 gets +16
+  d[48] = 0x03;  // ql low nibble 3
   y = deq(DType::Q5_K, d);
   CHECK(y[0] == 19.0f);
 }
@@ -178,8 +181,8 @@ TEST_CASE("dequantization matches the gguf package bit for bit on random blocks"
 
 TEST_CASE("parallel dequantization equals the reference on large random tensors", "[dequant]") {
   std::mt19937 rng(7);
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K,
-                  DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
     const auto& info = dtype_info(t);
     const size_t blocks = 20000;
     std::vector<uint8_t> b(blocks * info.block_bytes);

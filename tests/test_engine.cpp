@@ -1,14 +1,17 @@
-#include <cmath>
 #include <fmt/format.h>
+#include <cmath>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
+#include "harness/engine/rope_freqs.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -116,8 +119,8 @@ TEST_CASE("logits and greedy continuations match Hugging Face transformers on th
     CHECK(ours == greedy);
     identical_continuations += ours == greedy;
   }
-  WARN("worst max|diff| / max|logit| = " << worst_ratio << "; identical continuations "
-       << identical_continuations << "/" << prompts.size());
+  WARN("worst max|diff| / max|logit| = " << worst_ratio << "; identical continuations " << identical_continuations
+                                         << "/" << prompts.size());
 }
 
 TEST_CASE("bf16 weights: logits near fp32's and the parity prompts' greedy continuations kept",
@@ -163,7 +166,8 @@ TEST_CASE("bf16 weights: logits near fp32's and the parity prompts' greedy conti
     CHECK(margin < err);
   }
   WARN("bf16 vs fp32 weights: worst max|diff| / max|logit| = " << worst_ratio << "; identical continuations "
-       << identical << "/" << prompts.size() << (diverged.empty() ? "" : "; diverged:" + diverged));
+                                                               << identical << "/" << prompts.size()
+                                                               << (diverged.empty() ? "" : "; diverged:" + diverged));
   CHECK(worst_ratio < 0.02f);
   // The two continuations of this model that part in bf16 do so at fp32 margins of 0.015 and 0.005.
   CHECK(identical + 2 >= prompts.size());
@@ -229,8 +233,31 @@ TEST_CASE("gguf weights: products on the file's blocks, logits near fp32's on th
       ++steps;
     }
   }
-  WARN("gguf vs fp32 weights: worst max|diff| / max|logit| = " << worst_ratio << "; top-1 agreement " << top1
-       << "/" << steps);
+  WARN("gguf vs fp32 weights: worst max|diff| / max|logit| = " << worst_ratio << "; top-1 agreement " << top1 << "/"
+                                                               << steps);
   CHECK(worst_ratio < 0.05f);
   CHECK(top1 + 4 >= steps);
+}
+
+TEST_CASE("RoPE inverse round trip up to 128K positions with Llama 3 scaled frequencies", "[engine]") {
+  ModelConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 500000.0;
+  c.rope_scaling.type = RopeScaling::Type::Llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.original_context = 8192;
+  RopeTable rope(rope_inv_freq(c), RopeStyle::NeoX);
+  rope.ensure(131072);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  double worst = 0;
+  for (int32_t pos : {0, 1, 4095, 8192, 65537, 100000, 131071}) {
+    std::vector<float> x(128), y;
+    for (auto& v : x) v = nd(rng);
+    y = x;
+    rope.apply(y.data(), 1, 1, 128, &pos);
+    rope.apply_inverse(y.data(), 1, 1, 128, &pos);
+    for (int i = 0; i < 128; ++i) worst = std::max(worst, double(std::abs(y[i] - x[i])));
+  }
+  CHECK(worst < 1e-5);
 }

@@ -22,8 +22,8 @@
 #include "harness/method/parts.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/report/report.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
-#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -74,10 +74,14 @@ task_options: {task: [niah_single_1, niah_multikey_2], length: [4096, 8192], sam
 methods: [fullkv]
 )"));
   REQUIRE(r.task_variants.size() == 4);
-  CHECK(r.task_variants[3] == std::map<std::string, std::string>{
-                                  {"task", "niah_multikey_2"}, {"length", "8192"}, {"samples", "5"}});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e5.yaml", kModelLine + "task: niah\ntask_options: {depths: []}\nmethods: [fullkv]\n")); },
-                {"kvb_e5.yaml:", "task_options.depths", "no values"});
+  CHECK(r.task_variants[3] ==
+        std::map<std::string, std::string>{{"task", "niah_multikey_2"}, {"length", "8192"}, {"samples", "5"}});
+  require_error(
+      [&] {
+        load_experiment(
+            write_spec(dir, "kvb_e5.yaml", kModelLine + "task: niah\ntask_options: {depths: []}\nmethods: [fullkv]\n"));
+      },
+      {"kvb_e5.yaml:", "task_options.depths", "no values"});
 }
 
 TEST_CASE("experiment specs: compression ratios expand beside KV sizes and key their cells", "[experiment]") {
@@ -99,45 +103,88 @@ ratios: [0.5, 0.9]
   CHECK(KvBudget::compression_ratio(0.5).tokens_for(1001) == 500);
   CHECK(KvBudget::compression_ratio(0.75).tokens_for(4095) == 1023);
   CHECK(KvBudget::compression_ratio(0.99).tokens_for(50) == 1);
-  require_error([&] { load_experiment(write_spec(dir, "kvb_r1.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [1.5]\n")); },
-                {"kvb_r1.yaml:4:", "compression ratio", "(0, 1)"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_r2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [x]\n")); },
-                {"kvb_r2.yaml:4:", "compression ratio"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_r1.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [1.5]\n"));
+      },
+      {"kvb_r1.yaml:4:", "compression ratio", "(0, 1)"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_r2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nratios: [x]\n"));
+      },
+      {"kvb_r2.yaml:4:", "compression ratio"});
   require_error([] { (void)KvBudget::compression_ratio(0); }, {"compression ratio 0", "(0, 1)"});
 }
 
 TEST_CASE("experiment specs: errors name the file, line and column", "[experiment]") {
   const TempDir dir("specs");
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e1.yaml", kModelLine + "task: niah\nmethods: [fullkv]\nbugdets: [1]\n")); },
-                {"kvb_e1.yaml:4:1", "unknown key 'bugdets'", "budgets"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64, x]\n")); },
-                {"kvb_e2.yaml:4:15", "positive integer"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e3.yaml", "model: /nope.gguf\ntask: niah\nmethods: [fullkv]\n")); },
-                {"kvb_e3.yaml:1:8", "/nope.gguf not found"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e4.yaml", kModelLine + "task: niah\nmethods: [{name: snapkv, params: {window: 0}}]\nbudgets: [8]\n")); },
-                {"kvb_e4.yaml:3:", "window"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e5.yaml", kModelLine + "task: nope\nmethods: [fullkv]\n")); },
-                {"kvb_e5.yaml:2:7", "unknown task 'nope'"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e6.yaml", kModelLine + "task: niah\nmethods: [snapkv]\n")); },
-                {"needs 'budgets' or 'ratios'"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_e1.yaml", kModelLine + "task: niah\nmethods: [fullkv]\nbugdets: [1]\n"));
+      },
+      {"kvb_e1.yaml:4:1", "unknown key 'bugdets'", "budgets"});
+  require_error(
+      [&] {
+        load_experiment(
+            write_spec(dir, "kvb_e2.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64, x]\n"));
+      },
+      {"kvb_e2.yaml:4:15", "positive integer"});
+  require_error(
+      [&] { load_experiment(write_spec(dir, "kvb_e3.yaml", "model: /nope.gguf\ntask: niah\nmethods: [fullkv]\n")); },
+      {"kvb_e3.yaml:1:8", "/nope.gguf not found"});
+  require_error(
+      [&] {
+        load_experiment(
+            write_spec(dir, "kvb_e4.yaml",
+                       kModelLine + "task: niah\nmethods: [{name: snapkv, params: {window: 0}}]\nbudgets: [8]\n"));
+      },
+      {"kvb_e4.yaml:3:", "window"});
+  require_error(
+      [&] { load_experiment(write_spec(dir, "kvb_e5.yaml", kModelLine + "task: nope\nmethods: [fullkv]\n")); },
+      {"kvb_e5.yaml:2:7", "unknown task 'nope'"});
+  require_error(
+      [&] { load_experiment(write_spec(dir, "kvb_e6.yaml", kModelLine + "task: niah\nmethods: [snapkv]\n")); },
+      {"needs 'budgets' or 'ratios'"});
   require_error([&] { load_experiment(write_spec(dir, "kvb_e7.yaml", "task: [unclosed\n")); }, {"kvb_e7.yaml:"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e8.yaml", kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64]\ngrid:\n  snapk: {window: [8, 16]}\n")); },
-                {"kvb_e8.yaml:6:3", "grid for method 'snapk'"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e9.yaml", kModelLine + "task: niah\ntask_options: {chatt: true}\nmethods: [fullkv]\n")); },
-                {"kvb_e9.yaml:3:", "unknown parameter 'chatt'", "chat"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e10.yaml", kModelLine + "task: niah\ntask_options: {depths: [5, x]}\nmethods: [fullkv]\n")); },
-                {"kvb_e10.yaml:3:", "'depths' = 'x' is invalid"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e11.yaml", kModelLine + "weights: q4\ntask: niah\nmethods: [fullkv]\n")); },
-                {"kvb_e11.yaml:2:", "weights", "'q4'", "fp32, bf16 or gguf"});
-  require_error([&] { load_experiment(write_spec(dir, "kvb_e12.yaml", kModelLine + "backend: cuda\nweights: fp32\ntask: niah\nmethods: [fullkv]\n")); },
-                {"kvb_e12.yaml:3:", "bf16 only"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(
+            dir, "kvb_e8.yaml",
+            kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [64]\ngrid:\n  snapk: {window: [8, 16]}\n"));
+      },
+      {"kvb_e8.yaml:6:3", "grid for method 'snapk'"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_e9.yaml",
+                                   kModelLine + "task: niah\ntask_options: {chatt: true}\nmethods: [fullkv]\n"));
+      },
+      {"kvb_e9.yaml:3:", "unknown parameter 'chatt'", "chat"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_e10.yaml",
+                                   kModelLine + "task: niah\ntask_options: {depths: [5, x]}\nmethods: [fullkv]\n"));
+      },
+      {"kvb_e10.yaml:3:", "'depths' = 'x' is invalid"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_e11.yaml", kModelLine + "weights: q4\ntask: niah\nmethods: [fullkv]\n"));
+      },
+      {"kvb_e11.yaml:2:", "weights", "'q4'", "fp32, bf16 or gguf"});
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_e12.yaml",
+                                   kModelLine + "backend: cuda\nweights: fp32\ntask: niah\nmethods: [fullkv]\n"));
+      },
+      {"kvb_e12.yaml:3:", "bf16 only"});
 }
 
 TEST_CASE("experiment specs: the weight format is read and keys its cells unless fp32", "[experiment]") {
   const TempDir dir("spec_weights");
   const auto none = load_experiment(write_spec(dir, "n.yaml", kModelLine + "task: niah\nmethods: [fullkv]\n"));
-  const auto f32 = load_experiment(write_spec(dir, "f.yaml", kModelLine + "weights: fp32\ntask: niah\nmethods: [fullkv]\n"));
-  const auto bf = load_experiment(write_spec(dir, "b.yaml", kModelLine + "weights: bf16\ntask: niah\nmethods: [fullkv]\n"));
+  const auto f32 =
+      load_experiment(write_spec(dir, "f.yaml", kModelLine + "weights: fp32\ntask: niah\nmethods: [fullkv]\n"));
+  const auto bf =
+      load_experiment(write_spec(dir, "b.yaml", kModelLine + "weights: bf16\ntask: niah\nmethods: [fullkv]\n"));
   CHECK(!none.weights);
   CHECK(f32.weights == WeightFormat::F32);
   CHECK(bf.weights == WeightFormat::BF16);
@@ -155,8 +202,10 @@ TEST_CASE("experiment specs: the weight format is read and keys its cells unless
 TEST_CASE("experiment specs: task options are recorded as the task reads them", "[experiment]") {
   // chat: yes and chat: true are one setting, so one cell key and one report row.
   const TempDir dir("spec_options");
-  const auto a = load_experiment(write_spec(dir, "a.yaml", kModelLine + "task: niah\ntask_options: {chat: yes, depths: 05}\nmethods: [fullkv]\n"));
-  const auto b = load_experiment(write_spec(dir, "b.yaml", kModelLine + "task: niah\ntask_options: {chat: true, depths: 5}\nmethods: [fullkv]\n"));
+  const auto a = load_experiment(
+      write_spec(dir, "a.yaml", kModelLine + "task: niah\ntask_options: {chat: yes, depths: 05}\nmethods: [fullkv]\n"));
+  const auto b = load_experiment(
+      write_spec(dir, "b.yaml", kModelLine + "task: niah\ntask_options: {chat: true, depths: 5}\nmethods: [fullkv]\n"));
   REQUIRE(a.task_variants.size() == 1);
   CHECK(a.task_variants == b.task_variants);
   CHECK(a.task_variants[0] == std::map<std::string, std::string>{{"chat", "true"}, {"depths", "5"}});
@@ -178,21 +227,30 @@ TEST_CASE("cell keys are stable and change with any input", "[experiment]") {
 TEST_CASE("results files: appended records, a torn last line dropped on resume, reports", "[experiment]") {
   const TempDir dir("results");
   const std::string path = (dir / "r.jsonl").string();
-  const nlohmann::json cfg = {{"task", "niah"}, {"options", {{"chat", "true"}}}, {"model", "m.gguf"},
-                              {"method", "snapkv"}, {"budget", 64}, {"params", nlohmann::json::object()}, {"gqa", "native"}};
+  const nlohmann::json cfg = {
+      {"task", "niah"}, {"options", {{"chat", "true"}}},      {"model", "m.gguf"}, {"method", "snapkv"},
+      {"budget", 64},   {"params", nlohmann::json::object()}, {"gqa", "native"}};
   {
     ResultsFile f(path);
     for (int d : {0, 50})
-      f.append({{"key", "k" + std::to_string(d)}, {"config", cfg}, {"score", d == 0 ? 1.0 : 0.5},
-                {"meta", {{"length", 1000}, {"depth", d}}}, {"kv_bytes", 25}, {"full_kv_bytes", 100}});
+      f.append({{"key", "k" + std::to_string(d)},
+                {"config", cfg},
+                {"score", d == 0 ? 1.0 : 0.5},
+                {"meta", {{"length", 1000}, {"depth", d}}},
+                {"kv_bytes", 25},
+                {"full_kv_bytes", 100}});
   }
   // A kill in the middle of a write leaves a torn line.
   std::ofstream(path, std::ios::app) << R"({"key": "k100", "config": {"ta)";
   {
     ResultsFile f(path);
     CHECK(recorded_keys(path) == std::set<std::string>{"k0", "k50"});
-    f.append({{"key", "k100"}, {"config", cfg}, {"score", 0.0}, {"meta", {{"length", 1000}, {"depth", 100}}},
-              {"kv_bytes", 25}, {"full_kv_bytes", 100}});
+    f.append({{"key", "k100"},
+              {"config", cfg},
+              {"score", 0.0},
+              {"meta", {{"length", 1000}, {"depth", 100}}},
+              {"kv_bytes", 25},
+              {"full_kv_bytes", 100}});
   }
   int n = 0;
   for_each_record(path, [&](const nlohmann::json&, int) { ++n; });
@@ -230,7 +288,8 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
   methods.push_back(nullptr);
   for (const char* name : {"snapkv", "h2o", "streamingllm", "pyramidkv"})
     methods.push_back(MethodRegistry::get().create(name, {}, m->config()));
-  methods.push_back(MethodRegistry::get().create("h2o", {{"mask", "legacy_window_only"}, {"gqa", "repeat"}}, m->config()));
+  methods.push_back(
+      MethodRegistry::get().create("h2o", {{"mask", "legacy_window_only"}, {"gqa", "repeat"}}, m->config()));
   PrefillNeeds needs;
   for (const auto& meth : methods)
     if (meth) needs.merge(meth->needs());
@@ -243,7 +302,8 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
     auto shared = run_cell(*m, *tok, engine, *task, s, meth.get(), 64, cfg, &cap);
     auto alone = run_cell(*m, *tok, engine, *task, s, meth.get(), 64, cfg);
     CHECK(shared["prefill_shared"] == true);
-    for (const char* k : {"key", "prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens"}) CHECK(shared[k] == alone[k]);
+    for (const char* k : {"key", "prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens"})
+      CHECK(shared[k] == alone[k]);
     if (meth) CHECK(shared["kv_bytes"].get<size_t>() < shared["full_kv_bytes"].get<size_t>());
   }
 }
@@ -258,17 +318,20 @@ class OwnPrefill final : public Method {
     for (int j = v.n_tokens - b.tokens; j < v.n_tokens; ++j) keep.push_back(j);
     return gather(v, gqa(), std::vector<std::vector<int32_t>>(stored_heads(), keep));
   }
-  bool shares_prefill() const override { return false; }
 };
-const bool own_prefill_registered = register_method(
-    {"test_own_prefill", "test only: recent tokens, own prefill", {}, [] { return std::make_unique<OwnPrefill>(); }});
+const bool own_prefill_registered = register_method({.name = "test_own_prefill",
+                                                     .summary = "test only: recent tokens, own prefill",
+                                                     .make = [] { return std::make_unique<OwnPrefill>(); },
+                                                     .changes_model = true});
 
 // A small real sweep: NIAH at 300 and 400 tokens x 2 depths x the methods.
 std::string sweep_spec(const TempDir& dir, const std::string& model, const std::string& name,
                        const std::string& methods, const std::string& out) {
-  return write_spec(dir, name + ".yaml", "name: " + name + "\nmodel: " + model +
-                                             "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2, "
-                                             "chat: true}\nmethods: [" + methods + "]\nbudgets: [64]\nout: " + out + "\n");
+  return write_spec(dir, name + ".yaml",
+                    "name: " + name + "\nmodel: " + model +
+                        "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2, "
+                        "chat: true}\nmethods: [" +
+                        methods + "]\nbudgets: [64]\nout: " + out + "\n");
 }
 
 size_t lines_in(const std::string& path) {
@@ -355,15 +418,15 @@ TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards
   }
 
   // A method that changes prefill gets its own; the others share one.
-  ExperimentSpec own = load_experiment(sweep_spec(dir, *model, "sweep_own", "snapkv, test_own_prefill",
-                                                       (dir / "own.jsonl").string()));
+  ExperimentSpec own =
+      load_experiment(sweep_spec(dir, *model, "sweep_own", "snapkv, test_own_prefill", (dir / "own.jsonl").string()));
   own.limit = 1;
   CHECK(Sweep(own).run(false).run == 2);
   for (const auto& [key, r] : records_by_key({own.out}))
     CHECK(r["prefill_shared"] == (r["config"]["method"] == "snapkv"));
   // Two entries of the same configuration are one cell.
-  ExperimentSpec twice = load_experiment(sweep_spec(dir, *model, "sweep_twice", "snapkv, {name: snapkv, params: {window: 32}}",
-                                                    (dir / "twice.jsonl").string()));
+  ExperimentSpec twice = load_experiment(sweep_spec(
+      dir, *model, "sweep_twice", "snapkv, {name: snapkv, params: {window: 32}}", (dir / "twice.jsonl").string()));
   twice.limit = 1;
   REQUIRE(twice.configs.size() == 2);
   CHECK(Sweep(twice).run(false).run == 1);
@@ -372,9 +435,11 @@ TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards
   require_error([] { parse_shard("1/2x"); }, {"--shard 1/2x"});
 }
 
-TEST_CASE("a record's key leaves out the code version, also for records that carry it in their config", "[experiment]") {
-  const nlohmann::json cfg = {{"task", "ruler"}, {"options", {{"length", "4096"}}}, {"model", "m.gguf"},
-                              {"method", "snapkv"}, {"budget", 64}, {"params", nlohmann::json::object()}, {"gqa", "native"}};
+TEST_CASE("a record's key leaves out the code version, also for records that carry it in their config",
+          "[experiment]") {
+  const nlohmann::json cfg = {
+      {"task", "ruler"}, {"options", {{"length", "4096"}}},    {"model", "m.gguf"}, {"method", "snapkv"},
+      {"budget", 64},    {"params", nlohmann::json::object()}, {"gqa", "native"}};
   nlohmann::json old_style = cfg;
   old_style["version"] = "65d6cac-dirty";
   const std::string key = cell_key(cfg, "s0");
@@ -383,7 +448,8 @@ TEST_CASE("a record's key leaves out the code version, also for records that car
   CHECK(cell_key(old_style, "s0") != key);
 }
 
-TEST_CASE("a cell that fails is logged beside the results and retried, the other cells recorded", "[experiment][sweep]") {
+TEST_CASE("a cell that fails is logged beside the results and retried, the other cells recorded",
+          "[experiment][sweep]") {
   const auto model = model_file(kDefaultModel);
   if (!model || !essays_present()) return;
   const TempDir dir("sweep_fail");
@@ -392,7 +458,8 @@ TEST_CASE("a cell that fails is logged beside the results and retried, the other
   const std::string path = write_spec(dir, "fail.yaml",
                                       "name: fail\nmodel: " + *model +
                                           "\ntask: niah\ntask_options: {s_len: 300, e_len: 400, step: 100, depths: 2}\n"
-                                          "methods: [fullkv, streamingllm]\nbudgets: [4]\nout: " + out + "\n");
+                                          "methods: [fullkv, streamingllm]\nbudgets: [4]\nout: " +
+                                          out + "\n");
   const ExperimentSpec spec = load_experiment(path);
   const SweepOutcome o = Sweep(spec).run(false);
   CHECK(o.run == 4);

@@ -34,7 +34,8 @@ GGUFWriter sample_writer(uint32_t version = 3) {
   w.add_string("str", "héllo");
   w.add_string_array("strs", {"a", "", "ccc"});
   w.add_int32_array("ints", {1, -2, 3});
-  w.add("nested", GGUFWriter::array(GGUFType::ARRAY, {GGUFWriter::array(GGUFType::F32, {GGUFWriter::scalar(GGUFType::F32, 1.5)})}));
+  w.add("nested", GGUFWriter::array(GGUFType::ARRAY,
+                                    {GGUFWriter::array(GGUFType::F32, {GGUFWriter::scalar(GGUFType::F32, 1.5)})}));
   w.add_tensor("a", DType::F32, {3, 2}, f32_bytes({1, 2, 3, 4, 5, 6}));
   std::vector<uint8_t> q(2 * 18, 0x11);
   w.add_tensor("b", DType::Q4_0, {64}, q);

@@ -85,8 +85,8 @@ TEST_CASE("models saved by transformers 5 give transformers' logits in both conf
     plain.erase("rope_parameters");
     const double e_plain = relative_error(with_config(dir, plain, c), ref);
     CHECK(e_plain > 1e-3);
-    WARN(name << ": relative error " << e_modern << " (rope_parameters), " << e_legacy << " (older layout), "
-              << e_plain << " (RoPE settings dropped)");
+    WARN(name << ": relative error " << e_modern << " (rope_parameters), " << e_legacy << " (older layout), " << e_plain
+              << " (RoPE settings dropped)");
   }
 }
 
@@ -103,9 +103,10 @@ TEST_CASE("a model directory's chat template is read from chat_template.jinja fi
   std::ofstream(tmp / "tokenizer_config.json") << json{{"chat_template", chatml}}.dump();
   CHECK(format_of() == "chatml");
   // The older form for several templates: a list of named ones, "default" used.
-  std::ofstream(tmp / "tokenizer_config.json")
-      << json{{"chat_template", {{{"name", "tool_use"}, {"template", "[INST]"}}, {{"name", "default"}, {"template", chatml}}}}}
-             .dump();
+  std::ofstream(tmp / "tokenizer_config.json") << json{
+      {"chat_template",
+       {{{"name", "tool_use"}, {"template", "[INST]"}},
+        {{"name", "default"}, {"template", chatml}}}}}.dump();
   CHECK(format_of() == "chatml");
   std::ofstream(tmp / "chat_template.jinja")
       << "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -115,7 +116,8 @@ TEST_CASE("a model directory's chat template is read from chat_template.jinja fi
   test::require_error(format_of, {"chat_template.jinja", "not recognised"});
 }
 
-TEST_CASE("Qwen3: q/k norms before RoPE, from safetensors and GGUF, its chat template with thinking off", "[hf_config][qwen3]") {
+TEST_CASE("Qwen3: q/k norms before RoPE, from safetensors and GGUF, its chat template with thinking off",
+          "[hf_config][qwen3]") {
   const fs::path dir = test::fixture("hf_config/qwen3_qknorm");
   const Reference ref = load_reference(dir);
   const std::string gguf = test::fixture("hf_config/qwen3_qknorm.gguf");

@@ -1,5 +1,5 @@
 // jieba precise mode against jieba 0.42.1 itself (tools/reference/jieba_segment.py).
-#include "tasks/longbench/jieba.hpp"
+#include "harness/task/jieba.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;

@@ -7,8 +7,8 @@
 #include "harness/experiment/results.hpp"
 #include "harness/experiment/sweep.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
-#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -41,11 +41,12 @@ std::string write(const TempDir& dir, const std::string& name, const std::string
 
 TEST_CASE("jsonl task: samples from the file, the template, ids that follow the content", "[tasks][jsonl]") {
   const TempDir dir("jsonl_task");
-  const std::string f = write(dir, "qa.jsonl",
-                              R"({"context": "Paris is in France. {x}", "question": "Where is Paris?", "answers": ["France", "in France"]})"
-                              "\n\n"
-                              R"({"id": "q2", "context": "Two plus two is four.", "question": "2+2?", "answers": "four", "max_new_tokens": 5})"
-                              "\n");
+  const std::string f = write(
+      dir, "qa.jsonl",
+      R"({"context": "Paris is in France. {x}", "question": "Where is Paris?", "answers": ["France", "in France"]})"
+      "\n\n"
+      R"({"id": "q2", "context": "Two plus two is four.", "question": "2+2?", "answers": "four", "max_new_tokens": 5})"
+      "\n");
   auto t = jsonl_task(f, {{"metric", "exact_match"}});
   REQUIRE(t->size() == 2);
   const Sample a = t->sample(0), b = t->sample(1);
@@ -60,22 +61,27 @@ TEST_CASE("jsonl task: samples from the file, the template, ids that follow the 
   CHECK(t->score(a, "France.") == 1.0);  // SQuAD normalisation: case, punctuation, articles
   CHECK(t->score(a, "in  france") == 1.0);
   CHECK(t->score(a, "Paris") == 0.0);
-  CHECK(jsonl_task(f, {{"metric", "qa_f1"}})->score(a, "it is in France") == Approx(2.0 / 3));  // vs "in France": P 2/4, R 1
+  CHECK(jsonl_task(f, {{"metric", "qa_f1"}})->score(a, "it is in France") ==
+        Approx(2.0 / 3));  // vs "in France": P 2/4, R 1
   CHECK(jsonl_task(f, {{"metric", "string_match_part"}})->score(a, "Somewhere in France, I think") == 1.0);
   auto custom = jsonl_task(f, {{"template", "Q: {question}\n{{notes}}\n{context}"}, {"chat", "false"}});
   CHECK(custom->sample(1).prompt == "Q: 2+2?\n{notes}\nTwo plus two is four.");
   CHECK_FALSE(custom->sample(1).chat);
   // An edited sample gets a new id, so a sweep runs it again instead of keeping the old result.
-  const std::string g = write(dir, "qa2.jsonl",
-                              R"({"context": "Paris is in France. {x}", "question": "Where is Paris?", "answers": ["France"]})"
-                              "\n");
+  const std::string g =
+      write(dir, "qa2.jsonl",
+            R"({"context": "Paris is in France. {x}", "question": "Where is Paris?", "answers": ["France"]})"
+            "\n");
   CHECK(jsonl_task(g)->sample(0).id != a.id);
 }
 
 TEST_CASE("jsonl task: bad samples and options name the file, the line and the field", "[tasks][jsonl]") {
   const TempDir dir("jsonl_errors");
   auto bad = [&](const std::string& line, std::initializer_list<std::string> want) {
-    const std::string f = write(dir, "bad.jsonl", R"({"context": "c", "question": "q", "answers": ["a"]})" "\n" + line + "\n");
+    const std::string f = write(dir, "bad.jsonl",
+                                R"({"context": "c", "question": "q", "answers": ["a"]})"
+                                "\n" +
+                                    line + "\n");
     require_error([&] { jsonl_task(f); }, want);
   };
   bad(R"({"context": "c", "answers": ["a"]})", {"bad.jsonl:2", "field 'question' is missing"});
@@ -84,33 +90,48 @@ TEST_CASE("jsonl task: bad samples and options name the file, the line and the f
   bad(R"({"context": 5, "question": "q", "answers": ["a"]})", {"bad.jsonl:2", "'context' must be a string"});
   bad(R"({"context": "c", "question": "q", "answers": ["a"], "max_new_tokens": 0})", {"bad.jsonl:2", "max_new_tokens"});
   bad("{not json", {"bad.jsonl:2", "not JSON"});
-  bad(R"({"id": "x", "context": "c", "question": "q", "answers": ["a"]})" "\n" R"({"id": "x", "context": "d", "question": "q", "answers": ["a"]})",
+  bad(R"({"id": "x", "context": "c", "question": "q", "answers": ["a"]})"
+      "\n"
+      R"({"id": "x", "context": "d", "question": "q", "answers": ["a"]})",
       {"bad.jsonl:3", "id 'x' was used on line 2"});
-  const std::string ok = write(dir, "ok.jsonl", R"({"context": "c", "question": "q", "answers": ["a"]})" "\n");
+  const std::string ok = write(dir, "ok.jsonl",
+                               R"({"context": "c", "question": "q", "answers": ["a"]})"
+                               "\n");
   require_error([&] { jsonl_task(ok, {{"template", "{context} only"}}); }, {"option 'template'", "{question}"});
-  require_error([&] { jsonl_task(ok, {{"template", "{context} {question} {extra}"}}); }, {"option 'template'", "{extra}"});
+  require_error(
+      [&] {
+        jsonl_task(ok, {{"template", "{context} {question} {extra}"}});
+      },
+      {"option 'template'", "{extra}"});
   require_error([&] { jsonl_task(ok, {{"metric", "bleu"}}); }, {"metric", "bleu", "qa_f1"});
   require_error([&] { jsonl_task((dir / "none.jsonl").string()); }, {"none.jsonl", "cannot read"});
   require_error([&] { jsonl_task(write(dir, "empty.jsonl", "\n")); }, {"empty.jsonl", "no samples"});
 }
 
-TEST_CASE("jsonl task in a sweep on the default model: records per sample, resumed without rerunning", "[tasks][jsonl][model]") {
+TEST_CASE("jsonl task in a sweep on the default model: records per sample, resumed without rerunning",
+          "[tasks][jsonl][model]") {
   const auto model = model_file(kDefaultModel);
   if (!model) return;
   const TempDir dir("jsonl_sweep");
   std::string lines;
-  const char* facts[][3] = {{"The capital of France is Paris.", "What is the capital of France?", "Paris"},
-                            {"Mount Everest is the highest mountain on Earth.", "What is the highest mountain?", "Mount Everest"},
-                            {"Water boils at 100 degrees Celsius at sea level.", "At what temperature does water boil?", "100 degrees"}};
+  const char* facts[][3] = {
+      {"The capital of France is Paris.", "What is the capital of France?", "Paris"},
+      {"Mount Everest is the highest mountain on Earth.", "What is the highest mountain?", "Mount Everest"},
+      {"Water boils at 100 degrees Celsius at sea level.", "At what temperature does water boil?", "100 degrees"}};
   for (const auto& f : facts)
     lines += nlohmann::json{{"context", std::string(f[0]) + " Some filler text about other things. "},
-                            {"question", f[1]}, {"answers", {f[2]}}, {"max_new_tokens", 12}}
-                 .dump() + "\n";
+                            {"question", f[1]},
+                            {"answers", {f[2]}},
+                            {"max_new_tokens", 12}}
+                 .dump() +
+             "\n";
   const std::string data = write(dir, "facts.jsonl", lines);
   const std::string out = (dir / "r.jsonl").string();
-  const std::string spec = write(dir, "s.yaml", "model: " + *model + "\ntask: jsonl\ntask_options: {file: " + data +
-                                                    ", metric: qa_f1}\nmethods: [fullkv, streamingllm]\nbudgets: [16]\n"
-                                                    "threads: 2\nout: " + out + "\n");
+  const std::string spec = write(dir, "s.yaml",
+                                 "model: " + *model + "\ntask: jsonl\ntask_options: {file: " + data +
+                                     ", metric: qa_f1}\nmethods: [fullkv, streamingllm]\nbudgets: [16]\n"
+                                     "threads: 2\nout: " +
+                                     out + "\n");
   const SweepOutcome first = Sweep(load_experiment(spec)).run(false);
   CHECK(first.run == 6);
   CHECK(first.failed == 0);

@@ -7,9 +7,9 @@
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/dequant.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
-#include "kernels/cpu/dequant.hpp"
 #include "kernels/cpu/linear_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -47,8 +47,14 @@ TEST_CASE("linear over bf16 weights equals the reference, vector and portable GE
   INFO((portable ? "portable" : "vector") << " kernels");
   std::mt19937 rng(2);
   // Widths off the 8-lane vectors and row counts off the 4-row blocks; one token (GEMV) and several.
-  for (auto [n, in, out] : {std::tuple{1, 64, 96}, {1, 13, 5}, {1, 577, 130}, {1, 2048, 7}, {2, 64, 9},
-                            {7, 576, 192}, {33, 100, 3}, {40, 300, 513}}) {
+  for (auto [n, in, out] : {std::tuple{1, 64, 96},
+                            {1, 13, 5},
+                            {1, 577, 130},
+                            {1, 2048, 7},
+                            {2, 64, 9},
+                            {7, 576, 192},
+                            {33, 100, 3},
+                            {40, 300, 513}}) {
     INFO("n " << n << " in " << in << " out " << out);
     auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
     const auto wf = randn(size_t(out) * in, rng, 0.1f);
@@ -137,9 +143,9 @@ TEST_CASE("hand-computed Q5_0 and Q5_1 block products", "[kernels]") {
   std::vector<uint8_t> q50(22, 0), q51(24, 0);
   const uint16_t one = float_to_half(1.0f), quarter = float_to_half(0.25f);
   std::memcpy(&q50[0], &one, 2);
-  q50[2] = 0x01;        // qh bit 0
-  q50[2 + 2] = 0x01;    // qh bit 16
-  q50[6] = 0x27;        // qs[0]: low 7, high 2
+  q50[2] = 0x01;      // qh bit 0
+  q50[2 + 2] = 0x01;  // qh bit 16
+  q50[6] = 0x27;      // qs[0]: low 7, high 2
   float y = 0;
   gemv_quant_ref(DType::Q5_0, q50.data(), x, 32, 1, &y);
   // (7|16)-16 = 7, (2|16)-16 = 2, 0-16 = -16: 0.5 (7*3 + 2*-2 - 16*5)
@@ -162,8 +168,7 @@ TEST_CASE("products on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks equal their refere
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
     for (auto [n, in, out] : {std::tuple{1, 32, 5}, {1, 576, 192}, {1, 1536, 37}, {3, 64, 9}, {17, 576, 300}})
       check_quant_products(t, t == DType::Q4_1 || t == DType::Q5_1 ? std::vector<size_t>{0, 2} : std::vector<size_t>{0},
-                           0.01f, rng, n,
-                           in, out, [&](const float* x, const uint8_t* w, float* y) {
+                           0.01f, rng, n, in, out, [&](const float* x, const uint8_t* w, float* y) {
                              Q8Row q;
                              quantize_row_q8(x, in, q);
                              gemv_quant_ref(t, w, q, in, out, y);
@@ -175,7 +180,7 @@ TEST_CASE("activations quantized per block of 256 as ggml's q8_K reference does"
   std::mt19937 rng(6);
   auto x = randn(768, rng, 2.0f);
   std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
-  x[700] = 9.0f;                                       // block 2's largest magnitude is positive
+  x[700] = 9.0f;                                      // block 2's largest magnitude is positive
   Q8KRow q;
   quantize_row_q8_k(x.data(), 768, q);
   REQUIRE(q.d.size() == 3);
@@ -214,7 +219,7 @@ TEST_CASE("Q4_K and Q6_K blocks written by the quantizer read back within their 
   std::mt19937 rng(8);
   auto x = randn(4 * 256, rng, 0.05f);
   std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
-  x[600] = 1.0f;                                       // an outlier in the third
+  x[600] = 1.0f;                                      // an outlier in the third
   for (auto [t, rel_rms, rel_max] : {std::tuple{DType::Q4_K, 0.1f, 0.12f}, {DType::Q6_K, 0.03f, 0.035f}}) {
     INFO(dtype_name(t));
     std::vector<uint8_t> q(4 * dtype_info(t).block_bytes);
@@ -259,7 +264,8 @@ TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {
   for (RopeStyle style : {RopeStyle::Interleaved, RopeStyle::NeoX}) {
     const int n = 6, heads = 3, d = 64;
     std::vector<float> inv(d / 2);
-    for (int i = 0; i < d / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+    for (int i = 0; i < d / 2; ++i)
+      inv[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
     std::vector<int32_t> pos = {0, 1, 2, 100, 5000, 8191};
     auto a = randn(size_t(n) * heads * d, rng), b = a;
     rope_ref(a.data(), n, heads, d, pos.data(), inv, style);
@@ -306,7 +312,8 @@ TEST_CASE("the backend prefill attention equals the reference, with and without 
     for (int i = 0; i < n; ++i) pos[i] = i;
     std::vector<float> ref(size_t(n) * hq * d);
     attention_ref(q.data(), k.data(), v.data(), n, n, hq, hkv, d, pos.data(), pos.data(), ref.data());
-    Buffer qb = to_buffer(*backend, q), kb = to_buffer(*backend, k), vb = to_buffer(*backend, v), ob(*backend, ref.size());
+    Buffer qb = to_buffer(*backend, q), kb = to_buffer(*backend, k), vb = to_buffer(*backend, v),
+           ob(*backend, ref.size());
     std::vector<float> colsum;
     backend->attention_prefill(qb, kb, vb, n, hq, hkv, d, ob, &colsum);
     INFO("n=" << n << " hq=" << hq << " hkv=" << hkv << " d=" << d);
@@ -336,9 +343,15 @@ TEST_CASE("fused prefill attention equals the blockwise kernel, with column sums
   // GQA groups 1 to 7 (the fused kernel stacks a group's query rows), head sizes 8 to 128, lengths
   // that are and are not multiples of the tiles; `sharp` scales the queries so that the softmax is
   // dominated by a few keys and the running max moves between key tiles.
-  for (auto [n, hq, hkv, d, sharp] : {std::tuple{1, 2, 1, 8, 1.0f}, {5, 4, 2, 16, 1.0f}, {255, 9, 3, 64, 1.0f},
-                                      {257, 9, 3, 64, 4.0f}, {700, 6, 2, 32, 1.0f}, {513, 8, 1, 64, 3.0f},
-                                      {300, 28, 4, 128, 1.0f}, {450, 4, 4, 64, 6.0f}, {1030, 3, 3, 64, 2.0f}}) {
+  for (auto [n, hq, hkv, d, sharp] : {std::tuple{1, 2, 1, 8, 1.0f},
+                                      {5, 4, 2, 16, 1.0f},
+                                      {255, 9, 3, 64, 1.0f},
+                                      {257, 9, 3, 64, 4.0f},
+                                      {700, 6, 2, 32, 1.0f},
+                                      {513, 8, 1, 64, 3.0f},
+                                      {300, 28, 4, 128, 1.0f},
+                                      {450, 4, 4, 64, 6.0f},
+                                      {1030, 3, 3, 64, 2.0f}}) {
     INFO("n=" << n << " hq=" << hq << " hkv=" << hkv << " d=" << d << " sharp=" << sharp);
     auto q = randn(size_t(n) * hq * d, rng, sharp), k = randn(size_t(n) * hkv * d, rng),
          v = randn(size_t(n) * hkv * d, rng);

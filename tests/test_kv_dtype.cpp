@@ -7,7 +7,6 @@
 #include <limits>
 #include <random>
 
-#include "harness/cache/kvmix_segment.hpp"
 #include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
 #include "harness/engine/engine.hpp"
@@ -35,8 +34,7 @@ std::vector<unsigned char> encoded(KvDtype t, const std::vector<float>& x) {
 }  // namespace
 
 TEST_CASE("KV dtype names, sizes and parse errors", "[kv_dtype]") {
-  for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
-    CHECK(parse_kv_dtype(kv_dtype_name(t), "test") == t);
+  for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16}) CHECK(parse_kv_dtype(kv_dtype_name(t), "test") == t);
   CHECK(kv_dtype_bytes(KvDtype::F32) == 4);
   CHECK(kv_dtype_bytes(KvDtype::F16) == 2);
   CHECK(kv_dtype_bytes(KvDtype::BF16) == 2);
@@ -163,32 +161,6 @@ TEST_CASE("store_as scales every full-precision format and leaves codes alone", 
   CHECK(static_cast<const DenseSegment&>(*cache.segments(0).back()).dtype() == KvDtype::F16);
 }
 
-TEST_CASE("KVmix buffers at 16 bits: moved tokens are quantized from the stored rows", "[kv_dtype]") {
-  const int d = 64, n = 200;
-  const auto k = randn(size_t(n) * d, 31), v = randn(size_t(n) * d, 32);
-  std::vector<int32_t> pos(n);
-  for (int i = 0; i < n; ++i) pos[i] = i;
-  KvmixLayout L;
-  L.k_rpc = L.v_rpc = 0.2;
-  std::vector<float> kr(k.size()), vr(v.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    kr[i] = kv_round(KvDtype::F16, k[i]);
-    vr[i] = kv_round(KvDtype::F16, v[i]);
-  }
-  KvmixSegment s32(d, L), s16(d, L, KvDtype::F16), rounded(d, L);
-  s32.append(k.data(), v.data(), n, pos.data(), size_t(d));
-  s16.append(k.data(), v.data(), n, pos.data(), size_t(d));
-  rounded.append(kr.data(), vr.data(), n, pos.data(), size_t(d));
-  REQUIRE(s16.k_buffer() == s32.k_buffer());
-  const size_t buffers32 = (s32.k_buffer() + s32.v_buffer()) * d * 4;
-  CHECK(s32.bytes() - s16.bytes() == buffers32 / 2);
-  std::vector<float> k16, v16, kr2, vr2;
-  s16.reconstruct(k16, v16);
-  rounded.reconstruct(kr2, vr2);
-  CHECK(k16 == kr2);  // codes from the fp16 rows, buffers holding them
-  CHECK(v16 == vr2);
-}
-
 TEST_CASE("the engine and the runner store caches at the run's dtype, budgets scale with it", "[kv_dtype][model]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
@@ -215,8 +187,9 @@ TEST_CASE("the engine and the runner store caches at the run's dtype, budgets sc
   const auto& reg = MethodRegistry::get();
   for (const char* name : {"snapkv", "mixeddimkv", "kvmix"}) {
     INFO(name);
-    auto m = reg.create(name, name == std::string("kvmix") ? std::map<std::string, std::string>{{"layers", "low"}}
-                                                            : std::map<std::string, std::string>{},
+    auto m = reg.create(name,
+                        name == std::string("kvmix") ? std::map<std::string, std::string>{{"layers", "low"}}
+                                                     : std::map<std::string, std::string>{},
                         model->config());
     const KvBudget budget = m->budgeted() ? KvBudget(32) : KvBudget{};
     MethodRunner r32(*m, budget), r16(*m, budget);

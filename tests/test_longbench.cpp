@@ -1,12 +1,12 @@
 // LongBench metrics against golden scores from the reference packages (rouge 1.0.1, fuzzywuzzy with
 // python-Levenshtein, jieba 0.42.1) and LongBench's metric rules: tools/reference/longbench_metrics.py.
 #include "harness/model/model_file.hpp"
+#include "harness/task/jieba.hpp"
+#include "harness/task/longbench_metrics.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
-#include "tasks/longbench/jieba.hpp"
 #include "tasks/longbench/longbench.hpp"
-#include "tasks/longbench/metrics.hpp"
-#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -26,16 +26,26 @@ TEST_CASE("LongBench metrics equal the reference on 745 constructed cases", "[ta
     std::vector<std::string> classes;
     if (c.contains("all_classes")) classes = c.at("all_classes").get<std::vector<std::string>>();
     double got = -1;
-    if (metric == "qa_f1") got = longbench::qa_f1(pred, ans);
-    else if (metric == "rouge") got = longbench::rouge_l(pred, ans);
-    else if (metric == "classification") got = longbench::classification(pred, ans, classes);
-    else if (metric == "classification_first_line") got = longbench::score("trec", pred, {ans}, classes);
-    else if (metric == "count") got = longbench::count(pred, ans);
-    else if (metric == "retrieval") got = longbench::retrieval(pred, ans, false);
-    else if (metric == "retrieval_zh") got = longbench::retrieval(pred, ans, true);
-    else if (metric == "code_sim") got = longbench::code_sim(pred, ans);
-    else if (metric == "qa_f1_zh") got = longbench::qa_f1_zh(pred, ans, *jieba);
-    else if (metric == "rouge_zh") got = longbench::rouge_zh(pred, ans, *jieba);
+    if (metric == "qa_f1")
+      got = longbench::qa_f1(pred, ans);
+    else if (metric == "rouge")
+      got = longbench::rouge_l(pred, ans);
+    else if (metric == "classification")
+      got = longbench::classification(pred, ans, classes);
+    else if (metric == "classification_first_line")
+      got = longbench::score("trec", pred, {ans}, classes);
+    else if (metric == "count")
+      got = longbench::count(pred, ans);
+    else if (metric == "retrieval")
+      got = longbench::retrieval(pred, ans, false);
+    else if (metric == "retrieval_zh")
+      got = longbench::retrieval(pred, ans, true);
+    else if (metric == "code_sim")
+      got = longbench::code_sim(pred, ans);
+    else if (metric == "qa_f1_zh")
+      got = longbench::qa_f1_zh(pred, ans, *jieba);
+    else if (metric == "rouge_zh")
+      got = longbench::rouge_zh(pred, ans, *jieba);
     INFO(metric << " | prediction: " << pred << " | answer: " << ans);
     CHECK(std::abs(got - want) <= 1e-6);
     ++n;
@@ -63,17 +73,17 @@ size_t chars(const std::string& s) {
   return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
 }
 
-// SHA-256 (FIPS 180-4) as lowercase hex, for the template digests of the spec.
+// SHA-256 (FIPS 180-4) as lowercase hex, for the digests of dataset2prompt.json's templates.
 std::string sha256_hex(const std::string& msg) {
   static constexpr uint32_t k[64] = {
-      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
-      0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-      0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
-      0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-      0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
-      0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-      0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-      0xc67178f2};
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+      0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+      0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+      0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+      0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
   uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   std::string m = msg + '\x80';
   while (m.size() % 64 != 56) m += '\0';
@@ -115,18 +125,28 @@ std::unique_ptr<Task> longbench_task(const Tokenizer& tok, const std::string& di
 TEST_CASE("LongBench templates match the SHA-256 prefixes and lengths of the spec", "[tasks][longbench]") {
   CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   CHECK(sha256_hex(std::string(100, 'a')) == "2816597888e4a0d3a36b82b83316ab32680eb8f00f8cd3b904d681246d285a0e");
-  // spec/benchmarks.md 1.3: dataset, first 16 hex digits of SHA-256, length in characters.
+  // dataset2prompt.json's templates: dataset, first 16 hex digits of SHA-256, length in characters.
   const std::vector<std::tuple<std::string, std::string, size_t>> table = {
-      {"narrativeqa", "aada7ed24b06abac", 378}, {"qasper", "0fbdd123fe7f83d6", 725},
-      {"multifieldqa_en", "20b4666a2de8a1f7", 201}, {"hotpotqa", "9ec4ae308865bd0c", 288},
-      {"2wikimqa", "9ec4ae308865bd0c", 288}, {"musique", "9ec4ae308865bd0c", 288},
-      {"gov_report", "91c25d585b189ced", 161}, {"qmsum", "dca23b678fe0183b", 261},
-      {"multi_news", "2af3f28c40b902e6", 150}, {"trec", "0eff8bebdba99d91", 104},
-      {"triviaqa", "00a802e6377e72fc", 159}, {"samsum", "a68d884234907eef", 103},
-      {"passage_count", "986550b6c61009c6", 464}, {"passage_retrieval_en", "39b96b7fa52bdd2a", 320},
-      {"lcc", "6a1f24cf0bb83cd9", 67}, {"repobench-p", "ee9ec182ea5ffeb7", 74},
-      {"multifieldqa_zh", "344b3a4e557cd547", 80}, {"dureader", "ae53329f51b17908", 62},
-      {"vcsum", "3e5d8241bc9b512e", 53}, {"lsht", "f3edabdf7fae53d6", 38},
+      {"narrativeqa", "aada7ed24b06abac", 378},
+      {"qasper", "0fbdd123fe7f83d6", 725},
+      {"multifieldqa_en", "20b4666a2de8a1f7", 201},
+      {"hotpotqa", "9ec4ae308865bd0c", 288},
+      {"2wikimqa", "9ec4ae308865bd0c", 288},
+      {"musique", "9ec4ae308865bd0c", 288},
+      {"gov_report", "91c25d585b189ced", 161},
+      {"qmsum", "dca23b678fe0183b", 261},
+      {"multi_news", "2af3f28c40b902e6", 150},
+      {"trec", "0eff8bebdba99d91", 104},
+      {"triviaqa", "00a802e6377e72fc", 159},
+      {"samsum", "a68d884234907eef", 103},
+      {"passage_count", "986550b6c61009c6", 464},
+      {"passage_retrieval_en", "39b96b7fa52bdd2a", 320},
+      {"lcc", "6a1f24cf0bb83cd9", 67},
+      {"repobench-p", "ee9ec182ea5ffeb7", 74},
+      {"multifieldqa_zh", "344b3a4e557cd547", 80},
+      {"dureader", "ae53329f51b17908", 62},
+      {"vcsum", "3e5d8241bc9b512e", 53},
+      {"lsht", "f3edabdf7fae53d6", 38},
       {"passage_retrieval_zh", "c1e2346e245eb365", 107}};
   for (const auto& [dataset, digest, length] : table) {
     const std::string& t = longbench::prompt_template(dataset);
@@ -176,10 +196,16 @@ TEST_CASE("LongBench task: official files, templates, middle truncation, profile
   CHECK(trec->score(t, " Location\nQuestion: next") == 1.0);  // first line only
   CHECK(trec->score(t, "Other location") == 0.0);
 
-  require_error([&] { longbench_task(*tok, "longbench/bad", {{"dataset", "qasper"}}); },
-                {"bad/longbench/qasper.jsonl:2", "'answers'"});
-  require_error([&] { longbench_task(*tok, "longbench/data", {{"dataset", "narrativeqa"}}); },
-                {"longbench/narrativeqa.jsonl", "not found"});
+  require_error(
+      [&] {
+        longbench_task(*tok, "longbench/bad", {{"dataset", "qasper"}});
+      },
+      {"bad/longbench/qasper.jsonl:2", "'answers'"});
+  require_error(
+      [&] {
+        longbench_task(*tok, "longbench/data", {{"dataset", "narrativeqa"}});
+      },
+      {"longbench/narrativeqa.jsonl", "not found"});
 }
 
 TEST_CASE("LongBench Chinese datasets on the official files: templates, reference answers score 1",
@@ -209,9 +235,10 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
     std::string dataset, head, tail;
     size_t template_chars;
   };
-  // Template lengths from spec/benchmarks.md 1.3; prompts start and end as dataset2prompt.json's do.
+  // Template lengths of dataset2prompt.json's strings; prompts start and end as dataset2prompt.json's do.
   for (const Want& w : {Want{"multifieldqa_zh", "阅读以下文字并用中文简短回答：\n\n", "\n回答：", 80},
-                        Want{"passage_retrieval_zh", "以下是若干段落文字，以及其中一个段落的摘要。", "\"段落2\"等格式\n\n答案是：", 107}}) {
+                        Want{"passage_retrieval_zh", "以下是若干段落文字，以及其中一个段落的摘要。",
+                             "\"段落2\"等格式\n\n答案是：", 107}}) {
     ctx.options = {{"dataset", w.dataset}, {"max_len", "100000"}};
     auto task = TaskRegistry::get().create("longbench", ctx);
     REQUIRE(task->size() == 200);
@@ -245,8 +272,7 @@ TEST_CASE("LongBench Chinese datasets on the official files: templates, referenc
   }
 }
 
-TEST_CASE("LongBench predictions files are scored as eval.py scores them, by length range too",
-          "[tasks][longbench]") {
+TEST_CASE("LongBench predictions files are scored as eval.py scores them, by length range too", "[tasks][longbench]") {
   std::ifstream in(fixture("longbench/metric_cases.json"));
   REQUIRE(in.good());
   const auto cases = nlohmann::json::parse(in).at("cases");
@@ -274,11 +300,12 @@ TEST_CASE("LongBench predictions files are scored as eval.py scores them, by len
     }
     out.close();
     REQUIRE(n > 20);
-    const auto r = longbench::score_predictions(dataset, path, true, nullptr);
+    const auto r = score_predictions_file(std::string("longbench/") + dataset, path, true, "");
     CHECK(r.lines == size_t(n));
     CHECK(r.score == Approx(std::round(100.0 * sum / n * 100.0) / 100.0));
     REQUIRE(r.ranges.size() == 3);
-    for (int k = 0; k < 3; ++k) CHECK(r.ranges[k].second == Approx(std::round(100.0 * range_sum[k] / range_n[k] * 100.0) / 100.0));
+    for (int k = 0; k < 3; ++k)
+      CHECK(r.ranges[k].second == Approx(std::round(100.0 * range_sum[k] / range_n[k] * 100.0) / 100.0));
   }
 
   auto write = [&](const std::string& name, const std::string& text) {
@@ -287,21 +314,31 @@ TEST_CASE("LongBench predictions files are scored as eval.py scores them, by len
     return path;
   };
   const auto ok = R"({"pred": "Paris", "answers": ["Paris"], "length": 10})";
-  require_error([&] { longbench::score_predictions("qasper", write("m.jsonl", std::string(ok) + "\n{\"pred\": \"b\"}\n"), false, nullptr); },
-                {"m.jsonl:2", "'answers' is missing"});
-  require_error([&] { longbench::score_predictions("qasper", write("j.jsonl", "{nope\n"), false, nullptr); },
+  require_error(
+      [&] {
+        score_predictions_file("longbench/qasper", write("m.jsonl", std::string(ok) + "\n{\"pred\": \"b\"}\n"), false,
+                               "");
+      },
+      {"m.jsonl:2", "'answers' is missing"});
+  require_error([&] { score_predictions_file("longbench/qasper", write("j.jsonl", "{nope\n"), false, ""); },
                 {"j.jsonl:1", "not JSON"});
-  require_error([&] { longbench::score_predictions("qasper", write("t.jsonl", R"({"pred": 3, "answers": ["a"]})"), false, nullptr); },
-                {"t.jsonl:1", "'pred' is not a string"});
-  require_error([&] { longbench::score_predictions("qasper", write("l.jsonl", R"({"pred": "a", "answers": ["a"]})"), true, nullptr); },
-                {"l.jsonl:1", "'length' is missing"});
-  require_error([&] { longbench::score_predictions("trec", write("c.jsonl", ok), false, nullptr); },
+  require_error(
+      [&] {
+        score_predictions_file("longbench/qasper", write("t.jsonl", R"({"pred": 3, "answers": ["a"]})"), false, "");
+      },
+      {"t.jsonl:1", "'pred' is not a string"});
+  require_error(
+      [&] {
+        score_predictions_file("longbench/qasper", write("l.jsonl", R"({"pred": "a", "answers": ["a"]})"), true, "");
+      },
+      {"l.jsonl:1", "'length' is missing"});
+  require_error([&] { score_predictions_file("longbench/trec", write("c.jsonl", ok), false, ""); },
                 {"c.jsonl:1", "'all_classes'"});
-  require_error([&] { longbench::score_predictions("qasper", write("e.jsonl", "\n"), false, nullptr); },
+  require_error([&] { score_predictions_file("longbench/qasper", write("e.jsonl", "\n"), false, ""); },
                 {"e.jsonl", "no predictions"});
-  require_error([&] { longbench::score_predictions("nope", write("n.jsonl", ok), false, nullptr); }, {"nope"});
+  require_error([&] { score_predictions_file("longbench/nope", write("n.jsonl", ok), false, ""); }, {"nope"});
   // An empty range is NaN (null in the JSON the CLI writes), not a division by zero.
-  const auto r = longbench::score_predictions("qasper", write("one.jsonl", ok), true, nullptr);
+  const auto r = score_predictions_file("longbench/qasper", write("one.jsonl", ok), true, "");
   CHECK(r.score == 100.0);
   CHECK(r.ranges[0].second == 100.0);
   CHECK(std::isnan(r.ranges[1].second));

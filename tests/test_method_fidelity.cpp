@@ -57,8 +57,7 @@ class Capture final : public PrefillObserver {
 
 }  // namespace
 
-TEST_CASE("kept token sets match the Hugging Face reference re-implementation",
-          "[methods][model][reference]") {
+TEST_CASE("kept token sets match the Hugging Face reference re-implementation", "[methods][model][reference]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
   std::ifstream in(test::fixture("methods/selection.json"));

@@ -1,5 +1,6 @@
 // Method invariants, driven by the registry so that every registered method is covered, plus the
 // shared parts against their references and the papers' worked examples.
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <set>
@@ -10,27 +11,23 @@
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/method/artifact.hpp"
-#include "harness/method/dynakv.hpp"
 #include "harness/method/method.hpp"
 #include "harness/method/parts.hpp"
 #include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "methods/dynakv/maps.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
-using kvb::test::SyntheticLayer;
 using kvb::test::kept_positions;
+using kvb::test::SyntheticLayer;
 
 namespace {
 
-// A registered method's test parameters (those that stand in for a real model's artifacts) plus `extra`.
-std::map<std::string, std::string> test_params(const std::string& name, std::map<std::string, std::string> extra = {}) {
-  for (const auto& [k, v] : MethodRegistry::get().info(name).test_params) extra.emplace(k, v);
-  return extra;
-}
+using test::method_test_params;
 
 // Shapes for tests that only create methods.
 ModelConfig small_config() {
@@ -52,8 +49,8 @@ class RecentOnly final : public Method {
     return gather(v, gqa(), std::vector<std::vector<int32_t>>(stored_heads(), keep));
   }
 };
-const bool toy_registered = register_method({"test_recent_only", "test-only: most recent T tokens", {},
-                                             [] { return std::make_unique<RecentOnly>(); }});
+const bool toy_registered = register_method(
+    {"test_recent_only", "test-only: most recent T tokens", {}, [] { return std::make_unique<RecentOnly>(); }});
 
 }  // namespace
 
@@ -67,7 +64,7 @@ TEST_CASE("every registered method: bytes within budget, distinct positions sort
       for (int T : {40, 64, 100}) {
         SyntheticLayer L(300, 6, 2, 16, 32, 11);
         INFO(name << " gqa=" << gqa << " T=" << T);
-        auto m = reg.create(name, test_params(name, {{"gqa", gqa}}), L.cfg);
+        auto m = reg.create(name, method_test_params(name, {{"gqa", gqa}}), L.cfg);
         // A method that sets its own memory (KVmix) runs without a budget and keeps every position.
         const KvBudget budget = m->budgeted() ? KvBudget(T) : KvBudget{};
         MethodRunner runner(*m, budget);
@@ -78,14 +75,15 @@ TEST_CASE("every registered method: bytes within budget, distinct positions sort
           const auto kept = kept_positions(c);
           CHECK(static_cast<int>(kept.size()) == (std::string(gqa) == "repeat" ? 6 : 2));
           for (int h = 0; h < c.n_cache_heads(); ++h)
-            for (const auto& seg : c.segments(h)) CHECK(std::is_sorted(seg->positions().begin(), seg->positions().end()));
+            for (const auto& seg : c.segments(h))
+              CHECK(std::is_sorted(seg->positions().begin(), seg->positions().end()));
           for (const auto& p : kept) {
             if (!m->budgeted()) CHECK(p.size() == 300);
             CHECK(std::set<int32_t>(p.begin(), p.end()).size() == p.size());
             CHECK((p.empty() || (p.front() >= 0 && p.back() < 300)));
           }
           LayerCache again(6, 2, 16);
-          auto m2 = reg.create(name, test_params(name, {{"gqa", gqa}}), L.cfg);
+          auto m2 = reg.create(name, method_test_params(name, {{"gqa", gqa}}), L.cfg);
           MethodRunner r2(*m2, budget);
           r2.on_layer(L.view, again);
           CHECK(kept_positions(again) == kept);
@@ -104,7 +102,7 @@ TEST_CASE("every registered method keeps everything when the prompt fits the bud
   for (const auto& name : reg.names()) {
     INFO(name);
     if (reg.info(name).changes_model) continue;
-    auto m = reg.create(name, test_params(name), L.cfg);
+    auto m = reg.create(name, method_test_params(name), L.cfg);
     if (!m->budgeted()) {
       test::require_error([&] { MethodRunner(*m, 50); }, {"takes no KV size"});
       continue;
@@ -123,9 +121,11 @@ TEST_CASE("in ratio mode every method keeps floor(S (1 - p_c)) tokens per head o
     SyntheticLayer L(S, 6, 2, 16, 32, 5);
     for (const std::string name : {"snapkv", "h2o", "streamingllm"}) {
       INFO(name << " S=" << S);
-      auto m = reg.create(name, test_params(name, name == "streamingllm" ? std::map<std::string, std::string>{}
-                                                                           : std::map<std::string, std::string>{{"window", "8"}}),
-                          L.cfg);
+      auto m = reg.create(
+          name,
+          method_test_params(name, name == "streamingllm" ? std::map<std::string, std::string>{}
+                                                          : std::map<std::string, std::string>{{"window", "8"}}),
+          L.cfg);
       MethodRunner runner(*m, KvBudget::compression_ratio(0.75));
       LayerCache c(6, 2, 16);
       runner.on_layer(L.view, c);
@@ -151,7 +151,7 @@ TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", 
     if (reg.info(name).changes_model) continue;
     for (const char* gqa : {"native", "repeat"}) {
       INFO(name << " " << gqa);
-      auto m = reg.create(name, test_params(name, {{"gqa", gqa}}), e.config());
+      auto m = reg.create(name, method_test_params(name, {{"gqa", gqa}}), e.config());
       if (!m->budgeted()) continue;  // no budget to fit the prompt into; KVmix's own tests cover r = 1
       MethodRunner runner(*m, 64);
       e.prefill(ids, &runner);
@@ -231,36 +231,47 @@ TEST_CASE("H2O with uniform attention keeps the earliest tokens, StreamingLLM's 
   for (const auto& p : kept_positions(cs)) CHECK(p == sw);
 }
 
-TEST_CASE("PyramidKV schedule: the reference's worked example and exact totals", "[methods]") {
-  // spec/methods-b.md 4.2: T=128, w=8, beta=20, L=32, S=8000 -> 234, 227, ..., 17 (+ window).
-  const auto repro = pyramid_budgets(128, 8, 20, 8000, 32, false);
-  CHECK(repro.front() == 234 + 8);
-  CHECK(repro[1] == 227 + 8);
-  CHECK(repro.back() == 17 + 8);
-  CHECK(std::accumulate(repro.begin(), repro.end(), 0) - 32 * 8 == 4016);
-  for (int T : {64, 128, 512, 2048})
-    for (int S : {300, 2100, 5000, 8000}) {
-      if (S <= T) continue;
-      const auto exact = pyramid_budgets(T, 8, 20, S, 32, true);
-      INFO("T=" << T << " S=" << S);
-      CHECK(std::accumulate(exact.begin(), exact.end(), 0) == 32 * T);
-      CHECK(std::is_sorted(exact.rbegin(), exact.rend()));  // non-increasing with depth
-      for (int c : exact) CHECK(c <= S);
-    }
+TEST_CASE("every wrapper over every selector stays within the bytes of T", "[methods]") {
+  const auto& reg = MethodRegistry::get();
+  for (const auto& wrapper : reg.names(Composition::Wrapper))
+    for (const auto& selector : reg.names(Composition::Selector))
+      for (const char* gqa : {"native", "repeat"}) {
+        auto params = method_test_params(wrapper, {{"base", selector}, {"gqa", gqa}});
+        for (const auto& [k, v] : method_test_params(selector)) params["base." + k] = v;
+        INFO(wrapper << " over " << selector << ", gqa " << gqa);
+        SyntheticLayer L(300, 6, 2, 16, 32, 2);
+        auto m = reg.create(wrapper, params, L.cfg);
+        MethodRunner runner(*m, 80);
+        for (int layer = 0; layer < L.cfg.n_layers; ++layer) {
+          L.view.layer = layer;
+          LayerCache c(6, gqa == std::string("repeat") ? 6 : 2, 16);
+          runner.on_layer(L.view, c);
+          for (auto head : kept_positions(c)) {  // each position once, over all of a head's segments
+            std::sort(head.begin(), head.end());
+            CHECK(std::adjacent_find(head.begin(), head.end()) == head.end());
+          }
+        }
+        if (!m->may_exceed_budget())
+          CHECK(runner.prefill_kv_bytes() <= runner.budget().bytes_per_layer * L.cfg.n_layers);
+        CHECK(runner.cache_profile()["layers"].size() == size_t(L.cfg.n_layers));
+      }
 }
 
 TEST_CASE("method parameters are validated with the valid keys listed", "[methods]") {
   const ModelConfig cfg = small_config();
   const auto& reg = MethodRegistry::get();
-  test::require_error([&] { reg.create("snapkv", {{"windw", "8"}}, cfg); }, {"unknown parameter 'windw'", "window", "kernel"});
+  test::require_error(
+      [&] {
+        reg.create("snapkv", {{"windw", "8"}}, cfg);
+      },
+      {"unknown parameter 'windw'", "window", "kernel"});
   test::require_error([&] { reg.create("snapkv", {{"window", "0"}}, cfg); }, {"'window' = '0'", "[1, 4096]"});
   test::require_error([&] { reg.create("snapkv", {{"pooling", "median"}}, cfg); }, {"max|avg|none"});
   test::require_error([&] { reg.create("snapkv", {{"gqa", "both"}}, cfg); }, {"native|repeat"});
   test::require_error([&] { reg.create("nosuch", {}, cfg); }, {"unknown method 'nosuch'", "snapkv"});
 }
 
-TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent window",
-          "[methods][model]") {
+TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent window", "[methods][model]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
   auto model = ModelFile::open(*path);
@@ -269,7 +280,8 @@ TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent w
   for (int i = 0; i < 80; ++i) ids[i] = 200 + 13 * i;
   for (const char* gqa : {"native", "repeat"}) {
     INFO(gqa);
-    auto m = MethodRegistry::get().create("h2o", {{"window", "4"}, {"decode_eviction", "true"}, {"gqa", gqa}}, e.config());
+    auto m =
+        MethodRegistry::get().create("h2o", {{"window", "4"}, {"decode_eviction", "true"}, {"gqa", gqa}}, e.config());
     MethodRunner runner(*m, 32);
     e.prefill(ids, &runner);
     for (int step = 0; step < 10; ++step) e.decode(300 + step);
@@ -283,7 +295,7 @@ TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent w
 }
 
 TEST_CASE("H2O legacy window-only mask lets early queries score future keys", "[methods]") {
-  // spec/methods-b.md 2.2: the paper-era code masked only the last w rows. A key that only earlier
+  // methods/h2o/README.md §2: the paper-era code masked only the last w rows. A key that only earlier
   // queries attend to, and only if they may look ahead, is kept by the legacy scoring alone.
   SyntheticLayer L(64, 2, 2, 8, 64, 21, 0.0f);
   std::fill(L.q.begin(), L.q.end(), 0.0f);
@@ -332,8 +344,9 @@ TEST_CASE("method parameters from YAML", "[methods]") {
   test::require_error([] { params_from_yaml(YAML::Load("window: [1, 2]"), "spec.yaml"); },
                       {"spec.yaml:1:9", "'window'", "single value"});
   test::require_error([] { params_from_yaml(YAML::Load("- 1\n- 2"), "spec.yaml"); }, {"spec.yaml:1:1", "mapping"});
-  test::require_error([&] { MethodRegistry::get().create("snapkv", params_from_yaml(YAML::Load("kernal: 5"), "s.yaml"), cfg); },
-                      {"unknown parameter 'kernal'", "kernel"});
+  test::require_error(
+      [&] { MethodRegistry::get().create("snapkv", params_from_yaml(YAML::Load("kernal: 5"), "s.yaml"), cfg); },
+      {"unknown parameter 'kernal'", "kernel"});
 }
 
 TEST_CASE("a name the registry lacks goes to the resolver first and python names say where they run", "[methods]") {
@@ -362,7 +375,7 @@ namespace {
 // an identity basis for one that reads trained maps (written to `dir`).
 std::map<std::string, std::string> runnable_params(const std::string& name, const ModelFile& model,
                                                    const std::filesystem::path& dir) {
-  auto p = test_params(name);
+  auto p = method_test_params(name);
   for (const auto& spec : MethodRegistry::get().param_specs(name)) {
     if (spec.name == "scores") p.emplace("scores", "uniform");
     if (spec.name == "weights") {
@@ -433,14 +446,14 @@ TEST_CASE("every registered method dumps its prefill views and gives logits unde
       REQUIRE(row.size() == 64);
       for (float x : row) REQUIRE(std::isfinite(x));
     }
-    // Prefill attends over the whole prompt: the first row changes only if the method changes the model.
-    CHECK((sl.logits[0] == full.logits[0]) == !reg.info(name).changes_model);
+    // Prefill attends over the whole prompt: the first row changes only if the method transforms K/V.
+    CHECK((sl.logits[0] == full.logits[0]) == (!runner || !runner->kv_transform()));
     // Decode reads the cache the method kept: the full cache's logits exactly when nothing was dropped.
     const bool same = std::equal(sl.logits.begin() + 1, sl.logits.end(), full.logits.begin() + 1);
     CHECK(same == (name == "fullkv"));
   }
   test::require_error([&] { choose_method("snapkv", {}, 0, e.config(), "--method"); }, {"--method", "needs a budget"});
-  test::require_error([&] { choose_method("kvmix", test_params("kvmix"), 16, e.config(), "Model.logits"); },
+  test::require_error([&] { choose_method("kvmix", method_test_params("kvmix"), 16, e.config(), "Model.logits"); },
                       {"Model.logits", "takes no budget"});
   test::require_error([&] { choose_method("", {}, 16, e.config(), "--method"); }, {"need a method"});
 }

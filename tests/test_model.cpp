@@ -29,8 +29,7 @@ TEST_CASE("default model config is read from the GGUF file", "[model]") {
   m->validate_tensors();
 }
 
-TEST_CASE("every tensor of the default model dequantizes exactly like the gguf package",
-          "[model][dequant]") {
+TEST_CASE("every tensor of the default model dequantizes exactly like the gguf package", "[model][dequant]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
   auto m = ModelFile::open(*path);
@@ -60,6 +59,5 @@ TEST_CASE("every tensor of the default model dequantizes exactly like the gguf p
 }
 
 TEST_CASE("missing model path is a clear error", "[model]") {
-  test::require_error([] { ModelFile::open("/nonexistent/model.gguf"); },
-                      {"/nonexistent/model.gguf", "setup.sh"});
+  test::require_error([] { ModelFile::open("/nonexistent/model.gguf"); }, {"/nonexistent/model.gguf", "setup.sh"});
 }

@@ -7,8 +7,9 @@
 #include <sstream>
 
 #include "harness/experiment/experiment.hpp"
+#include "harness/experiment/published.hpp"
 #include "harness/experiment/sweep.hpp"
-#include "harness/report/published.hpp"
+#include "harness/report/comparison.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -31,8 +32,10 @@ std::vector<std::vector<std::string>> read_csv_rows(const std::string& path) {
   for (std::string line; std::getline(in, line);) {
     std::vector<std::string> f(1);
     for (char c : line) {
-      if (c == ',') f.emplace_back();
-      else f.back().push_back(c);
+      if (c == ',')
+        f.emplace_back();
+      else
+        f.back().push_back(c);
     }
     rows.push_back(f);
   }
@@ -55,11 +58,12 @@ json config(const std::string& method, int budget, json params, const std::strin
 
 TEST_CASE("published.csv: rows are read and bad fields are named", "[published]") {
   const TempDir dir("published");
-  const auto ok = write_file(dir, "ok.csv", kHeader +
-                                                "t1,Llama,snapkv,window=8 kernel=7,128,longbench,,qasper,16.92\n"
-                                                "t1,Llama,vector,base=snapkv,r0.5,longbench,,avg,\"40.10\"\n"
-                                                "t2,Llama,fullkv,,full,ruler,8192,niah_single_1,100\n"
-                                                "t3,Llama,dynakv,,full,ruler,,vt,55.5\n");
+  const auto ok = write_file(dir, "ok.csv",
+                             kHeader +
+                                 "t1,Llama,snapkv,window=8 kernel=7,128,longbench,,qasper,16.92\n"
+                                 "t1,Llama,vector,base=snapkv,r0.5,longbench,,avg,\"40.10\"\n"
+                                 "t2,Llama,fullkv,,full,ruler,8192,niah_single_1,100\n"
+                                 "t3,Llama,dynakv,,full,ruler,,vt,55.5\n");
   const auto rows = load_published(ok);
   REQUIRE(rows.size() == 4);
   CHECK(rows[0].params == std::map<std::string, std::string>{{"kernel", "7"}, {"window", "8"}});
@@ -80,7 +84,7 @@ TEST_CASE("published.csv: rows are read and bad fields are named", "[published]"
   bad("t1,L,snapkv,,0,longbench,,qasper,1", {"bad.csv:2", "budget", "'0'"});
   bad("t1,L,snapkv,,r1.5,longbench,,qasper,1", {"budget", "r1.5"});
   bad("t1,L,snapkv,,128,longbench,,qasper,n/a", {"bad.csv:2", "score", "n/a"});
-  bad("t1,L,snapkv,,128,longbench,4096,qasper,1", {"length", "only RULER"});
+  bad("t1,L,snapkv,,128,longbench,4096,qasper,1", {"length", "only rows of tasks with a length option"});
   bad("t1,L,snapkv,,128,ruler,4k,vt,1", {"length", "4k"});
   bad("t1,L,snapkv,,128,mmlu,,x,1", {"task", "mmlu"});
   bad("t1,L,snapkv,window,128,longbench,,qasper,1", {"params", "'window'"});
@@ -102,8 +106,9 @@ TEST_CASE("published.csv: every row of a table must name a cell of its spec", "[
     const auto p = write_file(dir, "p.csv", kHeader + rows);
     check_published(load_published(p), "t1", "spec.yaml", "longbench", configs, variants, checks);
   };
-  check("t1,L,snapkv,window=8,128,longbench,,qasper,1\nt1,L,fullkv,,full,longbench,,trec,2\nt1,L,fullkv,,full,"
-        "longbench,,avg,3\nt9,L,h2o,,64,longbench,,lcc,4\n");  // rows of other tables are not this spec's
+  check(
+      "t1,L,snapkv,window=8,128,longbench,,qasper,1\nt1,L,fullkv,,full,longbench,,trec,2\nt1,L,fullkv,,full,"
+      "longbench,,avg,3\nt9,L,h2o,,64,longbench,,lcc,4\n");  // rows of other tables are not this spec's
   require_error([&] { check("t1,L,h2o,,128,longbench,,qasper,1\n"); }, {"p.csv:2", "does not run method h2o"});
   require_error([&] { check("t1,L,snapkv,window=32,128,longbench,,qasper,1\n"); },
                 {"p.csv:2", "no configuration of snapkv", "window=32"});
@@ -153,9 +158,17 @@ published: published.csv
   require_error([&] { load_experiment(spec, {"model=" + model, "limit=[1"}); }, {"not YAML"});
   require_error([&] { load_experiment(spec, {"model=" + model, "limit=abc"}); }, {"'limit' must be an integer"});
   require_error([&] { load_experiment(spec, {"model=" + model, "task.x=1"}); }, {"'task' is not a mapping"});
-  require_error([&] { load_experiment(spec, {"model=" + model, "max_new_tokens=0"}); }, {"max_new_tokens", "at least 1"});
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "max_new_tokens=0"});
+      },
+      {"max_new_tokens", "at least 1"});
   require_error([&] { load_experiment(spec, {"model=" + model, "publshed=x.csv"}); }, {"unknown key 'publshed'"});
-  require_error([&] { load_experiment(spec, {"model=" + model, "published=none.csv"}); }, {"published table", "none.csv"});
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "published=none.csv"});
+      },
+      {"published table", "none.csv"});
 }
 
 TEST_CASE("report --compare: ours beside published, per cell and averaged, ambiguity refused", "[published][report]") {
@@ -170,14 +183,15 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   record(config("fullkv", 0, json::object(), "trec"), 0.70);
   record(config("snapkv", 128, {{"window", "8"}}, "qasper"), 0.20);
   records.close();
-  const auto published = write_file(dir, "published.csv", kHeader +
-                                                              "t1,Llama,fullkv,,full,longbench,,qasper,32.30\n"
-                                                              "t1,Llama,fullkv,,full,longbench,,trec,74.00\n"
-                                                              "t1,Llama,fullkv,,full,longbench,,avg,53.15\n"
-                                                              "t1,Llama,snapkv,window=8,128,longbench,,qasper,15.98\n"
-                                                              "t1,Llama,snapkv,window=8,128,longbench,,trec,65.50\n"
-                                                              "t1,Llama,snapkv,window=8,128,longbench,,avg,40.74\n"
-                                                              "t1,Mistral,fullkv,,full,longbench,,qasper,41.54\n");
+  const auto published = write_file(dir, "published.csv",
+                                    kHeader +
+                                        "t1,Llama,fullkv,,full,longbench,,qasper,32.30\n"
+                                        "t1,Llama,fullkv,,full,longbench,,trec,74.00\n"
+                                        "t1,Llama,fullkv,,full,longbench,,avg,53.15\n"
+                                        "t1,Llama,snapkv,window=8,128,longbench,,qasper,15.98\n"
+                                        "t1,Llama,snapkv,window=8,128,longbench,,trec,65.50\n"
+                                        "t1,Llama,snapkv,window=8,128,longbench,,avg,40.74\n"
+                                        "t1,Mistral,fullkv,,full,longbench,,qasper,41.54\n");
   const std::string out = (dir / "out").string();
   write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md", "csv"});
   const auto cells = read_csv_rows(out + "/compare-t1-cells.csv");
@@ -221,7 +235,9 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
 
   // Two of our configurations under one published row: a mean of both would be neither's.
   std::ofstream(dir / "r.jsonl", std::ios::app)
-      << json{{"id", "x"}, {"config", config("snapkv", 128, {{"window", "8"}, {"kernel", "5"}}, "qasper")}, {"score", 0.9}}
+      << json{{"id", "x"},
+              {"config", config("snapkv", 128, {{"window", "8"}, {"kernel", "5"}}, "qasper")},
+              {"score", 0.9}}
              .dump()
       << "\n";
   require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md"}); },
@@ -231,11 +247,25 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
 // The MixedDimKV paper's Table 2, Llama-3-8B-Instruct blocks, as printed (arXiv:2603.20616): the
 // published.csv the paper specs carry must hold exactly these numbers.
 TEST_CASE("published numbers: MixedDimKV Table 2, Llama-3 rows, transcribed exactly", "[published]") {
-  const std::vector<std::string> columns = {"narrativeqa", "qasper",   "multifieldqa_en", "hotpotqa", "2wikimqa",
-                                            "musique",     "gov_report", "qmsum",         "multi_news", "trec",
-                                            "triviaqa",    "samsum",   "passage_count",   "passage_retrieval_en",
-                                            "lcc",         "repobench-p", "avg"};
-  const std::string paper = R"(128 fullkv 25.56 32.30 39.71 43.56 35.49 21.14 28.58 23.22 26.67 74.00 90.48 42.29 4.80 69.75 59.13 54.02 41.92
+  const std::vector<std::string> columns = {"narrativeqa",
+                                            "qasper",
+                                            "multifieldqa_en",
+                                            "hotpotqa",
+                                            "2wikimqa",
+                                            "musique",
+                                            "gov_report",
+                                            "qmsum",
+                                            "multi_news",
+                                            "trec",
+                                            "triviaqa",
+                                            "samsum",
+                                            "passage_count",
+                                            "passage_retrieval_en",
+                                            "lcc",
+                                            "repobench-p",
+                                            "avg"};
+  const std::string paper =
+      R"(128 fullkv 25.56 32.30 39.71 43.56 35.49 21.14 28.58 23.22 26.67 74.00 90.48 42.29 4.80 69.75 59.13 54.02 41.92
 128 h2o 23.52 13.74 25.26 29.07 22.72 14.67 21.94 21.34 24.01 46.50 87.99 35.12 5.36 68.21 54.77 48.73 33.93
 128 snapkv 22.39 15.98 30.97 40.78 28.60 19.35 19.76 21.88 21.40 65.50 89.72 38.77 5.75 69.00 58.76 54.73 37.71
 128 pyramidkv 21.40 16.92 31.62 38.45 28.72 18.59 19.97 22.48 20.96 66.50 89.35 38.39 5.92 69.00 57.86 51.80 37.37
@@ -279,7 +309,8 @@ methods: [fullkv]
   CHECK(!std::filesystem::exists(dir / "r.jsonl"));
 }
 
-TEST_CASE("KVCrush*: per column the best of our kvcrush configurations, as the paper derives it", "[published][report]") {
+TEST_CASE("KVCrush*: per column the best of our kvcrush configurations, as the paper derives it",
+          "[published][report]") {
   const TempDir dir("compare_best_of");
   std::ofstream records(dir / "r.jsonl");
   int id = 0;
@@ -298,10 +329,11 @@ TEST_CASE("KVCrush*: per column the best of our kvcrush configurations, as the p
   record("h2o", "trec", 0.8);
   record("snapkv", "trec", 0.6);
   records.close();
-  const auto published = write_file(dir, "published.csv", kHeader +
-                                                              "t3,L,kvcrush*,,2048,longbench,,qasper,31.00\n"
-                                                              "t3,L,kvcrush*,,2048,longbench,,trec,71.00\n"
-                                                              "t3,L,kvcrush*,,2048,longbench,,avg,51.00\n");
+  const auto published = write_file(dir, "published.csv",
+                                    kHeader +
+                                        "t3,L,kvcrush*,,2048,longbench,,qasper,31.00\n"
+                                        "t3,L,kvcrush*,,2048,longbench,,trec,71.00\n"
+                                        "t3,L,kvcrush*,,2048,longbench,,avg,51.00\n");
   const std::string out = (dir / "out").string();
   write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md"});
   const auto cells = read_csv_rows(out + "/compare-t3-cells.csv");
@@ -319,8 +351,11 @@ TEST_CASE("KVCrush*: per column the best of our kvcrush configurations, as the p
   check_published(rows, "t3", "spec.yaml", "longbench", with, variants, {});
   require_error([&] { check_published(rows, "t3", "spec.yaml", "longbench", without, variants, {}); },
                 {"p.csv:2", "kvcrush*", "does not run method kvcrush"});
-  require_error([&] {
-    check_published(load_published(write_file(dir, "q.csv", kHeader + "t3,L,kvcrush*,base=h2o,2048,longbench,,qasper,31\n")),
-                    "t3", "spec.yaml", "longbench", with, variants, {});
-  }, {"q.csv:2", "derived from the kvcrush rows lists no parameters"});
+  require_error(
+      [&] {
+        check_published(
+            load_published(write_file(dir, "q.csv", kHeader + "t3,L,kvcrush*,base=h2o,2048,longbench,,qasper,31\n")),
+            "t3", "spec.yaml", "longbench", with, variants, {});
+      },
+      {"q.csv:2", "derived from the kvcrush rows lists no parameters"});
 }

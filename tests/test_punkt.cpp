@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "tasks/ruler/punkt.hpp"
-#include "tasks/task.hpp"
-#include "tasks/text.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;

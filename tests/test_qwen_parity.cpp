@@ -6,8 +6,8 @@
 // absent, also under KVBENCH_REQUIRE_MODELS=1; KVBENCH_REQUIRE_QWEN=1 makes its absence a failure.
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "harness/engine/engine.hpp"
@@ -59,13 +59,14 @@ float compare_position(const std::vector<float>& got, const nlohmann::json& want
   note(std::abs(got_scale - scale));
   const auto probe_logits = want["logits"].get<std::vector<float>>();
   REQUIRE(probe_logits.size() == probe_ids.size());
-  for (size_t i = 0; i < probe_ids.size(); ++i) note(std::abs(got[static_cast<size_t>(probe_ids[i])] - probe_logits[i]));
+  for (size_t i = 0; i < probe_ids.size(); ++i)
+    note(std::abs(got[static_cast<size_t>(probe_ids[i])] - probe_logits[i]));
   if (top20)
     for (const auto& e : *top20) note(std::abs(got[e[0].get<size_t>()] - e[1].get<float>()));
   const int32_t top1 = argmax(got);
-  INFO("max |diff| " << diff << ", max |logit| " << scale << "; argmax " << top1 << " (logit " << got[static_cast<size_t>(top1)]
-                     << "), transformers' " << want["argmax"].get<int32_t>() << " (margin "
-                     << want["margin"].get<float>() << ")");
+  INFO("max |diff| " << diff << ", max |logit| " << scale << "; argmax " << top1 << " (logit "
+                     << got[static_cast<size_t>(top1)] << "), transformers' " << want["argmax"].get<int32_t>()
+                     << " (margin " << want["margin"].get<float>() << ")");
   CHECK(diff <= kRelTol * scale);
   CHECK(top1 == want["argmax"].get<int32_t>());
   return diff / scale;
@@ -96,7 +97,7 @@ TEST_CASE("Qwen2.5-Coder tokenizer and chat prompts match transformers", "[token
     const auto want = row["ids"].get<std::vector<int32_t>>();
     const auto got = tok->encode(text);
     INFO(row["name"].get<std::string>() << ": " << nlohmann::json(text).dump() << "\nwant "
-         << nlohmann::json(want).dump() << "\ngot  " << nlohmann::json(got).dump());
+                                        << nlohmann::json(want).dump() << "\ngot  " << nlohmann::json(got).dump());
     CHECK(got == want);
     same += got == want;
     // Where decoding does not give the text back (NFD text comes back composed), the reference's own
@@ -117,7 +118,8 @@ TEST_CASE("Qwen2.5-Coder tokenizer and chat prompts match transformers", "[token
     if (p["kind"] == "chat") {
       // transformers' apply_chat_template(..., add_generation_prompt=True) rendering and its ids.
       std::vector<ChatMessage> msgs;
-      for (const auto& m : p["messages"]) msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      for (const auto& m : p["messages"])
+        msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
       CHECK(tmpl.render(msgs, true) == text);
       CHECK(tok->encode(text) == want);
       // A lone user message is what kvbench's --chat prompts are: the default system message is added.
@@ -155,7 +157,8 @@ TEST_CASE("Qwen2.5-Coder logits and greedy continuations match transformers on t
     for (size_t k = 0; k + 1 < probes.size(); ++k) {
       const auto pos = probes[k]["pos"].get<size_t>();
       INFO("position " << pos);
-      worst = std::max(worst, compare_position(e.prefill(std::span(ids).first(pos + 1)), probes[k], probe_ids, nullptr));
+      worst =
+          std::max(worst, compare_position(e.prefill(std::span(ids).first(pos + 1)), probes[k], probe_ids, nullptr));
       ++positions;
     }
     // The longest prompt's last position also through decode steps over a cache of 1002 tokens.
@@ -196,7 +199,8 @@ TEST_CASE("Qwen2.5-Coder logits and greedy continuations match transformers on t
     identical += ours == greedy;
   }
   WARN("Qwen2.5-Coder vs transformers: worst max|diff| / max|logit| = " << worst << " over " << positions
-       << " positions; identical greedy continuations " << identical << "/" << continuations);
+                                                                        << " positions; identical greedy continuations "
+                                                                        << identical << "/" << continuations);
   CHECK(continuations == 2);
 }
 

@@ -19,8 +19,14 @@ json record(const std::string& task, json options, const std::string& method, in
             const std::string& prediction = "x") {
   static int serial = 0;  // each record its own cell, as samples are
   return {{"config",
-           {{"task", task}, {"options", options}, {"method", method}, {"budget", budget}, {"gqa", "native"},
-            {"params", json::object()}, {"model", "m.gguf"}, {"version", "test"}}},
+           {{"task", task},
+            {"options", options},
+            {"method", method},
+            {"budget", budget},
+            {"gqa", "native"},
+            {"params", json::object()},
+            {"model", "m.gguf"},
+            {"version", "test"}}},
           {"key", fmt::format("{}-{}-{}-{}-{}", task, options.dump(), method, budget, ++serial)},
           {"score", score},
           {"prediction", prediction},
@@ -42,14 +48,16 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   {
     std::ofstream out(dir / "runs" / "a.jsonl");
     // LongBench: three datasets in two categories; snapkv listed before the full cache on purpose.
-    for (const auto& [ds, full, snap] : {std::tuple{"qasper", 0.40, 0.30}, {"multifieldqa_en", 0.50, 0.45},
-                                         std::tuple{"hotpotqa", 0.30, 0.20}}) {
+    for (const auto& [ds, full, snap] :
+         {std::tuple{"qasper", 0.40, 0.30}, {"multifieldqa_en", 0.50, 0.45}, std::tuple{"hotpotqa", 0.30, 0.20}}) {
       out << record("longbench", {{"dataset", ds}}, "snapkv", 128, snap).dump() << "\n";
       out << record("longbench", {{"dataset", ds}}, "fullkv", 0, full).dump() << "\n";
     }
     // LongBench-E: two datasets, records in two length ranges.
-    for (const auto& [ds, len, score] : {std::tuple{"qasper", 3000, 0.6}, {"qasper", 9000, 0.2},
-                                         std::tuple{"hotpotqa", 3500, 0.4}, {"hotpotqa", 3900, 0.2}}) {
+    for (const auto& [ds, len, score] : {std::tuple{"qasper", 3000, 0.6},
+                                         {"qasper", 9000, 0.2},
+                                         std::tuple{"hotpotqa", 3500, 0.4},
+                                         {"hotpotqa", 3900, 0.2}}) {
       json r = record("longbench-e", {{"dataset", ds}}, "fullkv", 0, score);
       r["meta"] = {{"length", len}};
       out << r.dump() << "\n";
@@ -58,8 +66,8 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
     for (int L : {4096, 8192})
       for (const char* t : {"vt", "niah_single_1"}) {
         out << record("ruler", {{"task", t}, {"length", std::to_string(L)}}, "fullkv", 0, 1.0).dump() << "\n";
-        out << record("ruler", {{"task", t}, {"length", std::to_string(L)}}, "fullkv", 0, std::string(t) == "vt" ? 0.0 : 1.0,
-                      std::string(t) == "vt" && L == 4096 ? " " : "x")
+        out << record("ruler", {{"task", t}, {"length", std::to_string(L)}}, "fullkv", 0,
+                      std::string(t) == "vt" ? 0.0 : 1.0, std::string(t) == "vt" && L == 4096 ? " " : "x")
                    .dump()
             << "\n";
       }
@@ -81,7 +89,8 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   const std::string tex = read(rep / "longbench.tex");
   CHECK(tex.find("\\multicolumn{2}{c}{Single-Doc QA} & \\multicolumn{1}{c}{Multi-Doc QA}") != std::string::npos);
   CHECK(tex.find("\\cmidrule(lr){2-3}\\cmidrule(lr){4-4}") != std::string::npos);
-  CHECK(read(rep / "longbench.csv").find("block,Method,Single-Doc QA/Qasper,Single-Doc QA/MF-en,Multi-Doc QA/HotpotQA,Avg.,Bits") == 0);
+  CHECK(read(rep / "longbench.csv")
+            .find("block,Method,Single-Doc QA/Qasper,Single-Doc QA/MF-en,Multi-Doc QA/HotpotQA,Avg.,Bits") == 0);
   // LongBench-E per length range: the mean of the datasets' means (qasper 0.6, hotpotqa 0.3 below 4k).
   const std::string lbe = read(rep / "longbench-e-lengths.md");
   INFO(lbe);
@@ -95,7 +104,8 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   CHECK(read(rep / "ruler-lengths.md").find("| FullKV | 75.00 | 75.00 | 75.00 |") != std::string::npos);
   // Method x KV size, with the share of the full cache kept (and of a full fp16 cache: these fp32
   // records hold twice its bytes), its heatmap and the score-memory plot.
-  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%, 50.0% fp16, n=3) |") != std::string::npos);
+  CHECK(read(rep / "longbench-method-budget.md").find("| snapkv | - | 31.67 (25.0%, 50.0% fp16, n=3) |") !=
+        std::string::npos);
   CHECK(read(rep / "longbench-memory.csv").find("\"snapkv\",0.500000,0.3167") != std::string::npos);
   // The table's CSV and the heatmap's cells are separate files.
   CHECK(read(rep / "longbench-method-budget.csv").find("31.67 (25.0%, 50.0% fp16, n=3)") != std::string::npos);
@@ -146,8 +156,8 @@ TEST_CASE("reports: compression-ratio runs get their own columns and blocks besi
   const std::string mb = read(dir / "rep" / "longbench-method-budget.md");
   INFO(mb);
   CHECK(mb.find("| Method | Full | p_c=0.5 | p_c=0.9 | 128 |") != std::string::npos);
-  CHECK(mb.find("| snapkv | - | 28.00 (50.0%, 100.0% fp16, n=1) | 10.00 (10.0%, 20.0% fp16, n=1) | 20.00 (25.0%, 50.0% fp16, n=1) |") !=
-        std::string::npos);
+  CHECK(mb.find("| snapkv | - | 28.00 (50.0%, 100.0% fp16, n=1) | 10.00 (10.0%, 20.0% fp16, n=1) | 20.00 (25.0%, 50.0% "
+                "fp16, n=1) |") != std::string::npos);
   const std::string lb = read(dir / "rep" / "longbench.md");
   CHECK(lb.find("Compression ratio = 0.9") != std::string::npos);
   CHECK(lb.find("KV size = 128") != std::string::npos);
@@ -203,8 +213,10 @@ TEST_CASE("reports: fp16 records and a method without a budget on one memory axi
   const std::string s = read(dir / "rep" / "summary.md");
   INFO(s);
   // KV kept, vs fp16 full, bits per element, T_eq (fp16 token units of the 1,000-token prompt).
-  CHECK(s.find("| kvmix | Full | fp16 | native | - | 1 | 40.00 | - | - | 22.0% | 22.0% | 3.52 | 220 |") != std::string::npos);
-  CHECK(s.find("| fullkv | Full | fp32 | native | - | 1 | 50.00 | - | - | 100.0% | 200.0% | 32.00 | 2000 |") != std::string::npos);
+  CHECK(s.find("| kvmix | Full | fp16 | native | - | 1 | 40.00 | - | - | 22.0% | 22.0% | 3.52 | 220 |") !=
+        std::string::npos);
+  CHECK(s.find("| fullkv | Full | fp32 | native | - | 1 | 50.00 | - | - | 100.0% | 200.0% | 32.00 | 2000 |") !=
+        std::string::npos);
   const std::string mem = read(dir / "rep" / "longbench-memory.csv");
   CHECK(mem.find("\"kvmix [fp16]\",0.220000,0.4000") != std::string::npos);
 }
@@ -262,8 +274,8 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
   INFO(t);
   CHECK(t.find("| h2o | +0.00 [") != std::string::npos);
   CHECK(t.find("| snapkv | -10.00 [") != std::string::npos);
-  CHECK(t.find("] * (n=30) |") != std::string::npos);     // snapkv's interval excludes 0
-  CHECK(t.find("] (n=30) |") != std::string::npos);       // h2o's does not
+  CHECK(t.find("] * (n=30) |") != std::string::npos);  // snapkv's interval excludes 0
+  CHECK(t.find("] (n=30) |") != std::string::npos);    // h2o's does not
   require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "pyramidkv", rep, {"md"}); },
                 {"--baseline pyramidkv", "recorded: fullkv, h2o, snapkv"});
   require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "snapkv:window=8", rep, {"md"}); },

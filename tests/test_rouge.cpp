@@ -2,7 +2,7 @@
 // (tools/reference/rouge_reference.py).
 #include <fstream>
 
-#include "tasks/rouge_score.hpp"
+#include "harness/task/rouge_score.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;

@@ -1,15 +1,16 @@
-// Python-compatible randomness (spec/benchmarks.md Appendix A test vectors) and RULER's synthetic tasks.
+// Python-compatible randomness (test vectors from CPython's random and numpy's legacy np.random at seed 42)
+// and RULER's synthetic tasks.
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <map>
 
 #include "harness/model/model_file.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "ruler_fixture.hpp"
 #include "tasks/ruler/py_random.hpp"
 #include "tasks/ruler/ruler.hpp"
-#include "tasks/task.hpp"
-#include "ruler_fixture.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -48,7 +49,9 @@ std::unique_ptr<Task> ruler(const Tokenizer& tok, const std::string& task, int l
   TaskContext ctx;
   ctx.tokenizer = &tok;
   ctx.data_dir = default_data_dir();
-  ctx.options = {{"task", task}, {"length", std::to_string(length)}, {"seed", std::to_string(seed)},
+  ctx.options = {{"task", task},
+                 {"length", std::to_string(length)},
+                 {"seed", std::to_string(seed)},
                  {"samples", std::to_string(samples)}};
   return TaskRegistry::get().create("ruler", ctx);
 }
@@ -83,10 +86,12 @@ TEST_CASE("RULER niah: template, needle format, distractors, length fitted to th
           within += len >= 0.98 * length;
           ++total;
           REQUIRE(s.answers.size() == 1);
-          const std::string needle = "One of the special magic " +
-                                     std::string(task == "niah_multikey_3" ? "uuids" : "numbers") + " for ";
+          const std::string needle =
+              "One of the special magic " + std::string(task == "niah_multikey_3" ? "uuids" : "numbers") + " for ";
           // The singular template, the needle sentence with its value, and the query key in the question.
-          CHECK(s.prompt.rfind(task == "niah_multikey_3" ? "A special magic uuid is hidden" : "A special magic number is hidden", 0) == 0);
+          CHECK(s.prompt.rfind(
+                    task == "niah_multikey_3" ? "A special magic uuid is hidden" : "A special magic number is hidden",
+                    0) == 0);
           CHECK(s.prompt.find(" is: " + s.answers[0] + ".") != std::string::npos);
           const size_t lines = static_cast<size_t>(std::count(s.prompt.begin(), s.prompt.end(), '\n'));
           const size_t needles = [&] {
@@ -123,8 +128,10 @@ TEST_CASE("RULER essay niah: needles between Punkt sentences, k/v/q counts, leng
     size_t needles, answers;
     bool uuid, plural;
   };
-  for (const Expect x : {Expect{"niah_single_2", 1, 1, false, false}, {"niah_single_3", 1, 1, true, false},
-                         {"niah_multikey_1", 4, 1, false, false}, {"niah_multivalue", 4, 4, false, true},
+  for (const Expect x : {Expect{"niah_single_2", 1, 1, false, false},
+                         {"niah_single_3", 1, 1, true, false},
+                         {"niah_multikey_1", 4, 1, false, false},
+                         {"niah_multivalue", 4, 4, false, true},
                          {"niah_multiquery", 4, 4, false, true}}) {
     for (int length : {4096, 8192}) {
       int within = 0, total = 0, shortest = length;
@@ -139,12 +146,15 @@ TEST_CASE("RULER essay niah: needles between Punkt sentences, k/v/q counts, leng
           within += len >= 0.98 * length;
           shortest = std::min(shortest, len);
           ++total;
-          CHECK(s.prompt.rfind(x.plural ? "Some special magic numbers are hidden" : x.uuid ? "A special magic uuid is hidden"
-                                                                                           : "A special magic number is hidden",
+          CHECK(s.prompt.rfind(x.plural ? "Some special magic numbers are hidden"
+                               : x.uuid ? "A special magic uuid is hidden"
+                                        : "A special magic number is hidden",
                                0) == 0);
           size_t needles = 0;
-          const std::string needle = std::string("One of the special magic ") + (x.uuid ? "uuids" : "numbers") + " for ";
-          for (size_t at = s.prompt.find(needle); at != std::string::npos; at = s.prompt.find(needle, at + 1)) ++needles;
+          const std::string needle =
+              std::string("One of the special magic ") + (x.uuid ? "uuids" : "numbers") + " for ";
+          for (size_t at = s.prompt.find(needle); at != std::string::npos; at = s.prompt.find(needle, at + 1))
+            ++needles;
           CHECK(needles == x.needles);
           REQUIRE(s.answers.size() == x.answers);
           for (const auto& a : s.answers) CHECK(s.prompt.find(" is: " + a + ".") != std::string::npos);
@@ -173,8 +183,8 @@ TEST_CASE("RULER tasks generated here equal RULER's own generator, sample for sa
   auto tok = load_tokenizer(*m);
   int total = 0;
   const int same = compare_with_ruler_fixture(
-      "ruler/generator.json", [&](const std::string& task, int length, int n) { return ruler(*tok, task, length, 42, n); },
-      total);
+      "ruler/generator.json",
+      [&](const std::string& task, int length, int n) { return ruler(*tok, task, length, 42, n); }, total);
   CHECK(total == 66);  // 11 tasks x 1024, 4096 x 3
   WARN(same << "/" << total << " RULER samples byte-identical to RULER's generator");
 }
@@ -217,7 +227,8 @@ TEST_CASE("RULER vt, cwe, fwe: structure and length fitted to the target", "[tas
             // After the example block, each common word appears 30 times in the real list.
             REQUIRE(s.answers.size() == 10);
             const std::string real = s.prompt.substr(s.prompt.find("\nBelow is a numbered list"));
-            for (const auto& w : s.answers) CHECK(occurrences(real, ". " + w + " ") + occurrences(real, ". " + w + "\n") == 30);
+            for (const auto& w : s.answers)
+              CHECK(occurrences(real, ". " + w + " ") + occurrences(real, ". " + w + "\n") == 30);
           } else {
             REQUIRE(s.answers.size() == 3);
             CHECK(occurrences(s.prompt, " " + s.answers[0] + " ") > occurrences(s.prompt, " " + s.answers[2] + " "));
@@ -228,8 +239,8 @@ TEST_CASE("RULER vt, cwe, fwe: structure and length fitted to the target", "[tas
           CHECK(t->score(s, s.answers[0]) == Approx(1.0 / double(s.answers.size())));
         }
       }
-      WARN(task << " at " << length << ": " << within << "/" << total
-                << " samples within 2% of the target, shortest " << shortest);
+      WARN(task << " at " << length << ": " << within << "/" << total << " samples within 2% of the target, shortest "
+                << shortest);
     }
   }
 }

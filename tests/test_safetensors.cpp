@@ -34,8 +34,7 @@ json tensor(const char* dtype, std::vector<uint64_t> shape, uint64_t b, uint64_t
 
 }  // namespace
 
-TEST_CASE("a sharded model written by the safetensors package loads with canonical names",
-          "[safetensors]") {
+TEST_CASE("a sharded model written by the safetensors package loads with canonical names", "[safetensors]") {
   const std::string dir = test::fixture("safetensors/tiny_llama");
   auto m = ModelFile::open(dir);
   const ModelConfig& c = m->config();
@@ -92,8 +91,11 @@ TEST_CASE("safetensors header validation", "[safetensors]") {
   }
   test::require_error([&] { parse(make_file({{"w", tensor("Q7", {2}, 0, 8)}}, data)); }, {"'w'", "dtype 'Q7'"});
   test::require_error([&] { parse(make_file({{"w", tensor("F32", {2, 3}, 0, 20)}}, data)); }, {"'w'", "needs 24"});
-  test::require_error([&] { parse(make_file({{"w", tensor("F16", {4}, 0, 8)}, {"v", tensor("F16", {4}, 4, 12)}}, data)); },
-                      {"overlap"});
+  test::require_error(
+      [&] {
+        parse(make_file({{"w", tensor("F16", {4}, 0, 8)}, {"v", tensor("F16", {4}, 4, 12)}}, data));
+      },
+      {"overlap"});
   test::require_error([&] { parse(make_file({{"w", {{"dtype", "F32"}}}}, data)); }, {"'w'", "data_offsets"});
   test::require_error([&] { parse(make_file(json::array({1, 2}), data)); }, {"JSON object"});
   test::require_error([&] { parse(raw_file("{not json", data)); }, {"not valid JSON"});
@@ -156,8 +158,11 @@ ModelConfig config_with(const std::function<void(json&)>& edit) {
 }  // namespace
 
 TEST_CASE("RoPE settings are read from both config layouts and never defaulted silently", "[safetensors][config]") {
-  const json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 128}};
+  const json llama3 = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 128}};
   auto check_llama3 = [](const ModelConfig& c) {
     CHECK(c.rope_theta == 500000.0);
     CHECK(c.rope_scaling.type == RopeScaling::Type::Llama3);
@@ -208,30 +213,49 @@ TEST_CASE("RoPE settings are read from both config layouts and never defaulted s
     CHECK(c.rope_theta == 1e6);
   }
   SECTION("errors name the file and the field") {
-    test::require_error([&] { config_with([&](json& j) {
-                          j["rope_theta"] = 10000.0;
-                          j["rope_parameters"] = {{"rope_theta", 1e6}};
-                        }); },
-                        {"config.json", "rope_parameters.rope_theta", "rope_theta = 10000"});
-    test::require_error([&] { config_with([&](json& j) {
-                          j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
-                          j["rope_parameters"] = llama3;
-                        }); },
-                        {"config.json", "rope_parameters", "rope_scaling", "disagree"});
-    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }); },
-                        {"config.json", "rope_parameters.rope_type 'yarn' is not supported"});
-    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "linear"}}; }); },
-                        {"config.json", "'factor' is missing"});
-    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"mscale", 1.0}}; }); },
-                        {"config.json", "rope_parameters.mscale is not understood"});
-    test::require_error([] { config_with([](json& j) { j["rope_parameters"] = {{"partial_rotary_factor", 0.5}}; }); },
-                        {"config.json", "partial rotary"});
+    test::require_error(
+        [&] {
+          config_with([&](json& j) {
+            j["rope_theta"] = 10000.0;
+            j["rope_parameters"] = {{"rope_theta", 1e6}};
+          });
+        },
+        {"config.json", "rope_parameters.rope_theta", "rope_theta = 10000"});
+    test::require_error(
+        [&] {
+          config_with([&](json& j) {
+            j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+            j["rope_parameters"] = llama3;
+          });
+        },
+        {"config.json", "rope_parameters", "rope_scaling", "disagree"});
+    test::require_error(
+        [] { config_with([](json& j) {
+               j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+             }); },
+        {"config.json", "rope_parameters.rope_type 'yarn' is not supported"});
     test::require_error([] { config_with([](json& j) {
-                          j["layer_types"] = {"full_attention", "sliding_attention"};
-                          j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}},
-                                                  {"sliding_attention", {{"rope_theta", 1e4}}}};
-                        }); },
-                        {"config.json", "per-layer RoPE"});
+                               j["rope_parameters"] = {{"rope_type", "linear"}};
+                             }); },
+                        {"config.json", "'factor' is missing"});
+    test::require_error(
+        [] { config_with([](json& j) {
+               j["rope_parameters"] = {{"rope_type", "default"}, {"mscale", 1.0}};
+             }); },
+        {"config.json", "rope_parameters.mscale is not understood"});
+    test::require_error([] { config_with([](json& j) {
+                               j["rope_parameters"] = {{"partial_rotary_factor", 0.5}};
+                             }); },
+                        {"config.json", "partial rotary"});
+    test::require_error(
+        [] {
+          config_with([](json& j) {
+            j["layer_types"] = {"full_attention", "sliding_attention"};
+            j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}},
+                                    {"sliding_attention", {{"rope_theta", 1e4}}}};
+          });
+        },
+        {"config.json", "per-layer RoPE"});
     test::require_error([] { config_with([](json& j) { j["hidden_act"] = "gelu"; }); }, {"config.json", "hidden_act"});
     test::require_error([] { config_with([](json& j) { j["mlp_bias"] = true; }); }, {"config.json", "mlp_bias"});
   }

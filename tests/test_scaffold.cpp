@@ -28,11 +28,12 @@ TEST_CASE("scaffold: the documented example renamed, method and class, nothing o
   test::TempDir root("scaffold");
   make_tree(root, "methods");
   const ScaffoldFiles f = scaffold(ScaffoldKind::Method, "my_rule2", root.path().string());
-  CHECK(f.source == (root / "methods/my_rule2.cpp").string());
+  CHECK(f.source == (root / "methods/my_rule2/my_rule2.cpp").string());
+  CHECK(f.test == (root / "methods/my_rule2/test_my_rule2.cpp").string());
   const std::string m = slurp(f.source), t = slurp(f.test);
   CHECK(m == scaffold_rename(ScaffoldKind::Method, generated::kMethodTemplate, "my_rule2"));
-  CHECK(m.find("// methods/my_rule2.cpp") == 0);
-  CHECK(m.find("class MyRule2 final : public Method") != std::string::npos);
+  CHECK(m.find("// methods/my_rule2/my_rule2.cpp") == 0);
+  CHECK(m.find("class MyRule2 final : public ScorerMethod") != std::string::npos);
   CHECK(m.find(".name = \"my_rule2\"") != std::string::npos);
   CHECK(t.find("create(\"my_rule2\"") != std::string::npos);
   CHECK(t.find("\"[my_rule2]\"") != std::string::npos);
@@ -41,7 +42,8 @@ TEST_CASE("scaffold: the documented example renamed, method and class, nothing o
     CHECK(s.find("KeyNorm") == std::string::npos);
   }
   // A second time the files exist; nothing is overwritten.
-  test::require_error([&] { scaffold(ScaffoldKind::Method, "my_rule2", root.path().string()); }, {"my_rule2.cpp exists"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "my_rule2", root.path().string()); },
+                      {"my_rule2.cpp exists"});
 }
 
 TEST_CASE("scaffold: bad names, registered names and a folder that is not the source tree are refused", "[scaffold]") {
@@ -50,7 +52,8 @@ TEST_CASE("scaffold: bad names, registered names and a folder that is not the so
     test::require_error([&] { scaffold(ScaffoldKind::Method, bad, root.path().string()); }, {"is not a method name"});
   test::require_error([&] { scaffold(ScaffoldKind::Method, "snapkv", root.path().string()); }, {"already registered"});
   test::require_error([&] { scaffold(ScaffoldKind::Method, "keynorm", root.path().string()); }, {"documented example"});
-  test::require_error([&] { scaffold(ScaffoldKind::Method, "fresh", root.path().string()); }, {"no methods/ and tests/"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "fresh", root.path().string()); },
+                      {"no methods/ and tests/"});
   CHECK(std::filesystem::is_empty(root.path()));
 }
 
@@ -59,6 +62,7 @@ TEST_CASE("scaffold: a task from the documented passkey example, in its own fold
   make_tree(root, "tasks");
   const ScaffoldFiles f = scaffold(ScaffoldKind::Task, "digits", root.path().string());
   CHECK(f.source == (root / "tasks/digits/digits.cpp").string());
+  CHECK(f.test == (root / "tests/test_digits.cpp").string());
   const std::string src = slurp(f.source), t = slurp(f.test);
   CHECK(src == scaffold_rename(ScaffoldKind::Task, generated::kTaskTemplate, "digits"));
   CHECK(src.find("class Digits final : public Task") != std::string::npos);

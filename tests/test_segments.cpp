@@ -65,8 +65,7 @@ TEST_CASE("group quantization error bounds, constant groups", "[segments]") {
   CHECK(std::all_of(codes.begin(), codes.end(), [](uint32_t c) { return c == 0; }));
 }
 
-TEST_CASE("attention over quantized + dense segments equals attention over the reconstruction",
-          "[segments]") {
+TEST_CASE("attention over quantized + dense segments equals attention over the reconstruction", "[segments]") {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int d = 64, hq = 4, hkv = 2;
@@ -116,13 +115,14 @@ TEST_CASE("fused quantized products equal their dequantize-then-dot references",
   force_portable_kernels(portable);
   INFO("vector path: " << (cpu_has_avx2() ? "AVX2" : "portable"));
   // Key bits x token groups, value bits x channel groups, head dims including one not a multiple of 32.
-  for (auto [bits, kg, vg] : {std::tuple{1, 32, 32}, {2, 32, 32}, {2, 16, 16}, {2, 64, 32}, {3, 11, 32}, {3, 22, 32},
-                              {4, 32, 32}, {4, 8, 8}})
+  for (auto [bits, kg, vg] :
+       {std::tuple{1, 32, 32}, {2, 32, 32}, {2, 16, 16}, {2, 64, 32}, {3, 11, 32}, {3, 22, 32}, {4, 32, 32}, {4, 8, 8}})
     for (int d : {64, 128, 40}) {
       if (d % vg != 0) continue;
       const int vbits = bits == 3 ? 4 : bits, n = kg * 5;
       INFO("bits " << bits << " key group " << kg << " value group " << vg << " d " << d);
-      std::vector<float> k(static_cast<size_t>(n * d)), v(k.size()), q(static_cast<size_t>(d)), p(static_cast<size_t>(n));
+      std::vector<float> k(static_cast<size_t>(n * d)), v(k.size()), q(static_cast<size_t>(d)),
+          p(static_cast<size_t>(n));
       for (auto* x : {&k, &v, &q, &p})
         for (auto& e : *x) e = nd(rng);
       for (int t = 0; t < n; t += 7) p[size_t(t)] = 0.0f;
@@ -153,14 +153,13 @@ TEST_CASE("quantized segment bytes: codes plus fp16 scale and minimum per group"
   s.append(k.data(), v.data(), 64, pos.data());
   // Keys: 2 token groups x 64 channels x (2 words + 2 halves); values: 64 tokens x (4 words + 2 x 2 halves).
   CHECK(s.bytes() == 2 * 64 * (8 + 4) + 64 * (16 + 8));
-  // 2-bit with groups of 32 costs 3.0 bits per element (spec/methods-a.md 3.2).
+  // 2-bit with groups of 32 costs 3.0 bits per element (methods/kvmix/README.md §7).
   CHECK(static_cast<double>(s.bytes()) * 8 / (64.0 * d * 2) == 3.0);
   test::require_error([&] { QuantizedSegment(d, 3, 3, 11, 32); }, {"3-bit values"});
   test::require_error([&] { s.append(k.data(), v.data(), 10, pos.data()); }, {"10 tokens", "32-token groups"});
 }
 
-TEST_CASE("low-rank segments: PCA basis, nesting, pre-RoPE keys, attention equals reconstruction",
-          "[segments]") {
+TEST_CASE("low-rank segments: PCA basis, nesting, pre-RoPE keys, attention equals reconstruction", "[segments]") {
   std::mt19937 rng(4);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int d = 32, n = 200, r = 6;
@@ -210,8 +209,7 @@ TEST_CASE("low-rank segments: PCA basis, nesting, pre-RoPE keys, attention equal
   for (auto* s : {post.get(), pre.get()}) {
     std::vector<float> sk, sv;
     s->reconstruct(sk, sv);
-    for (size_t t = 0; t < s->size(); ++t)
-      dense->append(sk.data() + t * d, sv.data() + t * d, s->positions()[t]);
+    for (size_t t = 0; t < s->size(); ++t) dense->append(sk.data() + t * d, sv.data() + t * d, s->positions()[t]);
   }
   // Pre-RoPE keys at full basis rank (8 >= data rank 6) come back rotated at their positions.
   std::vector<float> pk, pv;
@@ -246,8 +244,7 @@ class SquareEstimator final : public ValueEstimator {
 };
 }  // namespace
 
-TEST_CASE("approximated-value segments: affine fold and generic estimator equal the reconstruction",
-          "[segments]") {
+TEST_CASE("approximated-value segments: affine fold and generic estimator equal the reconstruction", "[segments]") {
   std::mt19937 rng(6);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int d = 16;
@@ -258,8 +255,8 @@ TEST_CASE("approximated-value segments: affine fold and generic estimator equal 
   std::vector<float> w(size_t(d) * d), c(d);
   for (auto& x : w) x = nd(rng) * 0.3f;
   for (auto& x : c) x = nd(rng);
-  std::vector<std::shared_ptr<const ValueEstimator>> ests = {
-      std::make_shared<AffineValueEstimator>(d, w, c), std::make_shared<SquareEstimator>(d)};
+  std::vector<std::shared_ptr<const ValueEstimator>> ests = {std::make_shared<AffineValueEstimator>(d, w, c),
+                                                             std::make_shared<SquareEstimator>(d)};
   for (const auto& est : ests) {
     INFO(est->name());
     auto seg = std::make_unique<ApproxValueSegment>(d, est, rope, true);
@@ -282,7 +279,8 @@ TEST_CASE("approximated-value segments: affine fold and generic estimator equal 
     std::vector<float> rk, rv;
     seg->reconstruct(rk, rv);
     auto dense = std::make_unique<DenseSegment>(d);
-    for (int t = 0; t < 40; ++t) dense->append(rk.data() + size_t(t) * d, rv.data() + size_t(t) * d, seg->positions()[t]);
+    for (int t = 0; t < 40; ++t)
+      dense->append(rk.data() + size_t(t) * d, rv.data() + size_t(t) * d, seg->positions()[t]);
     LayerCache cache(2, 1, d), ref(2, 1, d);
     cache.segments(0).push_back(std::move(seg));
     ref.segments(0).push_back(std::move(dense));

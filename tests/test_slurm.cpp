@@ -9,8 +9,8 @@
 #include "harness/experiment/results.hpp"
 #include "harness/experiment/slurm.hpp"
 #include "harness/experiment/sweep.hpp"
+#include "harness/task/task.hpp"
 #include "harness/util/subprocess.hpp"
-#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -31,8 +31,8 @@ TEST_CASE("Slurm array expressions, scontrol and sacct states", "[slurm]") {
       "JobId=13 ArrayJobId=13 ArrayTaskId=4-6,8 JobName=kvbench-x JobState=PENDING Reason=Resources\n"
       "JobId=20 JobName=other JobState=RUNNING\n";
   const auto s = parse_scontrol_states(scontrol);
-  CHECK(s == std::map<int, std::string>{{1, "CANCELLED"}, {3, "RUNNING"}, {4, "PENDING"}, {5, "PENDING"},
-                                        {6, "PENDING"}, {8, "PENDING"}});
+  CHECK(s == std::map<int, std::string>{
+                 {1, "CANCELLED"}, {3, "RUNNING"}, {4, "PENDING"}, {5, "PENDING"}, {6, "PENDING"}, {8, "PENDING"}});
   const auto a = parse_sacct_states("13_3|CANCELLED by 0\n13_[4-5]|PENDING\n13_0|COMPLETED\n13|RUNNING\n");
   CHECK(a == std::map<int, std::string>{{0, "COMPLETED"}, {3, "CANCELLED"}, {4, "PENDING"}, {5, "PENDING"}});
   CHECK(slurm_state_active("PENDING"));
@@ -43,8 +43,11 @@ TEST_CASE("Slurm array expressions, scontrol and sacct states", "[slurm]") {
 }
 
 TEST_CASE("the job script: one task per shard, options as #SBATCH lines, paths quoted", "[slurm]") {
-  const nlohmann::json m = {{"name", "s"}, {"shards", 3}, {"version", "abc1234"},
-                            {"kvbench", "/opt/it's/kvbench"}, {"workdir", "/lab/project"}};
+  const nlohmann::json m = {{"name", "s"},
+                            {"shards", 3},
+                            {"version", "abc1234"},
+                            {"kvbench", "/opt/it's/kvbench"},
+                            {"workdir", "/lab/project"}};
   SlurmOptions o;
   o.partition = "gpu";
   o.gres = "gpu:1";

@@ -38,7 +38,7 @@ TEST_CASE("the bootstrap's percentiles match the exact resampling distribution",
   };
   const auto m = bootstrap_interval({x}, Average::Samples, 0.95, 40000);
   CHECK(m.mean == Approx(0.5));
-  CHECK(m.low == Approx(exact(0.025)).margin(0.0126));   // one step of the discrete distribution
+  CHECK(m.low == Approx(exact(0.025)).margin(0.0126));  // one step of the discrete distribution
   CHECK(m.high == Approx(exact(0.975)).margin(0.0126));
   CHECK(m.low < m.mean);
   CHECK(m.high > m.mean);

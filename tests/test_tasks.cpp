@@ -1,14 +1,14 @@
 // Task registry, Python string semantics for metrics, and the Needle-in-a-Haystack task against the
-// reference protocol (spec/benchmarks.md section 3).
+// reference protocol (KVCache-Factory's run_needle_in_haystack.py).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "harness/model/model_file.hpp"
 #include "harness/report/heatmap.hpp"
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
-#include "tasks/task.hpp"
-#include "tasks/text.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -19,8 +19,14 @@ TEST_CASE("Python str.split, lower and strip semantics", "[tasks]") {
   CHECK(python_split("  a b\t\nc  ") == V{"a", "b", "c"});
   CHECK(python_split("") == V{});
   // \x1c-\x1f, NBSP, ideographic space and U+2028 separate; U+200B (zero width space) does not.
-  CHECK(python_split("a\x1c" "b\xC2\xA0" "c\xE3\x80\x80" "d\xE2\x80\xA8" "e") == V{"a", "b", "c", "d", "e"});
-  CHECK(python_split("a\xE2\x80\x8B" "b") == V{"a\xE2\x80\x8B" "b"});
+  CHECK(python_split("a\x1c"
+                     "b\xC2\xA0"
+                     "c\xE3\x80\x80"
+                     "d\xE2\x80\xA8"
+                     "e") == V{"a", "b", "c", "d", "e"});
+  CHECK(python_split("a\xE2\x80\x8B"
+                     "b") == V{"a\xE2\x80\x8B"
+                               "b"});
   CHECK(python_lower("DAY. \xC3\x89T\xC3\x89 \xCE\xA3") == "day. \xC3\xA9t\xC3\xA9 \xCF\x83");
   CHECK(python_strip("\xC2\xA0 x y \n\xE3\x80\x80") == "x y");
   CHECK(python_strip(" \t ").empty());
@@ -75,9 +81,12 @@ TEST_CASE("niah: grid, context sizing, needle at a sentence boundary, heatmap sc
     const size_t at = s.prompt.find(needle);
     REQUIRE(at != std::string::npos);
     CHECK(s.prompt.find(needle, at + 1) == std::string::npos);
-    if (d == 0) CHECK(s.prompt.compare(at - 6, 6, "book> ") == 0);
-    else if (d == 100) CHECK(s.prompt.compare(at + needle.size(), 8, " </book>") == 0);
-    else CHECK(s.prompt[at - 1] == '.');  // snapped back to the end of a sentence
+    if (d == 0)
+      CHECK(s.prompt.compare(at - 6, 6, "book> ") == 0);
+    else if (d == 100)
+      CHECK(s.prompt.compare(at + needle.size(), 8, " </book>") == 0);
+    else
+      CHECK(s.prompt[at - 1] == '.');  // snapped back to the end of a sentence
     CHECK(s.prompt.rfind("Question: The best thing to do in San Francisco is: \nAnswer:") != std::string::npos);
     CHECK(s.max_new_tokens == 30);
   }
@@ -122,4 +131,33 @@ TEST_CASE("niah heatmap: colour scale and PNG, SVG, CSV files", "[tasks][report]
   std::ifstream csv(stem + ".csv");
   std::string csv_text((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());
   CHECK(csv_text == "depth_percent,1000,2000\n0,1.0000,0.0000\n100,0.5000,\n");
+}
+
+TEST_CASE("predictions made elsewhere are scored through the task registry", "[tasks]") {
+  const test::TempDir dir("score_elsewhere");
+  auto write = [&](const std::string& name, const std::string& text) {
+    const auto path = (dir / name).string();
+    std::ofstream(path) << text;
+    return path;
+  };
+  // RULER: string_match_all (share of references found) and string_match_part for the QA tasks.
+  const auto ruler = write("ruler.jsonl", R"({"pred": "the keys are 12 and 34", "answers": ["12", "56"]})"
+                                          "\n"
+                                          R"({"pred": "nothing", "answers": ["12"]})"
+                                          "\n");
+  CHECK(score_predictions_file("ruler/niah_multikey_1", ruler, false, "").score == 25.0);
+  CHECK(score_predictions_file("ruler/qa_1", ruler, false, "").score == 50.0);
+  CHECK(score_prediction("ruler/qa_2", {.prediction = "56", .answers = {"12", "56"}}) == 1.0);
+  // NIAH: the fixed needle's words, answers unused.
+  CHECK(score_prediction("niah", {.prediction = "You should eat a sandwich and sit in Dolores Park on a sunny day."}) ==
+        1.0);
+  // jsonl: the metric named after the task.
+  CHECK(score_prediction("jsonl/exact_match", {.prediction = "The Paris.", .answers = {"paris"}}) == 1.0);
+  test::require_error([&] { score_prediction("ruler", {.prediction = "x", .answers = {"x"}}); },
+                      {"name the RULER task", "niah_single_1"});
+  test::require_error([&] { score_prediction("jsonl/bleu", {.prediction = "x", .answers = {"x"}}); },
+                      {"name the metric", "qa_f1"});
+  test::require_error([&] { score_prediction("nosuch/x", {}); }, {"unknown task 'nosuch'"});
+  test::require_error([&] { score_predictions_file("ruler/vt", write("bad.jsonl", R"({"pred": "a"})"), false, ""); },
+                      {"bad.jsonl:1", "'answers' is missing"});
 }

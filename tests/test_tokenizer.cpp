@@ -125,7 +125,8 @@ TEST_CASE("chat formats are recognised from their Jinja templates", "[tokenizer]
   REQUIRE(mistral);
   CHECK(mistral->render({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "Bye"}}, true) ==
         "<s>[INST] Hi [/INST] Hello</s>[INST] Bye [/INST]");
-  auto chatml = ChatTemplate::from_jinja("{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'}}");
+  auto chatml =
+      ChatTemplate::from_jinja("{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'}}");
   REQUIRE(chatml);
   CHECK(chatml->default_system().empty());
   CHECK(chatml->render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
@@ -190,8 +191,7 @@ TEST_CASE("a SentencePiece vocabulary stored GGUF-style tokenizes like its model
   check_corpus(*tok, "mistral_ids.jsonl");
 }
 
-TEST_CASE("tokenizer.json pre-tokenizer and normalizer variants match the tokenizers package",
-          "[tokenizer]") {
+TEST_CASE("tokenizer.json pre-tokenizer and normalizer variants match the tokenizers package", "[tokenizer]") {
   // Reduced SmolLM2 vocabularies saved by the reference library with the configurations of
   // Qwen2 (NFC + its split regex), ByteLevel add_prefix_space, grouped digits with ignore_merges,
   // and Split with Removed / invert.

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "harness/engine/backend.hpp"
+#include "harness/task/task.hpp"
 #include "harness/util/error.hpp"
-#include "tasks/task.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -23,11 +24,28 @@
 
 namespace kvb::test {
 
-inline std::string source_path(const std::string& rel) {
-  return std::string(KVBENCH_SOURCE_DIR) + "/" + rel;
-}
+inline std::string source_path(const std::string& rel) { return std::string(KVBENCH_SOURCE_DIR) + "/" + rel; }
 
 inline std::string fixture(const std::string& rel) { return source_path("tests/fixtures/" + rel); }
+
+// Parameters under which the registry-driven tests run a method on synthetic layers when its defaults
+// need a real model's artifact (scores=uniform for HeadKV) or a real head size. A method's own test
+// file registers them: const bool reg = test::register_method_test_params("headkv", {{"scores", "uniform"}});
+inline std::map<std::string, std::map<std::string, std::string>>& method_test_params() {
+  static std::map<std::string, std::map<std::string, std::string>> params;
+  return params;
+}
+inline bool register_method_test_params(const std::string& method, std::map<std::string, std::string> params) {
+  method_test_params()[method] = std::move(params);
+  return true;
+}
+// The test parameters of `method` (none if it registered none) joined to `extra`.
+inline std::map<std::string, std::string> method_test_params(const std::string& method,
+                                                             std::map<std::string, std::string> extra = {}) {
+  if (const auto it = method_test_params().find(method); it != method_test_params().end())
+    for (const auto& [k, v] : it->second) extra.emplace(k, v);
+  return extra;
+}
 
 // A fresh directory under the system's temporary one, removed with everything in it when the guard
 // goes out of scope, also when a REQUIRE throws. ctest runs test cases in parallel processes and two

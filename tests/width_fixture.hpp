@@ -1,6 +1,6 @@
 #pragma once
 // Compares a method's kept widths on real NIAH prompts of the default model with a golden fixture of
-// an independent Python reference (tools/reference/*_reference.py): per (prompt, layer, head), an
+// an independent Python reference (methods/<name>/reference.py): per (prompt, layer, head), an
 // FNV-1a hash of the widths the reference computed from tensors kvbench dumped.
 #include <fmt/format.h>
 
@@ -10,14 +10,14 @@
 #include <string>
 #include <tuple>
 
+#include "harness/cache/layer_cache.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/method/method.hpp"
-#include "harness/method/mixed_dim.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/hash.hpp"
-#include "tasks/task.hpp"
 #include "test_util.hpp"
 
 namespace kvb::test {
@@ -28,7 +28,7 @@ class WidthRecorder final : public PrefillObserver {
   PrefillNeeds needs() const override { return runner_.needs(); }
   void on_layer(const PrefillView& v, LayerCache& cache) override {
     runner_.on_layer(v, cache);
-    if (layers_.count(v.layer)) widths[v.layer] = cache_widths(cache, v.n_tokens);
+    if (layers_.count(v.layer)) widths[v.layer] = stored_key_dims(cache, v.n_tokens);
   }
   std::map<int, std::vector<std::vector<int>>> widths;
 
@@ -51,12 +51,13 @@ struct FixtureAgreement {
 // time; the script's own counts cover all). A record names its length, method, budget, layer and
 // optionally its parameters; `extra` adds parameters (e.g. a score file). Returns zero runs when the
 // model or the essays are absent (after the helpers' warnings).
-inline FixtureAgreement width_fixture_agreement(const std::string& fixture_file, int max_length,
-                                                const std::map<std::string, std::map<std::string, std::string>>& extra = {}) {
+inline FixtureAgreement width_fixture_agreement(
+    const std::string& fixture_file, int max_length,
+    const std::map<std::string, std::map<std::string, std::string>>& extra = {}) {
   FixtureAgreement out;
   auto path = model_file(kDefaultModel);
   if (!path || !setup_data("PaulGrahamEssays")) return out;
-  const auto fx = nlohmann::json::parse(std::ifstream(fixture(fixture_file)));
+  const auto fx = nlohmann::json::parse(std::ifstream(source_path(fixture_file)));
   auto model = ModelFile::open(*path);
   auto tok = load_tokenizer(*model);
   Engine engine(*model);
@@ -69,7 +70,8 @@ inline FixtureAgreement width_fixture_agreement(const std::string& fixture_file,
     TaskContext ctx;
     ctx.tokenizer = tok.get();
     ctx.data_dir = default_data_dir();
-    ctx.options = {{"s_len", std::to_string(length)}, {"e_len", std::to_string(length)}, {"depths", "3"}, {"chat", "true"}};
+    ctx.options = {
+        {"s_len", std::to_string(length)}, {"e_len", std::to_string(length)}, {"depths", "3"}, {"chat", "true"}};
     const Sample s = TaskRegistry::get().create("niah", ctx)->sample(1);
     const auto ids = build_prompt(*model, *tok, s.prompt, s.chat);
     auto params = nlohmann::json::parse(params_json).get<std::map<std::string, std::string>>();

@@ -113,4 +113,3 @@ void MaterializedValueSegment::accumulate(const float* p, float* acc) const {
 }
 
 }  // namespace kvb
-

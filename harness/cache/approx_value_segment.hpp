@@ -1,6 +1,6 @@
 #pragma once
 // Tokens whose keys are kept and whose values are rebuilt from the keys by a calibrated estimator
-// (VECTOR, spec/methods-b.md 7.2): keys stored post-RoPE, the estimator reads the pre-RoPE key
+// (VECTOR, methods/vector/README.md §3-§5): keys stored post-RoPE, the estimator reads the pre-RoPE key
 // (inverse rotation at the token's position). Estimators are pluggable; an affine one is folded so
 // that decoding applies one D x D product per query instead of one per token.
 #include <cstdint>

@@ -211,4 +211,15 @@ void attend_ref(const LayerCache& cache, const float* q, float* out) {
   }
 }
 
+std::vector<std::vector<int>> stored_key_dims(const LayerCache& cache, int n_tokens) {
+  std::vector<std::vector<int>> out(cache.n_cache_heads(), std::vector<int>(n_tokens, 0));
+  for (int h = 0; h < cache.n_cache_heads(); ++h)
+    for (const auto& seg : cache.segments(h)) {
+      const int dims = seg->key_dims(cache.head_dim());
+      for (int32_t p : seg->positions())
+        if (p >= 0 && p < n_tokens) out[h][p] = dims;
+    }
+  return out;
+}
+
 }  // namespace kvb

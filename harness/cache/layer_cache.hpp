@@ -36,6 +36,8 @@ class Segment {
   // on, rounding what it holds, and charges them at that width. Codes and their fp16 scales are
   // unchanged. Every format must say what it stores, so there is no default.
   virtual void store_as(KvDtype t) = 0;
+  // The dimensions each of its keys keeps, of `head_dim` (fewer in a reduced-dimension format).
+  virtual int key_dims(int head_dim) const { return head_dim; }
 };
 
 // Rows of head_dim numbers stored at a dtype: the dense K or V of a segment, or a full-precision buffer.
@@ -67,7 +69,8 @@ class RowStore {
 // Keys and values at full head dimension, token-major, stored at the segment's dtype.
 class DenseSegment final : public Segment {
  public:
-  explicit DenseSegment(int head_dim, KvDtype dtype = KvDtype::F32) : d_(head_dim), k_(head_dim, dtype), v_(head_dim, dtype) {}
+  explicit DenseSegment(int head_dim, KvDtype dtype = KvDtype::F32)
+      : d_(head_dim), k_(head_dim, dtype), v_(head_dim, dtype) {}
   std::string format() const override { return "dense"; }
   size_t size() const override { return pos_.size(); }
   std::span<const int32_t> positions() const override { return pos_; }
@@ -151,5 +154,9 @@ class LayerCache {
 void attend(const LayerCache& cache, const float* q, float* out);
 // Plain reference: gathers every segment's logits first, one softmax, then the weighted sum.
 void attend_ref(const LayerCache& cache, const float* q, float* out);
+
+// The key dimensions each cache head keeps each prompt position at: 0 when evicted, else the
+// holding segment's key_dims. [cache head][position], for positions [0, n_tokens).
+std::vector<std::vector<int>> stored_key_dims(const LayerCache& cache, int n_tokens);
 
 }  // namespace kvb

@@ -10,11 +10,10 @@
 #include "harness/util/error.hpp"
 #include "harness/util/linalg.hpp"
 
-
 namespace kvb {
 
-LowRankSegment::LowRankSegment(std::shared_ptr<const LowRankBasis> basis, int k_rank, int v_rank,
-                               bool charge_basis, std::shared_ptr<const RopeTable> rope)
+LowRankSegment::LowRankSegment(std::shared_ptr<const LowRankBasis> basis, int k_rank, int v_rank, bool charge_basis,
+                               std::shared_ptr<const RopeTable> rope)
     : basis_(std::move(basis)), rk_(k_rank), rv_(v_rank), charge_basis_(charge_basis), rope_(std::move(rope)) {
   if (rk_ < 0 || rv_ < 0 || rk_ > basis_->rank || rv_ > basis_->rank)
     fail("LowRankSegment: ranks k={} v={} must be within the basis rank {}", rk_, rv_, basis_->rank);

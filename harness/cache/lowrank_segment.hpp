@@ -1,5 +1,5 @@
 #pragma once
-// Keys and values kept as coefficients in a per-head basis (uncentered PCA, spec/methods-a.md 1.2):
+// Keys and values kept as coefficients in a per-head basis (uncentered PCA, methods/mixeddimkv/README.md §3):
 // k ~ c_k P_k^T, v ~ c_v P_v^T. Bases are nested: rank r uses the first r columns of the widest
 // basis, which segments of several ranks share and only one of them pays for. Keys are stored
 // post-RoPE (MixedDimKV) or pre-RoPE with RoPE re-applied at each key's position (DynaKV).
@@ -44,6 +44,7 @@ class LowRankSegment final : public Segment {
   // The stored form, for backends that attend over it directly.
   const LowRankBasis& basis() const { return *basis_; }
   int k_rank() const { return rk_; }
+  int key_dims(int /*head_dim*/) const override { return rk_; }
   int v_rank() const { return rv_; }
   const RopeTable* rope() const { return rope_.get(); }  // null: keys stored post-RoPE
   const std::vector<float>& k_coefficients() const { return ck_; }

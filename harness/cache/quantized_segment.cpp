@@ -14,7 +14,8 @@ QuantizedKeys::QuantizedKeys(int head_dim, int bits, int group) : d_(head_dim), 
   if (bits < 1 || bits > 4) fail("key bit width {} is outside 1-4", bits);
   const int per = codes_per_word(bits);
   if (bits == 3 && group % 11 != 0) fail("3-bit keys need token groups of a multiple of 11, got {}", group);
-  if (bits != 3 && group % per != 0) fail("{}-bit keys need token groups of a multiple of {}, got {}", bits, per, group);
+  if (bits != 3 && group % per != 0)
+    fail("{}-bit keys need token groups of a multiple of {}, got {}", bits, per, group);
   words_per_group_ = group / per;
 }
 
@@ -58,8 +59,8 @@ QuantizedValues::QuantizedValues(int head_dim, int bits, int group) : d_(head_di
   if (bits == 3) fail("3-bit values are not supported (11 codes per word do not tile channel groups); use 2 or 4");
   const int per = codes_per_word(bits);
   if (group <= 0 || head_dim % group != 0 || group % per != 0)
-    fail("{}-bit values need channel groups dividing the head dim {} and a multiple of {}, got {}", bits, head_dim,
-         per, group);
+    fail("{}-bit values need channel groups dividing the head dim {} and a multiple of {}, got {}", bits, head_dim, per,
+         group);
   words_per_token_ = head_dim / per;
 }
 

@@ -3,7 +3,7 @@
 // of one channel), values per token (groups of v_group consecutive channels of one token), 1-4 bits,
 // fp16 scale and minimum per group, codes packed into 32-bit words (3 bits: 11 per word). The key and
 // value stores are separate classes, so that a cache can quantize keys and values up to different
-// tokens (KVmix's independent K/V boundaries, harness/cache/kvmix_segment.*).
+// tokens (KVmix's independent K/V boundaries, methods/kvmix/kvmix_segment.*).
 #include <cstdint>
 #include <vector>
 

@@ -9,15 +9,15 @@ int main(int argc, char** argv) {
   CLI::App app{"kvbench: KV-cache compression research harness"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("kvbench 0.1.0 (code {})", kvb::code_version()));
-  kvb::cli::register_model_commands(app);
-  kvb::cli::register_engine_commands(app);
-  kvb::cli::register_bench_command(app);
-  kvb::cli::register_list_command(app);
-  kvb::cli::register_task_commands(app);
-  kvb::cli::register_run_command(app);
-  kvb::cli::register_calibrate_command(app);
-  kvb::cli::register_new_command(app);
-  kvb::cli::register_slurm_commands(app);
+  for (auto* add :
+       {kvb::cli::register_info_command, kvb::cli::register_tokenize_command, kvb::cli::register_detokenize_command,
+        kvb::cli::register_make_model_command, kvb::cli::register_generate_command, kvb::cli::register_logits_command,
+        kvb::cli::register_grad_command, kvb::cli::register_bench_command, kvb::cli::register_list_command,
+        kvb::cli::register_dump_prefill_command, kvb::cli::register_sample_command, kvb::cli::register_run_task_command,
+        kvb::cli::register_score_command, kvb::cli::register_report_command, kvb::cli::register_run_command,
+        kvb::cli::register_calibrate_command, kvb::cli::register_new_command, kvb::cli::register_submit_command,
+        kvb::cli::register_status_command})
+    add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -22,8 +22,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
-Weight::Weight(Backend& b, std::span<const float> w, int rows, int cols)
-    : backend_(&b), rows_(rows), cols_(cols) {
+Weight::Weight(Backend& b, std::span<const float> w, int rows, int cols) : backend_(&b), rows_(rows), cols_(cols) {
   if (w.size() != size_t(rows) * cols) fail("weight of {} values is not {} x {}", w.size(), rows, cols);
   ptr_ = b.upload_weight(w, rows, cols, bytes_);
 }
@@ -42,8 +41,12 @@ Weight::~Weight() {
   if (ptr_) backend_->release_weight(ptr_);
 }
 Weight::Weight(Weight&& o) noexcept
-    : backend_(o.backend_), ptr_(std::exchange(o.ptr_, nullptr)), rows_(o.rows_), cols_(o.cols_),
-      bytes_(std::exchange(o.bytes_, 0)), blocks_(o.blocks_) {}
+    : backend_(o.backend_),
+      ptr_(std::exchange(o.ptr_, nullptr)),
+      rows_(o.rows_),
+      cols_(o.cols_),
+      bytes_(std::exchange(o.bytes_, 0)),
+      blocks_(o.blocks_) {}
 Weight& Weight::operator=(Weight&& o) noexcept {
   if (this != &o) {
     if (ptr_) backend_->release_weight(ptr_);
@@ -66,16 +69,20 @@ WeightFormat parse_weight_format(const std::string& s, const std::string& what) 
 
 const char* weight_format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::BF16: return "bf16";
-    case WeightFormat::GGUF: return "gguf";
-    default: return "fp32";
+    case WeightFormat::BF16:
+      return "bf16";
+    case WeightFormat::GGUF:
+      return "gguf";
+    default:
+      return "fp32";
   }
 }
 
 #ifndef KVBENCH_CUDA
 std::unique_ptr<Backend> make_cuda_backend() {
-  fail("backend 'cuda': this kvbench was built without CUDA (nvcc was not found at configure time); "
-       "use --backend cpu or rebuild where the CUDA toolkit is installed");
+  fail(
+      "backend 'cuda': this kvbench was built without CUDA (nvcc was not found at configure time); "
+      "use --backend cpu or rebuild where the CUDA toolkit is installed");
 }
 bool cuda_available() { return false; }
 #endif

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/dtype.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 
@@ -78,9 +78,9 @@ class Weight {
 
 // What the hardware under a backend delivers, measured in the same run as a benchmark.
 struct DeviceLimits {
-  std::string gemm_kind;      // what the GEMM rate was measured with
-  double gemm_gflops = 0;     // best GEMM rate in the precision the weights use
-  double bandwidth_gbs = 0;   // memory bandwidth counting bytes read
+  std::string gemm_kind;     // what the GEMM rate was measured with
+  double gemm_gflops = 0;    // best GEMM rate in the precision the weights use
+  double bandwidth_gbs = 0;  // memory bandwidth counting bytes read
 };
 
 // Time and arithmetic spent per kind of operation, for the benchmark's efficiency figures.
@@ -111,8 +111,7 @@ class Backend {
   virtual void release_weight(void* p) = 0;
   // Whether a matrix of this quantized type is kept in its blocks under the current weight format.
   virtual bool stores_blocks(DType /*type*/) const { return false; }
-  virtual void* upload_weight_blocks(DType type, std::span<const uint8_t> blocks, int rows, int cols,
-                                     size_t& bytes);
+  virtual void* upload_weight_blocks(DType type, std::span<const uint8_t> blocks, int rows, int cols, size_t& bytes);
   virtual void upload(Buffer& dst, std::span<const float> src, size_t offset = 0) = 0;
   virtual void download(const Buffer& src, std::span<float> dst, size_t offset = 0) = 0;
 
@@ -121,19 +120,17 @@ class Backend {
 
   // out[n, dim] = rows ids[n] of table[vocab, dim].
   virtual void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) = 0;
-  virtual void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
-                       size_t x_offset = 0) = 0;
+  virtual void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y, size_t x_offset = 0) = 0;
   // y[n, out] = x[n, in] W[out, in]^T (+ bias).
-  virtual void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out,
-                      Buffer& y) = 0;
+  virtual void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) = 0;
   virtual void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) = 0;
   virtual void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) = 0;
   virtual void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset = 0) = 0;
   // Causal attention of a whole prompt starting at position 0: q[n, hq, d], k/v[n, hkv, d] ->
   // out[n, hq, d]. Memory beyond the inputs is O(chunk x n). If colsum is given it receives, per
   // query head, the attention probability each key got summed over all queries ([hq, n]).
-  virtual void attention_prefill(const Buffer& q, const Buffer& k, const Buffer& v, int n, int hq,
-                                 int hkv, int d, Buffer& out, std::vector<float>* colsum) = 0;
+  virtual void attention_prefill(const Buffer& q, const Buffer& k, const Buffer& v, int n, int hq, int hkv, int d,
+                                 Buffer& out, std::vector<float>* colsum) = 0;
   // One query token q[hq, d] over a KV cache -> out[hq, d].
   virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) = 0;
   // A new sequence begins: device copies of earlier caches may be dropped.

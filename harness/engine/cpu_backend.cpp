@@ -15,8 +15,8 @@
 #include "harness/util/error.hpp"
 #include "harness/util/machine.hpp"
 #include "kernels/cpu/attention.hpp"
-#include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/dequant.hpp"
+#include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/linear_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -43,9 +43,7 @@ class CpuBackend final : public Backend {
   void set_weight_format(WeightFormat f) override { format_ = f; }
   WeightFormat weight_format() const override { return format_; }
 
-  bool stores_blocks(DType type) const override {
-    return format_ == WeightFormat::GGUF && linear_quant_supports(type);
-  }
+  bool stores_blocks(DType type) const override { return format_ == WeightFormat::GGUF && linear_quant_supports(type); }
   void* upload_weight_blocks(DType, std::span<const uint8_t> blocks, int, int, size_t& bytes) override {
     bytes = blocks.size();
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -94,8 +92,7 @@ class CpuBackend final : public Backend {
   void download_async(const Buffer& src, std::span<float> dst, size_t offset) override { download(src, dst, offset); }
 
   void set_rope(std::vector<float> inv_freq, bool interleaved) override {
-    rope_ = std::make_unique<RopeTable>(std::move(inv_freq),
-                                        interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
+    rope_ = std::make_unique<RopeTable>(std::move(inv_freq), interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
   }
 
   void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
@@ -105,8 +102,9 @@ class CpuBackend final : public Backend {
       float* y = out.data() + i * dim;
       if (table.blocks() != DType::F32) {
         const auto& info = dtype_info(table.blocks());
-        dequantize(table.blocks(), static_cast<const uint8_t*>(table.data()) + row / info.block_elems * info.block_bytes,
-                   y, size_t(dim));
+        dequantize(table.blocks(),
+                   static_cast<const uint8_t*>(table.data()) + row / info.block_elems * info.block_bytes, y,
+                   size_t(dim));
       } else if (format_ != WeightFormat::F32) {
         const auto* w = static_cast<const uint16_t*>(table.data()) + row;
         for (int c = 0; c < dim; ++c) y[c] = bf16_to_float(w[c]);
@@ -116,14 +114,12 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y,
-               size_t x_offset) override {
+  void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y, size_t x_offset) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
     kvb::rmsnorm(x.data() + x_offset, w.data(), n, dim, eps, y.data());
   }
 
-  void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out,
-              Buffer& y) override {
+  void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) override {
     OpTimer t(*this, profiling_, stats_.linear_seconds);
     stats_.linear_flops += 2.0 * n * in * out;
     const float* b = bias ? bias->data() : nullptr;
@@ -154,8 +150,8 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < n; ++i) a[i] += b[i];
   }
 
-  void attention_prefill(const Buffer& qb, const Buffer& kb, const Buffer& vb, int n, int hq,
-                         int hkv, int d, Buffer& outb, std::vector<float>* colsum) override {
+  void attention_prefill(const Buffer& qb, const Buffer& kb, const Buffer& vb, int n, int hq, int hkv, int d,
+                         Buffer& outb, std::vector<float>* colsum) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
     // Useful work of causal attention: n(n+1)/2 query-key pairs, 2d flops each for QK^T and for PV.
     stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
@@ -166,8 +162,7 @@ class CpuBackend final : public Backend {
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
-    stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() *
-                              static_cast<double>(cache.tokens(0));
+    stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
     attend(cache, q.data(), out.data());
   }
 

@@ -51,8 +51,8 @@ struct MemoryTracker {
       cudaGetLastError();  // clear the sticky-free error state
       size_t free = 0, total = 0;
       cudaMemGetInfo(&free, &total);
-      fail("CUDA: out of device memory allocating {} MiB for {} ({} MiB free of {} MiB)", bytes >> 20, what,
-           free >> 20, total >> 20);
+      fail("CUDA: out of device memory allocating {} MiB for {} ({} MiB free of {} MiB)", bytes >> 20, what, free >> 20,
+           total >> 20);
     }
     const size_t now = current += bytes;
     size_t old = peak.load();
@@ -267,8 +267,7 @@ class CudaBackend final : public Backend {
       ++tail.uploaded;
     }
     m.scatter.ensure(4 * size_t(hc) * sizeof(float*));
-    check(cudaMemcpyAsync(m.scatter.as<void>(), ptrs, 4 * size_t(hc) * sizeof(float*), cudaMemcpyHostToDevice,
-                          stream_),
+    check(cudaMemcpyAsync(m.scatter.as<void>(), ptrs, 4 * size_t(hc) * sizeof(float*), cudaMemcpyHostToDevice, stream_),
           "scatter pointers");
     m.scatter_host.mark(stream_);
     cuda::copy_rows(m.scatter.as<const float*>(), m.scatter.as<float*>() + 2 * hc, 2 * hc, d, stream_);
@@ -286,8 +285,8 @@ class CudaBackend final : public Backend {
   void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
     const int32_t* d_ids = upload_ints(ids);
-    cuda::embed_bf16(static_cast<const uint16_t*>(table.data()), d_ids, static_cast<int>(ids.size()), dim,
-                     out.data(), stream_);
+    cuda::embed_bf16(static_cast<const uint16_t*>(table.data()), d_ids, static_cast<int>(ids.size()), dim, out.data(),
+                     stream_);
   }
 
   void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y, size_t x_offset) override {
@@ -306,10 +305,10 @@ class CudaBackend final : public Backend {
       cuda::f32_to_bf16(x.data(), xb_.as<uint16_t>(), size_t(n) * in, stream_);
       // Column-major view: Y^T[out, n] = W[in, out]^T X^T[in, n].
       const float alpha = 1.0f, beta = 0.0f;
-      check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, wb, CUDA_R_16BF, in,
-                              xb_.as<uint16_t>(), CUDA_R_16BF, in, &beta, y.data(), CUDA_R_32F, out,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "linear");
+      check_blas(
+          cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, wb, CUDA_R_16BF, in, xb_.as<uint16_t>(),
+                       CUDA_R_16BF, in, &beta, y.data(), CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "linear");
     }
     if (bias) cuda::add_bias(y.data(), bias->data(), n, out, stream_);
   }
@@ -332,8 +331,8 @@ class CudaBackend final : public Backend {
     cuda::add(x.data() + x_offset, y.data(), n, stream_);
   }
 
-  void attention_prefill(const Buffer& q, const Buffer& k, const Buffer& v, int n, int hq, int hkv, int d,
-                         Buffer& out, std::vector<float>* colsum) override {
+  void attention_prefill(const Buffer& q, const Buffer& k, const Buffer& v, int n, int hq, int hkv, int d, Buffer& out,
+                         std::vector<float>* colsum) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
     if (!cuda::attention_prefill_supports(d)) fail("CUDA prefill attention supports head dims 64 and 128, not {}", d);
     stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
@@ -345,8 +344,8 @@ class CudaBackend final : public Backend {
       colsum_.ensure(size_t(hq) * n * sizeof(float));
       cuda::attention_colsum(q.data(), k.data(), lse_.as<float>(), n, hq, hkv, d, colsum_.as<float>(), stream_);
       colsum->resize(size_t(hq) * n);
-      check(cudaMemcpyAsync(colsum->data(), colsum_.as<float>(), colsum->size() * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream_),
+      check(cudaMemcpyAsync(colsum->data(), colsum_.as<float>(), colsum->size() * sizeof(float), cudaMemcpyDeviceToHost,
+                            stream_),
             "colsum download");
       synchronize();
     }
@@ -354,8 +353,7 @@ class CudaBackend final : public Backend {
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
-    stats_.attention_flops +=
-        4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
+    stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
     CacheMirror& m = sync(cache);
     cuda::attention_decode(layout(cache, m), q.data(), out.data(), stream_);
   }
@@ -370,10 +368,10 @@ class CudaBackend final : public Backend {
       check(cudaMemsetAsync(b.as<void>(), 0x3c, b.bytes(), stream_), "memset");
       const float alpha = 1.0f, beta = 0.0f;
       lim.gemm_gflops = best_rate(2.0 * n * n * double(n) / 1e9, [&] {
-        check_blas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.as<void>(), CUDA_R_16BF, n,
-                                b.as<void>(), CUDA_R_16BF, n, &beta, c.as<void>(), CUDA_R_32F, n,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "peak GEMM");
+        check_blas(
+            cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.as<void>(), CUDA_R_16BF, n, b.as<void>(),
+                         CUDA_R_16BF, n, &beta, c.as<void>(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "peak GEMM");
       });
     }
     {

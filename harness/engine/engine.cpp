@@ -114,9 +114,10 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   if (n > cfg_.context_length)
     fail("prompt of {} tokens exceeds the model's context length {}", n, cfg_.context_length);
   if (cfg_.sliding_window > 0 && n > cfg_.sliding_window)
-    fail("prompt of {} tokens is longer than the model's sliding attention window ({} tokens), which kvbench does not "
-         "implement: attention over the whole prompt would differ from the model's",
-         n, cfg_.sliding_window);
+    fail(
+        "prompt of {} tokens is longer than the model's sliding attention window ({} tokens), which kvbench does not "
+        "implement: attention over the whole prompt would differ from the model's",
+        n, cfg_.sliding_window);
   for (auto id : ids)
     if (id < 0 || id >= cfg_.vocab_size) fail("prefill: token id {} outside the vocabulary", id);
   Backend& b = *backend_;
@@ -132,8 +133,8 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
 
-  Buffer x(b, size_t(n) * H), h(b, size_t(n) * H), q(b, size_t(n) * Q), k(b, size_t(n) * KV),
-      v(b, size_t(n) * KV), attn(b, size_t(n) * Q), proj(b, size_t(n) * H);
+  Buffer x(b, size_t(n) * H), h(b, size_t(n) * H), q(b, size_t(n) * Q), k(b, size_t(n) * KV), v(b, size_t(n) * KV),
+      attn(b, size_t(n) * Q), proj(b, size_t(n) * H);
   const int mc = std::min(n, opt_.mlp_chunk);
   Buffer gate(b, size_t(mc) * F), up(b, size_t(mc) * F), act(b, size_t(mc) * F), mlp_in(b, size_t(mc) * H),
       mlp_out(b, size_t(mc) * H);
@@ -279,7 +280,8 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
     fail("resume: the method changes the model's keys and values; it needs a prefill of its own, not a capture");
   transform_ = nullptr;
   // A capture keeps at most every prompt row (window = min(wanted, n)), which serves any larger want.
-  if (std::min(want.window, c.n_tokens) > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) || (want.attn_colsum && !c.needs.attn_colsum))
+  if (std::min(want.window, c.n_tokens) > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) ||
+      (want.attn_colsum && !c.needs.attn_colsum))
     fail("resume: the capture lacks what the method needs (window {} of {}, pre-RoPE keys, accumulated attention)",
          want.window, c.window);
   backend_->forget_caches();
@@ -316,8 +318,10 @@ std::vector<float> Engine::decode(int32_t token) {
   if (pos_ == 0) fail("decode: no sequence; call prefill first");
   if (pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);
   if (cfg_.sliding_window > 0 && pos_ >= cfg_.sliding_window)
-    fail("decode: position {} is past the model's sliding attention window ({} tokens), which kvbench does not implement",
-         pos_, cfg_.sliding_window);
+    fail(
+        "decode: position {} is past the model's sliding attention window ({} tokens), which kvbench does not "
+        "implement",
+        pos_, cfg_.sliding_window);
   if (token < 0 || token >= cfg_.vocab_size) fail("decode: token id {} outside the vocabulary", token);
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
@@ -326,8 +330,7 @@ std::vector<float> Engine::decode(int32_t token) {
   const int32_t p = pos_;
   const int32_t ids[1] = {token};
 
-  Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), gate(b, F), up(b, F),
-      act(b, F);
+  Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), gate(b, F), up(b, F), act(b, F);
   b.embed(tok_embd_, ids, H, x);
   // Without a decode observer the host caches may lag one step: the backend appends to its own copy
   // and the host copies arrive with the step's last download.
@@ -374,8 +377,7 @@ std::vector<float> Engine::decode(int32_t token) {
     b.fence(kDecodeSlot);
     b.wait(kDecodeSlot);
     for (int l = 0; l < cfg_.n_layers; ++l)
-      if (deferred[l])
-        append_token(caches_[l], staged + size_t(2 * l) * KV, staged + size_t(2 * l + 1) * KV, p);
+      if (deferred[l]) append_token(caches_[l], staged + size_t(2 * l) * KV, staged + size_t(2 * l + 1) * KV, p);
   }
   return logits;
 }

@@ -32,8 +32,8 @@ struct PrefillCapture {
 
 struct EngineOptions {
   std::string backend = "cpu";
-  int threads = 0;           // 0: all cores
-  int mlp_chunk = 2048;      // tokens per MLP block during prefill (bounds the [chunk, ffn] buffers)
+  int threads = 0;       // 0: all cores
+  int mlp_chunk = 2048;  // tokens per MLP block during prefill (bounds the [chunk, ffn] buffers)
   // What the KV cache stores full-precision numbers as. Prefill attention is always exact (fp32).
   KvDtype kv_dtype = KvDtype::F32;
   // How weight matrices are stored (backend.hpp); unset: the backend's own (CPU fp32, CUDA bf16).
@@ -76,9 +76,7 @@ class Engine {
   size_t weight_bytes() const { return weight_bytes_; }
   // Weight bytes one decode step reads: all of them but the embedding table, of which it reads one
   // row (unless the table is also the output head).
-  size_t decode_weight_bytes() const {
-    return weight_bytes_ - (cfg_.tied_embeddings ? 0 : tok_embd_.bytes());
-  }
+  size_t decode_weight_bytes() const { return weight_bytes_ - (cfg_.tied_embeddings ? 0 : tok_embd_.bytes()); }
 
  private:
   struct Layer;

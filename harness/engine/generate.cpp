@@ -11,8 +11,7 @@
 
 namespace kvb {
 
-std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text,
-                                  bool chat) {
+std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text, bool chat) {
   if (!chat) return tok.encode_prompt(text);
   const ChatTemplate tmpl = ChatTemplate::for_model(model);
   std::vector<int32_t> ids = tok.encode(tmpl.render({{"user", text}}, true));
@@ -74,8 +73,8 @@ Generation run(Engine& engine, const Tokenizer& tok, int prompt_tokens, const Ge
 
 }  // namespace
 
-Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
-                    const GenerateOptions& opt, PrefillObserver* observer) {
+Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                    PrefillObserver* observer) {
   return run(engine, tok, static_cast<int>(prompt.size()), opt, [&] { return engine.prefill(prompt, observer); });
 }
 

@@ -16,12 +16,11 @@ struct PrefillCapture;
 
 // Token ids of a prompt: with `chat`, the text is a user message in the model's chat template
 // (with the generation prompt); without, it is the raw text with BOS as the tokenizer adds it.
-std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text,
-                                  bool chat);
+std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text, bool chat);
 
 struct GenerateOptions {
   int max_new_tokens = 128;
-  int min_new_tokens = 0;  // end-of-generation tokens cannot be chosen before this many (HF min_length)
+  int min_new_tokens = 0;         // end-of-generation tokens cannot be chosen before this many (HF min_length)
   std::vector<std::string> stop;  // stop strings; the text is cut before the first one found
   bool stop_at_eog = true;        // stop at the tokenizer's end-of-generation tokens
 };
@@ -38,8 +37,8 @@ struct Generation {
 // Index of the largest logit; the lowest index among equal values.
 int32_t argmax(std::span<const float> logits);
 
-Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt,
-                    const GenerateOptions& opt, PrefillObserver* observer = nullptr);
+Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                    PrefillObserver* observer = nullptr);
 // The same from a shared prefill (prefill_seconds is then 0: the prefill was paid once for all).
 Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& capture, const GenerateOptions& opt,
                     PrefillObserver* observer = nullptr);
@@ -50,9 +49,9 @@ Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& 
 // whole prompt, so the first row changes only under a method that changes the model (DynaKV); decode
 // steps read the compressed cache.
 struct StepLogits {
-  std::vector<int32_t> fed;                 // the token fed at each decode step
-  std::vector<std::vector<float>> logits;   // 1 + steps rows of vocabulary size
-  std::vector<float> flat() const;          // the rows one after another, [1 + steps, vocab] row-major
+  std::vector<int32_t> fed;                // the token fed at each decode step
+  std::vector<std::vector<float>> logits;  // 1 + steps rows of vocabulary size
+  std::vector<float> flat() const;         // the rows one after another, [1 + steps, vocab] row-major
 };
 StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int steps, std::span<const int32_t> forced,
                        PrefillObserver* observer = nullptr);

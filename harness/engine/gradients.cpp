@@ -22,11 +22,10 @@ RopeStyle rope_style(const ModelConfig& c) {
 }
 
 // The names of one layer's tensors, in the order the backward meets them.
-constexpr const char* kLayerTensors[] = {"attn_norm.weight",   "attn_q.weight",      "attn_k.weight",
-                                         "attn_v.weight",      "attn_q.bias",        "attn_k.bias",
-                                         "attn_v.bias",        "attn_q_norm.weight", "attn_k_norm.weight",
-                                         "attn_output.weight", "ffn_norm.weight",    "ffn_gate.weight",
-                                         "ffn_up.weight",      "ffn_down.weight"};
+constexpr const char* kLayerTensors[] = {
+    "attn_norm.weight", "attn_q.weight",   "attn_k.weight",      "attn_v.weight",      "attn_q.bias",
+    "attn_k.bias",      "attn_v.bias",     "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight",
+    "ffn_norm.weight",  "ffn_gate.weight", "ffn_up.weight",      "ffn_down.weight"};
 
 }  // namespace
 
@@ -116,7 +115,8 @@ void ModelGradients::check_ids(std::span<const int32_t> ids) const {
   if (n > cfg_.context_length)
     fail("gradients: {} tokens exceed the model's context length {}", n, cfg_.context_length);
   for (int32_t id : ids)
-    if (id < 0 || id >= cfg_.vocab_size) fail("gradients: token id {} outside the vocabulary (0..{})", id, cfg_.vocab_size - 1);
+    if (id < 0 || id >= cfg_.vocab_size)
+      fail("gradients: token id {} outside the vocabulary (0..{})", id, cfg_.vocab_size - 1);
 }
 
 void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvTrainHook* hook, bool recompute) {
@@ -221,8 +221,8 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
       linear(hn.data() + size_t(t0) * H, head, nullptr, rows, H, V, logits.data());
       total += cross_entropy(logits.data(), targets.data() + t0, rows, V, scale, logits.data());
       if (backward)
-        linear_backward(hn.data() + size_t(t0) * H, head, logits.data(), rows, H, V, dhn.data() + size_t(t0) * H, d_head,
-                        nullptr);
+        linear_backward(hn.data() + size_t(t0) * H, head, logits.data(), rows, H, V, dhn.data() + size_t(t0) * H,
+                        d_head, nullptr);
     }
     out.loss = total / out.n_targets;
     if (backward) rmsnorm_backward(xL.data(), norm_w, dhn.data(), n, H, eps, dx.data(), grad("output_norm.weight"));
@@ -239,8 +239,8 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     attention_forward_half(l, x.data(), wk, hook, true);
     mlp_forward_half(l, wk, nullptr);
     const auto& pos = wk.pos;
-    const auto &h1 = wk.h1, &q = wk.q, &k = wk.k, &v = wk.v, &att = wk.att, &lse = wk.lse, &xmid = wk.xmid,
-               &h2 = wk.h2, &gate = wk.gate, &up = wk.up, &act = wk.act;
+    const auto &h1 = wk.h1, &q = wk.q, &k = wk.k, &v = wk.v, &att = wk.att, &lse = wk.lse, &xmid = wk.xmid, &h2 = wk.h2,
+               &gate = wk.gate, &up = wk.up, &act = wk.act;
     auto& tmp = wk.tmp;
     auto g = [&](const char* what) { return grad(layer_name(l, what)); };
     // MLP: x_out = xmid + down(silu(gate(h2)) * up(h2)), h2 = norm(xmid).
@@ -248,7 +248,8 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     linear_backward(act.data(), w(l, "ffn_down.weight"), dx.data(), n, F, H, tmp.data(), g("ffn_down.weight"), nullptr);
     swiglu_backward(gate.data(), up.data(), tmp.data(), size_t(n) * F, dgate.data(), dup.data());
     std::fill(dh.begin(), dh.end(), 0.0f);
-    linear_backward(h2.data(), w(l, "ffn_gate.weight"), dgate.data(), n, H, F, dh.data(), g("ffn_gate.weight"), nullptr);
+    linear_backward(h2.data(), w(l, "ffn_gate.weight"), dgate.data(), n, H, F, dh.data(), g("ffn_gate.weight"),
+                    nullptr);
     linear_backward(h2.data(), w(l, "ffn_up.weight"), dup.data(), n, H, F, dh.data(), g("ffn_up.weight"), nullptr);
     dmid = dx;
     rmsnorm_backward(xmid.data(), w(l, "ffn_norm.weight"), dh.data(), n, H, eps, dmid.data(), g("ffn_norm.weight"));
@@ -313,8 +314,8 @@ std::vector<double> ModelGradients::attention_distortion(std::span<const int32_t
   tap.k.resize(size_t(n) * KV);
   tap.v.resize(size_t(n) * KV);
   Work wk(n, cfg_);
-  std::vector<float> y(size_t(n) * H), att(size_t(n) * Q), lse(size_t(hq) * n), datt(size_t(n) * Q),
-      dq(size_t(n) * Q), dk(size_t(n) * KV), dv(size_t(n) * KV), dy(size_t(n) * H);
+  std::vector<float> y(size_t(n) * H), att(size_t(n) * Q), lse(size_t(hq) * n), datt(size_t(n) * Q), dq(size_t(n) * Q),
+      dk(size_t(n) * KV), dv(size_t(n) * KV), dy(size_t(n) * H);
   std::vector<double> out(static_cast<size_t>(L));
   for (int l = 0; l < L; ++l) {
     const float* wo = find(layer_name(l, "attn_output.weight")).w.data();

@@ -38,8 +38,8 @@ class KvTrainHook {
 };
 
 struct LossGradients {
-  double loss = 0;     // mean over the targets, natural log
-  int n_targets = 0;   // positions with a next token
+  double loss = 0;    // mean over the targets, natural log
+  int n_targets = 0;  // positions with a next token
   // Gradient of each requested weight, in the weight's own layout (GGUF naming; matrices [rows, cols]
   // row-major as the engine holds them: [out, in]).
   std::map<std::string, std::vector<float>> grads;

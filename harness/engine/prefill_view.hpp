@@ -32,7 +32,7 @@ struct PrefillView {
 };
 
 struct PrefillNeeds {
-  int window = 0;            // observation-window queries wanted
+  int window = 0;  // observation-window queries wanted
   bool k_pre_rope = false;
   bool attn_colsum = false;  // accumulated attention (H2O)
 

@@ -12,13 +12,13 @@
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/hash.hpp"
 #include "kernels/cpu/kv_rows.hpp"
 #include "kvbench/git_version.hpp"
-#include "tasks/task.hpp"
 
 namespace kvb {
 
@@ -113,8 +113,7 @@ void apply_set(const std::string& path, YAML::Node& root, const std::string& set
   std::vector<YAML::Node> chain = {root};
   for (size_t i = 0; i + 1 < keys.size(); ++i) {
     YAML::Node next = chain.back()[keys[i]];
-    if (next && !next.IsMap())
-      fail("{}: override '{}': '{}' is not a mapping", path, set, keys[i]);
+    if (next && !next.IsMap()) fail("{}: override '{}': '{}' is not a mapping", path, set, keys[i]);
     if (!next) chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map);
     chain.push_back(chain.back()[keys[i]]);
   }
@@ -175,7 +174,8 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     if (!root[req]) fail("{}: required key '{}' is missing", path, req);
   s.name = root["name"] ? scalar(path, root["name"], "name") : std::filesystem::path(path).stem().string();
   s.model = scalar(path, root["model"], "model");
-  if (!std::filesystem::exists(s.model)) spec_error(path, root["model"], fmt::format("model file {} not found", s.model));
+  if (!std::filesystem::exists(s.model))
+    spec_error(path, root["model"], fmt::format("model file {} not found", s.model));
   if (root["backend"]) s.backend = scalar(path, root["backend"], "backend");
   if (s.backend != "cpu" && s.backend != "cuda") spec_error(path, root["backend"], "backend must be cpu or cuda");
   if (root["kv_dtype"]) {
@@ -253,10 +253,10 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
                                 "a budget must be a positive integer (KV size T)", [](int v) { return v > 0; }))
     budgets.emplace_back(t);
   // Compression ratios (kvpress, VECTOR): T = floor(S (1 - p_c)) per prompt.
-  for (double p : number_list<double>(
-           path, root["ratios"], "'ratios' must be a list of compression ratios (fractions removed)",
-           "a compression ratio must be a number in (0, 1), the fraction of the prompt removed",
-           [](double v) { return v > 0 && v < 1; }))
+  for (double p :
+       number_list<double>(path, root["ratios"], "'ratios' must be a list of compression ratios (fractions removed)",
+                           "a compression ratio must be a number in (0, 1), the fraction of the prompt removed",
+                           [](double v) { return v > 0 && v < 1; }))
     budgets.push_back(KvBudget::compression_ratio(p));
   std::map<std::string, std::map<std::string, std::vector<std::string>>> grid;
   if (root["grid"]) {
@@ -283,7 +283,8 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
       if (m["base_params"])
         for (const auto& [k, v] : scalar_map(path, m["base_params"], "base_params")) {
           if (base.params.count("base." + k))
-            spec_error(path, m["base_params"], fmt::format("base parameter '{}' is also given as base.{} in params", k, k));
+            spec_error(path, m["base_params"],
+                       fmt::format("base parameter '{}' is also given as base.{} in params", k, k));
           base.params["base." + k] = v;
         }
     } else {
@@ -318,13 +319,13 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
                            const std::map<std::string, std::string>& task_options, const Method* method,
                            KvBudget budget, KvDtype kv_dtype, std::optional<WeightFormat> weights) {
   nlohmann::json c = {{"task", task},
-          {"options", task_options},
-          {"model", std::filesystem::path(model_path).filename().string()},
-          {"model_fingerprint", model.config().fingerprint},
-          {"method", method ? method->name() : "fullkv"},
-          {"budget", method ? budget.tokens : 0},
-          {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
-          {"gqa", method ? gqa_mode_name(method->gqa()) : "-"}};
+                      {"options", task_options},
+                      {"model", std::filesystem::path(model_path).filename().string()},
+                      {"model_fingerprint", model.config().fingerprint},
+                      {"method", method ? method->name() : "fullkv"},
+                      {"budget", method ? budget.tokens : 0},
+                      {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
+                      {"gqa", method ? gqa_mode_name(method->gqa()) : "-"}};
   if (method && budget.is_ratio()) c["compression_ratio"] = budget.ratio;
   if (kv_dtype != KvDtype::F32) c["kv_dtype"] = kv_dtype_name(kv_dtype);
   if (weights && *weights != WeightFormat::F32) c["weights"] = weight_format_name(*weights);
@@ -363,9 +364,8 @@ double equivalent_kv_size(const ModelConfig& m, size_t bytes) {
   return static_cast<double>(bytes) / (double(m.n_layers) * m.n_kv_heads * m.head_dim * 2 * 2);
 }
 
-nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
-                        const Sample& s, Method* method, KvBudget budget, const nlohmann::json& config,
-                        const PrefillCapture* capture) {
+nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task, const Sample& s,
+                        Method* method, KvBudget budget, const nlohmann::json& config, const PrefillCapture* capture) {
   const auto prompt = build_prompt(model, tok, s.prompt, s.chat);
   GenerateOptions opt;
   opt.max_new_tokens = s.max_new_tokens;
@@ -374,8 +374,8 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
   std::unique_ptr<MethodRunner> runner;
   if (method) runner = std::make_unique<MethodRunner>(*method, budget);
   engine.backend().reset_peak_memory();
-  const Generation g = capture ? generate(engine, tok, *capture, opt, runner.get())
-                               : generate(engine, tok, prompt, opt, runner.get());
+  const Generation g =
+      capture ? generate(engine, tok, *capture, opt, runner.get()) : generate(engine, tok, prompt, opt, runner.get());
   const size_t full = engine.full_kv_bytes(prompt.size());
   const size_t kept = runner ? runner->prefill_kv_bytes() : full;
   const double t_eq = equivalent_kv_size(model.config(), kept);
@@ -384,8 +384,11 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"version", code_version()},
           {"config", config},
           {"meta", s.meta},
-          {"protocol", {{"chat", s.chat}, {"max_new_tokens", s.max_new_tokens},
-                        {"min_new_tokens", s.min_new_tokens}, {"stop", s.stop}}},
+          {"protocol",
+           {{"chat", s.chat},
+            {"max_new_tokens", s.max_new_tokens},
+            {"min_new_tokens", s.min_new_tokens},
+            {"stop", s.stop}}},
           {"prediction", utf8_lossy(g.text)},
           {"answers", s.answers},
           {"score", task.score(s, g.text)},
@@ -405,6 +408,12 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
           {"cache", runner ? runner->cache_profile() : nlohmann::json(nullptr)},
           {"peak_memory_bytes", engine.backend().peak_memory_bytes()}};
+}
+
+KvBudget config_budget(const nlohmann::json& config) {
+  if (config.contains("compression_ratio"))
+    return KvBudget::compression_ratio(config["compression_ratio"].get<double>());
+  return config.value("budget", 0);
 }
 
 }  // namespace kvb

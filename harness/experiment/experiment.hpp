@@ -29,7 +29,7 @@ struct MethodConfig {
 
 struct ExperimentSpec {
   std::string path, name, model, backend = "cpu", task, data, out;
-  KvDtype kv_dtype = KvDtype::F32;  // what the cache stores full-precision numbers as
+  KvDtype kv_dtype = KvDtype::F32;                     // what the cache stores full-precision numbers as
   std::optional<WeightFormat> weights = std::nullopt;  // how weight matrices are stored; unset: the backend's own
   int threads = 0;
   size_t limit = 0;
@@ -37,7 +37,7 @@ struct ExperimentSpec {
   std::string published;   // a published.csv of the paper table the spec regenerates (path as resolved), or empty
   std::set<std::string> overridden;  // top-level keys replaced or reached into by load_experiment's `sets`
   std::vector<std::map<std::string, std::string>> task_variants;  // task options, list values expanded
-  std::vector<MethodConfig> configs;  // methods x grid x (budgets, then ratios), expanded
+  std::vector<MethodConfig> configs;                              // methods x grid x (budgets, then ratios), expanded
 };
 
 // Parses and validates a spec; errors name the file, line and column, and list the valid keys.
@@ -46,6 +46,10 @@ struct ExperimentSpec {
 // the environment variable NAME (model: ${MODEL}); an unset one is an error.
 ExperimentSpec load_experiment(const std::string& path, const std::vector<std::string>& sets = {});
 
+// A record's budget from its config: its KV size, or the compression ratio it ran at; none for the
+// full cache.
+KvBudget config_budget(const nlohmann::json& config);
+
 // Identity of a configuration's results: everything that moves its numbers. The KV dtype and the
 // weight format are part of it unless fp32 (so that records made before they were options keep
 // their keys).
@@ -53,7 +57,7 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
                            const std::map<std::string, std::string>& task_options, const Method* method,
                            KvBudget budget, KvDtype kv_dtype = KvDtype::F32,
                            std::optional<WeightFormat> weights = std::nullopt);
-// The spec's memory unit (fp16 token units): bytes / (layers x KV heads x 2 x head_dim x 2 bytes), i.e.
+// The papers' memory unit T_eq (fp16 token units): bytes / (layers x KV heads x 2 x head_dim x 2 bytes), i.e.
 // the KV size T of a full fp16 cache holding as many bytes.
 double equivalent_kv_size(const ModelConfig& m, size_t bytes);
 // FNV-1a 64 of the configuration and the sample id, as 16 hex digits. The code version is recorded

@@ -46,17 +46,43 @@ struct Field {
 const std::vector<std::pair<const char*, std::vector<Field>>>& record_fields() {
   static const std::vector<std::pair<const char*, std::vector<Field>>> fields = {
       {"",
-       {{"config", kObject, true}, {"score", kNumber, true}, {"key", kString}, {"version", kString},
-        {"id", kString}, {"prediction", kString}, {"kv_dtype", kString}, {"weights", kString},
+       {{"config", kObject, true},
+        {"score", kNumber, true},
+        {"key", kString},
+        {"version", kString},
+        {"id", kString},
+        {"prediction", kString},
+        {"kv_dtype", kString},
+        {"weights", kString},
         {"prompt_tokens", kNumber},
-        {"kv_bytes", kNumber}, {"full_kv_bytes", kNumber}, {"peak_memory_bytes", kNumber}, {"T_eq", kNumber},
-        {"kv_bits_per_element", kNumber}, {"prefill_seconds", kNumber}, {"decode_seconds", kNumber},
-        {"compress_seconds", kNumber}, {"wall_seconds", kNumber}, {"prefill_shared", kBool}, {"answers", kList}, {"protocol", kObject},
-        {"cache", kObjectOrNull}, {"meta", kObject}}},
+        {"kv_bytes", kNumber},
+        {"full_kv_bytes", kNumber},
+        {"peak_memory_bytes", kNumber},
+        {"T_eq", kNumber},
+        {"kv_bits_per_element", kNumber},
+        {"prefill_seconds", kNumber},
+        {"decode_seconds", kNumber},
+        {"compress_seconds", kNumber},
+        {"wall_seconds", kNumber},
+        {"prefill_shared", kBool},
+        {"answers", kList},
+        {"protocol", kObject},
+        {"cache", kObjectOrNull},
+        {"meta", kObject}}},
       {"config.",
-       {{"task", kString}, {"method", kString}, {"model", kString}, {"model_fingerprint", kString},
-        {"gqa", kString}, {"kv_dtype", kString}, {"weights", kString}, {"version", kString}, {"options", kTextMap},
-        {"params", kTextMap}, {"budget", kInteger}, {"compression_ratio", kNumber}, {"artifacts", kObject}}},
+       {{"task", kString},
+        {"method", kString},
+        {"model", kString},
+        {"model_fingerprint", kString},
+        {"gqa", kString},
+        {"kv_dtype", kString},
+        {"weights", kString},
+        {"version", kString},
+        {"options", kTextMap},
+        {"params", kTextMap},
+        {"budget", kInteger},
+        {"compression_ratio", kNumber},
+        {"artifacts", kObject}}},
       {"meta.", {{"depth", kInteger}, {"length", kInteger}}}};
   return fields;
 }
@@ -122,9 +148,10 @@ ResultsFile::ResultsFile(const std::string& path) : path_(path) {
   if (flock(fileno(f_), LOCK_EX | LOCK_NB) != 0) {
     std::fclose(f_);
     f_ = nullptr;
-    fail("{}: another kvbench process is writing this results file (the same sweep or shard running twice?); "
-         "wait for it to finish or write to another file",
-         path);
+    fail(
+        "{}: another kvbench process is writing this results file (the same sweep or shard running twice?); "
+        "wait for it to finish or write to another file",
+        path);
   }
   // Keep everything up to the last newline: a record without one was cut off.
   std::ifstream in(path, std::ios::binary);

@@ -8,9 +8,9 @@
 #include <fstream>
 
 #include "harness/method/method.hpp"
+#include "harness/task/task.hpp"
 #include "harness/util/error.hpp"
 #include "kvbench/doc_templates.hpp"
-#include "tasks/task.hpp"
 
 namespace kvb {
 namespace {
@@ -31,7 +31,8 @@ Example example(ScaffoldKind k) {
 }
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
 }
 
 }  // namespace
@@ -58,11 +59,11 @@ ScaffoldFiles scaffold(ScaffoldKind kind, const std::string& name, const std::st
   namespace fs = std::filesystem;
   const Example e = example(kind);
   const std::string cmd = fmt::format("kvbench new {}", e.kind);
-  const bool valid = !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
-                     std::all_of(name.begin(), name.end(), [](char c) {
-                       return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) ||
-                              c == '_';
-                     });
+  const bool valid =
+      !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
+      std::all_of(name.begin(), name.end(), [](char c) {
+        return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_';
+      });
   if (!valid)
     fail("{}: '{}' is not a {} name: lower case letters, digits and underscores, starting with a letter", cmd, name,
          e.kind);
@@ -74,8 +75,10 @@ ScaffoldFiles scaffold(ScaffoldKind kind, const std::string& name, const std::st
   const fs::path folder = fs::path(root) / e.folder, tests = fs::path(root) / "tests";
   if (!fs::is_directory(folder) || !fs::is_directory(tests))
     fail("{}: {} has no {}/ and tests/ folders; run it in the kvbench source tree or give --root", cmd, root, e.folder);
-  const fs::path source = kind == ScaffoldKind::Method ? folder / (name + ".cpp") : folder / name / (name + ".cpp");
-  ScaffoldFiles f{source.string(), (tests / ("test_" + name + ".cpp")).string()};
+  // A method's folder holds its test too; a task's test joins the other task tests.
+  const fs::path source = folder / name / (name + ".cpp");
+  const fs::path test = (kind == ScaffoldKind::Method ? folder / name : tests) / ("test_" + name + ".cpp");
+  ScaffoldFiles f{source.string(), test.string()};
   for (const auto& p : {f.source, f.test})
     if (fs::exists(p)) fail("{}: {} exists; remove it or choose another name", cmd, p);
   fs::create_directories(source.parent_path());

@@ -14,7 +14,8 @@ struct ScaffoldFiles {
 
 // The example's text with its name and class name replaced by `name` and its CamelCase.
 std::string scaffold_rename(ScaffoldKind kind, const std::string& text, const std::string& name);
-// Writes ROOT/methods/NAME.cpp (a task: ROOT/tasks/NAME/NAME.cpp) and ROOT/tests/test_NAME.cpp.
+// Writes ROOT/methods/NAME/NAME.cpp and ROOT/methods/NAME/test_NAME.cpp (a task: ROOT/tasks/NAME/NAME.cpp
+// and ROOT/tests/test_NAME.cpp).
 // Errors (nothing written) for a name that is not lower case letters, digits and underscores, one
 // already registered or the example's own, a ROOT that is not a kvbench source tree, or a file that
 // exists.

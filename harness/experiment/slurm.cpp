@@ -30,8 +30,12 @@ constexpr const char* kManifest = "submit.json";
 constexpr const char* kScript = "job.sbatch";
 constexpr const char* kSpec = "spec.yaml";
 
-std::string shard_file(const std::string& dir, int i) { return (fs::path(dir) / fmt::format("shard-{}.jsonl", i)).string(); }
-std::string log_file(const std::string& dir, int i) { return (fs::path(dir) / "logs" / fmt::format("shard-{}.log", i)).string(); }
+std::string shard_file(const std::string& dir, int i) {
+  return (fs::path(dir) / fmt::format("shard-{}.jsonl", i)).string();
+}
+std::string log_file(const std::string& dir, int i) {
+  return (fs::path(dir) / "logs" / fmt::format("shard-{}.log", i)).string();
+}
 
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
@@ -108,8 +112,9 @@ Cells sweep_cells(const ExperimentSpec& spec, int shards, int max_shards = 8) {
 // Checked before anything is written: a submission that cannot happen leaves nothing behind.
 void require_sbatch(bool dry_run) {
   if (!dry_run && find_program("sbatch").empty())
-    fail("sbatch not found on PATH: kvbench submit --slurm must run where jobs can be submitted to Slurm (a login "
-         "node); --dry-run writes the job script without submitting");
+    fail(
+        "sbatch not found on PATH: kvbench submit --slurm must run where jobs can be submitted to Slurm (a login "
+        "node); --dry-run writes the job script without submitting");
 }
 
 std::string now_text() { return fmt::format("{:%Y-%m-%dT%H:%M:%S}", fmt::localtime(std::time(nullptr))); }
@@ -204,9 +209,9 @@ Recorded recorded(const std::string& dir, const Cells& cells) {
         return;
       }
       if (!seen.insert(key).second) return;
-      seconds += r.contains("wall_seconds")
-                     ? r["wall_seconds"].get<double>()
-                     : r.value("prefill_seconds", 0.0) + r.value("decode_seconds", 0.0) + r.value("compress_seconds", 0.0);
+      seconds += r.contains("wall_seconds") ? r["wall_seconds"].get<double>()
+                                            : r.value("prefill_seconds", 0.0) + r.value("decode_seconds", 0.0) +
+                                                  r.value("compress_seconds", 0.0);
       ++timed;
     });
     p.done[i] = seen.size();
@@ -221,9 +226,10 @@ std::pair<json, Cells> open_sweep(const std::string& dir) {
   const ExperimentSpec spec = load_experiment((fs::path(dir) / kSpec).string());
   Cells cells = sweep_cells(spec, m["shards"].get<int>());
   if (cells.hash != m["spec_hash"].get<std::string>())
-    fail("{}: its cells (hash {}) are not those submitted (hash {}): the model, the data or the code that names "
-         "cells changed since; start a new directory",
-         (fs::path(dir) / kSpec).string(), cells.hash, m["spec_hash"].get<std::string>());
+    fail(
+        "{}: its cells (hash {}) are not those submitted (hash {}): the model, the data or the code that names "
+        "cells changed since; start a new directory",
+        (fs::path(dir) / kSpec).string(), cells.hash, m["spec_hash"].get<std::string>());
   return {std::move(m), std::move(cells)};
 }
 
@@ -293,9 +299,9 @@ std::map<int, std::string> parse_sacct_states(const std::string& text) {
 }
 
 bool slurm_state_active(const std::string& state) {
-  static const std::set<std::string> active = {"PENDING",  "RUNNING",   "CONFIGURING", "COMPLETING", "REQUEUED",
-                                               "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED",
-                                               "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD"};
+  static const std::set<std::string> active = {"PENDING",      "RUNNING",     "CONFIGURING",  "COMPLETING", "REQUEUED",
+                                               "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",     "SUSPENDED",  "STOPPED",
+                                               "SIGNALING",    "STAGE_OUT",   "RESV_DEL_HOLD"};
   return active.count(state) > 0;
 }
 
@@ -310,8 +316,7 @@ std::string sbatch_script(const json& m, const SlurmOptions& o, const std::strin
       m["name"].get<std::string>(), n, d, kSpec, d, d, kScript);
   // Options on the command line, not #SBATCH lines, would be lost to a resubmission by hand.
   std::vector<std::string> lines = {"--job-name=kvbench-" + m["name"].get<std::string>(),
-                                    fmt::format("--array=0-{}", n - 1),
-                                    "--output=" + d + "/logs/shard-%a.log",
+                                    fmt::format("--array=0-{}", n - 1), "--output=" + d + "/logs/shard-%a.log",
                                     "--open-mode=append",  // a retried task's log keeps the earlier attempts
                                     "--chdir=" + m["workdir"].get<std::string>()};
   if (!o.partition.empty()) lines.push_back("--partition=" + o.partition);
@@ -348,18 +353,21 @@ void slurm_submit(const std::string& spec_path, const std::string& dir, const Sl
   if (fs::exists(manifest_path)) {
     const json old = read_manifest(dir);
     if (old["spec_hash"].get<std::string>() != cells.hash)
-      fail("{} holds the results of another sweep ({}, {} cells, hash {}); {} expands to other cells (hash {}): "
-           "submit it with another --dir",
-           dir, old.value("spec_source", std::string("?")), old.value("cells", 0), old["spec_hash"].get<std::string>(),
-           spec_path, cells.hash);
+      fail(
+          "{} holds the results of another sweep ({}, {} cells, hash {}); {} expands to other cells (hash {}): "
+          "submit it with another --dir",
+          dir, old.value("spec_source", std::string("?")), old.value("cells", 0), old["spec_hash"].get<std::string>(),
+          spec_path, cells.hash);
     if (old["version"].get<std::string>() != code_version())
-      fail("{} holds results of code version {}; this kvbench is {}: results of two code versions do not mix in one "
-           "directory; submit with another --dir",
-           dir, old["version"].get<std::string>(), code_version());
+      fail(
+          "{} holds results of code version {}; this kvbench is {}: results of two code versions do not mix in one "
+          "directory; submit with another --dir",
+          dir, old["version"].get<std::string>(), code_version());
     if (!old["jobs"].empty())
-      fail("{} already holds this sweep (job {}): `kvbench status {}` shows it, `kvbench submit --slurm --resume {}` "
-           "reruns its unfinished shards",
-           dir, old["jobs"].back()["id"].get<std::string>(), dir, dir);
+      fail(
+          "{} already holds this sweep (job {}): `kvbench status {}` shows it, `kvbench submit --slurm --resume {}` "
+          "reruns its unfinished shards",
+          dir, old["jobs"].back()["id"].get<std::string>(), dir, dir);
   } else if (fs::exists(dir)) {
     for (const auto& e : fs::directory_iterator(dir))
       if (e.path().extension() == ".jsonl")
@@ -367,8 +375,8 @@ void slurm_submit(const std::string& spec_path, const std::string& dir, const Sl
              e.path().filename().string(), kManifest);
   }
   const int n = int(cells.by_shard.size());
-  if (const auto empty = size_t(std::count_if(cells.by_shard.begin(), cells.by_shard.end(),
-                                              [](const auto& s) { return s.empty(); })))
+  if (const auto empty =
+          size_t(std::count_if(cells.by_shard.begin(), cells.by_shard.end(), [](const auto& s) { return s.empty(); })))
     fmt::print(stderr, "note: {} shards for fewer samples: {} array tasks will find nothing to run\n", n, empty);
   fs::create_directories(fs::path(dir) / "logs");
   fs::copy_file(spec_path, fs::path(dir) / kSpec, fs::copy_options::overwrite_existing);
@@ -397,9 +405,10 @@ void slurm_resume(const std::string& dir, bool dry_run) {
   require_sbatch(dry_run);
   auto [m, cells] = open_sweep(dir);
   if (m["version"].get<std::string>() != code_version())
-    fail("{}: its records are of code version {}, this kvbench is {}: resume with the kvbench that made them ({}), "
-         "or submit the spec again with another --dir",
-         dir, m["version"].get<std::string>(), code_version(), m["kvbench"].get<std::string>());
+    fail(
+        "{}: its records are of code version {}, this kvbench is {}: resume with the kvbench that made them ({}), "
+        "or submit the spec again with another --dir",
+        dir, m["version"].get<std::string>(), code_version(), m["kvbench"].get<std::string>());
   const auto states = task_states(m);
   if (!states && !m["jobs"].empty())
     fail("cannot ask Slurm which shards of {} still run (neither scontrol nor sacct is on PATH)", dir);
@@ -446,14 +455,15 @@ void slurm_status(const std::string& dir) {
     if (state == "RUNNING") ++running;
     if (active && missing > 0) eta = std::max(eta, double(missing) * p.cell_seconds);
     if (lost) failures.emplace_back(i, state);
-    fmt::print("{:>5} {:>6} {:>6} {:>8} {:>7}  {}\n", i, total, p.done[size_t(i)], lost ? 0 : missing, lost ? missing : 0,
-               state);
+    fmt::print("{:>5} {:>6} {:>6} {:>8} {:>7}  {}\n", i, total, p.done[size_t(i)], lost ? 0 : missing,
+               lost ? missing : 0, state);
   }
   fmt::print("{:>5} {:>6} {:>6} {:>8} {:>7}\n", "all", cells.total, done, pending, failed);
   if (p.stray)
-    fmt::print("note: {} records in the shard files are of cells this sweep does not have (or in another shard's "
-               "file); the report includes them\n",
-               p.stray);
+    fmt::print(
+        "note: {} records in the shard files are of cells this sweep does not have (or in another shard's "
+        "file); the report includes them\n",
+        p.stray);
   if (p.cell_seconds > 0)
     fmt::print("mean cell {:.1f} s{}\n", p.cell_seconds,
                eta > 0 ? fmt::format("; ETA {} for the shards still to run ({} of them running; queued ones start "

@@ -3,15 +3,15 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
+#include "harness/experiment/published.hpp"
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
-#include "harness/report/published.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
@@ -53,9 +53,10 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
       // (or the wrong length option), not a list of failed cells hours later.
       const size_t tokens = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
       if (tokens > size_t(context))
-        fail("{}: task {} with options {}: sample {} has a prompt of {} tokens, but the model {} has a context of {} "
-             "tokens; this table needs a model with a longer context (or a smaller length option)",
-             spec.path, spec.task, nlohmann::json(options).dump(), s.id, tokens, spec.model, context);
+        fail(
+            "{}: task {} with options {}: sample {} has a prompt of {} tokens, but the model {} has a context of {} "
+            "tokens; this table needs a model with a longer context (or a smaller length option)",
+            spec.path, spec.task, nlohmann::json(options).dump(), s.id, tokens, spec.model, context);
       p.prompt_tokens.push_back(tokens);
       p.samples.push_back(std::move(s));
     }
@@ -120,15 +121,16 @@ void Sweep::describe() const {
         }
     }
   }
-  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations, KV cache stored as {}{}:\n",
-             spec_.path, spec_.task, parts_.size(), samples, spec_.configs.size(), kv_dtype_name(spec_.kv_dtype),
+  fmt::print("{}: task {} ({} variants, {} samples) x {} method configurations, KV cache stored as {}{}:\n", spec_.path,
+             spec_.task, parts_.size(), samples, spec_.configs.size(), kv_dtype_name(spec_.kv_dtype),
              spec_.weights ? fmt::format(", {} weights", weight_format_name(*spec_.weights)) : "");
   for (const auto& part : parts_) fmt::print("  task options {}\n", part.configs.front()["options"].dump());
   for (const auto& c : parts_.front().configs)
     fmt::print("  {} {} gqa {} params {}\n", c["method"].get<std::string>(),
-               c.contains("compression_ratio") ? fmt::format("compression ratio {}", c["compression_ratio"].get<double>())
-               : c["budget"].get<int>() > 0    ? fmt::format("KV size {}", c["budget"].get<int>())
-                                               : std::string("no budget"),
+               c.contains("compression_ratio")
+                   ? fmt::format("compression ratio {}", c["compression_ratio"].get<double>())
+               : c["budget"].get<int>() > 0 ? fmt::format("KV size {}", c["budget"].get<int>())
+                                            : std::string("no budget"),
                c["gqa"].get<std::string>(), c["params"].dump());
   fmt::print("{} cells{}: {} prompt tokens to prefill, up to {} tokens to generate; results in {}\n", cells,
              shard_.count > 1 ? fmt::format(" in shard {}/{}", shard_.index, shard_.count) : "", tokens, gen,
@@ -136,8 +138,9 @@ void Sweep::describe() const {
 }
 
 SweepOutcome Sweep::run(bool progress) {
-  Engine engine(*model_,
-                {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype, .weights = spec_.weights});
+  Engine engine(
+      *model_,
+      {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype, .weights = spec_.weights});
   ResultsFile out(spec_.out);  // first: opening cuts a torn last line
   auto done = recorded_keys(spec_.out);
   SweepOutcome o;
@@ -174,8 +177,11 @@ SweepOutcome Sweep::run(bool progress) {
                          part.configs[c], capture);
         } catch (const Error& e) {
           if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
-          failures->append({{"key", cell_key(part.configs[c], s.id)}, {"id", s.id}, {"version", code_version()},
-                            {"config", part.configs[c]}, {"error", e.what()}});
+          failures->append({{"key", cell_key(part.configs[c], s.id)},
+                            {"id", s.id},
+                            {"version", code_version()},
+                            {"config", part.configs[c]},
+                            {"error", e.what()}});
           ++o.failed;
           fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, e.what());
           if (bar) bar->advance(1, fmt::format("{} failed", method));

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "harness/experiment/experiment.hpp"
-#include "tasks/task.hpp"
+#include "harness/task/task.hpp"
 
 namespace kvb {
 

@@ -25,13 +25,14 @@ std::string default_artifact_path(const std::string& kind, const ModelConfig& mo
 
 nlohmann::json artifact_header(const std::string& kind, const ModelConfig& model, const std::string& model_path) {
   return {{"kind", kind},
-          {"model", {{"file", fs::path(model_path).filename().string()},
-                     {"fingerprint", model.fingerprint},
-                     {"name", model.name},
-                     {"layers", model.n_layers},
-                     {"heads", model.n_heads},
-                     {"kv_heads", model.n_kv_heads},
-                     {"head_dim", model.head_dim}}}};
+          {"model",
+           {{"file", fs::path(model_path).filename().string()},
+            {"fingerprint", model.fingerprint},
+            {"name", model.name},
+            {"layers", model.n_layers},
+            {"heads", model.n_heads},
+            {"kv_heads", model.n_kv_heads},
+            {"head_dim", model.head_dim}}}};
 }
 
 LoadedArtifact load_artifact(const std::string& kind, const std::string& path, const ModelConfig& model,
@@ -40,8 +41,8 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
   a.path = path.empty() ? default_artifact_path(kind, model) : path;
   if (!fs::exists(a.path)) {
     if (path.empty())
-      fail("no {} artifact for this model (fingerprint {}) at {}; make it with `{}`", kind, model.fingerprint,
-           a.path, make_command);
+      fail("no {} artifact for this model (fingerprint {}) at {}; make it with `{}`", kind, model.fingerprint, a.path,
+           make_command);
     fail("{}: no such {} artifact; make one with `{}`", a.path, kind, make_command);
   }
   std::ifstream in(a.path, std::ios::binary);
@@ -65,8 +66,8 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
     if (h["kind"] != kind) fail("{}: a {} artifact, expected {}", a.path, h["kind"].dump(), kind);
     const std::string fp = h["model"]["fingerprint"].get<std::string>();
     if (!model.fingerprint.empty() && fp != model.fingerprint)
-      fail("{}: made for model {} (fingerprint {}), not this one (fingerprint {}); make this model's with `{}`",
-           a.path, h["model"].value("file", std::string("?")), fp, model.fingerprint, make_command);
+      fail("{}: made for model {} (fingerprint {}), not this one (fingerprint {}); make this model's with `{}`", a.path,
+           h["model"].value("file", std::string("?")), fp, model.fingerprint, make_command);
   }
   return a;
 }

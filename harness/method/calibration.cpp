@@ -30,7 +30,8 @@ std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const st
 SplitDocuments split_held_out(const std::vector<std::string>& docs, long every, const std::string& command,
                               const std::string& hint) {
   SplitDocuments s;
-  for (size_t i = 0; i < docs.size(); ++i) (static_cast<long>(i % size_t(every)) == every - 1 ? s.held : s.fit).push_back(docs[i]);
+  for (size_t i = 0; i < docs.size(); ++i)
+    (static_cast<long>(i % size_t(every)) == every - 1 ? s.held : s.fit).push_back(docs[i]);
   if (s.fit.empty() || s.held.empty())
     fail("{}: {} document(s) cannot be split into fitting and held-out text (every {}th is held out); {}", command,
          docs.size(), every, hint);

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/method/params.hpp"
+#include "harness/util/params.hpp"
 
 namespace kvb {
 

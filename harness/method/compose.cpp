@@ -9,7 +9,8 @@
 namespace kvb {
 
 ParamSpec base_method_param(const std::string& default_base) {
-  return ParamSpec::text("base", default_base, "the selector this method wraps (kvbench list methods: 'can be wrapped')");
+  return ParamSpec::text("base", default_base,
+                         "the selector this method wraps (kvbench list methods: 'can be wrapped')");
 }
 
 void WrapperMethod::setup() {
@@ -18,9 +19,10 @@ void WrapperMethod::setup() {
     if (k.rfind("base.", 0) == 0) given[k.substr(5)] = v;
   base_ = MethodRegistry::get().create(params().get("base"), given, model());
   if (base_->acts_on_decode())
-    fail("method {}: its base {} also evicts during decoding, which would undo the wrapper's choice; turn that off "
-         "(e.g. base.decode_eviction=false)",
-         name(), base_->name());
+    fail(
+        "method {}: its base {} also evicts during decoding, which would undo the wrapper's choice; turn that off "
+        "(e.g. base.decode_eviction=false)",
+        name(), base_->name());
   if (!base_->shares_prefill())
     fail("method {}: its base {} changes prefill itself and cannot be wrapped", name(), base_->name());
 }

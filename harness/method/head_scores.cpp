@@ -17,9 +17,7 @@ HeadScoreKind parse_head_score_kind(const std::string& s) {
   fail("head scores '{}' are not one of r2 (retrieval-reasoning), r (retrieval)", s);
 }
 
-std::string artifact_kind(HeadScoreKind k) {
-  return k == HeadScoreKind::RetrievalReasoning ? "headkv_r2" : "headkv_r";
-}
+std::string artifact_kind(HeadScoreKind k) { return k == HeadScoreKind::RetrievalReasoning ? "headkv_r2" : "headkv_r"; }
 
 HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path, const ModelConfig& m) {
   HeadImportance imp;
@@ -29,8 +27,8 @@ HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path,
     imp.source = "uniform";
     return imp;
   }
-  const std::string make = fmt::format("kvbench calibrate headkv MODEL -o heads={}",
-                                       kind == HeadScoreKind::RetrievalReasoning ? "r2" : "r");
+  const std::string make =
+      fmt::format("kvbench calibrate headkv MODEL -o heads={}", kind == HeadScoreKind::RetrievalReasoning ? "r2" : "r");
   const LoadedArtifact a = load_artifact(artifact_kind(kind), path, m, make);
   imp.source = a.path;
   imp.digest = a.digest;
@@ -43,8 +41,8 @@ HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path,
       fail("{}: key '{}' is not a 'layer-head' pair such as \"0-0\"", a.path, key);
     const int l = std::stoi(mt[1]), h = std::stoi(mt[2]);
     if (l >= L || h >= H)
-      fail("{}: key '{}' is outside this model's {} layers x {} query heads (a score file for another model?)",
-           a.path, key, L, H);
+      fail("{}: key '{}' is outside this model's {} layers x {} query heads (a score file for another model?)", a.path,
+           key, L, H);
     // The repository's files hold one score per successful test; a single number is accepted too.
     std::vector<double> xs;
     if (value.is_array()) {
@@ -100,8 +98,8 @@ HeadImportance load_head_importance(const Params& p, const ModelConfig& model) {
   return load_head_importance(parse_head_score_kind(p.get("heads")), p.get("scores"), model);
 }
 
-std::vector<std::vector<int>> head_capacities(const HeadImportance& imp, const Params& p, int n_kv_heads,
-                                              GqaMode mode, int T, int w) {
+std::vector<std::vector<int>> head_capacities(const HeadImportance& imp, const Params& p, int n_kv_heads, GqaMode mode,
+                                              int T, int w) {
   return per_head_budgets(head_scores_for_gqa(imp, n_kv_heads, mode), T, w, p.get_float("beta"), p.get_float("temp"),
                           p.get("caps") == "exact" ? CapRounding::ExactTotal : CapRounding::Nearest);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// Head-importance scores (HeadKV, spec/methods-b.md 5.4), shared by every method that budgets heads
+// Head-importance scores (HeadKV, methods/headkv/README.md §1, §5-§8), shared by every method that budgets heads
 // by them (HeadKV, MixedDimKV-H). The file layout is the HeadKV repository's, {"l-h": [score of each
 // successful profiling test]}, plus a "header" object in the files kvbench writes; the repository's own
 // score files load too (checked by shape, since they carry no model fingerprint).
@@ -7,15 +7,15 @@
 #include <vector>
 
 #include "harness/method/method.hpp"
-#include "harness/method/params.hpp"
 #include "harness/model/config.hpp"
+#include "harness/util/params.hpp"
 
 namespace kvb {
 
 // Which profiling the scores come from: retrieval-reasoning (HeadKV-R2) or retrieval (HeadKV-R).
 enum class HeadScoreKind { RetrievalReasoning, Retrieval };
 HeadScoreKind parse_head_score_kind(const std::string& s);  // "r2" or "r"
-std::string artifact_kind(HeadScoreKind k);                  // "headkv_r2", "headkv_r"
+std::string artifact_kind(HeadScoreKind k);                 // "headkv_r2", "headkv_r"
 
 struct HeadImportance {
   std::vector<std::vector<double>> score;  // [layer][query head]: mean over the successful tests
@@ -29,7 +29,7 @@ struct HeadImportance {
 HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path, const ModelConfig& model);
 
 // Scores per stored head: query heads as they are (repeat), or summed over each KV head's group
-// (native; spec 5.2: the group mean of the query heads' capacities).
+// (native; methods/headkv/README.md §2: the group mean of the query heads' capacities).
 std::vector<std::vector<double>> head_scores_for_gqa(const HeadImportance& imp, int n_kv_heads, GqaMode mode);
 
 // The parameters of HeadKV's head budgets, shared by the methods that use them: heads, scores, beta,
@@ -38,7 +38,7 @@ std::vector<ParamSpec> head_budget_params();
 // Loads the scores the parameters name (Method::setup of those methods).
 HeadImportance load_head_importance(const Params& p, const ModelConfig& model);
 // Non-window capacities [layer][stored head] for KV size T and window w under those parameters.
-std::vector<std::vector<int>> head_capacities(const HeadImportance& imp, const Params& p, int n_kv_heads,
-                                              GqaMode mode, int T, int w);
+std::vector<std::vector<int>> head_capacities(const HeadImportance& imp, const Params& p, int n_kv_heads, GqaMode mode,
+                                              int T, int w);
 
 }  // namespace kvb

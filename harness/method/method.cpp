@@ -29,19 +29,16 @@ MethodRegistry& MethodRegistry::get() {
 
 void MethodRegistry::add(MethodInfo info) {
   if (methods_.count(info.name)) fail("method '{}' is registered twice", info.name);
+  for (auto& step : info.steps) {
+    if (step.name.empty()) step.name = info.name;
+    if (step.summary.empty()) step.summary = info.summary;
+    for (const auto& [other, i] : methods_)
+      for (const auto& s : i.steps)
+        if (s.command == step.command && s.name == step.name)
+          fail("offline step '{} {}' of method {} is registered twice (also by {})", step.command, step.name, info.name,
+               other);
+  }
   methods_.emplace(info.name, std::move(info));
-}
-
-void MethodRegistry::add_step(OfflineStep step) {
-  for (const auto& s : steps_)
-    if (s.command == step.command && s.name == step.name)
-      fail("offline step '{} {}' is registered twice", step.command, step.name);
-  steps_.push_back(std::move(step));
-}
-
-bool register_offline_step(OfflineStep step) {
-  MethodRegistry::get().add_step(std::move(step));
-  return true;
 }
 
 bool register_method(MethodInfo info) {
@@ -54,9 +51,10 @@ const MethodInfo& MethodRegistry::info(const std::string& name) const {
   if (it == methods_.end() && resolver_ && resolver_(name)) it = methods_.find(name);
   if (it == methods_.end()) {
     if (name.rfind("python:", 0) == 0)
-      fail("method '{}' is written in Python: it runs through the Python module (kvbench.run, kvbench.Model."
-           "generate), not the command line",
-           name);
+      fail(
+          "method '{}' is written in Python: it runs through the Python module (kvbench.run, kvbench.Model."
+          "generate), not the command line",
+          name);
     fail("unknown method '{}' (available: {})", name, fmt::join(names(), ", "));
   }
   return it->second;
@@ -77,17 +75,12 @@ std::vector<std::string> MethodRegistry::names(Composition role) const {
 
 OfflineStep MethodRegistry::offline_step(const std::string& command, const std::string& name) const {
   std::vector<std::string> known;
-  for (const auto& [method, info] : methods_) {
-    if (command == "calibrate" && info.calibrate) {
-      if (method == name) return {command, name, info.summary, info.calibration, info.calibrate};
-      known.push_back(method);
-    }
-  }
-  for (const auto& s : steps_)
-    if (s.command == command) {
-      if (s.name == name) return s;
-      known.push_back(s.name);
-    }
+  for (const auto& [method, info] : methods_)
+    for (const auto& s : info.steps)
+      if (s.command == command) {
+        if (s.name == name) return s;
+        known.push_back(s.name);
+      }
   fail("kvbench {}: no offline step '{}' (available: {})", command, name, fmt::join(known, ", "));
 }
 
@@ -125,6 +118,7 @@ std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
   m->params_ = resolve(name, params);
   m->gqa_ = m->params_.get("gqa") == "repeat" ? GqaMode::Repeat : GqaMode::Native;
   m->budgeted_ = info(name).budgeted;
+  m->changes_model_ = info(name).changes_model;
   m->model_ = &model;
   m->setup();
   return m;
@@ -142,7 +136,8 @@ size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens) {
 }
 
 KvBudget KvBudget::compression_ratio(double p_c) {
-  if (!(p_c > 0 && p_c < 1)) fail("compression ratio {} is outside (0, 1): it is the fraction of the prompt removed", p_c);
+  if (!(p_c > 0 && p_c < 1))
+    fail("compression ratio {} is outside (0, 1): it is the fraction of the prompt removed", p_c);
   KvBudget b;
   b.ratio = p_c;
   return b;
@@ -165,7 +160,8 @@ MethodRunner::MethodRunner(Method& method, KvBudget budget) : method_(method), a
            method.name());
     return;
   }
-  if (!budget.is_ratio() && budget.tokens <= 0) fail("budget must be a positive number of tokens, got {}", budget.tokens);
+  if (!budget.is_ratio() && budget.tokens <= 0)
+    fail("budget must be a positive number of tokens, got {}", budget.tokens);
   budget_.tokens = budget.tokens;
   budget_.bytes_per_layer = dense_layer_bytes(method.model(), method.gqa(), budget.tokens);
 }
@@ -207,8 +203,8 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
       budget_.bytes_per_layer / sizeof(float) * kv_dtype_bytes(view.kv_dtype) * size_t(method_.model().n_layers);
   if (view.layer + 1 == method_.model().n_layers && compressed_ && bytes_ > limit && method_.budgeted() &&
       !method_.may_exceed_budget())
-    fail("method {} kept {} bytes, more than its budget of {} bytes (KV size {})", method_.name(),
-         bytes_, limit, budget_.tokens);
+    fail("method {} kept {} bytes, more than its budget of {} bytes (KV size {})", method_.name(), bytes_, limit,
+         budget_.tokens);
 }
 
 nlohmann::json MethodRunner::cache_profile() const {

@@ -12,8 +12,8 @@
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/prefill_view.hpp"
-#include "harness/method/params.hpp"
 #include "harness/model/config.hpp"
+#include "harness/util/params.hpp"
 
 namespace kvb {
 
@@ -25,19 +25,19 @@ std::string gqa_mode_name(GqaMode m);
 
 // "KV size T": the memory of T full-precision tokens per stored head per layer.
 struct Budget {
-  int tokens = 0;                 // T
+  int tokens = 0;  // T
   // T x stored heads x head_dim x 2 x 4 bytes: methods build their caches in fp32, and the runner then
   // stores them at the run's dtype, which scales the bytes of every budgeted format alike.
   size_t bytes_per_layer = 0;
-  double compression_ratio = 0;   // p_c when the run asked for a ratio (T = floor(S (1 - p_c))), else 0
+  double compression_ratio = 0;  // p_c when the run asked for a ratio (T = floor(S (1 - p_c))), else 0
 };
 
 // What a run asks for: a KV size T, or a compression ratio p_c, the fraction of the prompt removed
 // (kvpress, VECTOR): T = floor(S (1 - p_c)) for a prompt of S tokens, window included, so that every
 // prompt is compressed.
 struct KvBudget {
-  int tokens = 0;     // T, in KV-size mode
-  double ratio = 0;   // p_c in (0, 1), in ratio mode
+  int tokens = 0;    // T, in KV-size mode
+  double ratio = 0;  // p_c in (0, 1), in ratio mode
   KvBudget() = default;
   KvBudget(int t) : tokens(t) {}  // NOLINT(google-explicit-constructor): a KV size is the usual budget
   static KvBudget compression_ratio(double p_c);
@@ -50,9 +50,9 @@ struct KvBudget {
 
 struct DecodeView {
   int layer = 0;
-  int32_t position = 0;    // position of the token just appended
+  int32_t position = 0;      // position of the token just appended
   const float* q = nullptr;  // its post-RoPE queries [n_heads, head_dim]
-  int budget_tokens = 0;   // T
+  int budget_tokens = 0;     // T
 };
 
 // scores[h][j] for query heads h < Hq and prefix positions j < S - w.
@@ -61,8 +61,8 @@ using HeadScores = std::vector<std::vector<float>>;
 // What an eviction method decided for one layer before its cache is built. A wrapper (KVCrush,
 // VECTOR) asks its base method for this and changes the decision.
 struct Selection {
-  HeadScores query_scores;  // the base's token scores per query head, before GQA reduction
-  HeadScores scores;        // per stored head, as the base ranked them (query_scores reduced for GQA)
+  HeadScores query_scores;                 // the base's token scores per query head, before GQA reduction
+  HeadScores scores;                       // per stored head, as the base ranked them (query_scores reduced for GQA)
   std::vector<std::vector<int32_t>> keep;  // per stored head: kept positions, ascending, window included
   int window = 0;                          // the last `window` prompt positions, kept by every head
 };
@@ -98,11 +98,11 @@ class Method {
   // True only for settings that reproduce a reference's known overshoot (PyramidKV's floored
   // schedule); the runner then reports the bytes instead of refusing them.
   virtual bool may_exceed_budget() const { return false; }
-  // False for a method that changes prefill itself (e.g. evicts while prefilling in chunks): a sweep
-  // then gives its cells their own prefill instead of the full-attention one shared by the others.
-  virtual bool shares_prefill() const { return true; }
+  // False for a method registered with changes_model = true: a sweep gives its cells their own prefill
+  // instead of the full-attention one shared by the others.
+  bool shares_prefill() const { return !changes_model_; }
   // Non-null for a method that changes the model's keys and values before attention (DynaKV); such a
-  // method must also say shares_prefill() = false.
+  // method registers with changes_model = true.
   virtual KvTransform* kv_transform() { return nullptr; }
 
   const std::string& name() const { return name_; }
@@ -117,7 +117,8 @@ class Method {
   std::string name_;
   Params params_;
   GqaMode gqa_ = GqaMode::Native;
-  bool budgeted_ = true;
+  bool budgeted_ = true;        // MethodInfo::budgeted, copied at creation
+  bool changes_model_ = false;  // MethodInfo::changes_model, copied at creation
   const ModelConfig* model_ = nullptr;
 };
 
@@ -125,32 +126,31 @@ class Method {
 // as its parameter `base` (with the base's parameters as base.NAME) and changes its decision.
 enum class Composition { Standalone, Selector, Wrapper };
 
-// A named offline step: `kvbench calibrate NAME MODEL` (command "calibrate") or `kvbench train NAME
-// MODEL` (command "train"), with the options declared here, writing the artifact its method loads.
+// A method's offline step: `kvbench calibrate NAME MODEL` (command "calibrate") or `kvbench train NAME
+// MODEL` (command "train"), with the options declared here, profiling or fitting on the model and
+// writing the artifact the method loads (artifact.hpp).
 struct OfflineStep {
-  std::string command, name, summary;
-  std::vector<ParamSpec> options;
-  std::function<void(CalibrationContext&)> run;
+  std::string command = "calibrate";
+  std::string name = {};     // empty: the method's name
+  std::string summary = {};  // empty: the method's summary
+  std::vector<ParamSpec> options = {};
+  std::function<void(CalibrationContext&)> run = {};
 };
 
 struct MethodInfo {
-  std::string name;
-  std::string summary;
-  std::vector<ParamSpec> params;  // the method's own; `gqa` is added for all
-  std::function<std::unique_ptr<Method>()> make;
-  // Its offline step (`kvbench calibrate NAME MODEL`), if it has one: profiles or fits on the model
-  // and writes the artifact the method loads (artifact.hpp), with the options declared here.
-  std::vector<ParamSpec> calibration = {};
-  std::function<void(CalibrationContext&)> calibrate = {};
-  // Parameters under which the registry-driven tests run it on synthetic layers, for a method that
-  // otherwise needs an artifact of a real model (e.g. scores=uniform).
-  std::map<std::string, std::string> test_params = {};
+  std::string name = {};
+  std::string summary = {};
+  std::vector<ParamSpec> params = {};  // the method's own; `gqa` is added for all
+  std::function<std::unique_ptr<Method>()> make = {};
+  // Its offline steps, if it has any (HeadKV's profiling, DynaKV's PCA and training).
+  std::vector<OfflineStep> steps = {};
   Composition composition = Composition::Standalone;
   // False for a method that sets its own memory rather than fitting a KV size (quantization: KVmix).
   // It runs once per configuration with no budget (like fullkv in a sweep) and always compresses.
   bool budgeted = true;
-  // True for a method that changes the model (kv_transform): it runs only inside an engine's prefill,
-  // so tests that drive methods with synthetic prefill views leave it out.
+  // True for a method that changes the model (kv_transform) or prefill itself (evicting while it
+  // prefills): a sweep gives it its own prefill, and tests that drive methods with synthetic prefill
+  // views leave it out.
   bool changes_model = false;
 };
 
@@ -158,9 +158,6 @@ class MethodRegistry {
  public:
   static MethodRegistry& get();
   void add(MethodInfo info);
-  // A named offline step of a method's file (DynaKV: its PCA basis, its training).
-  void add_step(OfflineStep step);
-  const std::vector<OfflineStep>& steps() const { return steps_; }
   const MethodInfo& info(const std::string& name) const;  // Error listing the methods if unknown
   std::vector<std::string> names() const;
   // All parameters of a method, `gqa` included (a wrapper's base.NAME parameters are not listed).
@@ -169,8 +166,8 @@ class MethodRegistry {
   // (base.NAME keys, validated against the base, every one filled in), so that results are keyed by
   // the whole composition. Errors name the method, the base and the parameter.
   Params resolve(const std::string& name, const std::map<std::string, std::string>& given) const;
-  // The offline step `kvbench COMMAND NAME` runs: a method's own calibration (command "calibrate",
-  // NAME = the method) or a named step; Error listing the steps of that command if there is none.
+  // The offline step `kvbench COMMAND NAME` runs, of whichever method declares it; Error listing the
+  // steps of that command if there is none.
   OfflineStep offline_step(const std::string& command, const std::string& name) const;
   // Names of the methods with the given composition role.
   std::vector<std::string> names(Composition role) const;
@@ -183,12 +180,10 @@ class MethodRegistry {
  private:
   std::function<bool(const std::string&)> resolver_;
   std::map<std::string, MethodInfo> methods_;
-  std::vector<OfflineStep> steps_;
 };
 
 // Registers a method from its own file: static const bool reg = register_method({...});
 bool register_method(MethodInfo info);
-bool register_offline_step(OfflineStep step);
 
 // Bytes of `tokens` dense tokens for every stored head of one layer.
 size_t dense_layer_bytes(const ModelConfig& m, GqaMode gqa, int tokens);
@@ -231,8 +226,8 @@ class MethodRunner : public PrefillObserver {
 };
 
 // A method as a command or the Python module names it, with its runner: "" (or "fullkv" without a
-// budget) is none, the full cache (both members null). `budget` is the KV size T of a budgeted method and must be 0 for one
-// that sets its own memory (KVmix, DynaKV); `who` starts the error messages ("--method", "Model.logits").
+// budget) is none, the full cache (both members null). `budget` is the KV size T of a budgeted method and must be 0 for
+// one that sets its own memory (KVmix, DynaKV); `who` starts the error messages ("--method", "Model.logits").
 struct MethodChoice {
   std::unique_ptr<Method> method;
   std::unique_ptr<MethodRunner> runner;

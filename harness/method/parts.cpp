@@ -44,8 +44,7 @@ HeadScores window_attention_scores(const PrefillView& v, int w, WindowReduce red
       // Rows of the last w queries of head h against all keys of its KV head.
       const float* q = v.q_window + (size_t(v.window - w) * hq + h) * d;
       const float* k = v.k + size_t(h / G) * d;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, w, S, d, scale, q, hq * d, k, hkv * d, 0.0f,
-                  z.data(), S);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, w, S, d, scale, q, hq * d, k, hkv * d, 0.0f, z.data(), S);
       for (int i = 0; i < w; ++i) {
         float* row = z.data() + size_t(i) * S;
         softmax_inplace(row, prefix + i + 1);  // causal inside the window
@@ -81,8 +80,7 @@ HeadScores window_attention_scores_ref(const PrefillView& v, int w, WindowReduce
       for (auto& x : z) sum += (x = std::exp(x - m));
       for (int j = 0; j < prefix; ++j) acc[j] += z[j] / sum;
     }
-    for (int j = 0; j < prefix; ++j)
-      out[h][j] = static_cast<float>(reduce == WindowReduce::Mean ? acc[j] / w : acc[j]);
+    for (int j = 0; j < prefix; ++j) out[h][j] = static_cast<float>(reduce == WindowReduce::Mean ? acc[j] / w : acc[j]);
   }
   return out;
 }
@@ -114,21 +112,11 @@ std::vector<ParamSpec> window_scorer_params() {
 
 HeadScores pooled_window_scores(const PrefillView& v, const Params& p) {
   const auto reduce = p.get("reduce") == "sum" ? WindowReduce::Sum : WindowReduce::Mean;
-  HeadScores s = window_attention_scores(v, static_cast<int>(p.get_int("window")), reduce);
-  const int kernel = static_cast<int>(p.get_int("kernel"));
+  HeadScores s = window_attention_scores(v, p.integer("window"), reduce);
+  const int kernel = p.integer("kernel");
   const Pooling pooling = parse_pooling(p.get("pooling"));
   for (auto& h : s) h = pool1d(h, kernel, pooling);
   return s;
-}
-
-HeadScores accumulated_attention_scores(const PrefillView& v, int w) {
-  if (!v.attn_colsum) fail("internal: the prefill did not gather accumulated attention");
-  if (w < 0 || w >= v.n_tokens) fail("recent window {} must be below the prompt length {}", w, v.n_tokens);
-  const int S = v.n_tokens;
-  HeadScores out(v.n_heads);
-  for (int h = 0; h < v.n_heads; ++h)
-    out[h].assign(v.attn_colsum + size_t(h) * S, v.attn_colsum + size_t(h) * S + (S - w));
-  return out;
 }
 
 HeadScores reduce_for_gqa(const HeadScores& s, int n_kv_heads, GqaMode mode) {
@@ -187,8 +175,7 @@ Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, cons
 
 LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vector<int32_t>>& keep) {
   const int stored = mode == GqaMode::Repeat ? v.n_heads : v.n_kv_heads;
-  if (static_cast<int>(keep.size()) != stored)
-    fail("internal: {} kept lists for {} stored heads", keep.size(), stored);
+  if (static_cast<int>(keep.size()) != stored) fail("internal: {} kept lists for {} stored heads", keep.size(), stored);
   const int G = v.n_heads / v.n_kv_heads, d = v.head_dim;
   LayerCache cache(v.n_heads, stored, d);
   for (int s = 0; s < stored; ++s) {
@@ -212,42 +199,6 @@ LayerCache keep_all(const PrefillView& v, GqaMode mode) {
   return gather(v, mode, std::vector<std::vector<int32_t>>(stored, all));
 }
 
-std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exact_total) {
-  if (T <= w) fail("PyramidKV: KV size {} must exceed the window {}", T, w);
-  const int b = T - w;
-  std::vector<int> caps(L);
-  if (!exact_total && S < 2 * b) {  // the reference's short-prompt branch: uniform SnapKV budget
-    std::fill(caps.begin(), caps.end(), b + w);
-    return caps;
-  }
-  int min_num = b / beta, max_num = 2 * b - min_num;
-  if (max_num >= S - w) {
-    max_num = S - w;
-    min_num = 2 * b - max_num;
-  }
-  if (!exact_total) {
-    const int steps = L > 1 ? (max_num - min_num) / (L - 1) : 0;
-    for (int l = 0; l < L; ++l) caps[l] = max_num - l * steps + w;
-    return caps;
-  }
-  // Float schedule, rounded, clamped to what exists, residue spread from layer 0 upwards.
-  const double steps = L > 1 ? static_cast<double>(max_num - min_num) / (L - 1) : 0.0;
-  long total = 0;
-  for (int l = 0; l < L; ++l) {
-    caps[l] = std::clamp(static_cast<int>(std::lround(max_num - l * steps)), 0, S - w);
-    total += caps[l];
-  }
-  long residue = long(L) * b - total;
-  for (int l = 0; l < L && residue != 0; ++l) {
-    const int room = residue > 0 ? (S - w) - caps[l] : caps[l];
-    const int delta = static_cast<int>(std::min<long>(std::labs(residue), room));
-    caps[l] += residue > 0 ? delta : -delta;
-    residue += residue > 0 ? -delta : delta;
-  }
-  for (auto& c : caps) c += w;
-  return caps;
-}
-
 std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<double>>& scores, int T, int w,
                                                double beta, double temperature, CapRounding rounding) {
   if (T <= w) fail("per-head budgets: KV size {} must exceed the window {}", T, w);
@@ -256,7 +207,8 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
   double total = 0;
   for (const auto& layer : scores)
     for (double x : layer) {
-      if (!(x >= 0) || !std::isfinite(x)) fail("per-head budgets: head scores must be finite and non-negative, found {}", x);
+      if (!(x >= 0) || !std::isfinite(x))
+        fail("per-head budgets: head scores must be finite and non-negative, found {}", x);
       total += std::pow(x, temperature);
       ++heads;
     }
@@ -271,7 +223,8 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
     for (double x : layer) {
       raw.push_back(std::pow(x, temperature) / total * pool + min_each);
       // torch.round: half to even (the default floating-point rounding mode).
-      row.push_back(static_cast<int>(rounding == CapRounding::Nearest ? std::nearbyint(raw.back()) : std::floor(raw.back())));
+      row.push_back(
+          static_cast<int>(rounding == CapRounding::Nearest ? std::nearbyint(raw.back()) : std::floor(raw.back())));
     }
   }
   if (rounding == CapRounding::ExactTotal) {
@@ -282,11 +235,11 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
       for (int c : row) missing -= c;
     std::vector<size_t> order(raw.size());
     std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t c) {
-      return raw[a] - std::floor(raw[a]) > raw[c] - std::floor(raw[c]);
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t c) { return raw[a] - std::floor(raw[a]) > raw[c] - std::floor(raw[c]); });
     const size_t per_layer = scores.front().size();
-    for (size_t i = 0; i < order.size() && missing > 0; ++i, --missing) ++caps[order[i] / per_layer][order[i] % per_layer];
+    for (size_t i = 0; i < order.size() && missing > 0; ++i, --missing)
+      ++caps[order[i] / per_layer][order[i] % per_layer];
   }
   return caps;
 }

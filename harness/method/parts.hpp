@@ -1,14 +1,14 @@
 #pragma once
 // The shared parts methods are built from: scorers (how important each prompt token is), GQA
 // reduction, top-k selection, budget allocators across layers, and the step that turns kept
-// positions into a LayerCache. Conventions follow spec/methods-b.md section 0.
+// positions into a LayerCache. Conventions as in methods/snapkv/README.md (window, GQA reduction, top-k).
 #include <cstdint>
 #include <vector>
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/prefill_view.hpp"
 #include "harness/method/method.hpp"
-#include "harness/method/params.hpp"
+#include "harness/util/params.hpp"
 
 namespace kvb {
 
@@ -31,10 +31,6 @@ std::vector<float> pool1d(const std::vector<float>& x, int kernel, Pooling p);
 std::vector<ParamSpec> window_scorer_params();
 HeadScores pooled_window_scores(const PrefillView& v, const Params& p);
 
-// H2O's scorer: attention each prefix key received summed over all S queries (causal), from the
-// column sums the engine gathered during prefill.
-HeadScores accumulated_attention_scores(const PrefillView& v, int w);
-
 // Native mode: one score vector per KV head, the mean over its query heads. Repeat: unchanged.
 HeadScores reduce_for_gqa(const HeadScores& per_query_head, int n_kv_heads, GqaMode mode);
 
@@ -52,12 +48,7 @@ LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vec
 LayerCache keep_all(const PrefillView& v, GqaMode mode);
 
 // Per-layer token budgets (window included) that a schedule assigns for KV size T.
-// PyramidKV: arithmetic from bottom to top with ratio beta. `exact_total` rounds a float schedule and
-// puts the residue on layer 0 so the budgets sum to L x T; otherwise the floored integer schedule of
-// the reference code (which can sum to a few percent more).
-std::vector<int> pyramid_budgets(int T, int w, int beta, int S, int L, bool exact_total);
-
-// HeadKV's per-head budgets (spec/methods-b.md 5.2): selected (non-window) slots for every head of
+// HeadKV's per-head budgets (methods/headkv/README.md §3): selected (non-window) slots for every head of
 // every layer from importance scores [layer][head]. With b = T - w, each head is guaranteed
 // b - b//beta slots and shares a pool of (b//beta) x heads in proportion to its score raised to
 // `temperature` (1 = proportional). Nearest rounds each head half to even as the reference code
@@ -71,7 +62,6 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
 // Kept positions of every stored head when each has its own count: the top caps[h] of its scores
 // (all of them when caps[h] exceeds the prefix; the surplus is not redistributed, as in HeadKV) plus
 // the window [S - w, S).
-std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, const std::vector<int>& caps, int S,
-                                                  int w);
+std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, const std::vector<int>& caps, int S, int w);
 
 }  // namespace kvb

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "harness/method/method.hpp"
-#include "harness/method/mixed_dim.hpp"
 #include "harness/util/npy.hpp"
 
 namespace kvb {
@@ -13,7 +12,7 @@ PrefillDumper::PrefillDumper(std::string dir, std::set<int> layers, int window, 
 
 PrefillNeeds PrefillDumper::needs() const {
   PrefillNeeds n = runner_ ? runner_->needs() : PrefillNeeds{};
-  n.merge({window_, false, false});
+  n.merge({.window = window_});
   return n;
 }
 
@@ -34,7 +33,7 @@ void PrefillDumper::on_layer(const PrefillView& v, LayerCache& cache) {
   const float* q = v.q_window + size_t(v.window - window_) * v.n_heads * d;
   write_npy(stem + ".q_window.npy", {q, size_t(window_) * v.n_heads * d}, {size_t(window_), size_t(v.n_heads), d});
   if (runner_) {
-    const auto w = cache_widths(cache, v.n_tokens);
+    const auto w = stored_key_dims(cache, v.n_tokens);
     std::vector<int32_t> flat;
     for (const auto& h : w) flat.insert(flat.end(), h.begin(), h.end());
     write_npy(stem + ".widths.npy", flat, {w.size(), N});

@@ -1,13 +1,13 @@
 #include "harness/model/config.hpp"
 
+#include <fmt/ranges.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "harness/model/gguf.hpp"
 #include "harness/util/error.hpp"
@@ -19,8 +19,7 @@ namespace {
 using nlohmann::json;
 
 int to_int(uint64_t v, const std::string& file, std::string_view key) {
-  if (v > static_cast<uint64_t>(std::numeric_limits<int>::max()))
-    fail("{}: '{}' = {} is out of range", file, key, v);
+  if (v > static_cast<uint64_t>(std::numeric_limits<int>::max())) fail("{}: '{}' = {} is out of range", file, key, v);
   return static_cast<int>(v);
 }
 
@@ -28,20 +27,24 @@ int to_int(uint64_t v, const std::string& file, std::string_view key) {
 
 std::string arch_name(Arch a) {
   switch (a) {
-    case Arch::Llama: return "llama";
-    case Arch::Qwen2: return "qwen2";
-    case Arch::Qwen3: return "qwen3";
+    case Arch::Llama:
+      return "llama";
+    case Arch::Qwen2:
+      return "qwen2";
+    case Arch::Qwen3:
+      return "qwen3";
   }
   return "?";
 }
-std::string rope_layout_name(RopeLayout l) {
-  return l == RopeLayout::Interleaved ? "interleaved" : "neox";
-}
+std::string rope_layout_name(RopeLayout l) { return l == RopeLayout::Interleaved ? "interleaved" : "neox"; }
 std::string rope_scaling_name(RopeScaling::Type t) {
   switch (t) {
-    case RopeScaling::Type::None: return "none";
-    case RopeScaling::Type::Linear: return "linear";
-    case RopeScaling::Type::Llama3: return "llama3";
+    case RopeScaling::Type::None:
+      return "none";
+    case RopeScaling::Type::Linear:
+      return "linear";
+    case RopeScaling::Type::Llama3:
+      return "llama3";
   }
   return "?";
 }
@@ -64,8 +67,7 @@ void ModelConfig::validate(const std::string& source) const {
   if (!(rope_theta > 0)) fail("{}: rope theta must be positive, found {}", source, rope_theta);
   if (!(rms_eps > 0)) fail("{}: RMSNorm epsilon must be positive, found {}", source, rms_eps);
   if (!rope_freq_factors.empty() && rope_freq_factors.size() != static_cast<size_t>(head_dim / 2))
-    fail("{}: rope_freqs has {} entries, expected head_dim/2 = {}", source,
-         rope_freq_factors.size(), head_dim / 2);
+    fail("{}: rope_freqs has {} entries, expected head_dim/2 = {}", source, rope_freq_factors.size(), head_dim / 2);
 }
 
 ModelConfig config_from_gguf(const GGUFFile& f) {
@@ -84,8 +86,7 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
     c.rope_layout = RopeLayout::NeoX;
     c.qk_norm = true;
   } else {
-    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2' or 'qwen3')", file,
-         c.arch_name);
+    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2' or 'qwen3')", file, c.arch_name);
   }
   c.name = f.get_string_opt("general.name").value_or("");
   const std::string a = c.arch_name + ".";
@@ -96,14 +97,15 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   c.intermediate = u("feed_forward_length");
   c.n_heads = u("attention.head_count");
   c.n_kv_heads = f.has(a + "attention.head_count_kv") ? u("attention.head_count_kv") : c.n_heads;
-  c.head_dim = f.has(a + "attention.key_length") ? u("attention.key_length")
-                                                  : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.head_dim =
+      f.has(a + "attention.key_length") ? u("attention.key_length") : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   if (f.has(a + "attention.value_length") && u("attention.value_length") != c.head_dim)
     fail("{}: attention.value_length differs from key_length; not a Llama-family model", file);
   if (f.has(a + "rope.dimension_count") && u("rope.dimension_count") != c.head_dim)
-    fail("{}: {}rope.dimension_count = {} but the head dimension is {}: partial rotary embeddings "
-         "are not supported",
-         file, a, u("rope.dimension_count"), c.head_dim);
+    fail(
+        "{}: {}rope.dimension_count = {} but the head dimension is {}: partial rotary embeddings "
+        "are not supported",
+        file, a, u("rope.dimension_count"), c.head_dim);
   c.rope_theta = f.get_float_opt(a + "rope.freq_base").value_or(10000.0);
   c.rms_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
   if (f.has(a + "vocab_size")) {
@@ -118,8 +120,7 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
       c.rope_scaling.type = RopeScaling::Type::Linear;
       c.rope_scaling.factor = f.get_float(a + "rope.scaling.factor");
     } else if (*st != "none") {
-      fail("{}: {}rope.scaling.type = '{}' is not supported (expected 'none' or 'linear')", file, a,
-           *st);
+      fail("{}: {}rope.scaling.type = '{}' is not supported (expected 'none' or 'linear')", file, a, *st);
     }
   }
   if (const GGUFTensor* rf = f.find_tensor("rope_freqs.weight")) {
@@ -141,8 +142,7 @@ const json& need(const json& j, const char* key, const std::string& file) {
 
 int json_int(const json& j, const char* key, const std::string& file) {
   const json& v = need(j, key, file);
-  if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-      v.get<int64_t>() > std::numeric_limits<int>::max())
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int>::max())
     fail("{}: field '{}' must be a non-negative integer, found {}", file, key, v.dump());
   return v.get<int>();
 }
@@ -158,8 +158,8 @@ bool present(const json& j, const char* key) { return j.contains(key) && !j[key]
 // The RoPE parameters of one dict (transformers 5's `rope_parameters`, or the older `rope_scaling`),
 // every key understood or an error: a key kvbench ignored would change the model silently.
 struct RopeDict {
-  std::string type;                // "default", "linear", "llama3"
-  std::optional<double> theta;     // rope_theta, when the dict holds it
+  std::string type;             // "default", "linear", "llama3"
+  std::optional<double> theta;  // rope_theta, when the dict holds it
   RopeScaling scaling;
 };
 
@@ -182,9 +182,9 @@ RopeDict parse_rope_dict(const json& r, const std::string& where, const std::str
     d.scaling.low_freq_factor = json_num(r, "low_freq_factor", file);
     d.scaling.high_freq_factor = json_num(r, "high_freq_factor", file);
     // transformers fills it in from max_position_embeddings when absent.
-    d.scaling.original_context =
-        present(r, "original_max_position_embeddings") ? json_int(r, "original_max_position_embeddings", file)
-                                                       : max_positions;
+    d.scaling.original_context = present(r, "original_max_position_embeddings")
+                                     ? json_int(r, "original_max_position_embeddings", file)
+                                     : max_positions;
   } else if (d.type != "default") {
     fail("{}: {}.rope_type '{}' is not supported (expected default, linear or llama3)", file, where, d.type);
   }
@@ -284,8 +284,7 @@ ModelConfig parse_hf_config(const std::string& file) {
     c.arch = Arch::Qwen3;
     c.qk_norm = true;
   } else {
-    fail("{}: model_type '{}' is not supported (expected llama, mistral, qwen2 or qwen3)", file,
-         c.arch_name);
+    fail("{}: model_type '{}' is not supported (expected llama, mistral, qwen2 or qwen3)", file, c.arch_name);
   }
   c.rope_layout = RopeLayout::NeoX;
   c.name = j.value("_name_or_path", std::string());
@@ -296,9 +295,8 @@ ModelConfig parse_hf_config(const std::string& file) {
                      : c.n_heads;
   c.hidden = json_int(j, "hidden_size", file);
   c.intermediate = json_int(j, "intermediate_size", file);
-  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
-                   ? json_int(j, "head_dim", file)
-                   : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? json_int(j, "head_dim", file)
+                                                                  : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.vocab_size = json_int(j, "vocab_size", file);
   c.context_length = json_int(j, "max_position_embeddings", file);
   c.rms_eps = json_num(j, "rms_norm_eps", file);

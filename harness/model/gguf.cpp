@@ -11,8 +11,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian uint32
 constexpr uint64_t kDefaultAlignment = 32;
-constexpr int kMaxDims = 4;            // GGML_MAX_DIMS
-constexpr int kMaxArrayDepth = 8;      // nesting of arrays inside arrays
+constexpr int kMaxDims = 4;        // GGML_MAX_DIMS
+constexpr int kMaxArrayDepth = 8;  // nesting of arrays inside arrays
 constexpr uint64_t kMaxNameLen = 1u << 16;
 // Real vocabularies and merge lists stay below a million entries; a larger array is damage, and
 // refusing it bounds the memory a hostile file can make us allocate.
@@ -22,11 +22,24 @@ constexpr uint64_t kMaxArrayLen = uint64_t{1} << 24;
 // allocation, so that an absurd count is rejected instead of exhausting memory.
 uint64_t min_encoded_size(GGUFType t) {
   switch (t) {
-    case GGUFType::U8: case GGUFType::I8: case GGUFType::BOOL: return 1;
-    case GGUFType::U16: case GGUFType::I16: return 2;
-    case GGUFType::U32: case GGUFType::I32: case GGUFType::F32: return 4;
-    case GGUFType::U64: case GGUFType::I64: case GGUFType::F64: case GGUFType::STRING: return 8;
-    case GGUFType::ARRAY: return 12;
+    case GGUFType::U8:
+    case GGUFType::I8:
+    case GGUFType::BOOL:
+      return 1;
+    case GGUFType::U16:
+    case GGUFType::I16:
+      return 2;
+    case GGUFType::U32:
+    case GGUFType::I32:
+    case GGUFType::F32:
+      return 4;
+    case GGUFType::U64:
+    case GGUFType::I64:
+    case GGUFType::F64:
+    case GGUFType::STRING:
+      return 8;
+    case GGUFType::ARRAY:
+      return 12;
   }
   return 1;
 }
@@ -43,8 +56,8 @@ class Cursor {
 
   void need(uint64_t n, std::string_view what) const {
     if (n > remaining())
-      fail("{}: truncated: need {} bytes for {} at offset {}, but the file has {} bytes", name_, n,
-           what, pos_, b_.size());
+      fail("{}: truncated: need {} bytes for {} at offset {}, but the file has {} bytes", name_, n, what, pos_,
+           b_.size());
   }
 
   template <typename T>
@@ -59,8 +72,8 @@ class Cursor {
   std::string read_string(std::string_view what) {
     const auto len = read<uint64_t>(what);
     if (len > remaining())
-      fail("{}: {} claims a string of {} bytes at offset {}, but only {} bytes remain", name_, what,
-           len, pos_ - 8, remaining());
+      fail("{}: {} claims a string of {} bytes at offset {}, but only {} bytes remain", name_, what, len, pos_ - 8,
+           remaining());
     std::string s(reinterpret_cast<const char*>(b_.data() + pos_), len);
     pos_ += len;
     return s;
@@ -72,42 +85,60 @@ class Cursor {
   uint64_t pos_ = 0;
 };
 
-GGUFValue read_value(Cursor& c, GGUFType type, const std::string& name, const std::string& key,
-                     int depth) {
+GGUFValue read_value(Cursor& c, GGUFType type, const std::string& name, const std::string& key, int depth) {
   GGUFValue v;
   v.type = type;
   const std::string what = fmt::format("the value of key '{}'", key);
   switch (type) {
-    case GGUFType::U8: v.u = c.read<uint8_t>(what); break;
-    case GGUFType::I8: v.i = c.read<int8_t>(what); break;
-    case GGUFType::U16: v.u = c.read<uint16_t>(what); break;
-    case GGUFType::I16: v.i = c.read<int16_t>(what); break;
-    case GGUFType::U32: v.u = c.read<uint32_t>(what); break;
-    case GGUFType::I32: v.i = c.read<int32_t>(what); break;
-    case GGUFType::U64: v.u = c.read<uint64_t>(what); break;
-    case GGUFType::I64: v.i = c.read<int64_t>(what); break;
-    case GGUFType::F32: v.f = c.read<float>(what); break;
-    case GGUFType::F64: v.f = c.read<double>(what); break;
+    case GGUFType::U8:
+      v.u = c.read<uint8_t>(what);
+      break;
+    case GGUFType::I8:
+      v.i = c.read<int8_t>(what);
+      break;
+    case GGUFType::U16:
+      v.u = c.read<uint16_t>(what);
+      break;
+    case GGUFType::I16:
+      v.i = c.read<int16_t>(what);
+      break;
+    case GGUFType::U32:
+      v.u = c.read<uint32_t>(what);
+      break;
+    case GGUFType::I32:
+      v.i = c.read<int32_t>(what);
+      break;
+    case GGUFType::U64:
+      v.u = c.read<uint64_t>(what);
+      break;
+    case GGUFType::I64:
+      v.i = c.read<int64_t>(what);
+      break;
+    case GGUFType::F32:
+      v.f = c.read<float>(what);
+      break;
+    case GGUFType::F64:
+      v.f = c.read<double>(what);
+      break;
     case GGUFType::BOOL: {
       const auto b = c.read<uint8_t>(what);
       if (b > 1) fail("{}: key '{}': bool value must be 0 or 1, found {}", name, key, b);
       v.b = b != 0;
       break;
     }
-    case GGUFType::STRING: v.s = c.read_string(what); break;
+    case GGUFType::STRING:
+      v.s = c.read_string(what);
+      break;
     case GGUFType::ARRAY: {
-      if (depth >= kMaxArrayDepth)
-        fail("{}: key '{}': arrays nested deeper than {} levels", name, key, kMaxArrayDepth);
+      if (depth >= kMaxArrayDepth) fail("{}: key '{}': arrays nested deeper than {} levels", name, key, kMaxArrayDepth);
       const auto et = c.read<uint32_t>(what);
-      if (!valid_type(et))
-        fail("{}: key '{}': unknown array element type {} (expected 0..12)", name, key, et);
+      if (!valid_type(et)) fail("{}: key '{}': unknown array element type {} (expected 0..12)", name, key, et);
       v.elem_type = static_cast<GGUFType>(et);
       const auto n = c.read<uint64_t>(what);
       if (n > kMaxArrayLen)
         fail("{}: key '{}': array of {} elements exceeds the limit of {}", name, key, n, kMaxArrayLen);
       if (n > c.remaining() / min_encoded_size(v.elem_type))
-        fail("{}: key '{}': array claims {} elements but only {} bytes remain", name, key, n,
-             c.remaining());
+        fail("{}: key '{}': array claims {} elements but only {} bytes remain", name, key, n, c.remaining());
       v.arr.reserve(n);
       for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, name, key, depth + 1));
       break;
@@ -121,18 +152,25 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 std::string_view gguf_type_name(GGUFType t) {
-  static constexpr std::string_view names[] = {"uint8", "int8", "uint16", "int16", "uint32",
-                                               "int32", "float32", "bool", "string", "array",
-                                               "uint64", "int64", "float64"};
+  static constexpr std::string_view names[] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                                               "bool",  "string", "array",  "uint64", "int64",  "float64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(names) ? names[i] : "unknown";
 }
 
 bool gguf_is_integer(GGUFType t) {
   switch (t) {
-    case GGUFType::U8: case GGUFType::I8: case GGUFType::U16: case GGUFType::I16:
-    case GGUFType::U32: case GGUFType::I32: case GGUFType::U64: case GGUFType::I64: return true;
-    default: return false;
+    case GGUFType::U8:
+    case GGUFType::I8:
+    case GGUFType::U16:
+    case GGUFType::I16:
+    case GGUFType::U32:
+    case GGUFType::I32:
+    case GGUFType::U64:
+    case GGUFType::I64:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -147,8 +185,11 @@ bool GGUFValue::is_integer() const { return gguf_is_integer(type); }
 std::string GGUFValue::to_string(size_t max_items) const {
   if (is_integer()) return is_unsigned(type) ? std::to_string(u) : std::to_string(i);
   switch (type) {
-    case GGUFType::F32: case GGUFType::F64: return fmt::format("{}", f);
-    case GGUFType::BOOL: return b ? "true" : "false";
+    case GGUFType::F32:
+    case GGUFType::F64:
+      return fmt::format("{}", f);
+    case GGUFType::BOOL:
+      return b ? "true" : "false";
     case GGUFType::STRING: {
       std::string t(s, 0, s.size() > 80 ? 77 : s.size());
       if (s.size() > 80) t.append("...");
@@ -165,7 +206,8 @@ std::string GGUFValue::to_string(size_t max_items) const {
       if (arr.size() > max_items) out += " ...";
       return out + "]";
     }
-    default: return "?";
+    default:
+      return "?";
   }
 }
 
@@ -193,8 +235,7 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
   }
   f.version_ = c.read<uint32_t>("the version");
   if (f.version_ == 1)
-    fail("{}: GGUF version 1 is not supported (it uses 32-bit lengths); convert the file to v3",
-         name);
+    fail("{}: GGUF version 1 is not supported (it uses 32-bit lengths); convert the file to v3", name);
   if (f.version_ != 2 && f.version_ != 3) {
     if (__builtin_bswap32(f.version_) == 2 || __builtin_bswap32(f.version_) == 3)
       fail("{}: big-endian GGUF files are not supported", name);
@@ -205,11 +246,9 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
   // Each key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; each tensor info
   // 8 + 4 + 8 + 4 + 8 bytes. A larger claim cannot be real.
   if (n_kv > c.remaining() / 13)
-    fail("{}: header claims {} metadata entries, more than {} bytes can hold", name, n_kv,
-         c.remaining());
+    fail("{}: header claims {} metadata entries, more than {} bytes can hold", name, n_kv, c.remaining());
   if (n_tensors > c.remaining() / 32)
-    fail("{}: header claims {} tensors, more than {} bytes can hold", name, n_tensors,
-         c.remaining());
+    fail("{}: header claims {} tensors, more than {} bytes can hold", name, n_tensors, c.remaining());
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.read_string(fmt::format("the key of metadata entry {}", k));
@@ -244,8 +283,7 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
     for (uint32_t d = 0; d < n_dims; ++d) {
       const auto n = c.read<uint64_t>(what);
       if (n == 0 || n > (uint64_t{1} << 40) || t.n_elems > (uint64_t{1} << 50) / n)
-        fail("{}: tensor '{}': dimension {} is {}, expected 1..2^40 with at most 2^50 elements",
-             name, t.name, d, n);
+        fail("{}: tensor '{}': dimension {} is {}, expected 1..2^40 with at most 2^50 elements", name, t.name, d, n);
       t.ne.push_back(n);
       t.n_elems *= n;
     }
@@ -254,13 +292,13 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
     if (!info) fail("{}: tensor '{}': unknown ggml type {}", name, t.name, type_id);
     t.type = info->type;
     if (t.ne[0] % info->block_elems != 0)
-      fail("{}: tensor '{}': first dimension {} is not a multiple of the {} block size {}", name,
-           t.name, t.ne[0], info->name, info->block_elems);
+      fail("{}: tensor '{}': first dimension {} is not a multiple of the {} block size {}", name, t.name, t.ne[0],
+           info->name, info->block_elems);
     t.n_bytes = *dtype_bytes(t.type, t.n_elems);
     t.offset = c.read<uint64_t>(what);
     if (t.offset % f.alignment_ != 0)
-      fail("{}: tensor '{}': data offset {} is not a multiple of the alignment {}", name, t.name,
-           t.offset, f.alignment_);
+      fail("{}: tensor '{}': data offset {} is not a multiple of the alignment {}", name, t.name, t.offset,
+           f.alignment_);
     if (f.tensor_index_.count(t.name)) fail("{}: duplicate tensor name '{}'", name, t.name);
     f.tensor_index_.emplace(t.name, f.tensors_.size());
     f.tensors_.push_back(std::move(t));
@@ -270,9 +308,10 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
   const uint64_t data_size = f.data_offset_ <= bytes.size() ? bytes.size() - f.data_offset_ : 0;
   for (auto& t : f.tensors_) {
     if (f.data_offset_ > bytes.size() || t.offset > data_size || t.n_bytes > data_size - t.offset)
-      fail("{}: tensor '{}' ({}, {} bytes at data offset {}) extends past the end of the file "
-           "({} bytes, data section starts at {}); the file is truncated",
-           name, t.name, dtype_name(t.type), t.n_bytes, t.offset, bytes.size(), f.data_offset_);
+      fail(
+          "{}: tensor '{}' ({}, {} bytes at data offset {}) extends past the end of the file "
+          "({} bytes, data section starts at {}); the file is truncated",
+          name, t.name, dtype_name(t.type), t.n_bytes, t.offset, bytes.size(), f.data_offset_);
     t.data = bytes.subspan(f.data_offset_ + t.offset, t.n_bytes);
   }
   return f;
@@ -289,8 +328,7 @@ const GGUFValue& GGUFFile::require(std::string_view key, std::string_view expect
   return *v;
 }
 
-void GGUFFile::wrong_type(std::string_view key, const GGUFValue& v,
-                          std::string_view expected) const {
+void GGUFFile::wrong_type(std::string_view key, const GGUFValue& v, std::string_view expected) const {
   std::string found(gguf_type_name(v.type));
   if (v.type == GGUFType::ARRAY) found += fmt::format(" of {}", gguf_type_name(v.elem_type));
   fail("{}: key '{}': expected {}, found {}", name_, key, expected, found);
@@ -353,8 +391,7 @@ std::optional<std::string> GGUFFile::get_string_opt(std::string_view key) const 
 
 std::vector<std::string> GGUFFile::get_string_array(std::string_view key) const {
   const auto& v = require(key, "an array of strings");
-  if (v.type != GGUFType::ARRAY || v.elem_type != GGUFType::STRING)
-    wrong_type(key, v, "array of string");
+  if (v.type != GGUFType::ARRAY || v.elem_type != GGUFType::STRING) wrong_type(key, v, "array of string");
   std::vector<std::string> out;
   out.reserve(v.arr.size());
   for (const auto& e : v.arr) out.push_back(e.s);
@@ -363,8 +400,7 @@ std::vector<std::string> GGUFFile::get_string_array(std::string_view key) const 
 
 std::vector<int64_t> GGUFFile::get_int_array(std::string_view key) const {
   const auto& v = require(key, "an array of integers");
-  if (v.type != GGUFType::ARRAY || !gguf_is_integer(v.elem_type))
-    wrong_type(key, v, "array of integers");
+  if (v.type != GGUFType::ARRAY || !gguf_is_integer(v.elem_type)) wrong_type(key, v, "array of integers");
   std::vector<int64_t> out;
   out.reserve(v.arr.size());
   for (const auto& e : v.arr) {

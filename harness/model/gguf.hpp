@@ -12,14 +12,25 @@
 #include <unordered_map>
 #include <vector>
 
-#include "harness/model/dtype.hpp"
 #include "harness/util/mapped_file.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 
 enum class GGUFType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7, STRING = 8, ARRAY = 9,
-  U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 std::string_view gguf_type_name(GGUFType t);
 bool gguf_is_integer(GGUFType t);
@@ -88,8 +99,7 @@ class GGUFFile {
  private:
   GGUFFile() = default;
   const GGUFValue& require(std::string_view key, std::string_view expected) const;
-  [[noreturn]] void wrong_type(std::string_view key, const GGUFValue& v,
-                               std::string_view expected) const;
+  [[noreturn]] void wrong_type(std::string_view key, const GGUFValue& v, std::string_view expected) const;
 
   std::shared_ptr<MappedFile> map_;
   std::string name_;

@@ -22,18 +22,42 @@ void put_string(std::vector<uint8_t>& out, const std::string& s) {
 
 void put_value(std::vector<uint8_t>& out, const GGUFValue& v) {
   switch (v.type) {
-    case GGUFType::U8: put<uint8_t>(out, static_cast<uint8_t>(v.u)); break;
-    case GGUFType::I8: put<int8_t>(out, static_cast<int8_t>(v.i)); break;
-    case GGUFType::U16: put<uint16_t>(out, static_cast<uint16_t>(v.u)); break;
-    case GGUFType::I16: put<int16_t>(out, static_cast<int16_t>(v.i)); break;
-    case GGUFType::U32: put<uint32_t>(out, static_cast<uint32_t>(v.u)); break;
-    case GGUFType::I32: put<int32_t>(out, static_cast<int32_t>(v.i)); break;
-    case GGUFType::U64: put<uint64_t>(out, v.u); break;
-    case GGUFType::I64: put<int64_t>(out, v.i); break;
-    case GGUFType::F32: put<float>(out, static_cast<float>(v.f)); break;
-    case GGUFType::F64: put<double>(out, v.f); break;
-    case GGUFType::BOOL: put<uint8_t>(out, v.b ? 1 : 0); break;
-    case GGUFType::STRING: put_string(out, v.s); break;
+    case GGUFType::U8:
+      put<uint8_t>(out, static_cast<uint8_t>(v.u));
+      break;
+    case GGUFType::I8:
+      put<int8_t>(out, static_cast<int8_t>(v.i));
+      break;
+    case GGUFType::U16:
+      put<uint16_t>(out, static_cast<uint16_t>(v.u));
+      break;
+    case GGUFType::I16:
+      put<int16_t>(out, static_cast<int16_t>(v.i));
+      break;
+    case GGUFType::U32:
+      put<uint32_t>(out, static_cast<uint32_t>(v.u));
+      break;
+    case GGUFType::I32:
+      put<int32_t>(out, static_cast<int32_t>(v.i));
+      break;
+    case GGUFType::U64:
+      put<uint64_t>(out, v.u);
+      break;
+    case GGUFType::I64:
+      put<int64_t>(out, v.i);
+      break;
+    case GGUFType::F32:
+      put<float>(out, static_cast<float>(v.f));
+      break;
+    case GGUFType::F64:
+      put<double>(out, v.f);
+      break;
+    case GGUFType::BOOL:
+      put<uint8_t>(out, v.b ? 1 : 0);
+      break;
+    case GGUFType::STRING:
+      put_string(out, v.s);
+      break;
     case GGUFType::ARRAY:
       put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
       put<uint64_t>(out, v.arr.size());
@@ -44,8 +68,7 @@ void put_value(std::vector<uint8_t>& out, const GGUFValue& v) {
 
 }  // namespace
 
-GGUFWriter::GGUFWriter(uint32_t version, uint64_t alignment)
-    : version_(version), alignment_(alignment) {}
+GGUFWriter::GGUFWriter(uint32_t version, uint64_t alignment) : version_(version), alignment_(alignment) {}
 
 GGUFValue GGUFWriter::scalar(GGUFType t, double value) {
   GGUFValue v;
@@ -106,8 +129,7 @@ uint64_t tensor_bytes(const std::string& name, DType type, const std::vector<uin
 }
 }  // namespace
 
-void GGUFWriter::add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
-                            std::vector<uint8_t> data) {
+void GGUFWriter::add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne, std::vector<uint8_t> data) {
   const uint64_t need = tensor_bytes(name, type, ne);
   if (need != data.size())
     fail("GGUFWriter: tensor '{}' has {} bytes, expected {} for {}", name, data.size(), need, dtype_name(type));

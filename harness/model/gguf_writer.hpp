@@ -21,8 +21,7 @@ class GGUFWriter {
   void add_string_array(const std::string& key, const std::vector<std::string>& v);
   void add_int32_array(const std::string& key, const std::vector<int32_t>& v);
   // `data` holds the tensor in `type`'s block encoding; ne[0] varies fastest.
-  void add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
-                  std::vector<uint8_t> data);
+  void add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne, std::vector<uint8_t> data);
 
   // A tensor whose data write_streaming() asks for when it reaches it (for files too big to hold).
   void add_tensor_shape(const std::string& name, DType type, std::vector<uint64_t> ne);

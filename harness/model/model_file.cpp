@@ -28,20 +28,13 @@ std::optional<std::string> canonical_tensor_name(const std::string& hf) {
   for (const auto& [from, to] : global)
     if (hf == from) return std::string(to);
   static const std::pair<const char*, const char*> per_layer[] = {
-      {"input_layernorm.weight", "attn_norm.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},
-      {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},
-      {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"self_attn.q_proj.bias", "attn_q.bias"},
-      {"self_attn.k_proj.bias", "attn_k.bias"},
-      {"self_attn.v_proj.bias", "attn_v.bias"},
-      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-      {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"input_layernorm.weight", "attn_norm.weight"},    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},          {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},           {"mlp.down_proj.weight", "ffn_down.weight"},
   };
   static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))");
   std::smatch m;
@@ -57,8 +50,7 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
   namespace fs = std::filesystem;
   std::unique_ptr<ModelFile> m(new ModelFile());
   m->path_ = path;
-  if (!fs::exists(path))
-    fail("{}: no such file or directory (run scripts/setup.sh to fetch the default model)", path);
+  if (!fs::exists(path)) fail("{}: no such file or directory (run scripts/setup.sh to fetch the default model)", path);
   if (fs::is_directory(path)) {
     m->config_ = config_from_hf_dir(path);
     m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::open_dir(path));
@@ -71,8 +63,7 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
   } else {
     m->gguf_ = std::make_unique<GGUFFile>(GGUFFile::open(path));
     m->config_ = config_from_gguf(*m->gguf_);
-    for (const auto& t : m->gguf_->tensors())
-      m->tensors_.push_back(TensorRef{t.name, t.type, t.ne, t.data});
+    for (const auto& t : m->gguf_->tensors()) m->tensors_.push_back(TensorRef{t.name, t.type, t.ne, t.data});
   }
   std::sort(m->tensors_.begin(), m->tensors_.end(),
             [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
@@ -123,11 +114,10 @@ void ModelFile::validate_tensors() const {
   auto check = [&](const std::string& name, std::vector<uint64_t> ne) {
     const TensorRef& t = tensor(name);
     if (t.ne != ne)
-      fail("{}: tensor '{}' has shape [{}], expected [{}] from the model config", path_, name,
-           fmt::join(t.ne, ", "), fmt::join(ne, ", "));
+      fail("{}: tensor '{}' has shape [{}], expected [{}] from the model config", path_, name, fmt::join(t.ne, ", "),
+           fmt::join(ne, ", "));
     if (!dtype_info(t.type).dequantizable)
-      fail("{}: tensor '{}' has type {}, which kvbench cannot dequantize", path_, name,
-           dtype_name(t.type));
+      fail("{}: tensor '{}' has type {}, which kvbench cannot dequantize", path_, name, dtype_name(t.type));
   };
   check("token_embd.weight", {H, V});
   check("output_norm.weight", {H});

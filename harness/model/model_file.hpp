@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "harness/model/config.hpp"
-#include "harness/model/dtype.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 

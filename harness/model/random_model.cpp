@@ -131,9 +131,10 @@ void write_random_model(const std::string& path, const ModelShape& s, DType type
   for (const auto& t : tensors) {
     types.push_back(tensor_type(t, type));
     if (is_kquant(types.back()) && t.ne[0] % 256)
-      fail("random model '{}': {} has rows of {} values, not whole {} blocks of 256 (choose a shape whose sizes are "
-           "multiples of 256)",
-           s.name, t.name, t.ne[0], dtype_name(types.back()));
+      fail(
+          "random model '{}': {} has rows of {} values, not whole {} blocks of 256 (choose a shape whose sizes are "
+          "multiples of 256)",
+          s.name, t.name, t.ne[0], dtype_name(types.back()));
   }
   // Norm weights stay F32 as llama.cpp's converters write them.
   for (size_t i = 0; i < tensors.size(); ++i) w.add_tensor_shape(tensors[i].name, types[i], tensors[i].ne);

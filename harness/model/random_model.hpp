@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/dtype.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 

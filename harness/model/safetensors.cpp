@@ -27,8 +27,7 @@ DType parse_dtype(const std::string& s, const std::string& file, const std::stri
   if (s == "I32") return DType::I32;
   if (s == "I64") return DType::I64;
   if (s == "F64") return DType::F64;
-  fail("{}: tensor '{}': unsupported dtype '{}' (expected F32, F16, BF16 or an integer type)", file,
-       tensor, s);
+  fail("{}: tensor '{}': unsupported dtype '{}' (expected F32, F16, BF16 or an integer type)", file, tensor, s);
 }
 
 }  // namespace
@@ -44,14 +43,14 @@ SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, const std
   SafetensorsFile f;
   f.name_ = name;
   if (bytes.size() < 8)
-    fail("{}: not a safetensors file: {} bytes, expected at least an 8-byte header length", name,
-         bytes.size());
+    fail("{}: not a safetensors file: {} bytes, expected at least an 8-byte header length", name, bytes.size());
   uint64_t hlen;
   std::memcpy(&hlen, bytes.data(), 8);
   if (hlen > kMaxHeader || hlen > bytes.size() - 8)
-    fail("{}: header length {} exceeds the file ({} bytes) or the {} byte limit; the file is "
-         "truncated or not safetensors",
-         name, hlen, bytes.size(), kMaxHeader);
+    fail(
+        "{}: header length {} exceeds the file ({} bytes) or the {} byte limit; the file is "
+        "truncated or not safetensors",
+        name, hlen, bytes.size(), kMaxHeader);
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), hlen);
   json header;
   try {
@@ -72,8 +71,7 @@ SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, const std
       }
       continue;
     }
-    if (!val.is_object() || !val.contains("dtype") || !val.contains("shape") ||
-        !val.contains("data_offsets"))
+    if (!val.is_object() || !val.contains("dtype") || !val.contains("shape") || !val.contains("data_offsets"))
       fail("{}: tensor '{}': expected an object with 'dtype', 'shape' and 'data_offsets'", name, key);
     const auto& jd = val["dtype"];
     const auto& js = val["shape"];
@@ -88,8 +86,7 @@ SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, const std
     t.type = parse_dtype(jd.get<std::string>(), name, key);
     uint64_t n = 1;
     for (const auto& d : js) {
-      if (!d.is_number_unsigned())
-        fail("{}: tensor '{}': shape entries must be non-negative integers", name, key);
+      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape entries must be non-negative integers", name, key);
       const auto v = d.get<uint64_t>();
       if (v > (uint64_t{1} << 40) || (v != 0 && n > (uint64_t{1} << 50) / v))
         fail("{}: tensor '{}': shape {} is absurdly large", name, key, js.dump());
@@ -99,12 +96,13 @@ SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, const std
     const auto b = jo[0].get<uint64_t>(), e = jo[1].get<uint64_t>();
     const uint64_t expect = n * dtype_info(t.type).block_bytes;
     if (b > e || e - b != expect)
-      fail("{}: tensor '{}': data_offsets [{}, {}] hold {} bytes, but {} of shape {} needs {}", name,
-           key, b, e, e >= b ? e - b : 0, jd.get<std::string>(), js.dump(), expect);
+      fail("{}: tensor '{}': data_offsets [{}, {}] hold {} bytes, but {} of shape {} needs {}", name, key, b, e,
+           e >= b ? e - b : 0, jd.get<std::string>(), js.dump(), expect);
     if (e > data.size())
-      fail("{}: tensor '{}': data ends at {} but the data section has {} bytes; the file is "
-           "truncated",
-           name, key, e, data.size());
+      fail(
+          "{}: tensor '{}': data ends at {} but the data section has {} bytes; the file is "
+          "truncated",
+          name, key, e, data.size());
     t.data = data.subspan(b, e - b);
     ranges.emplace_back(b, e);
     f.tensors_.push_back(std::move(t));
@@ -133,12 +131,10 @@ SafetensorsModel SafetensorsModel::open_dir(const std::string& dir) {
       fail("{}: expected an object 'weight_map' of tensor name -> shard file", index.string());
     std::set<std::string> seen;
     for (const auto& [tensor, file] : j["weight_map"].items()) {
-      if (!file.is_string())
-        fail("{}: weight_map['{}'] must be a file name string", index.string(), tensor);
+      if (!file.is_string()) fail("{}: weight_map['{}'] must be a file name string", index.string(), tensor);
       const auto s = file.get<std::string>();
       if (s.find('/') != std::string::npos || s == "..")
-        fail("{}: weight_map['{}'] = '{}' must be a file in the same directory", index.string(),
-             tensor, s);
+        fail("{}: weight_map['{}'] = '{}' must be a file in the same directory", index.string(), tensor, s);
       if (seen.insert(s).second) shards.push_back(s);
     }
   } else if (fs::exists(fs::path(dir) / "model.safetensors")) {

@@ -9,14 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "harness/model/dtype.hpp"
 #include "harness/util/mapped_file.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 
 struct SafeTensor {
   std::string name;
-  std::string file;            // the shard it lives in
+  std::string file;  // the shard it lives in
   DType type = DType::F32;
   std::vector<uint64_t> shape;  // as stored: row-major, last dimension fastest
   std::span<const uint8_t> data;

@@ -88,7 +88,8 @@ void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
 }  // namespace
 
 void write_heatmap(const Heatmap& h, const std::string& stem, const std::string& csv_stem) {
-  if (h.cells.size() != h.rows.size()) fail("heatmap {}: {} rows of cells for {} row labels", stem, h.cells.size(), h.rows.size());
+  if (h.cells.size() != h.rows.size())
+    fail("heatmap {}: {} rows of cells for {} row labels", stem, h.cells.size(), h.rows.size());
   // Wide enough for the titles however few columns there are.
   const double width = std::max(plot_width(h), 560.0);
   const double height = kTop + double(h.rows.size()) * kCell + kBottom;

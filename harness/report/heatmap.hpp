@@ -1,6 +1,6 @@
 #pragma once
 // Score heatmaps: Needle-in-a-Haystack grids drawn as the reference repositories draw them
-// (spec/benchmarks.md 3.6: depth rows from 0 at the top, context-length columns, a fixed [0, 1]
+// (KVCache-Factory scripts_needle/visualize.py: depth rows from 0 at the top, context-length columns, a fixed [0, 1]
 // colour scale through #F0496E, #EBB839 and #0CD79F, grey cell borders, a colour bar), and the same
 // style for method x budget summaries; written as PNG and SVG with cairo.
 #include <string>

@@ -13,7 +13,7 @@ struct MemoryPoint {
   double score = 0;   // in [0, 1]
   // The score's 95% interval, drawn as an error bar; NaN for none (a single sample).
   double low = std::nan(""), high = std::nan("");
-  int n = 0;          // samples behind the point
+  int n = 0;  // samples behind the point
 };
 
 struct MemorySeries {

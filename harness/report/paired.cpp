@@ -45,7 +45,8 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       r.params = c.value("params", json::object());
       r.setting = setting_text(r.params, c.value("gqa", "-"));
       r.budget = config_budget(c);
-      r.sample = json::array({r.task, opts, c.value("model", ""), c.value("kv_dtype", "fp32"), j.value("id", "")}).dump();
+      r.sample =
+          json::array({r.task, opts, c.value("model", ""), c.value("kv_dtype", "fp32"), j.value("id", "")}).dump();
       r.score = j["score"].get<double>();
       runs.push_back(std::move(r));
     });
@@ -80,7 +81,8 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     if (match) settings.insert(r.setting);
   }
   if (!methods.count(base_method))
-    fail("--baseline {}: no recorded cell of method '{}' (recorded: {})", baseline, base_method, fmt::join(methods, ", "));
+    fail("--baseline {}: no recorded cell of method '{}' (recorded: {})", baseline, base_method,
+         fmt::join(methods, ", "));
   if (settings.empty()) fail("--baseline {}: no recorded setting of {} has these parameters", baseline, base_method);
   if (settings.size() > 1)
     fail("--baseline {}: {} recorded settings of {} match; name the parameters that pick one: {}", baseline,
@@ -91,7 +93,8 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
   const bool full_baseline = base_method == "fullkv";
   std::map<std::pair<std::string, KvBudget>, double> base;
   for (const Run& r : runs)
-    if (r.method == base_method && r.setting == base_setting) base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
+    if (r.method == base_method && r.setting == base_setting)
+      base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
   // A method's label shows its setting where the records hold several of its settings.
   std::map<std::string, std::set<std::string>> method_settings;
   for (const Run& r : runs) method_settings[r.method].insert(r.setting);
@@ -101,14 +104,14 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     if (r.method == base_method && r.setting == base_setting) continue;
     const auto it = base.find({r.sample, full_baseline ? KvBudget{} : r.budget});
     if (it == base.end()) continue;
-    const std::string label =
-        r.method + (method_settings[r.method].size() > 1 ? " (" + r.setting + ")" : "");
+    const std::string label = r.method + (method_settings[r.method].size() > 1 ? " (" + r.setting + ")" : "");
     diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
   }
   if (diffs.empty())
     fail("--baseline {}: no other method ran the baseline's samples{}", baseline,
          full_baseline ? "" : " at the baseline's KV sizes");
-  const std::string name = baseline.substr(0, colon) + (want.empty() ? "" : "-" + fmt::format("{}", fmt::join(want, "-")));
+  const std::string name =
+      baseline.substr(0, colon) + (want.empty() ? "" : "-" + fmt::format("{}", fmt::join(want, "-")));
   std::string file_name;
   for (char ch : name) file_name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' ? ch : '_';
   for (const auto& [task, by_label] : diffs) {
@@ -116,9 +119,10 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     for (const auto& [label, by_budget] : by_label)
       for (const auto& [b, v] : by_budget) budgets.insert(b);
     Table t;
-    t.caption = fmt::format("{}: score minus {}'s on the same samples, x 100, with its 95% interval and the pairs "
-                            "(n); * where the interval excludes 0",
-                            task, baseline);
+    t.caption = fmt::format(
+        "{}: score minus {}'s on the same samples, x 100, with its 95% interval and the pairs "
+        "(n); * where the interval excludes 0",
+        task, baseline);
     t.columns = {"Method"};
     for (const KvBudget& b : budgets) t.columns.push_back(b.name());
     t.blocks.emplace_back();
@@ -140,8 +144,9 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
       }
       t.blocks[0].rows.push_back(row);
     }
-    t.note = "Percentile bootstrap of the mean paired difference (4,000 resamples, within each RULER task or "
-             "LongBench dataset); one pair gives no interval.";
+    t.note =
+        "Percentile bootstrap of the mean paired difference (4,000 resamples, within each RULER task or "
+        "LongBench dataset); one pair gives no interval.";
     write_table(t, fmt::format("{}/{}-vs-{}", dir, task, file_name), formats);
     fmt::print("{}\n", to_markdown(t));
   }

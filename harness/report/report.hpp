@@ -18,9 +18,6 @@ namespace kvb {
 void write_report(const std::vector<std::string>& results, const std::string& dir,
                   const std::set<std::string>& formats = {"md", "csv"});
 
-// A record's budget from its config: its KV size, or the compression ratio it ran at; none for the
-// full cache.
-KvBudget config_budget(const nlohmann::json& config);
 // A method's recorded parameters as "key=value key=value", "-" for none.
 std::string params_text(const nlohmann::json& params);
 

@@ -15,16 +15,31 @@ std::string row_md(const std::vector<std::string>& cells) {
   return s + "\n";
 }
 
-
 std::string tex(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '_': case '%': case '&': case '#': case '$': case '{': case '}': out += '\\'; out += c; break;
-      case '\\': out += "\\textbackslash{}"; break;
-      case '~': out += "\\textasciitilde{}"; break;
-      case '^': out += "\\textasciicircum{}"; break;
-      default: out += c;
+      case '_':
+      case '%':
+      case '&':
+      case '#':
+      case '$':
+      case '{':
+      case '}':
+        out += '\\';
+        out += c;
+        break;
+      case '\\':
+        out += "\\textbackslash{}";
+        break;
+      case '~':
+        out += "\\textasciitilde{}";
+        break;
+      case '^':
+        out += "\\textasciicircum{}";
+        break;
+      default:
+        out += c;
     }
   }
   return out;

@@ -17,8 +17,7 @@ namespace {
 using nlohmann::json;
 
 // GPT-2's pre-tokenizer pattern, as Hugging Face's ByteLevel(use_regex=true) applies it.
-constexpr const char* kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2Regex =
@@ -53,8 +52,7 @@ std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc, b
     if (nfc) *nfc = true;
     return {{kQwen2Regex}};
   }
-  fail("unknown pre-tokenizer '{}' (supported: gpt2, smollm, starcoder, llama3/llama-bpe, qwen2)",
-       name);
+  fail("unknown pre-tokenizer '{}' (supported: gpt2, smollm, starcoder, llama3/llama-bpe, qwen2)", name);
 }
 
 BpeSpec bpe_spec_from_gguf(const GGUFFile& f) {
@@ -67,8 +65,7 @@ BpeSpec bpe_spec_from_gguf(const GGUFFile& f) {
   if (f.has("tokenizer.ggml.token_type")) {
     types = f.get_int_array("tokenizer.ggml.token_type");
     if (types.size() != n)
-      fail("{}: tokenizer.ggml.token_type has {} entries, expected one per token ({})", f.path(),
-           types.size(), n);
+      fail("{}: tokenizer.ggml.token_type has {} entries, expected one per token ({})", f.path(), types.size(), n);
   }
   for (const auto& m : f.get_string_array("tokenizer.ggml.merges")) {
     const size_t sp = m.find(' ', 1);
@@ -116,14 +113,14 @@ void parse_pre_tokenizer(const json& j, BpeSpec& s, const std::string& file) {
     else if (b == "Removed")
       p.behavior = PreSplit::Behavior::Removed;
     else
-      fail("{}: pre_tokenizer Split behavior '{}' is not supported (expected Isolated or Removed)",
-           file, b);
+      fail("{}: pre_tokenizer Split behavior '{}' is not supported (expected Isolated or Removed)", file, b);
     p.invert = j.value("invert", false);
     s.splits.push_back(std::move(p));
   } else {
-    fail("{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split, Digits or "
-         "Sequence); for SentencePiece models use tokenizer.model",
-         file, type);
+    fail(
+        "{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split, Digits or "
+        "Sequence); for SentencePiece models use tokenizer.model",
+        file, type);
   }
 }
 
@@ -135,9 +132,10 @@ void parse_normalizer(const json& j, BpeSpec& s, const std::string& file) {
   } else if (type == "Sequence") {
     for (const auto& n : j.at("normalizers")) parse_normalizer(n, s, file);
   } else {
-    fail("{}: normalizer '{}' is not supported (expected none or NFC); for SentencePiece models use "
-         "tokenizer.model",
-         file, type);
+    fail(
+        "{}: normalizer '{}' is not supported (expected none or NFC); for SentencePiece models use "
+        "tokenizer.model",
+        file, type);
   }
 }
 
@@ -180,8 +178,7 @@ json read_json(const std::string& path) {
 
 std::optional<std::string> token_content(const json& j) {
   if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string())
-    return j["content"].get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
   return std::nullopt;
 }
 
@@ -286,14 +283,11 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     const auto& [a, b] = spec.merges[r];
     auto ia = ids_.find(a), ib = ids_.find(b), im = ids_.find(a + b);
     if (ia == ids_.end() || ib == ids_.end() || im == ids_.end())
-      fail("tokenizer {}: merge {} '{} {}' refers to a token missing from the vocabulary", name_, r,
-           a, b);
+      fail("tokenizer {}: merge {} '{} {}' refers to a token missing from the vocabulary", name_, r, a, b);
     // A pair listed twice takes its last rank: the reference builds its merge map the same way.
-    merges_.insert_or_assign(pair_key(ia->second, ib->second),
-                             std::make_pair(static_cast<int32_t>(r), im->second));
+    merges_.insert_or_assign(pair_key(ia->second, ib->second), std::make_pair(static_cast<int32_t>(r), im->second));
   }
-  for (const auto& p : splits_)
-    regexes_.push_back(p.pattern.empty() ? nullptr : std::make_unique<Regex>(p.pattern));
+  for (const auto& p : splits_) regexes_.push_back(p.pattern.empty() ? nullptr : std::make_unique<Regex>(p.pattern));
   byte_token_.fill(-1);
   if (byte_fallback_)
     for (int b = 0; b < 256; ++b) {

@@ -30,14 +30,14 @@ struct PreSplit {
 };
 
 struct BpeSpec {
-  std::string name;  // pre-tokenizer name, for display
-  std::vector<std::string> vocab;  // id -> token text
+  std::string name;                                         // pre-tokenizer name, for display
+  std::vector<std::string> vocab;                           // id -> token text
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   std::vector<AddedToken> added;
   SpecialTokens special;
-  bool nfc = false;          // NFC-normalise text before pre-tokenizing (Qwen2)
+  bool nfc = false;  // NFC-normalise text before pre-tokenizing (Qwen2)
   std::vector<PreSplit> splits;
-  bool byte_level = true;    // map bytes to GPT-2's printable stand-ins before BPE
+  bool byte_level = true;      // map bytes to GPT-2's printable stand-ins before BPE
   bool ignore_merges = false;  // a pre-token found whole in the vocabulary is emitted as is
   bool byte_fallback = false;  // unknown pieces become <0xXX> byte tokens
   // What a character missing from the vocabulary becomes: the BPE model's own unk token if it
@@ -47,8 +47,7 @@ struct BpeSpec {
 
 // Regex splits of a named pre-tokenizer ("gpt2", "llama3", "qwen2", "smollm", ... as GGUF's
 // tokenizer.ggml.pre names them). Error for an unknown name.
-std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc = nullptr,
-                                           bool* ignore_merges = nullptr);
+std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc = nullptr, bool* ignore_merges = nullptr);
 
 BpeSpec bpe_spec_from_gguf(const GGUFFile& f);
 BpeSpec bpe_spec_from_tokenizer_json(const std::string& path);

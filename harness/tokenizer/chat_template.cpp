@@ -94,7 +94,8 @@ ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
         } else if (t != j.end() && t->is_array()) {
           // The older form for several named templates: [{"name": ..., "template": ...}], "default" used.
           for (const auto& e : *t)
-            if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+            if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+                e["template"].is_string())
               jinja = e["template"].get<std::string>();
           if (jinja.empty()) fail("{}: a list of named templates without one named \"default\"", where);
         }
@@ -103,31 +104,33 @@ ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
   }
   if (jinja.empty()) fail("{}: the model has no chat template; run without the chat template", where);
   auto t = from_jinja(jinja);
-  if (!t)
-    fail("{}: chat template not recognised (supported: ChatML, Llama 3, Llama 2, Mistral)", where);
+  if (!t) fail("{}: chat template not recognised (supported: ChatML, Llama 3, Llama 2, Mistral)", where);
   return *t;
 }
 
 std::string ChatTemplate::name() const {
   switch (format_) {
-    case Format::ChatML: return thinking_off_ ? "chatml (thinking off)" : "chatml";
-    case Format::Llama3: return "llama3";
-    case Format::Llama2: return "llama2";
-    case Format::Mistral: return "mistral";
+    case Format::ChatML:
+      return thinking_off_ ? "chatml (thinking off)" : "chatml";
+    case Format::Llama3:
+      return "llama3";
+    case Format::Llama2:
+      return "llama2";
+    case Format::Mistral:
+      return "mistral";
   }
   return "?";
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt) const {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
   std::string out;
   const bool has_system = !messages.empty() && messages[0].role == "system";
   switch (format_) {
     case Format::ChatML:
-      if (!has_system && !default_system_.empty())
-        out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+      if (!has_system && !default_system_.empty()) out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
       for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      if (add_generation_prompt) out += thinking_off_ ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n";
+      if (add_generation_prompt)
+        out += thinking_off_ ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n";
       break;
     case Format::Llama3:
       out += "<|begin_of_text|>";

@@ -37,7 +37,7 @@ class ChatTemplate {
  private:
   Format format_ = Format::ChatML;
   std::string default_system_;  // inserted when the conversation has no system message
-  bool thinking_off_ = false;    // a template with enable_thinking (Qwen3): an empty think block opens the answer
+  bool thinking_off_ = false;   // a template with enable_thinking (Qwen3): an empty think block opens the answer
 };
 
 }  // namespace kvb

@@ -16,11 +16,11 @@ std::unique_ptr<Tokenizer> from_gguf(const GGUFFile& f) {
   if (model == "gpt2") return std::make_unique<BpeTokenizer>(bpe_spec_from_gguf(f));
   if (model == "llama") return SpmTokenizer::from_gguf(f);
   if (model == "no_vocab")
-    fail("{}: the model has no tokenizer (tokenizer.ggml.model = 'no_vocab', as kvbench make-model writes): it runs "
-         "on token ids, not text",
-         f.path());
-  fail("{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2' or 'llama')", f.path(),
-       model);
+    fail(
+        "{}: the model has no tokenizer (tokenizer.ggml.model = 'no_vocab', as kvbench make-model writes): it runs "
+        "on token ids, not text",
+        f.path());
+  fail("{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2' or 'llama')", f.path(), model);
 }
 
 std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
@@ -54,9 +54,10 @@ std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path) {
   if (ext == ".gguf") return from_gguf(GGUFFile::open(path));
   if (ext == ".json") return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(path));
   if (ext == ".model") return SpmTokenizer::from_file(path);
-  fail("{}: unknown tokenizer file (expected .gguf, tokenizer.json, tokenizer.model or a model "
-       "directory)",
-       path);
+  fail(
+      "{}: unknown tokenizer file (expected .gguf, tokenizer.json, tokenizer.model or a model "
+      "directory)",
+      path);
 }
 
 }  // namespace kvb

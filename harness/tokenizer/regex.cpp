@@ -18,13 +18,12 @@ struct Regex::Impl {
 Regex::Regex(const std::string& pattern) : pattern_(pattern), impl_(std::make_unique<Impl>()) {
   int err = 0;
   PCRE2_SIZE off = 0;
-  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                              PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                              &off, nullptr);
   if (!impl_->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    fail("invalid regular expression '{}' at offset {}: {}", pattern, off,
-         reinterpret_cast<const char*>(msg));
+    fail("invalid regular expression '{}' at offset {}: {}", pattern, off, reinterpret_cast<const char*>(msg));
   }
   // JIT is an optimisation only; the interpreter gives the same matches if it is unavailable.
   pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE);

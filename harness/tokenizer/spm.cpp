@@ -44,8 +44,7 @@ int64_t find_piece(const std::vector<std::string>& pieces, std::string_view p) {
 }  // namespace
 
 std::string spm_model_proto(const std::vector<std::string>& pieces, const std::vector<float>& scores,
-                            const std::vector<int64_t>& types, bool add_dummy_prefix,
-                            bool byte_fallback) {
+                            const std::vector<int64_t>& types, bool add_dummy_prefix, bool byte_fallback) {
   // Field numbers from sentencepiece_model.proto: ModelProto{pieces=1, trainer_spec=2,
   // normalizer_spec=3}; SentencePiece{piece=1, score=2, type=3}; TrainerSpec{model_type=3,
   // vocab_size=4, byte_fallback=35, unk_id=40, bos_id=41, eos_id=42, pad_id=43};
@@ -80,8 +79,7 @@ std::string spm_model_proto(const std::vector<std::string>& pieces, const std::v
   return out;
 }
 
-SpmTokenizer::SpmTokenizer(const std::string& model_proto, const std::string& name,
-                           SpecialTokens special)
+SpmTokenizer::SpmTokenizer(const std::string& model_proto, const std::string& name, SpecialTokens special)
     : name_(name), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   const auto st = sp_->LoadFromSerializedProto(model_proto);
   if (!st.ok()) fail("{}: not a SentencePiece model: {}", name, st.ToString());
@@ -119,15 +117,13 @@ std::unique_ptr<SpmTokenizer> SpmTokenizer::from_gguf(const GGUFFile& f) {
     for (double d : f.get_float_array("tokenizer.ggml.scores")) scores.push_back(static_cast<float>(d));
   std::vector<int64_t> types;
   if (f.has("tokenizer.ggml.token_type")) types = f.get_int_array("tokenizer.ggml.token_type");
-  if ((!scores.empty() && scores.size() != pieces.size()) ||
-      (!types.empty() && types.size() != pieces.size()))
-    fail("{}: tokenizer scores/token_type must have one entry per token ({})", f.path(),
-         pieces.size());
+  if ((!scores.empty() && scores.size() != pieces.size()) || (!types.empty() && types.size() != pieces.size()))
+    fail("{}: tokenizer scores/token_type must have one entry per token ({})", f.path(), pieces.size());
   bool byte_fallback = false;
   for (auto t : types) byte_fallback |= t == 6;
   const bool dummy = f.get_bool_opt("tokenizer.ggml.add_space_prefix").value_or(true);
-  auto t = std::make_unique<SpmTokenizer>(
-      spm_model_proto(pieces, scores, types, dummy, byte_fallback), f.path(), SpecialTokens{});
+  auto t = std::make_unique<SpmTokenizer>(spm_model_proto(pieces, scores, types, dummy, byte_fallback), f.path(),
+                                          SpecialTokens{});
   t->special_ = special_tokens_from_gguf(f, pieces.size(), true);
   add_turn_ends(t->special_, t->added_tokens());
   return t;
@@ -138,7 +134,11 @@ SpmTokenizer::Vocab SpmTokenizer::vocab() const {
   for (int id = 0; id < sp_->GetPieceSize(); ++id) {
     v.pieces.push_back(sp_->IdToPiece(id));
     v.scores.push_back(sp_->GetScore(id));
-    v.types.push_back(sp_->IsUnknown(id) ? 2 : sp_->IsControl(id) ? 3 : sp_->IsUnused(id) ? 5 : sp_->IsByte(id) ? 6 : 1);
+    v.types.push_back(sp_->IsUnknown(id)   ? 2
+                      : sp_->IsControl(id) ? 3
+                      : sp_->IsUnused(id)  ? 5
+                      : sp_->IsByte(id)    ? 6
+                                           : 1);
   }
   return v;
 }

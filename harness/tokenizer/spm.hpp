@@ -47,7 +47,6 @@ class SpmTokenizer : public Tokenizer {
 // Serialises a sentencepiece ModelProto (BPE) from a vocabulary: the protobuf wire format written
 // by hand, because Debian's libsentencepiece-dev does not ship the generated proto header.
 std::string spm_model_proto(const std::vector<std::string>& pieces, const std::vector<float>& scores,
-                            const std::vector<int64_t>& types, bool add_dummy_prefix,
-                            bool byte_fallback);
+                            const std::vector<int64_t>& types, bool add_dummy_prefix, bool byte_fallback);
 
 }  // namespace kvb

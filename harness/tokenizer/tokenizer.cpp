@@ -33,13 +33,12 @@ SpecialTokens special_tokens_from_gguf(const GGUFFile& f, size_t n_vocab, bool d
 }
 
 void add_turn_ends(SpecialTokens& s, const std::vector<AddedToken>& added) {
-  static const char* names[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>",
-                                "<|end_of_text|>", "<|end|>", "</s>", "<end_of_turn>"};
+  static const char* names[] = {"<|im_end|>",      "<|eot_id|>", "<|eom_id|>", "<|endoftext|>",
+                                "<|end_of_text|>", "<|end|>",    "</s>",       "<end_of_turn>"};
   auto& eog = s.end_of_generation;
   if (s.eos) eog.push_back(*s.eos);
   for (const auto& a : added)
-    if (a.special && std::find(std::begin(names), std::end(names), a.content) != std::end(names))
-      eog.push_back(a.id);
+    if (a.special && std::find(std::begin(names), std::end(names), a.content) != std::end(names)) eog.push_back(a.id);
   std::sort(eog.begin(), eog.end());
   eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
 }
@@ -52,14 +51,12 @@ void Tokenizer::set_added_tokens(std::vector<AddedToken> tokens) {
   added_first_byte_.fill(false);
   for (size_t k = 0; k < added_.size(); ++k) {
     added_by_id_[added_[k].id] = static_cast<int32_t>(k);
-    if (!added_[k].content.empty())
-      added_first_byte_[static_cast<unsigned char>(added_[k].content[0])] = true;
+    if (!added_[k].content.empty()) added_first_byte_[static_cast<unsigned char>(added_[k].content[0])] = true;
   }
 }
 
 const AddedToken* Tokenizer::added_token(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= added_by_id_.size() || added_by_id_[id] < 0)
-    return nullptr;
+  if (id < 0 || static_cast<size_t>(id) >= added_by_id_.size() || added_by_id_[id] < 0) return nullptr;
   return &added_[added_by_id_[id]];
 }
 

@@ -64,7 +64,7 @@ class Tokenizer {
 
  private:
   std::vector<AddedToken> added_;
-  std::vector<int32_t> added_by_id_;  // index into added_, or -1, by token id
+  std::vector<int32_t> added_by_id_;          // index into added_, or -1, by token id
   std::array<bool, 256> added_first_byte_{};  // lets encode skip positions no added token starts at
 };
 

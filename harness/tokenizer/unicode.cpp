@@ -77,9 +77,9 @@ std::string utf8_lossy(std::string_view s) {
 
 std::string nfc(std::string_view s) {
   utf8proc_uint8_t* out = nullptr;
-  const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                              static_cast<utf8proc_ssize_t>(s.size()), &out,
-                              static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const auto n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) fail("NFC normalisation failed: {}", utf8proc_errmsg(n));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> guard(out, &std::free);
   return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));

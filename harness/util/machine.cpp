@@ -15,8 +15,7 @@ double measure_sgemm_gflops(int n, int reps) {
   double best = 0;
   for (int r = 0; r < reps + 1; ++r) {  // the first run warms up threads and pages
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e9);
   }

@@ -9,7 +9,8 @@
 namespace kvb {
 namespace {
 
-void write(const std::string& path, const char* dtype, const void* data, size_t bytes, const std::vector<size_t>& shape) {
+void write(const std::string& path, const char* dtype, const void* data, size_t bytes,
+           const std::vector<size_t>& shape) {
   std::string dims;
   for (size_t s : shape) dims += fmt::format("{}, ", s);
   if (shape.size() > 1) dims.resize(dims.size() - 2);

@@ -50,8 +50,8 @@ void Progress::draw(bool force) {
     const auto s = static_cast<long>(static_cast<double>(total_ - done_) / rate);
     eta = fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
   }
-  fmt::print(stderr, "{}{} [{}] {}/{} {:.2f} {}/s ETA {} {}{}", tty_ ? "\r" : "", label_, bar, done_, total_, rate, unit_,
-             eta, note_, tty_ ? "" : "\n");
+  fmt::print(stderr, "{}{} [{}] {}/{} {:.2f} {}/s ETA {} {}{}", tty_ ? "\r" : "", label_, bar, done_, total_, rate,
+             unit_, eta, note_, tty_ ? "" : "\n");
   std::fflush(stderr);
 }
 

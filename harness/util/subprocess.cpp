@@ -75,8 +75,10 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
   // Feed stdin and drain both outputs together, so that a chatty program never blocks on a full pipe.
   ProcessResult r;
   size_t written = 0;
-  if (input.empty()) in.close_end(1);
-  else fcntl(in.fd[1], F_SETFL, O_NONBLOCK);
+  if (input.empty())
+    in.close_end(1);
+  else
+    fcntl(in.fd[1], F_SETFL, O_NONBLOCK);
   char buf[4096];
   while (out.fd[0] >= 0 || err.fd[0] >= 0) {
     pollfd fds[3];

@@ -22,9 +22,9 @@ void attention_prefill_blockwise(const float* q, const float* k, const float* v,
   const int ldq = hq * d, ldk = hkv * d;
   const int blocks = (n + kBlock - 1) / kBlock;
   if (colsum) std::fill(colsum, colsum + size_t(hq) * n, 0.0f);
-  // One task per (head, block of queries), the largest blocks (last queries, most keys) first.
-  // BLAS calls inside the parallel region run on the calling thread (OpenMP OpenBLAS), which
-  // beats splitting these small products across threads.
+    // One task per (head, block of queries), the largest blocks (last queries, most keys) first.
+    // BLAS calls inside the parallel region run on the calling thread (OpenMP OpenBLAS), which
+    // beats splitting these small products across threads.
 #pragma omp parallel
   {
     std::vector<float> s(size_t(std::min(n, kBlock)) * n);
@@ -87,9 +87,8 @@ KVB_VECTOR_CLONES void online_softmax_tile(float* s, int lds, int rows, int cols
 // Column sums from the kept exponentials of one key tile: tile entries are exp(s - m_t) with m_t the
 // row's running max after that tile; the probability is that times exp(m_t - m) / l with the row's
 // final max m and sum l. Row r belongs to head r % group.
-KVB_VECTOR_CLONES void tile_column_sums(const float* p, int lds, int rows, int cols, int first,
-                                        const float* m_tile, const float* m, const float* l, int group,
-                                        float* const* cs) {
+KVB_VECTOR_CLONES void tile_column_sums(const float* p, int lds, int rows, int cols, int first, const float* m_tile,
+                                        const float* m, const float* l, int group, float* const* cs) {
   for (int r = 0; r < rows; ++r) {
     const int vis = std::clamp(first + r / group + 1, 0, cols);
     if (vis == 0) continue;
@@ -135,8 +134,8 @@ constexpr int kPanel = 16, kMicroRows = 6;
 
 // c[i] += sum_e a[i * lda + e] * b[16 e .. 16 e + 16) for the 6 rows i: both products of a tile are this,
 // the scores with a = queries and b = k^T panels, the output with a = exponentials and b = v panels.
-__attribute__((target("avx2,fma"))) inline void tile_6x16_avx2(const float* a, size_t lda, const float* b,
-                                                                int depth, __m256 (&c)[kMicroRows][2]) {
+__attribute__((target("avx2,fma"))) inline void tile_6x16_avx2(const float* a, size_t lda, const float* b, int depth,
+                                                               __m256 (&c)[kMicroRows][2]) {
   for (int e = 0; e < depth; ++e) {
     const __m256 b0 = _mm256_loadu_ps(b + size_t(e) * kPanel), b1 = _mm256_loadu_ps(b + size_t(e) * kPanel + 8);
 #pragma GCC unroll 6
@@ -151,7 +150,7 @@ __attribute__((target("avx2,fma"))) inline void tile_6x16_avx2(const float* a, s
 // s[rows x 16 panels] = q[rows x d] k^T, k^T packed as panels of 16 keys: key panel p, dimension e at
 // (p * d + e) * 16. A panel (4 KiB at d = 64) stays in L1 across the row blocks.
 __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int rows, int d, const float* kt, int panels,
-                                                      float* s, int lds) {
+                                                     float* s, int lds) {
   for (int p = 0; p < panels; ++p)
     for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
       __m256 c[kMicroRows][2];
@@ -171,7 +170,7 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int rows, i
 // panel_stride * c + 16 j. The slice the inner loop streams (16 KiB for 256 keys) stays in L1 across
 // the row blocks.
 __attribute__((target("avx2,fma"))) void accumulate_avx2(const float* p, int lds, int rows, int cols, const float* vt,
-                                                          size_t panel_stride, int d, float* acc) {
+                                                         size_t panel_stride, int d, float* acc) {
   for (int c0 = 0; c0 < d; c0 += kPanel)
     for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
       __m256 c[kMicroRows][2];
@@ -247,8 +246,7 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
     // sum are known: rows x n floats, like the blockwise kernel's score block; otherwise one tile.
     const int kept_tiles = colsum ? (n + kKeys - 1) / kKeys : 1;
     std::vector<float> qt(size_t(max_rows) * d), s(size_t(max_rows) * kKeys * kept_tiles), acc(size_t(max_rows) * d),
-        m(max_rows), l(max_rows), m_tiles(colsum ? size_t(max_rows) * kept_tiles : 0),
-        cs(colsum ? size_t(hq) * n : 0);
+        m(max_rows), l(max_rows), m_tiles(colsum ? size_t(max_rows) * kept_tiles : 0), cs(colsum ? size_t(hq) * n : 0);
     std::vector<float*> cs_heads(group);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < hkv * tiles; ++task) {
@@ -299,8 +297,8 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
 
 }  // namespace
 
-void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d,
-                             float* out, float* colsum) {
+void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
+                             float* colsum) {
   if (Avx2Products::usable(d))
     attention_fused<Avx2Products>(q, k, v, n, hq, hkv, d, out, colsum);
   else

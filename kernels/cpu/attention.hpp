@@ -18,7 +18,7 @@ void attention_prefill_blockwise(const float* q, const float* k, const float* v,
 // blockwise score block) and rescaled by each row's final max and sum at the end. The two products of
 // each tile run on AVX2 register tiles where the CPU has AVX2 and the head size is a multiple of 16,
 // otherwise through BLAS (also when force_portable_kernels is on).
-void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d,
-                             float* out, float* colsum);
+void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
+                             float* colsum);
 
 }  // namespace kvb

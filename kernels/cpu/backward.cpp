@@ -15,8 +15,8 @@ namespace kvb {
 // ---------------------------------------------------------------------------------------------------
 // Linear
 
-void linear_backward_ref(const float* x, const float* w, const float* dy, int n, int in, int out, float* dx,
-                         float* dw, float* db) {
+void linear_backward_ref(const float* x, const float* w, const float* dy, int n, int in, int out, float* dx, float* dw,
+                         float* db) {
   if (dx)
     for (int i = 0; i < n; ++i)
       for (int k = 0; k < in; ++k) {
@@ -195,13 +195,13 @@ void attention_forward(const float* q, const float* k, const float* v, int n, in
   }
 }
 
-void attention_backward_ref(const float* q, const float* k, const float* v, const float* /*out*/,
-                            const float* /*lse*/, const float* dout, int n, int hq, int hkv, int d, float* dq, float* dk,
-                            float* dv) {
+void attention_backward_ref(const float* q, const float* k, const float* v, const float* /*out*/, const float* /*lse*/,
+                            const float* dout, int n, int hq, int hkv, int d, float* dq, float* dk, float* dv) {
   // Recomputes the probabilities and outputs in double from q, k, v alone.
   const int group = hq / hkv;
   const double scale = 1.0 / std::sqrt(double(d));
-  std::vector<double> dkd(size_t(n) * hkv * d, 0.0), dvd(dkd.size(), 0.0), p(static_cast<size_t>(n)), dp(static_cast<size_t>(n));
+  std::vector<double> dkd(size_t(n) * hkv * d, 0.0), dvd(dkd.size(), 0.0), p(static_cast<size_t>(n)),
+      dp(static_cast<size_t>(n));
   for (int h = 0; h < hq; ++h) {
     const int g = h / group;
     for (int i = 0; i < n; ++i) {
@@ -268,8 +268,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         const float* qb = q + size_t(c0) * ldq + size_t(h) * d;
         const float* gb = dout + size_t(c0) * ldq + size_t(h) * d;
         const float* ob = out + size_t(c0) * ldq + size_t(h) * d;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale, qb, ldq, kg, ldk, 0.0f, p.data(), keys);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, 1.0f, gb, ldq, vg, ldk, 0.0f, dp.data(), keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale, qb, ldq, kg, ldk, 0.0f, p.data(),
+                    keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, 1.0f, gb, ldq, vg, ldk, 0.0f, dp.data(),
+                    keys);
         for (int r = 0; r < rows; ++r) {
           float* pr = p.data() + size_t(r) * keys;
           float* dr = dp.data() + size_t(r) * keys;
@@ -283,8 +285,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, scale, dp.data(), keys, kg, ldk, 0.0f,
                     dq + size_t(c0) * ldq + size_t(h) * d, ldq);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, d, rows, scale, dp.data(), keys, qb, ldq, 1.0f, dkg, d);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, d, rows, 1.0f, p.data(), keys, gb, ldq, 1.0f, dvg, d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, d, rows, scale, dp.data(), keys, qb, ldq, 1.0f, dkg,
+                    d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, d, rows, 1.0f, p.data(), keys, gb, ldq, 1.0f, dvg,
+                    d);
       }
     }
   }

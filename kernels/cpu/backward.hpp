@@ -11,8 +11,8 @@
 namespace kvb {
 
 // y = x W^T + b: dx += dy W, dw += dy^T x, db += sum over rows of dy. Any of dx, dw, db may be null.
-void linear_backward_ref(const float* x, const float* w, const float* dy, int n, int in, int out, float* dx,
-                         float* dw, float* db);
+void linear_backward_ref(const float* x, const float* w, const float* dy, int n, int in, int out, float* dx, float* dw,
+                         float* db);
 void linear_backward(const float* x, const float* w, const float* dy, int n, int in, int out, float* dx, float* dw,
                      float* db);
 
@@ -20,8 +20,7 @@ void linear_backward(const float* x, const float* w, const float* dy, int n, int
 // dw += sum over rows of dy x r. dw may be null.
 void rmsnorm_backward_ref(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx,
                           float* dw);
-void rmsnorm_backward(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx,
-                      float* dw);
+void rmsnorm_backward(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx, float* dw);
 
 // out = silu(g) u: overwrites dgate = dout u silu'(g) and dup = dout silu(g).
 void swiglu_backward_ref(const float* gate, const float* up, const float* dout, size_t n, float* dgate, float* dup);
@@ -46,8 +45,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
 // ignored targets). dlogits may alias logits.
 double cross_entropy_ref(const float* logits, const int32_t* targets, int n, int vocab, float grad_scale,
                          float* dlogits);
-double cross_entropy(const float* logits, const int32_t* targets, int n, int vocab, float grad_scale,
-                     float* dlogits);
+double cross_entropy(const float* logits, const int32_t* targets, int n, int vocab, float grad_scale, float* dlogits);
 
 // Embedding lookup out[t] = table[ids[t]]: dtable[ids[t]] += dout[t] (a scatter-add; rows repeat).
 void embed_backward(const int32_t* ids, int n, int dim, const float* dout, float* dtable);

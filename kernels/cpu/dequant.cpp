@@ -35,8 +35,8 @@ void block_q4_1(const uint8_t* b, float* y) {
 
 // The fifth bit of element j lives in bit j of a little-endian 32-bit word.
 inline uint32_t rd32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
 }
 
 void block_q5_0(const uint8_t* b, float* y) {
@@ -96,10 +96,8 @@ void block_q5_k(const uint8_t* b, float* y) {
     const float d1 = d * sc, m1 = dmin * m;
     scale_min_k4(is + 1, scales, sc, m);
     const float d2 = d * sc, m2 = dmin * m;
-    for (int l = 0; l < 32; ++l)
-      *y++ = d1 * static_cast<float>((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
-    for (int l = 0; l < 32; ++l)
-      *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
     u1 = static_cast<uint8_t>(u1 << 2);
     u2 = static_cast<uint8_t>(u2 << 2);
   }
@@ -129,15 +127,24 @@ using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_fn(DType t) {
   switch (t) {
-    case DType::Q4_0: return block_q4_0;
-    case DType::Q4_1: return block_q4_1;
-    case DType::Q5_0: return block_q5_0;
-    case DType::Q5_1: return block_q5_1;
-    case DType::Q8_0: return block_q8_0;
-    case DType::Q4_K: return block_q4_k;
-    case DType::Q5_K: return block_q5_k;
-    case DType::Q6_K: return block_q6_k;
-    default: return nullptr;
+    case DType::Q4_0:
+      return block_q4_0;
+    case DType::Q4_1:
+      return block_q4_1;
+    case DType::Q5_0:
+      return block_q5_0;
+    case DType::Q5_1:
+      return block_q5_1;
+    case DType::Q8_0:
+      return block_q8_0;
+    case DType::Q4_K:
+      return block_q4_k;
+    case DType::Q5_K:
+      return block_q5_k;
+    case DType::Q6_K:
+      return block_q6_k;
+    default:
+      return nullptr;
   }
 }
 
@@ -166,8 +173,7 @@ size_t block_count(DType type, size_t n) {
   const auto& info = dtype_info(type);
   if (!info.dequantizable) fail("dequantization of {} tensors is not supported", info.name);
   if (n % info.block_elems != 0)
-    fail("dequantize: {} elements is not a whole number of {}-element {} blocks", n,
-         info.block_elems, info.name);
+    fail("dequantize: {} elements is not a whole number of {}-element {} blocks", n, info.block_elems, info.name);
   return n / info.block_elems;
 }
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "harness/model/dtype.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 
@@ -27,9 +27,9 @@ inline void unpack_scales_mins_k4(const uint8_t* q, uint8_t out[16]) {
   uint32_t w[3];
   std::memcpy(w, q, 12);
   constexpr uint32_t six = 0x3F3F3F3F, four = 0x0F0F0F0F, two = 0x03030303;
-  const uint32_t u[4] = {w[0] & six,                                      // scales 0-3: bytes 0-3
-                         (w[2] & four) | ((w[0] >> 6) & two) << 4,        // scales 4-7
-                         w[1] & six,                                      // mins 0-3: bytes 4-7
+  const uint32_t u[4] = {w[0] & six,                                        // scales 0-3: bytes 0-3
+                         (w[2] & four) | ((w[0] >> 6) & two) << 4,          // scales 4-7
+                         w[1] & six,                                        // mins 0-3: bytes 4-7
                          ((w[2] >> 4) & four) | ((w[1] >> 6) & two) << 4};  // mins 4-7
   std::memcpy(out, u, 16);
 }

@@ -37,7 +37,7 @@ inline uint16_t float_to_half(float f) {
   const uint32_t abs = x & 0x7FFFFFFFu;
   if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                                               // result is subnormal or zero
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7FFFFFu) | 0x800000u;

@@ -14,11 +14,16 @@ namespace kvb {
 
 int codes_per_word(int bits) {
   switch (bits) {
-    case 1: return 32;
-    case 2: return 16;
-    case 3: return 11;
-    case 4: return 8;
-    default: fail("KV quantization supports 1, 2, 3 or 4 bits, not {}", bits);
+    case 1:
+      return 32;
+    case 2:
+      return 16;
+    case 3:
+      return 11;
+    case 4:
+      return 8;
+    default:
+      fail("KV quantization supports 1, 2, 3 or 4 bits, not {}", bits);
   }
 }
 
@@ -31,8 +36,7 @@ namespace {
 inline int bit_offset(int bits, int slot) { return slot * bits; }  // 3-bit slot 10 starts at bit 30
 }  // namespace
 
-void quantize_group(const float* x, int n, int stride, int bits, uint32_t* codes, uint16_t& scale,
-                    uint16_t& minimum) {
+void quantize_group(const float* x, int n, int stride, int bits, uint32_t* codes, uint16_t& scale, uint16_t& minimum) {
   float mn = x[0], mx = x[0];
   for (int i = 1; i < n; ++i) {
     mn = std::min(mn, x[size_t(i) * stride]);
@@ -97,7 +101,8 @@ void quant_values_axpy_ref(const QuantValuesView& v, const float* p, float* acc)
     unpack_codes(v.words + t * size_t(v.d / per), v.d, v.bits, codes.data());
     for (int c = 0; c < v.d; ++c) {
       const size_t gi = t * groups + size_t(c / v.group);
-      sum[size_t(c)] += double(p[t]) * (static_cast<float>(codes[size_t(c)]) * half_to_float(v.scale[gi]) + half_to_float(v.min[gi]));
+      sum[size_t(c)] +=
+          double(p[t]) * (static_cast<float>(codes[size_t(c)]) * half_to_float(v.scale[gi]) + half_to_float(v.min[gi]));
     }
   }
   for (int c = 0; c < v.d; ++c) acc[c] = static_cast<float>(sum[size_t(c)]);
@@ -140,7 +145,8 @@ void values_axpy_portable(const QuantValuesView& v, const float* p, float* acc) 
 
 // Eight codes of one word, starting at slot `first`, as floats (lane j holds slot first + j).
 __attribute__((target("avx2,fma,f16c"))) inline __m256 codes8(uint32_t word, __m256i shifts, __m256i mask) {
-  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask));
+  return _mm256_cvtepi32_ps(
+      _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask));
 }
 
 __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores) {

@@ -1,8 +1,8 @@
 #pragma once
 // Asymmetric min/max quantization of KV-cache groups and KVmix's bit packing into 32-bit words:
 // b = 1, 2, 4 bits pack 32/b codes per word; b = 3 packs 11 codes, slots 0-9 with 3 bits and slot 10
-// with 2 bits (bits 30-31), the whole group sharing one scale computed for 3 bits (spec/methods-a.md
-// section 3.2). Scales and minimums are stored as fp16.
+// with 2 bits (bits 30-31), the whole group sharing one scale computed for 3 bits
+// (methods/kvmix/README.md §2-§3). Scales and minimums are stored as fp16.
 #include <cstddef>
 #include <cstdint>
 
@@ -15,8 +15,7 @@ uint32_t max_code(int bits, int slot);
 
 // Quantizes n values x[i * stride] into codes, returning the fp16 scale and minimum. The scale is
 // (max - min) / (2^b - 1) in fp32; a constant group gets scale 0 and all-zero codes.
-void quantize_group(const float* x, int n, int stride, int bits, uint32_t* codes, uint16_t& scale,
-                    uint16_t& minimum);
+void quantize_group(const float* x, int n, int stride, int bits, uint32_t* codes, uint16_t& scale, uint16_t& minimum);
 // Packs n codes into ceil(n / codes_per_word) words; unpacks them back.
 void pack_codes(const uint32_t* codes, int n, int bits, uint32_t* words);
 void unpack_codes(const uint32_t* words, int n, int bits, uint32_t* codes);

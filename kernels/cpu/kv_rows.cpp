@@ -19,9 +19,12 @@ size_t kv_dtype_bytes(KvDtype t) { return t == KvDtype::F32 ? 4 : 2; }
 
 const char* kv_dtype_name(KvDtype t) {
   switch (t) {
-    case KvDtype::F32: return "fp32";
-    case KvDtype::BF16: return "bf16";
-    case KvDtype::F16: return "fp16";
+    case KvDtype::F32:
+      return "fp32";
+    case KvDtype::BF16:
+      return "bf16";
+    case KvDtype::F16:
+      return "fp16";
   }
   return "?";
 }
@@ -55,7 +58,9 @@ void force_portable_kernels(bool on) { portable_forced.store(on); }
 std::string cpu_kernel_path() {
   __builtin_cpu_init();
   // The order target_clones("avx512f", "avx2", "default") resolves in (kernels/cpu/vec_math.hpp).
-  const char* clones = __builtin_cpu_supports("avx512f") ? "avx512f" : __builtin_cpu_supports("avx2") ? "avx2" : "default";
+  const char* clones = __builtin_cpu_supports("avx512f") ? "avx512f"
+                       : __builtin_cpu_supports("avx2")  ? "avx2"
+                                                         : "default";
   return std::string(cpu_has_avx2() ? "avx2" : "portable") + ", clones " + clones;
 }
 
@@ -86,7 +91,7 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128 hsum4(__m256 v0, __m256 v
 }
 
 __attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
-                                                          const float* q, float* out) {
+                                                         const float* q, float* out) {
   const int d8 = d / 8 * 8;
   size_t i = 0;
   if (d8 == d) {
@@ -120,7 +125,7 @@ __attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16
 }
 
 __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
-                                                           const float* p, float* acc) {
+                                                          const float* p, float* acc) {
   const int d8 = d / 8 * 8;
   // Accumulate in registers over blocks of 32 channels, rows inner, so acc is read and written once.
   for (int c0 = 0; c0 < d8; c0 += 32) {

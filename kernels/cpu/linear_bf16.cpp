@@ -34,8 +34,7 @@ float dot_tail(const float* x, const uint16_t* w, int k0, int in) {
 // even-indexed weights as floats, masking off the low half gives the odd ones, with no shuffles.
 // x is split to match once per call: per 16 inputs, the 8 even ones, then the 8 odd ones. Rows go
 // one at a time (one sequential stream per thread, prefetched 1 KB ahead) into four accumulators.
-__attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const float* x, const uint16_t* w, int in, int out,
-                                                         float* y) {
+__attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const float* x, const uint16_t* w, int in, int out, float* y) {
   const int k32 = in / 32 * 32;
   std::vector<float> xs(static_cast<size_t>(k32));
   for (int k = 0; k < k32; k += 16)

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/dequant.hpp"
 #include "kernels/cpu/avx2.hpp"
+#include "kernels/cpu/dequant.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -87,9 +87,9 @@ __attribute__((target("avx2,fma"))) inline __m256i fifth_bits(const uint8_t* qh)
   uint32_t h;
   std::memcpy(&h, qh, 4);
   // Byte j takes byte j / 8 of qh, then keeps bit j % 8 of it.
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)),
-                                             _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
-                                                                0x0303030303030303));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)),
+                          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
@@ -282,7 +282,7 @@ void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, const Q8KRow& x, i
 #pragma omp parallel for schedule(static)
   for (int o = 0; o < out; ++o) {
     const uint8_t* row = w + size_t(o) * row_bytes;
-    y[o] = !avx2 ? kquant_dot_portable(t, row, x, blocks)
+    y[o] = !avx2              ? kquant_dot_portable(t, row, x, blocks)
            : t == DType::Q4_K ? q4k_dot_avx2(row, x, blocks)
                               : q6k_dot_avx2(row, x, blocks);
   }
@@ -400,11 +400,20 @@ void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, 
       for (int o = 0; o < out; ++o) y[o] = dot_row_portable(t, w + size_t(o) * row_bytes, xq, blocks);
     } else {
       switch (t) {
-        case DType::Q4_1: gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xq, blocks, out, y); break;
-        case DType::Q5_0: gemv_rows_avx2<DType::Q5_0>(w, row_bytes, xq, blocks, out, y); break;
-        case DType::Q5_1: gemv_rows_avx2<DType::Q5_1>(w, row_bytes, xq, blocks, out, y); break;
-        case DType::Q8_0: gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xq, blocks, out, y); break;
-        default: gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xq, blocks, out, y);
+        case DType::Q4_1:
+          gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xq, blocks, out, y);
+          break;
+        case DType::Q5_0:
+          gemv_rows_avx2<DType::Q5_0>(w, row_bytes, xq, blocks, out, y);
+          break;
+        case DType::Q5_1:
+          gemv_rows_avx2<DType::Q5_1>(w, row_bytes, xq, blocks, out, y);
+          break;
+        case DType::Q8_0:
+          gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xq, blocks, out, y);
+          break;
+        default:
+          gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xq, blocks, out, y);
       }
     }
     if (bias) add_bias(y, bias, 1, out);

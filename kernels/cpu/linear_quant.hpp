@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "harness/model/dtype.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 

@@ -100,8 +100,7 @@ inline void rotate(float* h, int a, int b, float c, float s) {
 
 }  // namespace
 
-void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq,
-              RopeStyle style) {
+void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq, RopeStyle style) {
   for (int t = 0; t < n; ++t)
     for (int h = 0; h < heads; ++h) {
       float* hv = x + (size_t(t) * heads + h) * d;
@@ -113,8 +112,7 @@ void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<c
     }
 }
 
-RopeTable::RopeTable(std::vector<float> inv_freq, RopeStyle style)
-    : inv_freq_(std::move(inv_freq)), style_(style) {}
+RopeTable::RopeTable(std::vector<float> inv_freq, RopeStyle style) : inv_freq_(std::move(inv_freq)), style_(style) {}
 
 void RopeTable::ensure(int max_pos) {
   if (max_pos < rows_) return;
@@ -176,8 +174,8 @@ __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, int n, floa
   }
   for (; i < n; i += 8) {
     const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(lanes),
-                                   exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, lanes), sh)));
+    const __m256 a =
+        _mm256_and_ps(_mm256_castsi256_ps(lanes), exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, lanes), sh)));
     _mm256_maskstore_ps(x + i, lanes, a);
     s0 = _mm256_add_ps(s0, a);
   }
@@ -205,8 +203,8 @@ void softmax_inplace(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv,
-                   int d, const int32_t* q_pos, const int32_t* k_pos, float* out) {
+void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv, int d,
+                   const int32_t* q_pos, const int32_t* k_pos, float* out) {
   const int group = hq / hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<double> s(nk);

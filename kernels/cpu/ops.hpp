@@ -33,8 +33,7 @@ void swiglu(const float* gate, const float* up, size_t n, float* out);
 // Rotary embedding in place on x[n, heads, d] for token positions pos[n], given inverse frequencies
 // inv_freq[d/2]. Interleaved rotates (2i, 2i+1); NeoX rotates (i, i + d/2).
 enum class RopeStyle { Interleaved, NeoX };
-void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq,
-              RopeStyle style);
+void rope_ref(float* x, int n, int heads, int d, const int32_t* pos, std::span<const float> inv_freq, RopeStyle style);
 
 // Precomputed cos/sin per position, the fast path. Like rope_ref (and Hugging Face), the angle is the
 // float32 product position x frequency; its cosine and sine are then rounded once from double.
@@ -58,8 +57,8 @@ class RopeTable {
 
 // Causal multi-head attention with grouped K/V heads, reference: q[nq, Hq, d], k/v[nk, Hkv, d];
 // query i sits at position q_pos[i], key j at k_pos[j]; a query sees keys with k_pos <= q_pos.
-void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv,
-                   int d, const int32_t* q_pos, const int32_t* k_pos, float* out);
+void attention_ref(const float* q, const float* k, const float* v, int nq, int nk, int hq, int hkv, int d,
+                   const int32_t* q_pos, const int32_t* k_pos, float* out);
 
 // x[i] = exp(x[i] - shift); the fast version also returns the sum of the results. It applies exp_poly
 // (vec_math.hpp: Cody-Waite range reduction, degree-6 minimax polynomial), with AVX2 intrinsics where

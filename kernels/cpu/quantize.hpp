@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "harness/model/dtype.hpp"
+#include "kernels/dtype.hpp"
 
 namespace kvb {
 

@@ -39,8 +39,8 @@ __device__ void rope_cos_sin(int32_t pos, const float* inv_freq, int i, float& c
 }
 
 // Rebuilds the (post-RoPE) key of token t of a pre-RoPE low-rank segment into buf[d] (one warp).
-__device__ void rebuild_prerope_key(const DecodeSegment& sg, int t, int d, const float* inv_freq,
-                                    bool interleaved, float* buf) {
+__device__ void rebuild_prerope_key(const DecodeSegment& sg, int t, int d, const float* inv_freq, bool interleaved,
+                                    float* buf) {
   const int lane = threadIdx.x % 32;
   for (int i = lane; i < d; i += 32) {
     float x = 0;
@@ -229,9 +229,9 @@ __global__ void __launch_bounds__(kThreads) accumulate_kernel(DecodeLayout L) {
         for (int e = 0, c = lane; c < d; ++e, c += 32) {
           const int gi = c / sg.v_group, ci = c % sg.v_group;
           const uint32_t* words = sg.v_words + size_t(t) * words_per_token + size_t(gi) * sg.v_group / cpw;
-          const float x = static_cast<float>(code_at(words, ci, sg.v_bits)) *
-                              half_to_float(sg.v_scale[size_t(t) * groups + gi]) +
-                          half_to_float(sg.v_min[size_t(t) * groups + gi]);
+          const float x =
+              static_cast<float>(code_at(words, ci, sg.v_bits)) * half_to_float(sg.v_scale[size_t(t) * groups + gi]) +
+              half_to_float(sg.v_min[size_t(t) * groups + gi]);
           for (int g = 0; g < group; ++g) acc[g][e] += p[g] * x;
         }
         break;

@@ -13,17 +13,17 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kTile = 64;    // queries per block and keys per tile
-constexpr int kWarps = 4;    // each warp owns 16 query rows
-constexpr int kPadH = 8;     // bf16 row padding (WMMA needs ldm % 8 == 0; also spreads banks)
-constexpr int kPadF = 4;     // fp32 row padding (ldm % 4 == 0)
+constexpr int kTile = 64;  // queries per block and keys per tile
+constexpr int kWarps = 4;  // each warp owns 16 query rows
+constexpr int kPadH = 8;   // bf16 row padding (WMMA needs ldm % 8 == 0; also spreads banks)
+constexpr int kPadF = 4;   // fp32 row padding (ldm % 4 == 0)
 
 template <int D>
 struct Smem {
-  static constexpr int ldh = D + kPadH;        // Q, K, V rows
-  static constexpr int lds = kTile + kPadF;    // S rows
-  static constexpr int ldp = kTile + kPadH;    // P rows
-  static constexpr int ldo = D + kPadF;        // O rows
+  static constexpr int ldh = D + kPadH;      // Q, K, V rows
+  static constexpr int lds = kTile + kPadF;  // S rows
+  static constexpr int ldp = kTile + kPadH;  // P rows
+  static constexpr int ldo = D + kPadF;      // O rows
   static constexpr size_t q = 0;
   static constexpr size_t k = q + sizeof(__nv_bfloat16) * kTile * ldh;
   static constexpr size_t v = k + sizeof(__nv_bfloat16) * kTile * ldh;
@@ -90,12 +90,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // 16 bytes global -> shared, zero-filled when `valid` is false (rows past the prompt).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -141,8 +142,8 @@ __device__ __forceinline__ void fa_load_rows(const __nv_bfloat16* x, int n, int 
 
 template <int D>
 __global__ void __launch_bounds__(kFaWarps * 32)
-    flash_prefill_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n, int hq,
-                         int hkv, float scale_log2, float scale, float* out, float* lse) {
+    flash_prefill_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n, int hq, int hkv,
+                         float scale_log2, float scale, float* out, float* lse) {
   using L = FaSmem<D>;
   constexpr int ld = L::ld;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -286,9 +287,8 @@ __global__ void __launch_bounds__(kFaWarps * 32)
 // One block per (64 keys, query head): walks the query tiles at or after the keys, recomputes the
 // probabilities exp(s - lse) and sums them per key. Fixed summation order: deterministic.
 template <int D>
-__global__ void __launch_bounds__(kWarps * 32)
-    colsum_kernel(const float* q, const float* k, const float* lse, int n, int hq, int hkv, float scale,
-                  float* colsum) {
+__global__ void __launch_bounds__(kWarps * 32) colsum_kernel(const float* q, const float* k, const float* lse, int n,
+                                                             int hq, int hkv, float scale, float* colsum) {
   using L = Smem<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + L::q);
@@ -343,8 +343,8 @@ void launch_prefill(const float* q, const float* k, const float* v, int n, int h
         "attention_prefill shared memory");
   const float scale = rsqrtf(static_cast<float>(D));
   const dim3 grid(hq, (n + kFaRows - 1) / kFaRows);
-  flash_prefill_kernel<D><<<grid, kFaWarps * 32, smem, s>>>(qb, kb, vb, n, hq, hkv, scale * 1.4426950408889634f,
-                                                             scale, out, lse);
+  flash_prefill_kernel<D>
+      <<<grid, kFaWarps * 32, smem, s>>>(qb, kb, vb, n, hq, hkv, scale * 1.4426950408889634f, scale, out, lse);
   check(cudaGetLastError(), "attention_prefill");
 }
 
@@ -374,8 +374,8 @@ void attention_prefill(const float* q, const float* k, const float* v, int n, in
   check(cudaErrorInvalidValue, "attention_prefill: head dim must be 64 or 128");
 }
 
-void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d,
-                      float* colsum, cudaStream_t s) {
+void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d, float* colsum,
+                      cudaStream_t s) {
   if (d == 64) return launch_colsum<64>(q, k, lse, n, hq, hkv, colsum, s);
   if (d == 128) return launch_colsum<128>(q, k, lse, n, hq, hkv, colsum, s);
   check(cudaErrorInvalidValue, "attention_colsum: head dim must be 64 or 128");

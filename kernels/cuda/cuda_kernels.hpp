@@ -20,8 +20,8 @@ void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y
 // Rotary embedding in place on x[n, heads, d]; inv_freq[d/2]. Token t sits at pos[t], or at pos0 + t
 // when pos is null (no upload for the usual consecutive positions). The angle is the fp32 product
 // position x frequency, its cosine and sine taken in double, as the CPU table does.
-void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq,
-          bool interleaved, float sign, cudaStream_t s);
+void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq, bool interleaved,
+          float sign, cudaStream_t s);
 void swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t s);
 void add(float* x, const float* y, size_t n, cudaStream_t s);
 void add_bias(float* y, const float* bias, int n, int dim, cudaStream_t s);
@@ -37,17 +37,17 @@ void attention_prefill(const float* q, const float* k, const float* v, int n, in
 size_t attention_prefill_scratch_bytes(int n, int hq, int hkv, int d);
 // colsum[hq, n]: attention probability each key receives summed over all queries, recomputed from
 // the lse of attention_prefill (H2O's accumulated attention).
-void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d,
-                      float* colsum, cudaStream_t s);
+void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d, float* colsum,
+                      cudaStream_t s);
 bool attention_prefill_supports(int d);
 
 // Decode attention over a segmented cache (harness/cache/layer_cache.hpp): one query token.
 enum SegmentKind : int32_t {
-  kDense = 0,          // k, v [n, d] fp32
-  kLowRank = 1,        // ck [n, rk], cv [n, rv]; bases [d, R]; keys post-RoPE
-  kLowRankPreRope = 2, // as kLowRank with RoPE applied to each rebuilt key at its position
-  kQuantized = 3,      // KVmix packing, kernels/cpu/kv_quant.hpp
-  kApproxAffine = 4,   // keys [n, d] post-RoPE; v = W rope^-1(k) + c
+  kDense = 0,           // k, v [n, d] fp32
+  kLowRank = 1,         // ck [n, rk], cv [n, rv]; bases [d, R]; keys post-RoPE
+  kLowRankPreRope = 2,  // as kLowRank with RoPE applied to each rebuilt key at its position
+  kQuantized = 3,       // KVmix packing, kernels/cpu/kv_quant.hpp
+  kApproxAffine = 4,    // keys [n, d] post-RoPE; v = W rope^-1(k) + c
 };
 
 struct DecodeSegment {
@@ -86,11 +86,11 @@ struct DecodeLayout {
   int n_segments = 0;
   int max_chunks = 0;  // largest ceil(n / kDecodeChunk) over segments
   int n_parts = 0;
-  int score_stride = 0;  // >= tokens of the longest cache head
-  const DecodeSegment* segments = nullptr;  // device [n_segments]
-  const int32_t* head_tokens = nullptr;     // device [n_cache_heads]
-  const int32_t* head_part_begin = nullptr; // device [n_cache_heads + 1]: CSR of partials per head
-  const float* inv_freq = nullptr;          // device [d/2]
+  int score_stride = 0;                      // >= tokens of the longest cache head
+  const DecodeSegment* segments = nullptr;   // device [n_segments]
+  const int32_t* head_tokens = nullptr;      // device [n_cache_heads]
+  const int32_t* head_part_begin = nullptr;  // device [n_cache_heads + 1]: CSR of partials per head
+  const float* inv_freq = nullptr;           // device [d/2]
   bool interleaved = false;
   float* scores = nullptr;    // device [hq, score_stride]
   float* partials = nullptr;  // device [n_parts, group, d]

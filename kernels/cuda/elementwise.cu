@@ -55,8 +55,7 @@ __global__ void rope_kernel(float* x, int n, int heads, int d, const int32_t* po
                             bool interleaved, float sign) {
   const int half = d / 2;
   const size_t total = size_t(n) * heads * half;
-  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += size_t(gridDim.x) * blockDim.x) {
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < total; idx += size_t(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % half);
     const size_t row = idx / half;  // token * heads + head
     const int t = static_cast<int>(row / heads);
@@ -107,8 +106,8 @@ __device__ void gemv_step(const uint4& packed, const float* x, int in, int j, fl
   for (int r = 0; r < N; ++r) {
     const float4 xa = reinterpret_cast<const float4*>(x + size_t(r) * in)[2 * j];
     const float4 xb = reinterpret_cast<const float4*>(x + size_t(r) * in)[2 * j + 1];
-    acc[r] += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w + wf[4] * xb.x + wf[5] * xb.y +
-              wf[6] * xb.z + wf[7] * xb.w;
+    acc[r] += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w + wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z +
+              wf[7] * xb.w;
   }
 }
 
@@ -168,10 +167,10 @@ void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y
   check(cudaGetLastError(), "rmsnorm");
 }
 
-void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq,
-          bool interleaved, float sign, cudaStream_t s) {
+void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq, bool interleaved,
+          float sign, cudaStream_t s) {
   rope_kernel<<<blocks_for(size_t(n) * heads * (d / 2), 256), 256, 0, s>>>(x, n, heads, d, pos, pos0, inv_freq,
-                                                                            interleaved, sign);
+                                                                           interleaved, sign);
   check(cudaGetLastError(), "rope");
 }
 
@@ -196,10 +195,18 @@ void gemv_bf16(const float* x, const uint16_t* w, int n, int in, int out, float*
   const int threads = 256, rows_per_block = threads / 32;
   const unsigned blocks = static_cast<unsigned>((out + rows_per_block - 1) / rows_per_block);
   switch (n) {
-    case 1: gemv_bf16_kernel<1><<<blocks, threads, 0, s>>>(x, w, in, out, y); break;
-    case 2: gemv_bf16_kernel<2><<<blocks, threads, 0, s>>>(x, w, in, out, y); break;
-    case 3: gemv_bf16_kernel<3><<<blocks, threads, 0, s>>>(x, w, in, out, y); break;
-    default: gemv_bf16_kernel<4><<<blocks, threads, 0, s>>>(x, w, in, out, y); break;
+    case 1:
+      gemv_bf16_kernel<1><<<blocks, threads, 0, s>>>(x, w, in, out, y);
+      break;
+    case 2:
+      gemv_bf16_kernel<2><<<blocks, threads, 0, s>>>(x, w, in, out, y);
+      break;
+    case 3:
+      gemv_bf16_kernel<3><<<blocks, threads, 0, s>>>(x, w, in, out, y);
+      break;
+    default:
+      gemv_bf16_kernel<4><<<blocks, threads, 0, s>>>(x, w, in, out, y);
+      break;
   }
   check(cudaGetLastError(), "gemv_bf16");
 }

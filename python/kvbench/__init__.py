@@ -182,7 +182,7 @@ def sample_scores(dataset: str, predictions: Sequence[str], answers: Sequence[Se
                   all_classes: Sequence[Sequence[str]] | None = None, data: str | None = None) -> np.ndarray:
     """The benchmark's own metric of each prediction, in [0, 1]: `longbench/NAME` (eval.py's metric
     of the dataset, its first-line rule included), `ruler/TASK` (string_match_all, string_match_part
-    for the QA tasks) or `niah` (answers unused)."""
+    for the QA tasks), `niah` (answers unused) or `jsonl/METRIC` (the jsonl task's metrics)."""
     answers = [[a] if isinstance(a, str) else list(a) for a in answers]
     classes = _meta(len(predictions), all_classes, "all_classes")
     return np.asarray(_kvbench.score_each(dataset, list(predictions), answers, [list(c) for c in classes],
@@ -195,13 +195,11 @@ def score(dataset: str, predictions: Sequence[str] | str | os.PathLike, answers:
     """The score as the benchmark reports it, on predictions made anywhere: the mean of
     sample_scores x 100, rounded to 2 decimals for LongBench (as eval.py) and RULER (as evaluate.py).
     For `longbench-e/NAME`, a dict of LongBench-E's length ranges (by `length`). `predictions` may
-    also be a LongBench pred/*.jsonl file (`pred`, `answers`, `all_classes`, `length`), as `kvbench
-    score` reads it; a line missing a field is an error naming the line."""
+    also a file in LongBench's pred/ layout (`pred`, `answers`, `all_classes`, `length`), as `kvbench
+    score` reads it, for any of these datasets; a line missing a field is an error naming the line."""
     if isinstance(predictions, (str, os.PathLike)) and answers is None:
-        bench, _, name = dataset.partition("/")
-        if bench not in ("longbench", "longbench-e"):
-            raise ValueError(f"score: a predictions file is LongBench's pred/ layout; {dataset} takes lists")
-        r = _kvbench.score_file(name, os.fspath(predictions), bench == "longbench-e", data or _kvbench.default_data_dir())
+        bench = dataset.partition("/")[0]
+        r = _kvbench.score_file(dataset, os.fspath(predictions), bench == "longbench-e", data or _kvbench.default_data_dir())
         return {k: v for k, v in r.items() if k not in ("score", "lines")} if bench == "longbench-e" else r["score"]
     if answers is None:
         raise ValueError("score: answers are needed with a list of predictions")

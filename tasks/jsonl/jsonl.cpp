@@ -3,25 +3,52 @@
 // from the benchmarks' own (LongBench's QA F1, ROUGE-L and code similarity, SQuAD exact match,
 // RULER's string match), so that kvbench runs on data no benchmark ships.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fstream>
 
+#include "harness/task/jieba.hpp"
+#include "harness/task/longbench_metrics.hpp"
+#include "harness/task/string_match.hpp"
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/hash.hpp"
 #include "harness/util/json_file.hpp"
-#include "tasks/longbench/jieba.hpp"
-#include "tasks/longbench/metrics.hpp"
-#include "tasks/ruler/ruler.hpp"
-#include "tasks/task.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
 
 const std::vector<std::string>& metric_names() {
-  static const std::vector<std::string> m = {"qa_f1",          "rouge",       "exact_match", "string_match_all",
-                                             "string_match_part", "code_sim", "qa_f1_zh",    "rouge_zh"};
+  static const std::vector<std::string> m = {
+      "qa_f1", "rouge", "exact_match", "string_match_all", "string_match_part", "code_sim", "qa_f1_zh", "rouge_zh"};
   return m;
+}
+
+// The metric against every answer, the best one (as LongBench scores several references); RULER's
+// string match takes all references at once, as its evaluator does. `jieba` for the Chinese metrics.
+double metric_score(const std::string& metric, const std::string& prediction, const std::vector<std::string>& answers,
+                    const longbench::Jieba* jieba) {
+  if (metric == "string_match_all" || metric == "string_match_part")
+    return ruler_string_match(prediction, answers, metric == "string_match_part");
+  double best = 0;
+  for (const auto& a : answers) {
+    double s = 0;
+    if (metric == "qa_f1")
+      s = longbench::qa_f1(prediction, a);
+    else if (metric == "rouge")
+      s = longbench::rouge_l(prediction, a);
+    else if (metric == "exact_match")
+      s = longbench::normalize_answer(prediction) == longbench::normalize_answer(a);
+    else if (metric == "code_sim")
+      s = longbench::code_sim(prediction, a);
+    else if (metric == "qa_f1_zh")
+      s = longbench::qa_f1_zh(prediction, a, *jieba);
+    else
+      s = longbench::rouge_zh(prediction, a, *jieba);
+    best = std::max(best, s);
+  }
+  return best;
 }
 
 struct Record {
@@ -34,8 +61,11 @@ struct Record {
 class JsonlTask final : public Task {
  public:
   JsonlTask(const TaskContext& ctx, const Params& p)
-      : path_(p.get("file")), metric_(p.get("metric")), template_(p.get("template")), chat_(p.get_bool("chat")),
-        max_new_tokens_(static_cast<int>(p.get_int("max_new_tokens"))) {
+      : path_(p.get("file")),
+        metric_(p.get("metric")),
+        template_(p.get("template")),
+        chat_(p.get_bool("chat")),
+        max_new_tokens_(p.integer("max_new_tokens")) {
     if (path_.empty()) fail("task jsonl: option 'file' names the JSONL file of samples (context, question, answers)");
     for (const char* slot : {"{context}", "{question}"})
       if (template_.find(slot) == std::string::npos)
@@ -64,27 +94,11 @@ class JsonlTask final : public Task {
     return s;
   }
 
-  // The metric against every answer, the best one (as LongBench scores several references); RULER's
-  // string match takes all references at once, as its evaluator does.
   double score(const Sample& s, const std::string& prediction) const override {
-    if (metric_ == "string_match_all" || metric_ == "string_match_part")
-      return ruler_string_match(prediction, s.answers, metric_ == "string_match_part");
-    double best = 0;
-    for (const auto& a : s.answers) best = std::max(best, score_one(prediction, a));
-    return best;
+    return metric_score(metric_, prediction, s.answers, jieba_);
   }
 
  private:
-  double score_one(const std::string& prediction, const std::string& answer) const {
-    if (metric_ == "qa_f1") return longbench::qa_f1(prediction, answer);
-    if (metric_ == "rouge") return longbench::rouge_l(prediction, answer);
-    if (metric_ == "exact_match")
-      return longbench::normalize_answer(prediction) == longbench::normalize_answer(answer) ? 1.0 : 0.0;
-    if (metric_ == "code_sim") return longbench::code_sim(prediction, answer);
-    if (metric_ == "qa_f1_zh") return longbench::qa_f1_zh(prediction, answer, *jieba_);
-    return longbench::rouge_zh(prediction, answer, *jieba_);
-  }
-
   void load() {
     std::ifstream in(path_);
     if (!in) fail("{}: cannot read (task jsonl's option 'file')", path_);
@@ -94,15 +108,18 @@ class JsonlTask final : public Task {
       Record r;
       r.line = no;
       for (const auto& [key, into] : {std::pair{"context", &r.context}, std::pair{"question", &r.question}}) {
-        if (!j.contains(key)) fail("{}:{}: field '{}' is missing (a sample needs context, question and answers)", path_, no, key);
+        if (!j.contains(key))
+          fail("{}:{}: field '{}' is missing (a sample needs context, question and answers)", path_, no, key);
         if (!j[key].is_string()) fail("{}:{}: field '{}' must be a string, found {}", path_, no, key, j[key].dump());
         *into = j[key].get<std::string>();
       }
-      if (!j.contains("answers")) fail("{}:{}: field 'answers' is missing (a sample needs context, question and answers)", path_, no);
+      if (!j.contains("answers"))
+        fail("{}:{}: field 'answers' is missing (a sample needs context, question and answers)", path_, no);
       const auto& a = j["answers"];
       if (a.is_string()) {
         r.answers.push_back(a.get<std::string>());
-      } else if (a.is_array() && !a.empty() && std::all_of(a.begin(), a.end(), [](const auto& x) { return x.is_string(); })) {
+      } else if (a.is_array() && !a.empty() &&
+                 std::all_of(a.begin(), a.end(), [](const auto& x) { return x.is_string(); })) {
         for (const auto& x : a) r.answers.push_back(x.get<std::string>());
       } else {
         fail("{}:{}: field 'answers' must be a string or a non-empty list of strings, found {}", path_, no, a.dump());
@@ -139,17 +156,28 @@ class JsonlTask final : public Task {
 };
 
 const bool registered = register_task(
-    {"jsonl",
-     "your own samples: a JSONL file of {context, question, answers[, id, max_new_tokens]} and a metric",
-     {ParamSpec::text("file", "", "the JSONL file of samples"),
-      ParamSpec::choice("metric", "qa_f1", metric_names(),
-                        "qa_f1 (LongBench), rouge (ROUGE-L), exact_match (SQuAD normalisation), string_match_all or "
-                        "string_match_part (RULER), code_sim, qa_f1_zh, rouge_zh (jieba)"),
-      ParamSpec::text("template", "{context}\n\nQuestion: {question}\nAnswer:",
-                      "the prompt, with {context} and {question} where they go"),
-      ParamSpec::boolean("chat", true, "wrap the prompt in the model's chat template"),
-      ParamSpec::integer("max_new_tokens", 64, 1, 1 << 20, "tokens to generate, where a sample does not say")},
-     [](const TaskContext& ctx, const Params& p) { return std::make_unique<JsonlTask>(ctx, p); }});
+    {.name = "jsonl",
+     .summary = "your own samples: a JSONL file of {context, question, answers[, id, max_new_tokens]} and a metric",
+     .options = {ParamSpec::text("file", "", "the JSONL file of samples"),
+                 ParamSpec::choice(
+                     "metric", "qa_f1", metric_names(),
+                     "qa_f1 (LongBench), rouge (ROUGE-L), exact_match (SQuAD normalisation), string_match_all or "
+                     "string_match_part (RULER), code_sim, qa_f1_zh, rouge_zh (jieba)"),
+                 ParamSpec::text("template", "{context}\n\nQuestion: {question}\nAnswer:",
+                                 "the prompt, with {context} and {question} where they go"),
+                 ParamSpec::boolean("chat", true, "wrap the prompt in the model's chat template"),
+                 ParamSpec::integer("max_new_tokens", 64, 1, 1 << 20,
+                                    "tokens to generate, where a sample does not say")},
+     .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<JsonlTask>(ctx, p); },
+     // A prediction made elsewhere, scored by the metric the name gives (jsonl/qa_f1).
+     .score_prediction =
+         [](const PredictionToScore& p) {
+           const auto& m = metric_names();
+           if (std::find(m.begin(), m.end(), p.variant) == m.end())
+             fail("name the metric, e.g. jsonl/qa_f1 (metrics: {})", fmt::join(m, ", "));
+           const bool zh = p.variant == "qa_f1_zh" || p.variant == "rouge_zh";
+           return metric_score(p.variant, p.prediction, p.answers, zh ? &longbench::Jieba::load(p.data_dir) : nullptr);
+         }});
 
 }  // namespace
 }  // namespace kvb

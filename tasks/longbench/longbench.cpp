@@ -1,20 +1,21 @@
-// LongBench v1 (and LongBench-E) from the official JSONL files (spec/benchmarks.md section 1): the
+// LongBench v1 (and LongBench-E) from the official JSONL files (as THUDM/LongBench's pred.py reads them): the
 // dataset's prompt template, middle truncation to the model's prompt cap through text, the official
 // or the PyramidKV-era chat wrapping, generation lengths, and the metrics of metrics.py.
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <fstream>
 #include <map>
 
+#include "harness/task/jieba.hpp"
+#include "harness/task/longbench_metrics.hpp"
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/json_file.hpp"
-#include "tasks/longbench/jieba.hpp"
 #include "tasks/longbench/longbench.hpp"
-#include "tasks/longbench/metrics.hpp"
-#include "tasks/task.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
@@ -26,67 +27,102 @@ struct Dataset {
 };
 
 const std::map<std::string, Dataset>& datasets() {
-  static const std::map<std::string, Dataset> d = {
-      {"narrativeqa", {"Single-Doc QA", 128, true}},  {"qasper", {"Single-Doc QA", 128, true}},
-      {"multifieldqa_en", {"Single-Doc QA", 64, true}}, {"multifieldqa_zh", {"Single-Doc QA", 64, true}},
-      {"hotpotqa", {"Multi-Doc QA", 32, true}},       {"2wikimqa", {"Multi-Doc QA", 32, true}},
-      {"musique", {"Multi-Doc QA", 32, true}},        {"dureader", {"Multi-Doc QA", 128, true}},
-      {"gov_report", {"Summarization", 512, true}},   {"qmsum", {"Summarization", 512, true}},
-      {"multi_news", {"Summarization", 512, true}},   {"vcsum", {"Summarization", 512, true}},
-      {"trec", {"Few-shot Learning", 64, false}},     {"triviaqa", {"Few-shot Learning", 32, false}},
-      {"samsum", {"Few-shot Learning", 128, false}},  {"lsht", {"Few-shot Learning", 64, false}},
-      {"passage_count", {"Synthetic", 32, true}},     {"passage_retrieval_en", {"Synthetic", 32, true}},
-      {"passage_retrieval_zh", {"Synthetic", 32, true}}, {"lcc", {"Code", 64, false}},
-      {"repobench-p", {"Code", 64, false}}};
+  static const std::map<std::string, Dataset> d = {{"narrativeqa", {"Single-Doc QA", 128, true}},
+                                                   {"qasper", {"Single-Doc QA", 128, true}},
+                                                   {"multifieldqa_en", {"Single-Doc QA", 64, true}},
+                                                   {"multifieldqa_zh", {"Single-Doc QA", 64, true}},
+                                                   {"hotpotqa", {"Multi-Doc QA", 32, true}},
+                                                   {"2wikimqa", {"Multi-Doc QA", 32, true}},
+                                                   {"musique", {"Multi-Doc QA", 32, true}},
+                                                   {"dureader", {"Multi-Doc QA", 128, true}},
+                                                   {"gov_report", {"Summarization", 512, true}},
+                                                   {"qmsum", {"Summarization", 512, true}},
+                                                   {"multi_news", {"Summarization", 512, true}},
+                                                   {"vcsum", {"Summarization", 512, true}},
+                                                   {"trec", {"Few-shot Learning", 64, false}},
+                                                   {"triviaqa", {"Few-shot Learning", 32, false}},
+                                                   {"samsum", {"Few-shot Learning", 128, false}},
+                                                   {"lsht", {"Few-shot Learning", 64, false}},
+                                                   {"passage_count", {"Synthetic", 32, true}},
+                                                   {"passage_retrieval_en", {"Synthetic", 32, true}},
+                                                   {"passage_retrieval_zh", {"Synthetic", 32, true}},
+                                                   {"lcc", {"Code", 64, false}},
+                                                   {"repobench-p", {"Code", 64, false}}};
   return d;
 }
 
-// dataset2prompt.json's templates, byte for byte (their SHA-256 prefixes were checked against
-// spec/benchmarks.md 1.3 when they were written here; tests check the lengths and tricky spots).
+// dataset2prompt.json's templates, byte for byte (their SHA-256 prefixes were checked against those of the
+// official file when they were written here; tests check the lengths and tricky spots).
 const std::map<std::string, std::string>& templates() {
   static const std::map<std::string, std::string> t = {
       {"2wikimqa",
-       "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
+       "Answer the question based on the given passages. Only give me the answer and do not output any other "
+       "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. "
+       "Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
       {"dureader",
        "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答："},
       {"gov_report",
-       "You are given a report by a government agency. Write a one-page summary of the report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"},
+       "You are given a report by a government agency. Write a one-page summary of the "
+       "report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"},
       {"hotpotqa",
-       "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
-      {"lcc",
-       "Please complete the code given below. \n{context}Next line of code:\n"},
-      {"lsht",
-       "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}"},
+       "Answer the question based on the given passages. Only give me the answer and do not output any other "
+       "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. "
+       "Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
+      {"lcc", "Please complete the code given below. \n{context}Next line of code:\n"},
+      {"lsht", "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}"},
       {"multi_news",
-       "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:"},
+       "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n{context}\n\nNow, write "
+       "a one-page summary of all the news.\n\nSummary:"},
       {"multifieldqa_en",
-       "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question based on the above text, only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
+       "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question based on the "
+       "above text, only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
       {"multifieldqa_zh",
-       "阅读以下文字并用中文简短回答：\n\n{context}\n\n现在请基于上面的文章回答下面的问题，只告诉我答案，不要输出任何其他字词。\n\n问题：{input}\n回答："},
+       "阅读以下文字并用中文简短回答：\n\n{context}"
+       "\n\n现在请基于上面的文章回答下面的问题，只告诉我答案，不要输出任何其他字词。\n\n问题：{input}\n回答："},
       {"musique",
-       "Answer the question based on the given passages. Only give me the answer and do not output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
+       "Answer the question based on the given passages. Only give me the answer and do not output any other "
+       "words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the given passages. "
+       "Only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:"},
       {"narrativeqa",
-       "You are given a story, which can be either a novel or a movie script, and a question. Answer the question asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the story asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"},
+       "You are given a story, which can be either a novel or a movie script, and a question. Answer the question "
+       "asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: "
+       "{context}\n\nNow, answer the question based on the story asconcisely as you can, using a single phrase if "
+       "possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"},
       {"passage_count",
-       "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully read these paragraphs and determine how many unique paragraphs there are after removing duplicates. In other words, how many non-repeating paragraphs are there in total?\n\n{context}\n\nPlease enter the final count of unique paragraphs after removing duplicates. The output format should only contain the number, such as 1, 2, 3, and so on.\n\nThe final answer is: "},
+       "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. Please carefully read "
+       "these paragraphs and determine how many unique paragraphs there are after removing duplicates. In other words, "
+       "how many non-repeating paragraphs are there in total?\n\n{context}\n\nPlease enter the final count of unique "
+       "paragraphs after removing duplicates. The output format should only contain the number, such as 1, 2, 3, and "
+       "so on.\n\nThe final answer is: "},
       {"passage_retrieval_en",
-       "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\nPlease enter the number of the paragraph that the abstract is from. The answer format must be like \"Paragraph 1\", \"Paragraph 2\", etc.\n\nThe answer is: "},
+       "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which paragraph the abstract "
+       "is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}\n\nPlease enter the number of the paragraph "
+       "that the abstract is from. The answer format must be like \"Paragraph 1\", \"Paragraph 2\", etc.\n\nThe answer "
+       "is: "},
       {"passage_retrieval_zh",
-       "以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n{input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n答案是："},
+       "以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n{"
+       "input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n答案是："},
       {"qasper",
-       "You are given a scientific article and a question. Answer the question as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on the above article as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"},
+       "You are given a scientific article and a question. Answer the question as concisely as you can, using a single "
+       "phrase or sentence if possible. If the question cannot be answered based on the information in the article, "
+       "write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do "
+       "not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on the above article as "
+       "concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based "
+       "on the information in the article, write \"unanswerable\". If the question is a yes/no question, answer "
+       "\"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"},
       {"qmsum",
-       "You are given a meeting transcript and a query containing a question or instruction. Answer the query in one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the query based on the above meeting transcript in one or more sentences.\n\nQuery: {input}\nAnswer:"},
-      {"repobench-p",
-       "Please complete the code given below. \n{context}{input}Next line of code:\n"},
+       "You are given a meeting transcript and a query containing a question or instruction. Answer the query in one "
+       "or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the query based on the above meeting transcript in "
+       "one or more sentences.\n\nQuery: {input}\nAnswer:"},
+      {"repobench-p", "Please complete the code given below. \n{context}{input}Next line of code:\n"},
       {"samsum",
        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}"},
       {"trec",
        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"},
       {"triviaqa",
-       "Answer the question based on the given passage. Only give me the answer and do not output any other words. The following are some examples.\n\n{context}\n\n{input}"},
-      {"vcsum",
-       "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n会议记录：\n{context}\n\n会议总结："},
+       "Answer the question based on the given passage. Only give me the answer and do not output any other words. The "
+       "following are some examples.\n\n{context}\n\n{input}"},
+      {"vcsum", "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n会议记录：\n{context}\n\n会议总结："},
   };
   return t;
 }
@@ -110,7 +146,9 @@ struct Record {
 class LongBench final : public Task {
  public:
   LongBench(const TaskContext& ctx, const Params& p, bool e_variant)
-      : tok_(*ctx.tokenizer), dataset_(p.get("dataset")), max_len_(static_cast<int>(p.get_int("max_len"))),
+      : tok_(*ctx.tokenizer),
+        dataset_(p.get("dataset")),
+        max_len_(p.integer("max_len")),
         official_(p.get("profile") == "official") {
     template_ = longbench::prompt_template(dataset_);
     info_ = datasets().at(dataset_);
@@ -144,8 +182,11 @@ class LongBench final : public Task {
     s.max_new_tokens = info_.max_new_tokens;
     s.min_new_tokens = official_ ? (dataset_ == "samsum" ? 1 : 0) : 1;
     if (official_ && dataset_ == "samsum") s.stop = {"\n"};
-    s.meta = {{"dataset", dataset_}, {"category", info_.category}, {"length", r.length},
-              {"truncated", truncated}, {"all_classes", r.all_classes}};
+    s.meta = {{"dataset", dataset_},
+              {"category", info_.category},
+              {"length", r.length},
+              {"truncated", truncated},
+              {"all_classes", r.all_classes}};
     return s;
   }
 
@@ -158,17 +199,22 @@ class LongBench final : public Task {
   void load() {
     std::ifstream in(path_);
     if (!in)
-      fail("{}: not found; point --data at a directory holding longbench/<dataset>.jsonl from the official "
-           "LongBench data.zip",
-           path_);
+      fail(
+          "{}: not found; point --data at a directory holding longbench/<dataset>.jsonl from the official "
+          "LongBench data.zip",
+          path_);
     for_each_json_line(in, path_, [&](const nlohmann::json& j, int no) {
       auto need = [&](const char* key, auto check, const char* what) {
         if (!j.contains(key) || !check(j[key])) fail("{}:{}: field '{}' must be {}", path_, no, key, what);
       };
-      need("input", [](const auto& v) { return v.is_string(); }, "a string");
-      need("context", [](const auto& v) { return v.is_string(); }, "a string");
-      need("answers", [](const auto& v) { return v.is_array() && !v.empty(); }, "a non-empty list of strings");
-      need("_id", [](const auto& v) { return v.is_string(); }, "a string");
+      need(
+          "input", [](const auto& v) { return v.is_string(); }, "a string");
+      need(
+          "context", [](const auto& v) { return v.is_string(); }, "a string");
+      need(
+          "answers", [](const auto& v) { return v.is_array() && !v.empty(); }, "a non-empty list of strings");
+      need(
+          "_id", [](const auto& v) { return v.is_string(); }, "a string");
       Record r;
       r.id = j["_id"];
       r.input = j["input"];
@@ -211,12 +257,66 @@ std::vector<ParamSpec> options() {
                             "pyramidkv2024: no chat template, one new token at least; official: pred.py")};
 }
 
+// The papers' LongBench table: the datasets by category, the Chinese ones closing each category.
+TaskLayout layout(bool e) {
+  TaskLayout l{.title = e ? "LongBench-E" : "LongBench",
+               .column_option = "dataset",
+               .columns = {{"narrativeqa", "NrtvQA", "Single-Doc QA"},
+                           {"qasper", "Qasper", "Single-Doc QA"},
+                           {"multifieldqa_en", "MF-en", "Single-Doc QA"},
+                           {"multifieldqa_zh", "MF-zh", "Single-Doc QA"},
+                           {"hotpotqa", "HotpotQA", "Multi-Doc QA"},
+                           {"2wikimqa", "2WikiMQA", "Multi-Doc QA"},
+                           {"musique", "Musique", "Multi-Doc QA"},
+                           {"dureader", "DuReader", "Multi-Doc QA"},
+                           {"gov_report", "GovReport", "Summarization"},
+                           {"qmsum", "QMSum", "Summarization"},
+                           {"multi_news", "MultiNews", "Summarization"},
+                           {"vcsum", "VCSUM", "Summarization"},
+                           {"trec", "TREC", "Few-shot Learning"},
+                           {"triviaqa", "TriviaQA", "Few-shot Learning"},
+                           {"samsum", "SAMSum", "Few-shot Learning"},
+                           {"lsht", "LSHT", "Few-shot Learning"},
+                           {"passage_count", "PCount", "Synthetic"},
+                           {"passage_retrieval_en", "PRe", "Synthetic"},
+                           {"passage_retrieval_zh", "PRe-zh", "Synthetic"},
+                           {"lcc", "Lcc", "Code"},
+                           {"repobench-p", "RB-P", "Code"}},
+               .note =
+                   "Scores x 100 with each dataset's official metric; Avg. = mean of the {shown} datasets "
+                   "shown{left_out}",
+               .pooled_options = {"dataset"}};
+  // LongBench-E's buckets, by the record's own length field as its eval.py reads it.
+  if (e) l.length_ranges = {{"0-4k", {0, 4000}}, {"4-8k", {4000, 8000}}, {"8k+", {8000, INT32_MAX}}};
+  return l;
+}
+
+// A prediction made elsewhere, scored as eval.py scores the dataset (longbench/DATASET).
+double score_prediction(const PredictionToScore& p) {
+  if (p.variant.empty()) fail("name the LongBench dataset, e.g. longbench/qasper");
+  const std::string metric = longbench::metric_of(p.variant);
+  if (metric == "classification" && p.all_classes.empty())
+    fail("field 'all_classes' is missing ({} is scored against its classes)", p.variant);
+  const longbench::Jieba* jieba =
+      metric == "qa_f1_zh" || metric == "rouge_zh" ? &longbench::Jieba::load(p.data_dir) : nullptr;
+  return longbench::score(p.variant, p.prediction, p.answers, p.all_classes, jieba);
+}
+
 const bool registered =
-    register_task({"longbench", "LongBench v1 from the official JSONL files (--data DIR/longbench/<dataset>.jsonl)",
-                   options(),
-                   [](const TaskContext& ctx, const Params& p) { return std::make_unique<LongBench>(ctx, p, false); }}) &&
-    register_task({"longbench-e", "LongBench-E (<dataset>_e.jsonl); records carry length for the 0-4k/4-8k/8k+ buckets", options(),
-                   [](const TaskContext& ctx, const Params& p) { return std::make_unique<LongBench>(ctx, p, true); }});
+    register_task(
+        {.name = "longbench",
+         .summary = "LongBench v1 from the official JSONL files (--data DIR/longbench/<dataset>.jsonl)",
+         .options = options(),
+         .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<LongBench>(ctx, p, false); },
+         .score_prediction = score_prediction,
+         .layout = layout(false)}) &&
+    register_task(
+        {.name = "longbench-e",
+         .summary = "LongBench-E (<dataset>_e.jsonl); records carry length for the 0-4k/4-8k/8k+ buckets",
+         .options = options(),
+         .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<LongBench>(ctx, p, true); },
+         .score_prediction = score_prediction,
+         .layout = layout(true)});
 
 }  // namespace
 }  // namespace kvb

@@ -1,6 +1,6 @@
 #pragma once
 // LongBench's prompt templates (dataset2prompt.json), for the tests that check them against the
-// SHA-256 prefixes and lengths of spec/benchmarks.md 1.3.
+// SHA-256 prefixes and lengths of the official THUDM/LongBench config/dataset2prompt.json.
 #include <string>
 
 namespace kvb::longbench {

@@ -1,5 +1,5 @@
 // Needle-in-a-Haystack as the PyramidKV / KVCache-Factory and HeadKV repositories run it
-// (spec/benchmarks.md section 3): Paul Graham essays as the haystack, the San Francisco needle
+// (run_needle_in_haystack.py): Paul Graham essays as the haystack, the San Francisco needle
 // inserted at a sentence boundary at each depth, a length x depth grid, and the word-overlap score
 // the papers' heatmaps show.
 #include <fmt/format.h>
@@ -11,11 +11,11 @@
 #include <set>
 #include <sstream>
 
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
 #include "tasks/niah/niah.hpp"
-#include "tasks/task.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
@@ -44,9 +44,10 @@ class Niah final : public Task {
       depths_.push_back(nd == 1 ? 0 : static_cast<int>(std::nearbyint(100.0 * double(i) / double(nd - 1))));
     needle_ = tok_.encode(kNeedle);
     if (lengths_.front() - kLengthBuffer <= static_cast<int>(needle_.size()))
-      fail("task niah: s_len {} leaves no room for the haystack (the prompt keeps {} tokens for the question "
-           "and the needle takes {})",
-           lengths_.front(), kLengthBuffer, needle_.size());
+      fail(
+          "task niah: s_len {} leaves no room for the haystack (the prompt keeps {} tokens for the question "
+          "and the needle takes {})",
+          lengths_.front(), kLengthBuffer, needle_.size());
     load_haystack(ctx.data_dir);
     for (int32_t id = 0; id < tok_.vocab_size(); ++id) {
       const std::string t = tok_.token_text(id);
@@ -60,8 +61,8 @@ class Niah final : public Task {
   Sample sample(size_t index) const override {
     if (index >= size()) fail("task niah: sample {} of {}", index, size());
     const int L = lengths_[index / depths_.size()], depth = depths_[index % depths_.size()];
-    // Steps 2-6 of spec 3.3: cut the haystack at L tokens, re-encode, trim for the buffer and the
-    // needle, insert the needle after the last period before the depth, decode.
+    // As run_needle_in_haystack.py builds a context: cut the haystack at L tokens, re-encode, trim for the
+    // buffer and the needle, insert the needle after the last period before the depth, decode.
     const std::string cut = tok_.decode(std::span(haystack_).first(static_cast<size_t>(L)), true);
     std::vector<int32_t> t = tok_.encode(cut);
     const size_t room = static_cast<size_t>(L - kLengthBuffer);
@@ -115,16 +116,21 @@ class Niah final : public Task {
 };
 
 const bool registered = register_task(
-    {"niah",
-     "Needle-in-a-Haystack (PyramidKV/KVCache-Factory protocol): length x depth grid, word-overlap score",
-     {ParamSpec::integer("s_len", 1000, 300, 10000000, "shortest context length (tokens)"),
-      ParamSpec::integer("e_len", 8001, 300, 10000000, "lengths run up to e_len inclusive"),
-      ParamSpec::integer("step", 1000, 1, 10000000, "length step"),
-      ParamSpec::integer("depths", 10, 1, 101, "depth points, round(linspace(0, 100, n)) percent"),
-      ParamSpec::boolean("chat", false,
-                         "wrap the prompt in the model's chat template (the repos do not; instruct-only models "
-                         "may need it)")},
-     [](const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); }});
+    {.name = "niah",
+     .summary = "Needle-in-a-Haystack (PyramidKV/KVCache-Factory protocol): length x depth grid, word-overlap score",
+     .options = {ParamSpec::integer("s_len", 1000, 300, 10000000, "shortest context length (tokens)"),
+                 ParamSpec::integer("e_len", 8001, 300, 10000000, "lengths run up to e_len inclusive"),
+                 ParamSpec::integer("step", 1000, 1, 10000000, "length step"),
+                 ParamSpec::integer("depths", 10, 1, 101, "depth points, round(linspace(0, 100, n)) percent"),
+                 ParamSpec::boolean(
+                     "chat", false,
+                     "wrap the prompt in the model's chat template (the repos do not; instruct-only models "
+                     "may need it)")},
+     .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); },
+     // The needle is fixed, so a prediction is scored without its answers.
+     .score_prediction = [](const PredictionToScore& p) { return niah_score(p.prediction); },
+     // The repositories' heatmap per configuration; the grid's parts pool into one row.
+     .layout = {.depth_heatmap = true, .pooled_options = {"s_len", "e_len", "step", "depths"}}});
 
 }  // namespace
 

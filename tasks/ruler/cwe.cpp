@@ -1,5 +1,6 @@
-// RULER's common words extraction (cwe, spec/benchmarks.md 2.6): a numbered list in which 10 words
-// repeat more often than the rest, after one few-shot example; the answer is those 10 words.
+// RULER's common words extraction (cwe, scripts/data/synthetic/common_words_extraction.py): a numbered
+// list in which 10 words repeat more often than the rest, after one few-shot example; the answer is those
+// 10 words.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -39,9 +40,10 @@ class CommonWords final : public RulerTask {
   // `uncommon` times, shuffled; returns the list and the 10 common words.
   std::pair<std::string, std::vector<std::string>> example(size_t n, int common, int uncommon) {
     if (n > vocab_.size())
-      fail("ruler cwe: {} distinct words needed, the wonderwords lists hold {} (RULER then draws from its "
-           "english_words.json, which kvbench does not have); use a shorter length",
-           n, vocab_.size());
+      fail(
+          "ruler cwe: {} distinct words needed, the wonderwords lists hold {} (RULER then draws from its "
+          "english_words.json, which kvbench does not have); use a shorter length",
+          n, vocab_.size());
     std::vector<std::string> chosen;
     for (size_t i : rng_.sample(vocab_.size(), n)) chosen.push_back(vocab_[i]);
     std::vector<std::string> list;
@@ -68,6 +70,8 @@ class CommonWords final : public RulerTask {
 
 }  // namespace
 
-std::unique_ptr<Task> make_ruler_cwe(const TaskContext& ctx, const Params& p) { return std::make_unique<CommonWords>(ctx, p); }
+std::unique_ptr<Task> make_ruler_cwe(const TaskContext& ctx, const Params& p) {
+  return std::make_unique<CommonWords>(ctx, p);
+}
 
 }  // namespace kvb

@@ -1,6 +1,7 @@
-// RULER's frequent words extraction (fwe, spec/benchmarks.md 2.7): coded 6-letter words drawn with
-// Zipf frequencies (alpha 2); the answer is the three most frequent after the "..." noise word. Its
-// size search is its own: grow from B / 6 words while the input is under B = L - 50 tokens, step back.
+// RULER's frequent words extraction (fwe, scripts/data/synthetic/freq_words_extraction.py): coded
+// 6-letter words drawn with Zipf frequencies (alpha 2); the answer is the three most frequent after the
+// "..." noise word. Its size search is its own: grow from B / 6 words while the input is under
+// B = L - 50 tokens, step back.
 #include <cmath>
 #include <numbers>
 #include <set>
@@ -80,6 +81,8 @@ class FrequentWords final : public RulerTask {
 
 }  // namespace
 
-std::unique_ptr<Task> make_ruler_fwe(const TaskContext& ctx, const Params& p) { return std::make_unique<FrequentWords>(ctx, p); }
+std::unique_ptr<Task> make_ruler_fwe(const TaskContext& ctx, const Params& p) {
+  return std::make_unique<FrequentWords>(ctx, p);
+}
 
 }  // namespace kvb

@@ -1,4 +1,4 @@
-// RULER's eight niah tasks (spec/benchmarks.md 2.3): needles "One of the special magic {values} for
+// RULER's eight niah tasks (scripts/data/synthetic/niah.py): needles "One of the special magic {values} for
 // {key} is: {value}." among noise lines, distractor needles, or Paul Graham essay sentences (split
 // with NLTK's Punkt, the needles placed at random depths between sentences), with k keys, v values
 // per key and q queried keys as RULER's synthetic.yaml sets them.
@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "harness/task/text.hpp"
 #include "tasks/ruler/punkt.hpp"
 #include "tasks/ruler/ruler.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
@@ -79,11 +79,14 @@ struct Variant {
 };
 
 const std::map<std::string, Variant>& variants() {
-  static const std::map<std::string, Variant> v = {
-      {"niah_single_1", {"noise", "words", "numbers"}},       {"niah_single_2", {"essay", "words", "numbers"}},
-      {"niah_single_3", {"essay", "words", "uuids"}},         {"niah_multikey_1", {"essay", "words", "numbers", 4}},
-      {"niah_multikey_2", {"needle", "words", "numbers"}},    {"niah_multikey_3", {"needle", "uuids", "uuids"}},
-      {"niah_multivalue", {"essay", "words", "numbers", 1, 4}}, {"niah_multiquery", {"essay", "words", "numbers", 4, 1, 4}}};
+  static const std::map<std::string, Variant> v = {{"niah_single_1", {"noise", "words", "numbers"}},
+                                                   {"niah_single_2", {"essay", "words", "numbers"}},
+                                                   {"niah_single_3", {"essay", "words", "uuids"}},
+                                                   {"niah_multikey_1", {"essay", "words", "numbers", 4}},
+                                                   {"niah_multikey_2", {"needle", "words", "numbers"}},
+                                                   {"niah_multikey_3", {"needle", "uuids", "uuids"}},
+                                                   {"niah_multivalue", {"essay", "words", "numbers", 1, 4}},
+                                                   {"niah_multiquery", {"essay", "words", "numbers", 4, 1, 4}}};
   return v;
 }
 
@@ -178,7 +181,8 @@ class Niah final : public RulerTask {
     }
     auto idx = rng_.sample(static_cast<size_t>(units), needles.size());
     std::sort(idx.rbegin(), idx.rend());
-    for (size_t i = 0; i < idx.size(); ++i) lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(idx[i]), needles[i]);
+    for (size_t i = 0; i < idx.size(); ++i)
+      lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(idx[i]), needles[i]);
     std::string context;
     for (size_t i = 0; i < lines.size(); ++i) context += (i ? "\n" : "") + lines[i];
     return context;
@@ -219,6 +223,8 @@ class Niah final : public RulerTask {
 
 }  // namespace
 
-std::unique_ptr<Task> make_ruler_niah(const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); }
+std::unique_ptr<Task> make_ruler_niah(const TaskContext& ctx, const Params& p) {
+  return std::make_unique<Niah>(ctx, p);
+}
 
 }  // namespace kvb

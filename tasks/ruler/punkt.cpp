@@ -7,9 +7,9 @@
 #include <map>
 #include <mutex>
 
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/regex.hpp"
 #include "harness/util/error.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
@@ -28,8 +28,13 @@ uint32_t first_cp(std::string_view s) {
 bool letterish(uint32_t c) {
   if (c == '_') return true;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
       return true;
     default:
       return false;
@@ -39,8 +44,8 @@ bool decimal(uint32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t
 
 // Characters that cannot be inside a word (PunktLanguageVars._re_non_word_chars, with ? and !).
 bool non_word(uint32_t c) {
-  for (uint32_t x : {0x29u, 0x22u, 0x3Bu, 0x7Du, 0x5Du, 0x2Au, 0x3Au, 0x40u, 0x27u, 0x28u, 0x7Bu, 0x5Bu, 0x2018u,
-                     0x2019u, 0x201Cu, 0x201Du, 0xABu, 0xBBu, 0x3Fu, 0x21u})
+  for (uint32_t x : {0x29u, 0x22u, 0x3Bu,   0x7Du,   0x5Du,   0x2Au,   0x3Au, 0x40u, 0x27u, 0x28u,
+                     0x7Bu, 0x5Bu, 0x2018u, 0x2019u, 0x201Cu, 0x201Du, 0xABu, 0xBBu, 0x3Fu, 0x21u})
     if (c == x) return true;
   return false;
 }
@@ -128,8 +133,9 @@ Punkt::Punkt(const std::string& dir) {
   // or whitespace ends it, or any other single non-space character.
   const std::string non_word_class = "(?:[)\";}\\]\\*:@'\\({\\[\\x{2018}\\x{2019}\\x{201c}\\x{201d}\\x{ab}\\x{bb}?!])";
   const std::string multi = "(?:\\-{2,}|\\.{2,}|(?:\\.\\s){2,}\\.)";
-  word_re_ = std::make_unique<Regex>(fmt::format(
-      "{1}|(?=[^\\(\"`{{\\[:;&\\#\\*@\\)}}\\]\\-,])\\S+?(?=\\s|$|{0}|{1}|,(?=$|\\s|{0}|{1}))|\\S", non_word_class, multi));
+  word_re_ = std::make_unique<Regex>(
+      fmt::format("{1}|(?=[^\\(\"`{{\\[:;&\\#\\*@\\)}}\\]\\-,])\\S+?(?=\\s|$|{0}|{1}|,(?=$|\\s|{0}|{1}))|\\S",
+                  non_word_class, multi));
 }
 
 Punkt::~Punkt() = default;

@@ -1,6 +1,7 @@
 #pragma once
-// Python's `random` module and numpy's legacy global generator, call for call (spec/benchmarks.md
-// Appendix A), so that RULER samples generated here can be compared with RULER's own.
+// Python's `random` module and numpy's legacy global generator, call for call (as CPython's
+// Lib/random.py and numpy's legacy RandomState compute them), so that RULER samples generated here can
+// be compared with RULER's own.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -24,7 +25,7 @@ class PyRandom {
   explicit PyRandom(uint64_t seed) { seed_int(seed); }
   void seed_int(uint64_t seed);
   double random();
-  uint32_t getrandbits32(int k);          // k <= 32
+  uint32_t getrandbits32(int k);             // k <= 32
   std::array<uint32_t, 4> getrandbits128();  // least significant word first
   uint64_t randbelow(uint64_t n);
   int64_t randint(int64_t a, int64_t b) { return a + static_cast<int64_t>(randbelow(uint64_t(b - a + 1))); }

@@ -1,4 +1,4 @@
-// RULER's qa_1 (SQuAD 2.0 dev) and qa_2 (HotpotQA dev, distractor setting), spec/benchmarks.md 2.7:
+// RULER's qa_1 (SQuAD 2.0 dev) and qa_2 (HotpotQA dev, distractor setting):
 // the question's gold paragraphs among distractor documents, as many as fit the target length,
 // replayed call for call like RULER's qa.py (2025): the global generator draws the distractors, a
 // fresh generator seeded with the task seed shuffles the documents of every build. The data files
@@ -48,7 +48,8 @@ class Dataset {
  private:
   const nlohmann::json& field(const nlohmann::json& j, const char* key, bool (nlohmann::json::*is)() const noexcept,
                               const char* what, const std::string& where) const {
-    if (!j.is_object() || !j.contains(key) || !(j[key].*is)()) fail("{}: {}: field '{}' must be {}", path_, where, key, what);
+    if (!j.is_object() || !j.contains(key) || !(j[key].*is)())
+      fail("{}: {}: field '{}' must be {}", path_, where, key, what);
     return j[key];
   }
 
@@ -131,8 +132,10 @@ class RulerQa final : public RulerTask {
     if (path.empty()) path = fmt::format("{}/ruler/{}", ctx.data_dir, squad_ ? "squad.json" : "hotpotqa.json");
     if (!std::ifstream(path))
       fail("ruler {}: {} not found. RULER's {} is {} ({}); put it there or pass qa_file=<path>", name_, path, name_,
-           squad_ ? "SQuAD 2.0" : "HotpotQA", squad_ ? "the dev set, dev-v2.0.json" : "the dev set, distractor setting, "
-           "hotpot_dev_distractor_v1.json");
+           squad_ ? "SQuAD 2.0" : "HotpotQA",
+           squad_ ? "the dev set, dev-v2.0.json"
+                  : "the dev set, distractor setting, "
+                    "hotpot_dev_distractor_v1.json");
     data_ = std::make_unique<Dataset>(path, squad_);
     if (n_samples_ > data_->questions.size())
       fail("ruler {}: {} samples asked, {} has {} questions", name_, n_samples_, path, data_->questions.size());
@@ -182,6 +185,8 @@ class RulerQa final : public RulerTask {
 
 }  // namespace
 
-std::unique_ptr<Task> make_ruler_qa(const TaskContext& ctx, const Params& p) { return std::make_unique<RulerQa>(ctx, p); }
+std::unique_ptr<Task> make_ruler_qa(const TaskContext& ctx, const Params& p) {
+  return std::make_unique<RulerQa>(ctx, p);
+}
 
 }  // namespace kvb

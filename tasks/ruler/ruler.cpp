@@ -1,21 +1,23 @@
 #include "tasks/ruler/ruler.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include <cmath>
 #include <fstream>
 
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/json_file.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 
 std::vector<std::string> read_word_list(const std::string& path) {
   std::ifstream in(path);
-  if (!in)
-    fail("{}: not found (scripts/setup.sh fetches the wonderwords word lists; or set KVBENCH_DATA)", path);
+  if (!in) fail("{}: not found (scripts/setup.sh fetches the wonderwords word lists; or set KVBENCH_DATA)", path);
   std::vector<std::string> out;
   for (std::string l; std::getline(in, l);) {
     while (!l.empty() && std::isspace(static_cast<unsigned char>(l.back()))) l.pop_back();
@@ -26,33 +28,23 @@ std::vector<std::string> read_word_list(const std::string& path) {
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
   return s;
 }
 
 RulerTask::RulerTask(const TaskContext& ctx, const Params& p, int tokens_to_generate)
-    : tok_(*ctx.tokenizer), name_(p.get("task")), length_(static_cast<int>(p.get_int("length"))),
-      gen_(tokens_to_generate), n_samples_(static_cast<size_t>(p.get_int("samples"))),
-      seed_(static_cast<uint64_t>(p.get_int("seed"))), rng_(seed_) {}
+    : tok_(*ctx.tokenizer),
+      name_(p.get("task")),
+      length_(p.integer("length")),
+      gen_(tokens_to_generate),
+      n_samples_(static_cast<size_t>(p.get_int("samples"))),
+      seed_(static_cast<uint64_t>(p.get_int("seed"))),
+      rng_(seed_) {}
 
 Sample RulerTask::sample(size_t i) const {
   if (i >= samples_.size()) fail("ruler {}: sample {} of {}", name_, i, samples_.size());
   return samples_[i];
-}
-
-double ruler_string_match(const std::string& prediction, const std::vector<std::string>& references, bool part) {
-  // evaluate.py: strip, control characters to newlines, strip again.
-  std::string p = python_strip(prediction);
-  for (char& c : p)
-    if (static_cast<unsigned char>(c) < 0x20) c = '\n';
-  p = python_lower(python_strip(p));
-  double hits = 0, any = 0;
-  for (const auto& r : references) {
-    const double h = p.find(python_lower(r)) != std::string::npos ? 1.0 : 0.0;
-    hits += h;
-    any = std::max(any, h);
-  }
-  return part ? any : hits / double(references.size());
 }
 
 double RulerTask::score(const Sample& s, const std::string& prediction) const {
@@ -75,12 +67,13 @@ void RulerTask::add(Built b, nlohmann::json meta) {
 }
 
 std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const std::function<Built(int)>& build,
-                                               const std::function<void(Built&)>& finish) const {
-  return fit(z, n, [&](int units, size_t) { return build(units); }, finish);
+                                              const std::function<void(Built&)>& finish) const {
+  return fit(
+      z, n, [&](int units, size_t) { return build(units); }, finish);
 }
 
 std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const std::function<Built(int, size_t)>& build,
-                                               const std::function<void(Built&)>& finish) const {
+                                              const std::function<void(Built&)>& finish) const {
   auto built = [&](int units) {
     Built b = build(units, 0);
     // Upstream raises inside its size search where a per-sample build would merely retry.
@@ -112,8 +105,10 @@ std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const s
         break;
       }
       // Upstream retries forever at the smallest size; a bound turns that into an error.
-      if (units > z.inc) units -= z.inc;
-      else if (attempt > 1000) fail("ruler {}: no input of {} units fits {} tokens", name_, units, z.length);
+      if (units > z.inc)
+        units -= z.inc;
+      else if (attempt > 1000)
+        fail("ruler {}: no input of {} units fits {} tokens", name_, units, z.length);
     }
   }
   return out;
@@ -130,7 +125,7 @@ int tokens_to_generate(const std::string& task) {
   return 32;  // qa_1, qa_2
 }
 
-// Official RULER files (spec 2.9): <dir>/<length>/<task>.jsonl (2024 layout, the answer prefix inside
+// Official RULER files: <dir>/<length>/<task>.jsonl (2024 layout, the answer prefix inside
 // `input`, as KVCache-Factory ships them) or <dir>/<task>/validation.jsonl (2025, `answer_prefix`
 // apart). The model input is input + answer_prefix either way.
 class RulerFiles final : public RulerTask {
@@ -139,7 +134,8 @@ class RulerFiles final : public RulerTask {
     part_ = ruler_scores_any(name_);
     const std::string dir = p.get("dir");
     if (dir.empty()) fail("ruler: source=files needs dir=<directory of official RULER files>");
-    const std::string a = fmt::format("{}/{}/{}.jsonl", dir, length_, name_), b = fmt::format("{}/{}/validation.jsonl", dir, name_);
+    const std::string a = fmt::format("{}/{}/{}.jsonl", dir, length_, name_),
+                      b = fmt::format("{}/{}/validation.jsonl", dir, name_);
     const std::string path = std::ifstream(a) ? a : b;
     std::ifstream in(path);
     if (!in) fail("ruler: neither {} nor {} exists", a, b);
@@ -170,11 +166,19 @@ class RulerFiles final : public RulerTask {
 
 const std::map<std::string, std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)>>& generators() {
   static const std::map<std::string, std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)>> f = {
-      {"niah_single_1", make_ruler_niah},   {"niah_single_2", make_ruler_niah},   {"niah_single_3", make_ruler_niah},
-      {"niah_multikey_1", make_ruler_niah}, {"niah_multikey_2", make_ruler_niah}, {"niah_multikey_3", make_ruler_niah},
-      {"niah_multivalue", make_ruler_niah}, {"niah_multiquery", make_ruler_niah},
-      {"vt", make_ruler_vt},          {"cwe", make_ruler_cwe},         {"fwe", make_ruler_fwe},
-      {"qa_1", make_ruler_qa},        {"qa_2", make_ruler_qa}};
+      {"niah_single_1", make_ruler_niah},
+      {"niah_single_2", make_ruler_niah},
+      {"niah_single_3", make_ruler_niah},
+      {"niah_multikey_1", make_ruler_niah},
+      {"niah_multikey_2", make_ruler_niah},
+      {"niah_multikey_3", make_ruler_niah},
+      {"niah_multivalue", make_ruler_niah},
+      {"niah_multiquery", make_ruler_niah},
+      {"vt", make_ruler_vt},
+      {"cwe", make_ruler_cwe},
+      {"fwe", make_ruler_fwe},
+      {"qa_1", make_ruler_qa},
+      {"qa_2", make_ruler_qa}};
   return f;
 }
 
@@ -186,24 +190,67 @@ std::unique_ptr<Task> make_ruler(const TaskContext& ctx, const Params& p) {
   return g->second(ctx, p);
 }
 
+const std::vector<std::string> kTasks = {"niah_single_1",
+                                         "niah_single_2",
+                                         "niah_single_3",
+                                         "niah_multikey_1",
+                                         "niah_multikey_2",
+                                         "niah_multikey_3",
+                                         "niah_multivalue",
+                                         "niah_multiquery",
+                                         "vt",
+                                         "cwe",
+                                         "fwe",
+                                         "qa_1",
+                                         "qa_2"};
+
+// A prediction made elsewhere, scored as RULER's evaluate.py scores the task (ruler/TASK).
+double score_prediction(const PredictionToScore& p) {
+  if (std::find(kTasks.begin(), kTasks.end(), p.variant) == kTasks.end())
+    fail("name the RULER task, e.g. ruler/niah_single_1 (tasks: {})", fmt::join(kTasks, ", "));
+  return ruler_string_match(p.prediction, p.answers, ruler_scores_any(p.variant));
+}
+
 const bool registered = register_task(
-    {"ruler",
-     "RULER: the 13 tasks generated natively (qa from the user's SQuAD/HotpotQA files) or loaded from RULER's "
-     "official files",
-     {ParamSpec::choice("task", "niah_single_1",
-                        {"niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-                         "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"},
-                        "RULER task"),
-      ParamSpec::integer("length", 4096, 256, 1048576, "sequence length: prompt tokens plus the generated ones"),
-      ParamSpec::integer("samples", 500, 1, 100000, "samples (RULER: 500)"),
-      ParamSpec::integer("seed", 42, 0, 2147483647, "random seed (RULER: 42)"),
-      ParamSpec::choice("source", "generate", {"generate", "files"},
-                        "generate natively, or load official RULER JSONL files from dir"),
-      ParamSpec::text("dir", "", "with source=files: <dir>/<length>/<task>.jsonl or <dir>/<task>/validation.jsonl"),
-      ParamSpec::text("qa_file", "",
-                      "qa_1: SQuAD 2.0 dev (dev-v2.0.json), qa_2: HotpotQA dev distractor "
-                      "(hotpot_dev_distractor_v1.json); default <data>/ruler/squad.json or hotpotqa.json")},
-     make_ruler});
+    {.name = "ruler",
+     .summary = "RULER: the 13 tasks generated natively (qa from the user's SQuAD/HotpotQA files) or loaded from "
+                "RULER's official files",
+     .options = {ParamSpec::choice("task", "niah_single_1", kTasks, "RULER task"),
+                 ParamSpec::integer("length", 4096, 256, 1048576,
+                                    "sequence length: prompt tokens plus the generated ones"),
+                 ParamSpec::integer("samples", 500, 1, 100000, "samples (RULER: 500)"),
+                 ParamSpec::integer("seed", 42, 0, 2147483647, "random seed (RULER: 42)"),
+                 ParamSpec::choice("source", "generate", {"generate", "files"},
+                                   "generate natively, or load official RULER JSONL files from dir"),
+                 ParamSpec::text("dir", "",
+                                 "with source=files: <dir>/<length>/<task>.jsonl or <dir>/<task>/validation.jsonl"),
+                 ParamSpec::text("qa_file", "",
+                                 "qa_1: SQuAD 2.0 dev (dev-v2.0.json), qa_2: HotpotQA dev distractor "
+                                 "(hotpot_dev_distractor_v1.json); default <data>/ruler/squad.json or hotpotqa.json")},
+     .make = make_ruler,
+     .score_prediction = score_prediction,
+     // The papers' RULER tables: one per context length, the tasks in RULER's order.
+     .layout = {.title = "RULER",
+                .column_option = "task",
+                .default_column = "niah_single_1",
+                .columns = {{"niah_single_1", "S1"},
+                            {"niah_single_2", "S2"},
+                            {"niah_single_3", "S3"},
+                            {"niah_multikey_1", "MK1"},
+                            {"niah_multikey_2", "MK2"},
+                            {"niah_multikey_3", "MK3"},
+                            {"niah_multivalue", "MV"},
+                            {"niah_multiquery", "MQ"},
+                            {"vt", "VT"},
+                            {"cwe", "CWE"},
+                            {"fwe", "FWE"},
+                            {"qa_1", "QA-1"},
+                            {"qa_2", "QA-2"}},
+                .note = "Scores x 100 (string_match_all; string_match_part for QA); Avg. over the tasks shown",
+                .nulls = true,
+                .length_option = "length",
+                .length_default = "4096",
+                .pooled_options = {"task", "length", "samples"}}});
 
 }  // namespace
 }  // namespace kvb

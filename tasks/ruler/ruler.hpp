@@ -1,5 +1,5 @@
 #pragma once
-// RULER's synthetic tasks (spec/benchmarks.md section 2), generated natively with the 2025 code's
+// RULER's synthetic tasks (NVIDIA/RULER's scripts/data/synthetic/), generated natively with the 2025 code's
 // behaviour: Python-compatible randomness replayed call for call (every candidate build consumes the
 // stream, as upstream), inputs sized to a target token length with the model's own tokenizer, and
 // RULER's scoring. Each family (niah, vt, cwe, fwe, qa) derives from RulerTask in its own file.
@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/method/params.hpp"
+#include "harness/task/string_match.hpp"
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
+#include "harness/util/params.hpp"
 #include "tasks/ruler/py_random.hpp"
-#include "tasks/task.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 
@@ -22,9 +23,6 @@ std::vector<std::string> read_word_list(const std::string& path);
 // Python's str.replace (every non-overlapping occurrence, left to right).
 std::string replace_all(std::string s, const std::string& from, const std::string& to);
 
-// RULER's per-sample score in [0, 1] after evaluate.py's post-processing of the prediction:
-// string_match_all (share of references found, case-insensitive) or string_match_part (any found).
-double ruler_string_match(const std::string& prediction, const std::vector<std::string>& references, bool part);
 // Whether a RULER task scores with string_match_part (the QA tasks) rather than string_match_all.
 inline bool ruler_scores_any(const std::string& task) { return task.rfind("qa", 0) == 0; }
 

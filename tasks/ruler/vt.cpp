@@ -1,4 +1,4 @@
-// RULER's variable tracking (vt, spec/benchmarks.md 2.5): one chain of 4 hops hidden in the noise
+// RULER's variable tracking (vt, scripts/data/synthetic/variable_tracking.py): one chain of 4 hops hidden in the noise
 // haystack, with the 2025 code's in-context example (sized alone to 500 tokens, then re-randomised in
 // every build of a real sample) and numpy's legacy generator for the chain values.
 #include <fmt/format.h>
@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <set>
 
+#include "harness/task/text.hpp"
 #include "tasks/ruler/ruler.hpp"
-#include "tasks/text.hpp"
 
 namespace kvb {
 namespace {
@@ -23,8 +23,7 @@ constexpr int kHops = 4;
 
 class VariableTracking final : public RulerTask {
  public:
-  VariableTracking(const TaskContext& ctx, const Params& p)
-      : RulerTask(ctx, p, 30), np_(static_cast<uint32_t>(seed_)) {
+  VariableTracking(const TaskContext& ctx, const Params& p) : RulerTask(ctx, p, 30), np_(static_cast<uint32_t>(seed_)) {
     // The in-context example: 3-letter names, the value 12345, no tokens to generate, 500 tokens.
     const Built icl = fit({500, 0, 5, 5}, 1, [this](int n) { return build(n, true); }).front().built;
     std::string joined;
@@ -37,8 +36,8 @@ class VariableTracking final : public RulerTask {
       b.input.insert(cutoff, randomized_example() + "\n");
       b.tokens = count(b.input);
     };
-    for (auto& f : fit({length_, gen_, inc, inc, count(example_)}, n_samples_,
-                       [this](int n) { return build(n, false); }, finish))
+    for (auto& f : fit(
+             {length_, gen_, inc, inc, count(example_)}, n_samples_, [this](int n) { return build(n, false); }, finish))
       add(std::move(f.built), {{"units", f.units}, {"haystack", "noise"}});
   }
 
@@ -72,7 +71,8 @@ class VariableTracking final : public RulerTask {
     std::vector<std::string> lines(static_cast<size_t>(noises), kNoiseLine);
     auto pos = rng_.sample(lines.size(), chain.size());
     std::sort(pos.begin(), pos.end());
-    for (size_t j = 0; j < chain.size(); ++j) lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(pos[j] + j), chain[j]);
+    for (size_t j = 0; j < chain.size(); ++j)
+      lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(pos[j] + j), chain[j]);
     std::string context;
     for (size_t i = 0; i < lines.size(); ++i) context += (i ? "\n" : "") + lines[i];
     context = replace_all(context, ". \n", ".\n");
@@ -87,7 +87,8 @@ class VariableTracking final : public RulerTask {
   std::string randomized_example() {
     std::vector<std::string> words = python_split(example_);
     std::string ex = example_;
-    for (size_t i = words.size() - (kHops + 1); i < words.size(); ++i) ex = replace_all(ex, words[i], letters(words[i].size()));
+    for (size_t i = words.size() - (kHops + 1); i < words.size(); ++i)
+      ex = replace_all(ex, words[i], letters(words[i].size()));
     return replace_all(ex, "12345", std::to_string(np_.randint(10000, 99999)));
   }
 

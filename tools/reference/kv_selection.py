@@ -4,7 +4,8 @@
 Runs transformers on the default GGUF (float32, eager attention), captures every layer's post-RoPE
 queries and keys (patching the eager attention function, before K/V are repeated for GQA), and
 re-implements the selection rules of the reference repositories (KVCache-Factory @ffac160 /
-FasterDecoding SnapKV, as spec/methods-b.md sections 2-4 restate them):
+FasterDecoding SnapKV, as methods/h2o/README.md, methods/snapkv/README.md and methods/pyramidkv/README.md
+restate them):
 
   window scores: last w queries, logits q.k/sqrt(D) over all S keys, causal inside the window,
                  softmax in float32, summed over the window rows, prefix [0, S-w) only;

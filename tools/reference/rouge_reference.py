@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """rouge_score's stemmed ROUGE-1 and NLTK's Porter stemmer, for the C++ port's parity test
-(tasks/rouge_score.cpp), which HeadKV-R profiling uses as its success test.
+(harness/task/rouge_score.cpp), which HeadKV-R profiling uses as its success test.
 
 Writes tests/fixtures/rouge/cases.json:
   - `stems`: {word: nltk PorterStemmer().stem(word)} for every distinct lowercase word of the Paul

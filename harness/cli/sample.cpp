@@ -1,0 +1,45 @@
+// kvbench sample: one generated sample of a task (prompt, answers, metadata).
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/cli/commands.hpp"
+#include "harness/engine/engine.hpp"
+#include "harness/engine/generate.hpp"
+#include "harness/experiment/experiment.hpp"
+#include "harness/experiment/results.hpp"
+#include "harness/method/method.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/task/task.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb::cli {
+
+using nlohmann::json;
+
+void register_sample_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("sample", "Print one generated sample of a task: prompt, answers, metadata");
+  auto a = std::make_shared<TaskArgs>();
+  auto index = std::make_shared<size_t>(0);
+  add_task_args(cmd, *a);
+  cmd->add_option("--index,-i", *index, "Sample index");
+  cmd->callback([a, index] {
+    auto m = ModelFile::open(a->model);
+    auto tok = load_tokenizer(*m);
+    auto task = make_task(*a, *tok);
+    if (*index >= task->size()) fail("--index {}: task {} has {} samples", *index, a->task, task->size());
+    const Sample s = task->sample(*index);
+    fmt::print("{}\n", json({{"id", s.id},
+                             {"answers", s.answers},
+                             {"max_new_tokens", s.max_new_tokens},
+                             {"stop", s.stop},
+                             {"chat", s.chat},
+                             {"meta", s.meta},
+                             {"prompt_tokens", build_prompt(*m, *tok, s.prompt, s.chat).size()}})
+                           .dump(2));
+    fmt::print("--- prompt ---\n{}\n", s.prompt);
+  });
+}
+
+}  // namespace kvb::cli

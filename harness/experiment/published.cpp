@@ -1,0 +1,205 @@
+#include "harness/experiment/published.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+
+#include "harness/experiment/experiment.hpp"
+#include "harness/task/task.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+using nlohmann::json;
+
+namespace {
+
+const char* const kHeader = "table,model,method,params,budget,task,length,column,score";
+
+// One CSV record (RFC 4180 quoting; the files hold no line breaks inside fields).
+std::vector<std::string> csv_fields(const std::string& line, const std::string& where) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        out.back() += c;
+      }
+    } else if (c == '"' && out.back().empty()) {
+      quoted = true;
+    } else if (c == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  if (quoted) fail("{}: a quoted field is not closed", where);
+  return out;
+}
+
+bool parse_number(const std::string& s, double& v) {
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && end == s.data() + s.size() && std::isfinite(v);
+}
+
+}  // namespace
+
+std::string budget_text(const KvBudget& b) {
+  return b.is_full() ? "full" : b.is_ratio() ? fmt::format("r{}", b.ratio) : std::to_string(b.tokens);
+}
+
+std::string params_text(const std::map<std::string, std::string>& p) {
+  std::string s;
+  for (const auto& [k, v] : p) s += (s.empty() ? "" : " ") + k + "=" + v;
+  return s;
+}
+
+std::string describe(const PublishedRow& r) {
+  return fmt::format("{}{} at {}, column {}{}", r.method, r.params.empty() ? "" : " (" + params_text(r.params) + ")",
+                     budget_text(r.budget), r.column, r.length ? fmt::format(" at length {}", r.length) : "");
+}
+
+bool same_budget(const KvBudget& a, const KvBudget& b) {
+  return a.is_ratio() == b.is_ratio() && a.tokens == b.tokens && std::abs(a.ratio - b.ratio) < 1e-9;
+}
+
+bool row_matches_config(const PublishedRow& r, const json& c, bool budget) {
+  if (c.value("method", "") != r.method || (budget && !same_budget(config_budget(c), r.budget))) return false;
+  const json& p = c.contains("params") ? c["params"] : json::object();
+  for (const auto& [k, v] : r.params)
+    if (!p.contains(k) || !p[k].is_string() || p[k].get<std::string>() != v) return false;
+  return true;
+}
+
+std::string best_of(const PublishedRow& r) { return r.method == "kvcrush*" ? "kvcrush" : ""; }
+
+namespace {
+// The registered tasks whose records a paper table can hold.
+std::vector<std::string> paper_tasks() {
+  std::vector<std::string> out;
+  for (const auto& n : TaskRegistry::get().names())
+    if (const auto& l = TaskRegistry::get().info(n).layout; !l.title.empty() || l.depth_heatmap) out.push_back(n);
+  return out;
+}
+}  // namespace
+
+bool column_in_options(const PublishedRow& r, const std::map<std::string, std::string>& o) {
+  auto has = [&](const std::string& k, const std::string& v) { return o.count(k) && o.at(k) == v; };
+  const TaskLayout& l = TaskRegistry::get().info(r.task).layout;
+  if (l.column_option.empty()) return true;  // one score over the task's grid (NIAH)
+  return has(l.column_option, r.column) && (!r.length || has(l.length_option, std::to_string(r.length)));
+}
+
+bool summary_column(const std::string& c) { return c == "avg" || c == "score"; }
+
+std::vector<PublishedRow> load_published(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read the published table", path);
+  std::string line;
+  if (!std::getline(in, line) || (line.erase(line.find_last_not_of("\r") + 1), line != kHeader))
+    fail("{}:1: expected the header '{}'", path, kHeader);
+  std::vector<PublishedRow> rows;
+  for (int no = 2; std::getline(in, line); ++no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    const std::string where = fmt::format("{}:{}", path, no);
+    const auto f = csv_fields(line, where);
+    if (f.size() != 9) fail("{}: {} fields, expected 9 ({})", where, f.size(), kHeader);
+    PublishedRow r;
+    r.file = path;
+    r.line = no;
+    r.table = f[0];
+    r.model = f[1];
+    r.method = f[2];
+    for (const auto& [i, name] : std::vector<std::pair<int, const char*>>{
+             {0, "table"}, {1, "model"}, {2, "method"}, {5, "task"}, {7, "column"}})
+      if (f[size_t(i)].empty()) fail("{}: field '{}' is empty", where, name);
+    for (size_t a = 0; a < f[3].size();) {
+      const size_t b = std::min(f[3].find(' ', a), f[3].size());
+      const std::string kv = f[3].substr(a, b - a);
+      const size_t eq = kv.find('=');
+      if (!kv.empty() && (eq == std::string::npos || eq == 0))
+        fail("{}: field 'params': '{}' is not key=value", where, kv);
+      if (!kv.empty()) r.params[kv.substr(0, eq)] = kv.substr(eq + 1);
+      a = b + 1;
+    }
+    double v = 0;
+    if (f[4] == "full") {
+      r.budget = KvBudget{};
+    } else if (f[4].size() > 1 && f[4][0] == 'r' && parse_number(f[4].substr(1), v) && v > 0 && v < 1) {
+      r.budget = KvBudget::compression_ratio(v);
+    } else if (parse_number(f[4], v) && v >= 1 && v == std::floor(v) && v < 1e9) {
+      r.budget = KvBudget(static_cast<int>(v));
+    } else {
+      fail("{}: field 'budget': expected full, a KV size (a positive whole number) or r<ratio> (r0.5), not '{}'", where,
+           f[4]);
+    }
+    r.task = f[5];
+    const TaskInfo* task = TaskRegistry::get().find(r.task);
+    if (!task || (task->layout.title.empty() && !task->layout.depth_heatmap))
+      fail("{}: field 'task': expected a task with a paper layout ({}), not '{}'", where,
+           fmt::join(paper_tasks(), ", "), r.task);
+    if (!task->layout.length_option.empty() && !f[6].empty()) {
+      if (!parse_number(f[6], v) || v < 1 || v != std::floor(v))
+        fail(
+            "{}: field 'length': a {} context length in tokens, or blank for the mean over the spec's lengths, "
+            "not '{}'",
+            where, task->layout.title, f[6]);
+      r.length = static_cast<int>(v);
+    } else if (!f[6].empty()) {
+      fail("{}: field 'length': only rows of tasks with a length option have a length ('{}' given for {})", where, f[6],
+           r.task);
+    }
+    r.column = f[7];
+    if (!parse_number(f[8], r.score)) fail("{}: field 'score': expected a number, not '{}'", where, f[8]);
+    rows.push_back(std::move(r));
+  }
+  if (rows.empty()) fail("{}: no rows after the header", path);
+  return rows;
+}
+
+void check_published(const std::vector<PublishedRow>& rows, const std::string& table, const std::string& spec_path,
+                     const std::string& task, const std::vector<json>& configs,
+                     const std::vector<std::map<std::string, std::string>>& variants, PublishedChecks checks) {
+  size_t mine = 0;
+  for (const auto& r : rows) {
+    if (r.table != table) continue;
+    ++mine;
+    const std::string where = fmt::format("{}:{}: published row {}", r.file, r.line, describe(r));
+    if (r.task != task) fail("{}: its task is {}, the spec {} runs {}", where, r.task, spec_path, task);
+    // A derived row needs the configurations it is the best of.
+    PublishedRow run = r;
+    if (const std::string base = best_of(r); !base.empty()) {
+      if (!r.params.empty()) fail("{}: a row derived from the {} rows lists no parameters", where, base);
+      run.method = base;
+    }
+    if (std::none_of(configs.begin(), configs.end(),
+                     [&](const json& c) { return c.value("method", "") == run.method; })) {
+      if (!checks.methods) continue;
+      fail("{}: the spec {} does not run method {}", where, spec_path, run.method);
+    }
+    if (std::none_of(configs.begin(), configs.end(), [&](const json& c) {
+          return checks.budgets ? row_matches_config(run, c) : row_matches_config(run, c, false);
+        }))
+      fail("{}: no configuration of {} in the spec {} has these parameters{}", where, r.method, spec_path,
+           checks.budgets ? " and this budget" : "");
+    if (checks.columns && !summary_column(r.column) &&
+        std::none_of(variants.begin(), variants.end(), [&](const auto& o) { return column_in_options(r, o); }))
+      fail("{}: the spec {} has no task variant for this column (its task_options)", where, spec_path);
+  }
+  if (!mine && !rows.empty())
+    fail("{}: no rows for table '{}' (the spec {}); its tables are named by their specs' file names", rows.front().file,
+         table, spec_path);
+}
+
+}  // namespace kvb

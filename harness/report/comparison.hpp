@@ -1,0 +1,16 @@
+#pragma once
+// Ours beside a paper's published numbers (harness/experiment/published.hpp reads and checks them).
+#include <set>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+// Ours beside the published values for each table of `published` (or only `table`), in the paper's
+// layout (blocks by budget, a row each for ours, published and the difference), as md/csv/tex, the
+// cells as CSV and a figure of ours against published; for the paper's model `model` (default: the
+// first the table lists).
+void write_comparison(const std::vector<std::string>& results, const std::string& published, const std::string& table,
+                      const std::string& model, const std::string& dir, const std::set<std::string>& formats);
+
+}  // namespace kvb

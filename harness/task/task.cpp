@@ -1,0 +1,173 @@
+#include "harness/task/task.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
+
+namespace kvb {
+
+TaskRegistry& TaskRegistry::get() {
+  static TaskRegistry r;
+  return r;
+}
+
+void TaskRegistry::add(TaskInfo info) {
+  if (tasks_.count(info.name)) fail("task '{}' is registered twice", info.name);
+  tasks_.emplace(info.name, std::move(info));
+}
+
+const TaskInfo* TaskRegistry::find(const std::string& name) const {
+  const auto it = tasks_.find(name);
+  return it == tasks_.end() ? nullptr : &it->second;
+}
+
+const TaskInfo& TaskRegistry::info(const std::string& name) const {
+  auto it = tasks_.find(name);
+  if (it == tasks_.end()) {
+    std::string known;
+    for (const auto& [n, _] : tasks_) known += (known.empty() ? "" : ", ") + n;
+    fail("unknown task '{}' (known: {})", name, known);
+  }
+  return it->second;
+}
+
+std::vector<std::string> TaskRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, _] : tasks_) out.push_back(n);
+  return out;
+}
+
+std::unique_ptr<Task> TaskRegistry::create(const std::string& name, const TaskContext& ctx) const {
+  const TaskInfo& ti = info(name);
+  if (!ctx.tokenizer) fail("task '{}' needs the model's tokenizer", name);
+  return ti.make(ctx, Params(ti.options, ctx.options, "task " + name));
+}
+
+std::map<std::string, std::string> TaskRegistry::canonical_options(
+    const std::string& name, const std::map<std::string, std::string>& given) const {
+  const Params read(info(name).options, given, "task " + name);
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : given) out[k] = read.values().at(k);
+  return out;
+}
+
+bool register_task(TaskInfo info) {
+  TaskRegistry::get().add(std::move(info));
+  return true;
+}
+
+std::string default_data_dir() {
+  if (const char* d = std::getenv("KVBENCH_DATA")) return d;
+  return std::string(KVBENCH_SOURCE_DIR) + "/data";
+}
+
+Essays read_essays(const std::string& data_dir, const std::string& task) {
+  namespace fs = std::filesystem;
+  const std::string dir = data_dir + "/PaulGrahamEssays";
+  if (!fs::is_directory(dir))
+    fail(
+        "task {}: haystack directory {} not found (scripts/setup.sh fetches the Paul Graham essays; or set "
+        "KVBENCH_DATA to a directory holding PaulGrahamEssays/*.txt)",
+        task, dir);
+  std::vector<fs::path> paths;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".txt") paths.push_back(e.path());
+  if (paths.empty()) fail("task {}: {} holds no .txt essays", task, dir);
+  std::sort(paths.begin(), paths.end());
+  Essays out;
+  out.files = static_cast<int>(paths.size());
+  for (const auto& p : paths) {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) fail("task {}: cannot read {}", task, p.string());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.text += ss.str();
+  }
+  return out;
+}
+
+namespace {
+std::pair<const TaskInfo*, std::string> scorer_of(const std::string& task_variant) {
+  const size_t slash = task_variant.find('/');
+  const std::string task = task_variant.substr(0, slash);
+  const auto& reg = TaskRegistry::get();
+  const TaskInfo& info = reg.info(task);
+  if (!info.score_prediction) {
+    std::vector<std::string> can;
+    for (const auto& n : reg.names())
+      if (reg.info(n).score_prediction) can.push_back(n);
+    fail("score {}: task {} scores only the samples it makes (tasks that score predictions made elsewhere: {})",
+         task_variant, task, fmt::join(can, ", "));
+  }
+  return {&info, slash == std::string::npos ? "" : task_variant.substr(slash + 1)};
+}
+}  // namespace
+
+double score_prediction(const std::string& task_variant, PredictionToScore p) {
+  const auto [info, variant] = scorer_of(task_variant);
+  p.variant = variant;
+  return info->score_prediction(p);
+}
+
+PredictionScores score_predictions_file(const std::string& task_variant, const std::string& path, bool by_length,
+                                        const std::string& data_dir) {
+  const auto [info, variant] = scorer_of(task_variant);
+  std::ifstream in(path);
+  if (!in) fail("{}: cannot read the predictions file", path);
+  const char* names[] = {"0-4k", "4-8k", "8k+"};
+  double total = 0, range_sum[3] = {0, 0, 0};
+  size_t range_n[3] = {0, 0, 0};
+  PredictionScores r;
+  for_each_json_line(in, path, [&](const nlohmann::json& j, int no) {
+    auto field = [&](const char* key, auto check, const char* expected) -> const nlohmann::json& {
+      if (!j.is_object() || !j.contains(key)) fail("{}:{}: field '{}' is missing ({})", path, no, key, expected);
+      if (!check(j[key])) fail("{}:{}: field '{}' is not {}", path, no, key, expected);
+      return j[key];
+    };
+    auto is_strings = [](const nlohmann::json& v) {
+      return v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_string(); });
+    };
+    PredictionToScore p{.variant = variant, .data_dir = data_dir};
+    p.prediction = field(
+                       "pred", [](const auto& v) { return v.is_string(); }, "a string")
+                       .get<std::string>();
+    p.answers = field("answers", is_strings, "a list of strings").get<std::vector<std::string>>();
+    if (j.contains("all_classes") && !j["all_classes"].is_null())
+      p.all_classes = field("all_classes", is_strings, "a list of strings or null").get<std::vector<std::string>>();
+    double s = 0;
+    try {
+      s = info->score_prediction(p);
+    } catch (const Error& e) {
+      fail("{}:{}: {}", path, no, e.what());
+    }
+    total += s;
+    ++r.lines;
+    if (by_length) {
+      const double len = field(
+                             "length", [](const auto& v) { return v.is_number(); }, "a number")
+                             .get<double>();
+      const int k = len < 4000 ? 0 : len < 8000 ? 1 : 2;
+      range_sum[k] += s;
+      ++range_n[k];
+    }
+    return true;
+  });
+  if (r.lines == 0) fail("{}: no predictions", path);
+  auto pct = [](double sum, size_t n) { return std::round(100.0 * sum / double(n) * 100.0) / 100.0; };
+  r.score = pct(total, r.lines);
+  if (by_length)
+    for (int k = 0; k < 3; ++k)
+      r.ranges.emplace_back(names[k], range_n[k] ? pct(range_sum[k], range_n[k]) : std::nan(""));
+  return r;
+}
+
+}  // namespace kvb

@@ -1,0 +1,143 @@
+#pragma once
+// Benchmarks as tasks: a task produces samples (the model input, reference answers, decoding limits,
+// metadata such as context length and needle depth) deterministically for a given tokenizer, and
+// scores a prediction with the benchmark's own metric. Tasks register by name from their own file,
+// like methods, so that a new benchmark is one file.
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/util/params.hpp"
+
+namespace kvb {
+
+class Tokenizer;
+
+struct Sample {
+  std::string id;      // unique within the task, stable across runs (results are keyed by it)
+  std::string prompt;  // the model input text
+  bool chat = false;   // whether the protocol wraps the prompt in the model's chat template
+  std::vector<std::string> answers;
+  int max_new_tokens = 0;
+  int min_new_tokens = 0;         // end-of-generation tokens are masked before this many
+  std::vector<std::string> stop;  // stop strings (the text is cut before the first)
+  nlohmann::json meta;            // length, depth, category, ...
+};
+
+// What a task is built from: the model's tokenizer (sizing is in its tokens), the task's options and
+// the directory holding benchmark data (haystacks, word lists, official files).
+struct TaskContext {
+  const Tokenizer* tokenizer = nullptr;
+  std::map<std::string, std::string> options;
+  std::string data_dir;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual size_t size() const = 0;
+  virtual Sample sample(size_t index) const = 0;
+  // Score of one prediction in [0, 1] as the benchmark defines it.
+  virtual double score(const Sample& sample, const std::string& prediction) const = 0;
+};
+
+// A prediction made anywhere (another harness, an API) to score with a benchmark's own metric:
+// `variant` is the part of the benchmark with its own metric (a LongBench dataset, a RULER task; empty
+// for a benchmark with one), `all_classes` what LongBench's classification datasets are scored against,
+// `data_dir` where the metric's tables are (jieba's, for the Chinese datasets).
+struct PredictionToScore {
+  std::string variant = {};
+  std::string prediction = {};
+  std::vector<std::string> answers = {}, all_classes = {};
+  std::string data_dir = {};
+};
+
+// How `kvbench report` lays out a task's records beside its generic tables: the papers' tables are data
+// the task declares, so that a benchmark brings its layout with it.
+struct ReportColumn {
+  std::string key = {};    // a value of the layout's column option ("qasper")
+  std::string name = {};   // its short name in tables ("Qasper")
+  std::string group = {};  // a heading over adjacent columns ("Single-Doc QA")
+};
+struct TaskLayout {
+  std::string title = {};                  // the paper table's caption; empty: the generic tables only
+  std::string column_option = {};          // the option whose values are the paper table's columns
+  std::string default_column = {};         // its value where a record's options leave it out
+  std::vector<ReportColumn> columns = {};  // in the papers' order
+  // Under the paper table; {shown} is the number of columns with results, {left_out} a remark when
+  // that is fewer than all.
+  std::string note = {};
+  bool nulls = false;  // a column counting empty predictions
+  // One paper table per value of this option (RULER's context length), and a table of the mean over
+  // columns per value; `length_default` where a record leaves it out.
+  std::string length_option = {}, length_default = {};
+  // Or ranges of the records' own meta.length (LongBench-E's buckets): name, [from, to).
+  std::vector<std::pair<std::string, std::pair<int, int>>> length_ranges = {};
+  bool depth_heatmap = false;  // a depth x length heatmap per configuration, from meta.depth and meta.length
+  // Options that split one configuration into runs (a grid's parts), pooled into one summary row.
+  std::vector<std::string> pooled_options = {};
+};
+
+struct TaskInfo {
+  std::string name = {};
+  std::string summary = {};
+  std::vector<ParamSpec> options = {};
+  std::function<std::unique_ptr<Task>(const TaskContext&, const Params&)> make = {};
+  // Its score in [0, 1] of a prediction made outside kvbench (kvbench score, Python's score_each);
+  // empty for a task that scores only the samples it made.
+  std::function<double(const PredictionToScore&)> score_prediction = {};
+  TaskLayout layout = {};
+};
+
+class TaskRegistry {
+ public:
+  static TaskRegistry& get();
+  void add(TaskInfo info);
+  const TaskInfo& info(const std::string& name) const;  // Error listing the tasks if unknown
+  const TaskInfo* find(const std::string& name) const;  // null if unknown
+  std::vector<std::string> names() const;
+  std::unique_ptr<Task> create(const std::string& name, const TaskContext& ctx) const;
+  // The given options as the task reads them (yes -> true, 05 -> 5), none added: what records keep,
+  // so that one setting has one cell key. Error naming the option if one is unknown or invalid.
+  std::map<std::string, std::string> canonical_options(const std::string& name,
+                                                       const std::map<std::string, std::string>& given) const;
+
+ private:
+  std::map<std::string, TaskInfo> tasks_;
+};
+
+// Registers a task from its own file: static const bool reg = register_task({...});
+bool register_task(TaskInfo info);
+
+// The benchmark's score of one prediction, the task named "TASK/VARIANT" or "TASK" (longbench/qasper,
+// ruler/niah_single_1, niah). Errors name the task and say which tasks can score outside a run.
+double score_prediction(const std::string& task_variant, PredictionToScore p);
+
+// Predictions in LongBench's pred/ layout, one JSON object per line with "pred", "answers" and, where
+// the benchmark needs them, "all_classes" and "length", scored as LongBench's eval.py does: the mean
+// x 100 rounded to 2 decimals; with `by_length` (LongBench-E's scorer_e) also one such score per length
+// range "0-4k" (length < 4000), "4-8k" (< 8000) and "8k+" (NaN for a range without lines). Errors name
+// the file, the line and the field.
+struct PredictionScores {
+  size_t lines = 0;
+  double score = 0;
+  std::vector<std::pair<std::string, double>> ranges;
+};
+PredictionScores score_predictions_file(const std::string& task_variant, const std::string& path, bool by_length,
+                                        const std::string& data_dir);
+
+// Default directory of benchmark data fetched by scripts/setup.sh ($KVBENCH_DATA or <source>/data).
+std::string default_data_dir();
+
+// The Paul Graham essays of the haystacks (<data>/PaulGrahamEssays/*.txt) concatenated in file-name
+// order, as the NIAH repositories and RULER's essay file join them; errors name `task`.
+struct Essays {
+  std::string text;
+  int files = 0;
+};
+Essays read_essays(const std::string& data_dir, const std::string& task);
+
+}  // namespace kvb

@@ -1,0 +1,163 @@
+#include "harness/task/text.hpp"
+
+#include <utf8proc.h>
+
+#include <vector>
+
+#include "harness/tokenizer/unicode.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+bool python_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+uint32_t next_cp(std::string_view s, size_t& i) {
+  utf8proc_int32_t cp = -1;
+  const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                  static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+  if (n <= 0 || cp < 0) {
+    ++i;
+    return 0xFFFFFFFFu;
+  }
+  i += static_cast<size_t>(n);
+  return static_cast<uint32_t>(cp);
+}
+
+namespace {
+
+// Unicode "Cased" and "Case_Ignorable" (what Python's final-sigma rule looks at), from the general
+// category and the case mappings.
+bool cased(uint32_t c) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT ||
+         utf8proc_tolower(static_cast<utf8proc_int32_t>(c)) != static_cast<utf8proc_int32_t>(c) ||
+         utf8proc_toupper(static_cast<utf8proc_int32_t>(c)) != static_cast<utf8proc_int32_t>(c);
+}
+bool case_ignorable(uint32_t c) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  if (cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME || cat == UTF8PROC_CATEGORY_CF ||
+      cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_SK)
+    return true;
+  // Word_Break MidLetter, MidNumLet and Single_Quote.
+  for (uint32_t m : {0x27u, 0x2Eu, 0x3Au, 0xB7u, 0x387u, 0x5F4u, 0x2018u, 0x2019u, 0x2024u, 0x2027u, 0xFE13u, 0xFE52u,
+                     0xFE55u, 0xFF07u, 0xFF0Eu, 0xFF1Au})
+    if (c == m) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> python_split(std::string_view s) {
+  std::vector<std::string> out;
+  size_t i = 0, start = std::string_view::npos;
+  while (i < s.size()) {
+    const size_t at = i;
+    const uint32_t c = next_cp(s, i);
+    if (python_space(c)) {
+      if (start != std::string_view::npos) out.emplace_back(s.substr(start, at - start));
+      start = std::string_view::npos;
+    } else if (start == std::string_view::npos) {
+      start = at;
+    }
+  }
+  if (start != std::string_view::npos) out.emplace_back(s.substr(start));
+  return out;
+}
+
+std::string python_lower(std::string_view s) {
+  std::vector<uint32_t> cps;  // 0xFFFFFFFF marks an invalid byte, kept as it is
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < s.size();) {
+    starts.push_back(i);
+    cps.push_back(next_cp(s, i));
+  }
+  starts.push_back(s.size());
+  std::string out;
+  out.reserve(s.size());
+  for (size_t k = 0; k < cps.size(); ++k) {
+    const uint32_t c = cps[k];
+    if (c == 0xFFFFFFFFu) {
+      out.append(s.substr(starts[k], starts[k + 1] - starts[k]));
+    } else if (c == 0x130) {  // SpecialCasing: capital I with dot above lowers to i + combining dot
+      out += "i\u0307";
+    } else if (c == 0x3A3) {
+      // Final sigma: preceded by a cased letter and not followed by one (case-ignorables skipped).
+      auto cased_at = [&](size_t j) { return cps[j] != 0xFFFFFFFFu && cased(cps[j]); };
+      auto ignorable_at = [&](size_t j) { return cps[j] != 0xFFFFFFFFu && case_ignorable(cps[j]); };
+      size_t j = k;
+      while (j > 0 && ignorable_at(j - 1)) --j;
+      const bool before = j > 0 && cased_at(j - 1);
+      j = k + 1;
+      while (j < cps.size() && ignorable_at(j)) ++j;
+      const bool after = j < cps.size() && cased_at(j);
+      append_utf8(out, before && !after ? 0x3C2 : 0x3C3);
+    } else {
+      append_utf8(out, static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+    }
+  }
+  return out;
+}
+
+std::string python_strip(std::string_view s) {
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t i = b;
+    if (!python_space(next_cp(s, i))) break;
+    b = i;
+  }
+  return std::string(s.substr(b, python_rstrip_end(s, b) - b));
+}
+
+std::string python_collapse_space(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  bool in_space = false;
+  for (size_t i = 0; i < s.size();) {
+    const size_t start = i;
+    const bool space = python_space(next_cp(s, i));
+    if (!space)
+      out.append(s.substr(start, i - start));
+    else if (!in_space)
+      out += ' ';
+    in_space = space;
+  }
+  return out;
+}
+
+size_t python_rstrip_end(std::string_view s, size_t b) {
+  size_t e = s.size();
+  while (e > b) {
+    // Step back to the start of the last code point.
+    size_t start = e - 1;
+    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    size_t i = start;
+    if (!python_space(next_cp(s, i))) break;
+    e = start;
+  }
+  return e;
+}
+
+std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields) {
+  std::string out;
+  for (size_t i = 0; i < t.size();) {
+    if ((t[i] == '{' || t[i] == '}') && i + 1 < t.size() && t[i + 1] == t[i]) {
+      out += t[i];
+      i += 2;
+    } else if (t[i] == '{') {
+      const size_t close = t.find('}', i);
+      if (close == std::string::npos) fail("template: unclosed '{{' at {}", i);
+      const auto f = fields.find(t.substr(i + 1, close - i - 1));
+      if (f == fields.end()) fail("template: no value for field {}", t.substr(i, close - i + 1));
+      out += f->second;
+      i = close + 1;
+    } else {
+      out += t[i++];
+    }
+  }
+  return out;
+}
+
+}  // namespace kvb

@@ -1,0 +1,540 @@
+// DynaKV (README.md §1-§11): learned token-adaptive channel truncation of K and V. The learned maps
+// (maps.*) change the model: every layer's pre-RoPE keys and values of all KV heads
+// are rotated into a basis, a gate picks each token's width, and only the leading coordinates are
+// cached. This file holds the method and its offline steps:
+//   kvbench calibrate dynakv-pca MODEL [--text FILES]   the PCA basis (uncentred second moment, fp64)
+//   kvbench train dynakv MODEL --alpha A [--mode e2e|ll] [--steps N]   the maps, from that basis
+// The default text is the Python documentation's prose set-up fetches (data/python-docs); every
+// tenth document is held out for validation and never trained or calibrated on.
+//
+// Inference (method `dynakv`): the method's transform runs inside the engine for every layer, in
+// prefill and at each decode step: gate, hard width k = #{m > tau} per token, and the token's own K/V
+// replaced by their reconstruction x~[0:k] U^-1[0:k] (README.md §2: the prompt is never attended
+// uncompressed). The cache keeps per token the k_K and k_V leading coordinates (ragged, at the run's
+// dtype) and two uint16 widths, all charged; keys are reconstructed and rotated by RoPE at attention
+// time, values go through the factored path (sum_t p_t pad(x~_t)) U^-1[:, head block]. With
+// fixed_rate = r every token keeps round(r d) coordinates of the PCA basis instead (the Palu-like
+// fixed-rank baseline at an equal retain rate; no gate).
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+
+#include "harness/engine/engine.hpp"
+#include "harness/engine/rope_freqs.hpp"
+#include "harness/method/artifact.hpp"
+#include "harness/method/calibration.hpp"
+#include "harness/method/method.hpp"
+#include "harness/method/parts.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/util/error.hpp"
+#include "harness/util/linalg.hpp"
+#include "harness/util/progress.hpp"
+#include "harness/util/text_files.hpp"
+#include "methods/dynakv/maps.hpp"
+#include "methods/dynakv/train_hook.hpp"
+
+namespace kvb {
+namespace {
+
+constexpr int kHeldOutEvery = 10;
+
+// The documents of `text` (or set-up's Python documentation), split into fitting and held-out ones.
+struct Documents {
+  SplitDocuments split;
+  std::string described;
+};
+
+Documents read_documents(const std::string& spec, const std::string& data_dir, const std::string& command) {
+  Documents d;
+  std::vector<std::string> all;
+  if (!spec.empty()) {
+    d.described = spec;
+    all = read_text_files(spec, "text");
+  } else {
+    const auto dir = std::filesystem::path(data_dir) / "python-docs";
+    if (!std::filesystem::is_directory(dir))
+      fail("{}: no --text given and {} is missing (scripts/setup.sh fetches it)", command, dir.string());
+    d.described = "the Python 3 documentation's tutorial, HOWTOs, FAQ and What's New pages (" + dir.string() +
+                  ", PSF License); the paper uses RedPajama-V2 and reports rates on WikiText-2";
+    all = read_text_files(dir.string(), "text");
+  }
+  d.split = split_held_out(all, kHeldOutEvery, command, "give more files");
+  return d;
+}
+
+// Accumulates X^T X of every layer's pre-RoPE K and V rows (all KV heads jointly) in double.
+class MomentTap final : public PrefillObserver {
+ public:
+  MomentTap(int layers, int d) : d_(d), moments_(size_t(layers)) {
+    for (auto& m : moments_)
+      for (auto& z : m) z.assign(size_t(d) * d, 0.0);
+  }
+  PrefillNeeds needs() const override { return {.k_pre_rope = true}; }
+  void on_layer(const PrefillView& v, LayerCache&) override {
+    const size_t n = size_t(v.n_tokens);
+    for (int z = 0; z < 2; ++z) {
+      const float* x = z == 0 ? v.k_pre_rope : v.v;
+      buf_.assign(x, x + n * d_);
+      cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d_, static_cast<int>(n), 1.0, buf_.data(), d_, 1.0,
+                  moments_[size_t(v.layer)][size_t(z)].data(), d_);
+    }
+    tokens_ += v.layer == 0 ? n : 0;
+  }
+  DynaKvPca solve() const {
+    DynaKvPca pca;
+    pca.d = d_;
+    for (const auto& m : moments_) {
+      auto& basis = pca.basis.emplace_back();
+      auto& vals = pca.eigenvalues.emplace_back();
+      for (int z = 0; z < 2; ++z) {
+        std::vector<double> a = m[size_t(z)], vecs;
+        for (double& x : a) x /= double(tokens_);
+        symmetric_eigen(std::move(a), d_, vals[size_t(z)], vecs);
+        basis[size_t(z)].assign(vecs.begin(), vecs.end());
+      }
+    }
+    return pca;
+  }
+  size_t tokens() const { return tokens_; }
+
+ private:
+  int d_;
+  std::vector<std::array<std::vector<double>, 2>> moments_;
+  std::vector<double> buf_;
+  size_t tokens_ = 0;
+};
+
+void calibrate_pca(CalibrationContext& ctx) {
+  const ModelConfig& cfg = ctx.model.config();
+  const Params& o = ctx.options;
+  const Documents docs = read_documents(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca");
+  const auto seqs =
+      token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
+  size_t total = 0;
+  for (const auto& s : seqs) total += s.size();
+  const int d = cfg.n_kv_heads * cfg.head_dim;
+  MomentTap tap(cfg.n_layers, d);
+  Progress bar("dynakv pca", total, "tok");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& s : seqs) {
+    ctx.engine.prefill(s, &tap);
+    bar.advance(s.size());
+  }
+  bar.finish();
+  const DynaKvPca pca = tap.solve();
+  const std::string out = ctx.out.empty() ? default_artifact_path(kDynaKvPcaKind, cfg) : ctx.out;
+  nlohmann::json body = dynakv_pca_json(pca);
+  body["header"] = artifact_header(kDynaKvPcaKind, cfg, ctx.model.path());
+  body["header"]["calibration"] = {
+      {"text", docs.described},
+      {"tokens", tap.tokens()},
+      {"sequences", seqs.size()},
+      {"seq_len", o.get_int("seq_len")},
+      {"moment", "uncentred E[x x^T] of pre-RoPE K and of V, all KV heads jointly, fp64"},
+      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+  write_artifact(out, body);
+  fmt::print("wrote {} ({} tokens, d = {})\n", out, tap.tokens(), d);
+}
+
+void train(CalibrationContext& ctx) {
+  const ModelConfig& cfg = ctx.model.config();
+  const Params& o = ctx.options;
+  DynaKvTrainOptions t;
+  t.mode = o.get("mode");
+  t.alpha = o.get_float("alpha");
+  t.steps = o.integer("steps");
+  t.batch = o.integer("batch");
+  t.seq_len = o.integer("seq_len");
+  t.lr = o.get_float("lr");
+  t.lr_basis = o.get_float("lr_basis");
+  t.weight_decay = o.get_float("weight_decay");
+  t.clip = o.get_float("clip");
+  const std::string basis = o.get("train_basis");
+  t.train_basis = basis == "auto" ? t.mode == "e2e" : basis == "true";
+  t.init_rate = o.get_float("init_rate");
+  t.tau = o.get_float("tau");
+  t.checkpoint_every = o.integer("checkpoint_every");
+  t.progress = ctx.progress;
+
+  const LoadedArtifact pa = load_artifact(kDynaKvPcaKind, o.get("pca"), cfg, "kvbench calibrate dynakv-pca MODEL");
+  DynaKvWeights weights = dynakv_init(dynakv_pca_from(pa, cfg), t.init_rate, t.tau);
+  const Documents docs = read_documents(o.get("text"), ctx.data_dir, "kvbench train dynakv");
+  const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
+  const auto held =
+      token_sequences(ctx.tokenizer, docs.split.held, t.seq_len, static_cast<size_t>(o.get_int("held_tokens")));
+  if (held.empty()) fail("kvbench train dynakv: the held-out documents give no sequence of {} tokens", t.seq_len);
+
+  const std::string out = !ctx.out.empty() ? ctx.out
+                                           : (std::filesystem::path(artifacts_dir()) / kDynaKvKind /
+                                              fmt::format("{}.{}-a{:g}.json", cfg.fingerprint, t.mode, t.alpha))
+                                                 .string();
+  ModelGradients mg(ctx.model);
+  DynaKvWeights pca_basis = weights;  // the starting point: the fixed-rank baseline's basis
+  nlohmann::json training = train_dynakv(mg, weights, t, fit, held, out + ".ckpt");
+  // The fixed-rank baseline at the retain rate just measured: every token keeps the same number of
+  // leading PCA coordinates (method dynakv with fixed_rate), on the same held-out text.
+  const double rate = training["validation"]["hard_rate"].get<double>();
+  const int width = std::clamp(static_cast<int>(std::lround(rate * weights.d)), 1, weights.d);
+  const DynaKvValidation fixed = dynakv_validate(mg, pca_basis, DynaKvPath::Fixed, width, held, false, ctx.progress);
+  training["fixed_rank_baseline"] = {
+      {"width", width}, {"rate", double(width) / weights.d}, {"ce", fixed.ce_hard}, {"ppl", std::exp(fixed.ce_hard)}};
+  training["text"] = docs.described;
+  training["pca"] = {{"file", pa.path}, {"digest", pa.digest}};
+  nlohmann::json body = dynakv_weights_json(weights);
+  body["header"] = artifact_header(kDynaKvKind, cfg, ctx.model.path());
+  body["header"]["training"] = training;
+  write_artifact(out, body);
+  const auto& v = training["validation"];
+  fmt::print(
+      "wrote {}\n  held-out ({} tokens): hard retain rate {:.4f}, soft {:.4f}; perplexity {:.3f} (full cache "
+      "{:.3f}, fixed-rank PCA at {}/{} coordinates {:.3f}); {} training tokens in {:.0f} s\n",
+      out, v["tokens"].get<size_t>(), v["hard_rate"].get<double>(), v["soft_rate"].get<double>(),
+      v["ppl_hard"].get<double>(), v["ppl_full"].get<double>(), width, weights.d, std::exp(fixed.ce_hard),
+      training["train_tokens"].get<size_t>(), training["seconds"].get<double>());
+}
+
+std::vector<ParamSpec> text_options() {
+  return {ParamSpec::text("text", "", "text files or directories (default: set-up's data/python-docs)"),
+          ParamSpec::integer("seq_len", 512, 16, 1 << 20, "tokens per sequence (BOS + text)")};
+}
+
+std::vector<ParamSpec> pca_options() {
+  auto p = text_options();
+  p.push_back(ParamSpec::integer("tokens", 262144, 1, 1L << 40, "calibration tokens (the spec recommends >= 1M)"));
+  return p;
+}
+
+std::vector<ParamSpec> train_options() {
+  auto p = text_options();
+  p.push_back(ParamSpec::choice("mode", "e2e", {"e2e", "ll"},
+                                "e2e: CE + alpha R^2 through the model (the paper); ll: layer-local distortion + alpha "
+                                "R_l (DynaKV-LL)"));
+  p.push_back(ParamSpec::real("alpha", 1.0, 0.0, 1e6, "rate penalty (ll: price per layer)"));
+  p.push_back(ParamSpec::integer("steps", 100, 1, 1L << 30, "optimizer steps"));
+  p.push_back(ParamSpec::integer("batch", 4, 1, 4096, "sequences per step"));
+  p.push_back(ParamSpec::real("lr", 1e-2, 0.0, 10.0, "AdamW learning rate of the gates (W, b)"));
+  p.push_back(ParamSpec::real("lr_basis", 1e-4, 0.0, 10.0, "AdamW learning rate of the bases U"));
+  p.push_back(ParamSpec::real("weight_decay", 0.0, 0.0, 10.0, "AdamW decoupled weight decay of W and U"));
+  p.push_back(ParamSpec::real("clip", 1.0, 0.0, 1e9, "global gradient-norm clip"));
+  p.push_back(ParamSpec::choice("train_basis", "auto", {"auto", "true", "false"},
+                                "train U (auto: in e2e, not in ll, which keeps the PCA basis)"));
+  p.push_back(ParamSpec::real("init_rate", 0.9, 0.0, 1.0, "initial soft retain rate (gate bias ramp, W = 0)"));
+  p.push_back(ParamSpec::real("tau", 0.1, -1.0, 1.0, "inference threshold stored with the weights"));
+  p.push_back(ParamSpec::integer("checkpoint_every", 10, 1, 1L << 30, "steps between checkpoints (OUT.ckpt)"));
+  p.push_back(ParamSpec::integer("held_tokens", 16384, 1, 1L << 40, "held-out tokens of the validation pass"));
+  p.push_back(ParamSpec::text("pca", "", "PCA artifact (default: this model's from kvbench calibrate dynakv-pca)"));
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Inference
+
+// One layer's cache in DynaKV's form, shared by the segments of its KV heads (the latent mixes them).
+struct LatentStore {
+  const DynaKvMap* key_map = nullptr;
+  const DynaKvMap* value_map = nullptr;
+  std::shared_ptr<const RopeTable> rope;
+  std::vector<float> k, v;  // packed: token t's k_K (k_V) leading coordinates after token t-1's
+  std::vector<uint16_t> k_width, v_width;
+  std::vector<int32_t> pos;
+  KvDtype dtype = KvDtype::F32;
+  // A decode step's token, from the transform, until the layer's segments take it (append_token).
+  std::vector<float> next_k, next_v;
+  int32_t next_pos = -1;
+
+  void add(const float* lk, int wk, const float* lv, int wv, int32_t p) {
+    k.insert(k.end(), lk, lk + wk);
+    v.insert(v.end(), lv, lv + wv);
+    for (auto it = k.end() - wk; it != k.end(); ++it) *it = kv_round(dtype, *it);
+    for (auto it = v.end() - wv; it != v.end(); ++it) *it = kv_round(dtype, *it);
+    k_width.push_back(static_cast<uint16_t>(wk));
+    v_width.push_back(static_cast<uint16_t>(wv));
+    pos.push_back(p);
+  }
+  size_t bytes() const { return (k.size() + v.size()) * kv_dtype_bytes(dtype) + 2 * sizeof(uint16_t) * pos.size(); }
+  // The tokens at the given indices (ascending), in a new store with the same maps.
+  std::shared_ptr<LatentStore> subset(const std::vector<size_t>& keep) const {
+    auto out = std::make_shared<LatentStore>();
+    out->key_map = key_map;
+    out->value_map = value_map;
+    out->rope = rope;
+    out->dtype = dtype;
+    std::vector<size_t> k_off(pos.size() + 1, 0), v_off(pos.size() + 1, 0);
+    for (size_t t = 0; t < pos.size(); ++t) {
+      k_off[t + 1] = k_off[t] + k_width[t];
+      v_off[t + 1] = v_off[t] + v_width[t];
+    }
+    for (size_t t : keep) out->add(k.data() + k_off[t], k_width[t], v.data() + v_off[t], v_width[t], pos[t]);
+    return out;
+  }
+  void store_as(KvDtype t) {
+    if (t == dtype) return;
+    dtype = t;
+    for (float& x : k) x = kv_round(t, x);
+    for (float& x : v) x = kv_round(t, x);
+  }
+};
+
+// The view of one KV head onto its layer's LatentStore; the store is charged once, by head 0.
+class LatentSegment final : public Segment {
+ public:
+  LatentSegment(std::shared_ptr<LatentStore> store, int head, int head_dim)
+      : s_(std::move(store)), head_(head), d_(head_dim) {}
+  std::string format() const override { return "dynakv-latent"; }
+  size_t size() const override { return s_->pos.size(); }
+  std::span<const int32_t> positions() const override { return s_->pos; }
+  size_t bytes() const override { return head_ == 0 ? s_->bytes() : 0; }
+  void logits(const float* q, float* scores) const override {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(size()), d_, 1.0f, keys(), d_, q, 1, 0.0f, scores, 1);
+  }
+  void accumulate(const float* p, float* acc) const override {
+    const int dkv = s_->value_map->d;
+    std::vector<float> pooled(static_cast<size_t>(dkv), 0.0f), out(static_cast<size_t>(d_));
+    size_t off = 0;
+    for (size_t t = 0; t < size(); ++t) {
+      for (int i = 0; i < s_->v_width[t]; ++i) pooled[size_t(i)] += p[t] * s_->v[off + size_t(i)];
+      off += s_->v_width[t];
+    }
+    dynakv_expand(*s_->value_map, pooled.data(), dkv, head_ * d_, d_, out.data());
+    for (int j = 0; j < d_; ++j) acc[j] += out[size_t(j)];
+  }
+  void store_as(KvDtype t) override {
+    s_->store_as(t);
+    std::lock_guard lock(mu_);
+    built_ = kNone;
+  }
+  // The engine appends a decoded token head by head; the first head commits the transform's latent.
+  bool append_token(const float*, const float*, int32_t p) override {
+    if (s_->next_pos != p) return !s_->pos.empty() && s_->pos.back() == p;
+    s_->add(s_->next_k.data(), static_cast<int>(s_->next_k.size()), s_->next_v.data(),
+            static_cast<int>(s_->next_v.size()), p);
+    s_->next_pos = -1;
+    return true;
+  }
+
+ private:
+  // This head's keys, reconstructed from the latent and rotated, once per decode step for all the
+  // query heads of its group (they call logits in parallel; the first one builds them). Rebuilt in
+  // full whenever the store has grown, so every step pays the reconstruction as DynaKV's attention
+  // does; the buffer is scratch reused between steps, not cache, and is not charged.
+  const float* keys() const {
+    std::lock_guard lock(mu_);
+    const size_t n = size();
+    if (built_ != n) {
+      std::vector<const float*> rows(n);
+      std::vector<int> widths(n);
+      size_t off = 0;
+      for (size_t t = 0; t < n; ++t) {
+        rows[t] = s_->k.data() + off;
+        widths[t] = s_->k_width[t];
+        off += widths[t];
+      }
+      keys_.resize(n * size_t(d_));
+      dynakv_expand_rows(*s_->key_map, rows, widths, head_ * d_, d_, keys_.data());
+      s_->rope->apply(keys_.data(), static_cast<int>(n), 1, d_, s_->pos.data());
+      built_ = n;
+    }
+    return keys_.data();
+  }
+
+  static constexpr size_t kNone = ~size_t(0);
+  std::shared_ptr<LatentStore> s_;
+  int head_, d_;
+  mutable std::mutex mu_;
+  mutable std::vector<float> keys_;
+  mutable size_t built_ = kNone;
+};
+
+class DynaKV final : public Method, public KvTransform {
+ public:
+  explicit DynaKV(bool snap) : snap_(snap) {}
+  void setup() override {
+    const ModelConfig& m = model();
+    d_ = m.n_kv_heads * m.head_dim;
+    tau_ = params().get_float("tau");
+    const double rate = params().get_float("fixed_rate");
+    if (rate > 0) {
+      const LoadedArtifact a =
+          load_artifact(kDynaKvPcaKind, params().get("pca"), m, "kvbench calibrate dynakv-pca MODEL");
+      weights_ = dynakv_init(dynakv_pca_from(a, m), 0.5, tau_);
+      fixed_ = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
+      artifacts_ = {{"pca", {{"file", a.path}, {"digest", a.digest}}}};
+    } else {
+      if (params().get("weights").empty())
+        fail(
+            "method dynakv: give weights=FILE (made by kvbench train dynakv MODEL --alpha A) or fixed_rate=R (the "
+            "PCA truncation baseline)");
+      const LoadedArtifact a = load_artifact(kDynaKvKind, params().get("weights"), m, "kvbench train dynakv MODEL");
+      weights_ = dynakv_weights_from(a, m);
+      artifacts_ = {{"weights", {{"file", a.path}, {"digest", a.digest}}}};
+    }
+    rope_ = std::make_shared<RopeTable>(
+        rope_inv_freq(m), m.rope_layout == RopeLayout::Interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
+    rope_->ensure(m.context_length);
+    stores_.resize(size_t(m.n_layers));
+  }
+  KvTransform* kv_transform() override { return this; }
+  nlohmann::json artifacts() const override { return artifacts_; }
+
+  void apply(int layer, int n, const int32_t* pos, float* k, float* v) override {
+    const auto& maps = weights_.layers[size_t(layer)];
+    if (pos[0] == 0) {  // a new sequence: this layer's prompt goes to a fresh store
+      auto s = std::make_shared<LatentStore>();
+      s->key_map = &maps[0];
+      s->value_map = &maps[1];
+      s->rope = rope_;
+      stores_[size_t(layer)] = s;
+    }
+    LatentStore& s = *stores_[size_t(layer)];
+    std::array<std::vector<int>, 2> width;
+    std::array<std::vector<float>, 2> xt;
+    for (int z = 0; z < 2; ++z) {
+      float* x = z == 0 ? k : v;
+      const DynaKvMap& map = maps[size_t(z)];
+      auto& w = width[size_t(z)];
+      if (fixed_) {
+        xt[size_t(z)].resize(size_t(n) * d_);
+        dynakv_rotate(map, x, n, xt[size_t(z)].data());
+        w.assign(size_t(n), fixed_);
+      } else {
+        dynakv_gate(map, x, n, gate_);
+        xt[size_t(z)] = std::move(gate_.xt);
+        for (int t = 0; t < n; ++t) w.push_back(dynakv_width(gate_.m.data() + size_t(t) * d_, d_, tau_));
+      }
+      // What attention reads, this token included: the reconstruction of the kept coordinates.
+      std::vector<const float*> rows(static_cast<size_t>(n));
+      for (int t = 0; t < n; ++t) rows[size_t(t)] = xt[size_t(z)].data() + size_t(t) * d_;
+      dynakv_expand_rows(map, rows, w, 0, d_, x);
+    }
+    if (pos[0] == 0) {
+      for (int t = 0; t < n; ++t)
+        s.add(xt[0].data() + size_t(t) * d_, width[0][size_t(t)], xt[1].data() + size_t(t) * d_, width[1][size_t(t)],
+              pos[t]);
+    } else {
+      if (n != 1) fail("internal: dynakv transform of {} tokens after the prompt", n);
+      s.next_k.assign(xt[0].begin(), xt[0].begin() + width[0][0]);
+      s.next_v.assign(xt[1].begin(), xt[1].begin() + width[1][0]);
+      s.next_pos = pos[0];
+    }
+  }
+
+  PrefillNeeds needs() const override { return {.window = snap_ ? params().integer("window") : 0}; }
+
+  LayerCache compress(const PrefillView& view, const Budget& budget) override {
+    auto s = stores_[size_t(view.layer)];
+    if (!s || s->pos.size() != size_t(view.n_tokens))
+      fail(
+          "dynakv: layer {}'s keys and values did not pass through its transform; DynaKV changes the model and "
+          "runs only inside the engine's own prefill",
+          view.layer);
+    if (snap_) s = s->subset(admit(view, *s, budget));
+    stores_[size_t(view.layer)] = s;  // decoded tokens go where the cache reads
+    LayerCache cache(view.n_heads, view.n_kv_heads, view.head_dim);
+    for (int h = 0; h < view.n_kv_heads; ++h)
+      cache.segments(h).push_back(std::make_unique<LatentSegment>(s, h, view.head_dim));
+    // For the record: the hard retain rates of the tokens kept (K and V apart: the paper's gates differ
+    // per kind, and a mean hides which one compresses), and how many were kept.
+    double kept_k = 0, kept_v = 0;
+    for (size_t t = 0; t < s->pos.size(); ++t) {
+      kept_k += s->k_width[t];
+      kept_v += s->v_width[t];
+    }
+    const double slots = s->pos.empty() ? 0.0 : d_ * double(s->pos.size());
+    auto rate = [&](double kept) { return slots > 0 ? kept / slots : 0.0; };
+    stats_ = {{"layer", view.layer},
+              {"retain_rate", slots > 0 ? (kept_k + kept_v) / (2.0 * slots) : 0.0},
+              {"k_retain_rate", rate(kept_k)},
+              {"v_retain_rate", rate(kept_v)},
+              {"tokens", s->pos.size()}};
+    return cache;
+  }
+  nlohmann::json layer_stats() const override { return stats_; }
+
+ private:
+  // DynaKV + SnapKV (README.md §5, a budgeted extension not in the paper): every head's pooled window scores summed,
+  // since the latent mixes the heads, then tokens admitted while the layer's bytes stay within
+  // T x 2 d numbers: the window first (newest first), then the prefix by score. Returns the kept
+  // indices, ascending.
+  std::vector<size_t> admit(const PrefillView& view, const LatentStore& s, const Budget& budget) const {
+    const int n = view.n_tokens, w = std::min(n, params().integer("window"));
+    const size_t b = kv_dtype_bytes(view.kv_dtype);
+    const size_t limit = size_t(budget.tokens) * 2 * d_ * b;
+    auto cost = [&](size_t t) { return (size_t(s.k_width[t]) + s.v_width[t]) * b + 2 * sizeof(uint16_t); };
+    std::vector<size_t> order;
+    for (int t = n - 1; t >= n - w; --t) order.push_back(size_t(t));
+    if (n > w) {
+      const HeadScores heads = pooled_window_scores(view, params());
+      std::vector<float> total(size_t(n - w), 0.0f);
+      for (const auto& h : heads)
+        for (size_t j = 0; j < total.size(); ++j) total[j] += h[j];
+      for (size_t j = 0; j < total.size(); ++j) order.push_back(j);
+      // Highest score first, ties to the lower position.
+      std::stable_sort(order.begin() + w, order.end(), [&](size_t x, size_t y) { return total[x] > total[y]; });
+    }
+    std::vector<size_t> keep;
+    size_t used = 0;
+    for (size_t t : order)
+      if (used + cost(t) <= limit) {
+        used += cost(t);
+        keep.push_back(t);
+      }
+    std::sort(keep.begin(), keep.end());
+    return keep;
+  }
+
+  bool snap_;
+  int d_ = 0, fixed_ = 0;
+  double tau_ = 0.1;
+  DynaKvWeights weights_;
+  std::shared_ptr<RopeTable> rope_;
+  std::vector<std::shared_ptr<LatentStore>> stores_;
+  DynaKvGate gate_;
+  nlohmann::json artifacts_, stats_;
+};
+
+std::vector<ParamSpec> method_params() {
+  return {ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
+          ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
+          ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
+                          "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
+          ParamSpec::text("pca", "", "PCA artifact for fixed_rate (default: this model's)")};
+}
+
+std::vector<ParamSpec> snap_params() {
+  auto p = method_params();
+  for (auto& w : window_scorer_params()) p.push_back(std::move(w));
+  return p;
+}
+
+const bool method_registered = register_method(
+    {.name = "dynakv",
+     .summary = "learned per-token channel truncation of K and V (changes the model; kvbench train dynakv)",
+     .params = method_params(),
+     .make = [] { return std::make_unique<DynaKV>(false); },
+     .steps = {{.command = "calibrate",
+                .name = "dynakv-pca",
+                .summary = "DynaKV's PCA basis per layer, K and V (uncentred second moment, fp64)",
+                .options = pca_options(),
+                .run = calibrate_pca},
+               {.command = "train",
+                .summary = "DynaKV's maps (U, W, b per layer, K and V) from the PCA basis, base model frozen",
+                .options = train_options(),
+                .run = train}},
+     .budgeted = false,
+     .changes_model = true});
+
+const bool snap_registered = register_method(
+    {.name = "dynakv-snapkv",
+     .summary = "DynaKV + SnapKV: tokens evicted for all heads at once by summed window scores, within KV size T",
+     .params = snap_params(),
+     .make = [] { return std::make_unique<DynaKV>(true); },
+     .changes_model = true});
+
+}  // namespace
+}  // namespace kvb

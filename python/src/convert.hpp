@@ -1,0 +1,40 @@
+#pragma once
+// Conversions between the native types and Python's, shared by the module's bindings.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/util/params.hpp"
+
+namespace kvb::python {
+
+namespace py = pybind11;
+using json = nlohmann::json;
+
+// JSON as Python objects (dicts, lists, numbers, strings, None).
+py::object to_py(const json& j);
+// A parameter value as the registries read it (text): 5 -> "5", True -> "true".
+std::string param_text(const py::handle& v);
+// A dict of parameters (or None) as the registries take them.
+std::map<std::string, std::string> param_map(const py::object& params);
+// Parameter declarations as a list of dicts (name, type, default, range or choices, help).
+py::list param_list(const std::vector<ParamSpec>& specs);
+
+// A read-only numpy view of memory someone else owns for as long as `owner` lives.
+template <typename T>
+py::array view(const T* data, std::vector<py::ssize_t> shape, py::handle owner) {
+  py::array a(py::dtype::of<T>(), shape, data, owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+// The parts of the module, each adding its functions and classes (module.cpp calls them).
+void bind_methods(py::module_& m);
+void bind_model(py::module_& m);
+void bind_results(py::module_& m);
+
+}  // namespace kvb::python

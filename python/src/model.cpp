@@ -1,0 +1,153 @@
+// kvbench.Model: a model file with its tokenizer and engine; generation, logits and prefill dumps.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+
+#include "harness/engine/engine.hpp"
+#include "harness/engine/generate.hpp"
+#include "harness/experiment/experiment.hpp"
+#include "harness/experiment/results.hpp"
+#include "harness/method/method.hpp"
+#include "harness/model/model_file.hpp"
+#include "harness/task/task.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
+#include "harness/util/error.hpp"
+#include "python/src/convert.hpp"
+
+namespace kvb::python {
+namespace {
+
+struct Model {
+  std::unique_ptr<ModelFile> file;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<Engine> engine;
+
+  Model(const std::string& path, const std::string& backend, int threads, const std::string& kv_dtype,
+        const std::string& weights) {
+    file = ModelFile::open(path);
+    tok = load_tokenizer(*file);
+    EngineOptions o{.backend = backend, .threads = threads, .kv_dtype = parse_kv_dtype(kv_dtype, "kv_dtype")};
+    if (!weights.empty()) o.weights = parse_weight_format(weights, "weights");
+    engine = std::make_unique<Engine>(*file, o);
+  }
+
+  std::vector<int32_t> tokenize(const std::string& text, bool chat, bool prompt) const {
+    if (chat || prompt) return build_prompt(*file, *tok, text, chat);
+    return tok->encode(text);
+  }
+
+  // The next-token logits of `ids` ([vocab]); with a method, steps or a continuation, one row per
+  // position ([1 + steps, vocab]) as `kvbench logits` computes them (step_logits).
+  py::array_t<float> logits(const std::vector<int32_t>& ids, const std::string& method, int budget,
+                            const py::object& params, int steps, const std::vector<int32_t>& continuation) {
+    if (ids.empty()) fail("Model.logits: no token ids");
+    if (steps < 0) fail("Model.logits: steps {} is negative", steps);
+    if (!continuation.empty() && steps > 0 && size_t(steps) != continuation.size())
+      fail("Model.logits: steps {} but a continuation of {} tokens (give one of them)", steps, continuation.size());
+    auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.logits");
+    const int n = continuation.empty() ? steps : int(continuation.size());
+    StepLogits sl;
+    {
+      py::gil_scoped_release release;
+      sl = step_logits(*engine, ids, n, continuation, choice.runner.get());
+    }
+    const bool rows = n > 0 || choice.method;
+    auto flat = std::make_unique<std::vector<float>>(sl.flat());
+    const auto vocab = py::ssize_t(sl.logits[0].size());
+    std::vector<py::ssize_t> shape =
+        rows ? std::vector<py::ssize_t>{py::ssize_t(sl.logits.size()), vocab} : std::vector<py::ssize_t>{vocab};
+    const float* data = flat->data();
+    py::capsule owner(flat.release(), [](void* p) { delete static_cast<std::vector<float>*>(p); });
+    return py::array_t<float>(shape, data, owner);
+  }
+
+  // The prompt positions each cache head of each layer holds after the method's prefill compression.
+  py::list kept_positions(const std::string& prompt, const std::string& method, int budget, const py::object& params,
+                          bool chat) {
+    const auto ids = build_prompt(*file, *tok, prompt, chat);
+    auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.kept_positions");
+    {
+      py::gil_scoped_release release;
+      engine->prefill(ids, choice.runner.get());
+    }
+    py::list layers;
+    for (const LayerCache& c : engine->caches()) {
+      py::list heads;
+      for (int h = 0; h < c.n_cache_heads(); ++h) {
+        std::vector<int32_t> p;
+        for (const auto& seg : c.segments(h)) p.insert(p.end(), seg->positions().begin(), seg->positions().end());
+        std::sort(p.begin(), p.end());
+        heads.append(py::array_t<int32_t>(py::ssize_t(p.size()), p.data()));
+      }
+      layers.append(heads);
+    }
+    return layers;
+  }
+
+  py::dict generate(const std::string& prompt, const std::string& method, int budget, const py::object& params,
+                    bool chat, int max_new_tokens, const std::vector<std::string>& stop) {
+    const auto ids = build_prompt(*file, *tok, prompt, chat);
+    GenerateOptions opt;
+    opt.max_new_tokens = max_new_tokens;
+    opt.stop = stop;
+    auto [m, runner] = choose_method(method, param_map(params), budget, engine->config(), "Model.generate");
+    Generation g;
+    {
+      py::gil_scoped_release release;
+      g = kvb::generate(*engine, *tok, ids, opt, runner.get());
+    }
+    const size_t full = engine->full_kv_bytes(ids.size());
+    const size_t kept = runner ? runner->prefill_kv_bytes() : full;
+    py::dict d;
+    d["text"] = utf8_lossy(g.text);
+    d["ids"] = g.tokens;
+    d["prompt_tokens"] = g.prompt_tokens;
+    d["stop_reason"] = g.stop_reason;
+    d["prefill_seconds"] = g.prefill_seconds;
+    d["decode_seconds"] = g.decode_seconds;
+    d["compress_seconds"] = runner ? runner->compress_seconds() : 0.0;
+    d["kv_bytes"] = kept;
+    d["full_kv_bytes"] = full;
+    d["method"] = m ? method : "fullkv";
+    d["params"] = m ? py::cast(m->params().values()) : py::dict();
+    return d;
+  }
+};
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<Model>(m, "Model")
+      .def(py::init<const std::string&, const std::string&, int, const std::string&, const std::string&>(),
+           py::arg("path"), py::arg("backend") = "cpu", py::arg("threads") = 0, py::arg("kv_dtype") = "fp32",
+           py::arg("weights") = "")
+      .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("chat") = false, py::arg("prompt") = false)
+      .def(
+          "detokenize",
+          [](const Model& md, const std::vector<int32_t>& ids, bool skip_special) {
+            return utf8_lossy(md.tok->decode(ids, skip_special));
+          },
+          py::arg("ids"), py::arg("skip_special") = false)
+      .def("logits", &Model::logits, py::arg("ids"), py::arg("method") = "", py::arg("budget") = 0,
+           py::arg("params") = py::none(), py::arg("steps") = 0, py::arg("continuation") = std::vector<int32_t>{})
+      .def("kept_positions", &Model::kept_positions, py::arg("prompt"), py::arg("method"), py::arg("budget") = 0,
+           py::arg("params") = py::none(), py::arg("chat") = true)
+      .def("generate", &Model::generate, py::arg("prompt"), py::arg("method") = "", py::arg("budget") = 0,
+           py::arg("params") = py::none(), py::arg("chat") = true, py::arg("max_new_tokens") = 128,
+           py::arg("stop") = std::vector<std::string>{})
+      .def_property_readonly("config", [](const Model& md) {
+        const ModelConfig& c = md.engine->config();
+        py::dict d;
+        d["n_layers"] = c.n_layers;
+        d["n_heads"] = c.n_heads;
+        d["n_kv_heads"] = c.n_kv_heads;
+        d["head_dim"] = c.head_dim;
+        d["vocab_size"] = c.vocab_size;
+        return d;
+      });
+}
+
+}  // namespace kvb::python
