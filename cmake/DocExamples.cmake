@@ -45,6 +45,8 @@ macro(kvbench_doc_example doc source test name)
 endmacro()
 
 kvbench_doc_example(docs/adding-a-method.md methods/keynorm/keynorm.cpp methods/keynorm/test_keynorm.cpp Method)
+kvbench_doc_example(docs/adding-a-method.md methods/snapkv_int8/snapkv_int8.cpp methods/snapkv_int8/test_snapkv_int8.cpp
+                    Int8Method)
 kvbench_doc_example(docs/adding-a-task.md tasks/passkey/passkey.cpp tests/test_passkey.cpp Task)
 kvbench_write_if_changed(${KVBENCH_GENERATED}/kvbench/doc_templates.hpp
 "#pragma once
