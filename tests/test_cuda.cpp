@@ -7,7 +7,6 @@
 #include <memory>
 #include <random>
 
-#include "harness/cache/approx_value_segment.hpp"
 #include "harness/cache/layer_cache.hpp"
 #include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
@@ -18,6 +17,7 @@
 #include "harness/model/random_model.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "kernels/cpu/fp16.hpp"
+#include "methods/vector/approx_value_segment.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;

@@ -3,13 +3,13 @@
 #include <numeric>
 #include <random>
 
-#include "harness/cache/approx_value_segment.hpp"
 #include "harness/cache/layer_cache.hpp"
 #include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_quant.hpp"
 #include "kernels/cpu/kv_rows.hpp"
+#include "methods/vector/approx_value_segment.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;

@@ -14,8 +14,11 @@
 #include <vector>
 
 #include "kernels/cpu/kv_rows.hpp"
+#include "kernels/decode_segment.hpp"
 
 namespace kvb {
+
+class DeviceUploader;
 
 class Segment {
  public:
@@ -38,6 +41,9 @@ class Segment {
   virtual void store_as(KvDtype t) = 0;
   // The dimensions each of its keys keeps, of `head_dim` (fewer in a reduced-dimension format).
   virtual int key_dims(int head_dim) const { return head_dim; }
+  // Its GPU form (harness/cache/device_form.hpp): fills `d` (kind and arrays; the backend sets the
+  // placement) with what it uploads and returns true; false for a format with none.
+  virtual bool device_form(DeviceUploader& /*up*/, cuda::DecodeSegment& /*d*/) const { return false; }
 };
 
 // Rows of head_dim numbers stored at a dtype: the dense K or V of a segment, or a full-precision buffer.

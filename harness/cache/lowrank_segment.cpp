@@ -1,5 +1,7 @@
 #include "harness/cache/lowrank_segment.hpp"
 
+#include "harness/cache/device_form.hpp"
+
 #include <cblas.h>
 #include <fmt/format.h>
 
@@ -211,6 +213,20 @@ LowRankBasis pca_basis(const float* k, const float* v, int n, int d, int rank) {
 
 LowRankBasis pca_basis_ref(const float* k, const float* v, int n, int d, int rank) {
   return basis_of(k, v, n, d, rank, top_eigenvectors_ref);
+}
+
+bool LowRankSegment::device_form(DeviceUploader& up, cuda::DecodeSegment& d) const {
+  d.kind = rope_ ? cuda::kLowRankPreRope : cuda::kLowRank;
+  if (rope_) up.check_rope(*rope_);
+  d.pos = up.upload(positions());
+  d.k = up.upload(ck_);
+  d.v = up.upload(cv_);
+  d.basis_k = up.upload_shared(basis_->k);
+  d.basis_v = up.upload_shared(basis_->v);
+  d.rk = rk_;
+  d.rv = rv_;
+  d.R = basis_->rank;
+  return true;
 }
 
 }  // namespace kvb

@@ -32,6 +32,7 @@ class LowRankSegment final : public Segment {
   size_t bytes() const override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
+  bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
   // Rounds the coefficients to t and charges them, and the basis, at t. The shared basis keeps its fp32
   // numbers (other segments read it).
   void store_as(KvDtype t) override;

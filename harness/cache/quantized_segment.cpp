@@ -1,5 +1,7 @@
 #include "harness/cache/quantized_segment.hpp"
 
+#include "harness/cache/device_form.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -116,6 +118,22 @@ void QuantizedSegment::reconstruct(std::vector<float>& k, std::vector<float>& v)
   v.assign(size() * d_, 0.0f);
   keys_.reconstruct(k.data());
   values_.reconstruct(v.data());
+}
+
+bool QuantizedSegment::device_form(DeviceUploader& up, cuda::DecodeSegment& d) const {
+  d.kind = cuda::kQuantized;
+  d.pos = up.upload(positions());
+  d.k_words = up.upload(k_words());
+  d.k_scale = up.upload(k_scales());
+  d.k_min = up.upload(k_mins());
+  d.v_words = up.upload(v_words());
+  d.v_scale = up.upload(v_scales());
+  d.v_min = up.upload(v_mins());
+  d.k_bits = k_bits();
+  d.v_bits = v_bits();
+  d.k_group = k_group();
+  d.v_group = v_group();
+  return true;
 }
 
 }  // namespace kvb

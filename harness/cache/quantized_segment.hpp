@@ -68,6 +68,7 @@ class QuantizedSegment final : public Segment {
   size_t bytes() const override { return keys_.bytes() + values_.bytes(); }
   void logits(const float* q, float* scores) const override { keys_.logits(q, scores); }
   void accumulate(const float* p, float* acc) const override { values_.accumulate(p, acc); }
+  bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
   // Codes and fp16 scales only: nothing stored at the cache's full precision.
   void store_as(KvDtype) override {}
 

@@ -13,16 +13,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <unordered_map>
 
-#include "harness/cache/approx_value_segment.hpp"
+#include "harness/cache/device_form.hpp"
 #include "harness/cache/layer_cache.hpp"
-#include "harness/cache/lowrank_segment.hpp"
-#include "harness/cache/quantized_segment.hpp"
 #include "harness/engine/backend.hpp"
 #include "harness/engine/op_timer.hpp"
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 
 namespace kvb {
@@ -140,10 +140,14 @@ class PinnedArray {
 };
 
 template <typename T>
-DeviceArray to_device(const std::vector<T>& v, cudaStream_t s) {
+DeviceArray to_device(std::span<const T> v, cudaStream_t s) {
   DeviceArray a(v.size() * sizeof(T));
   if (!v.empty()) check(cudaMemcpyAsync(a.as<void>(), v.data(), a.bytes(), cudaMemcpyHostToDevice, s), "upload");
   return a;
+}
+template <typename T>
+DeviceArray to_device(const std::vector<T>& v, cudaStream_t s) {
+  return to_device(std::span<const T>(v), s);
 }
 
 // The device copy of one segment.
@@ -422,12 +426,32 @@ class CudaBackend final : public Backend {
     return ints_.as<int32_t>();
   }
 
-  // Uploads host data shared between segments (bases, estimator matrices) once per rebuild.
-  const float* shared_upload(CacheMirror& m, const void* key, const std::vector<float>& data) {
-    auto it = m.shared.find(key);
-    if (it == m.shared.end()) it = m.shared.emplace(key, to_device(data, stream_)).first;
-    return it->second.as<float>();
-  }
+  // What a segment's device_form uploads through: arrays kept by its mirror, shared data (bases,
+  // estimator matrices) once per rebuild, by host address.
+  class Uploader final : public DeviceUploader {
+   public:
+    Uploader(CudaBackend& b, CacheMirror& m, SegmentMirror& sm) : b_(b), m_(m), sm_(sm) {}
+    const float* upload(std::span<const float> x) override { return put(x); }
+    const int32_t* upload(std::span<const int32_t> x) override { return put(x); }
+    const uint32_t* upload(std::span<const uint32_t> x) override { return put(x); }
+    const uint16_t* upload(std::span<const uint16_t> x) override { return put(x); }
+    const float* upload_shared(std::span<const float> x) override {
+      auto it = m_.shared.find(x.data());
+      if (it == m_.shared.end()) it = m_.shared.emplace(x.data(), to_device(x, b_.stream_)).first;
+      return it->second.as<float>();
+    }
+    void check_rope(const RopeTable& r) override { b_.check_rope(r); }
+
+   private:
+    template <typename T>
+    const T* put(std::span<const T> x) {
+      sm_.arrays.push_back(to_device(x, b_.stream_));
+      return sm_.arrays.back().template as<T>();
+    }
+    CudaBackend& b_;
+    CacheMirror& m_;
+    SegmentMirror& sm_;
+  };
 
   void check_rope(const RopeTable& r) const {
     if (std::vector<float>(r.inv_freq().begin(), r.inv_freq().end()) != inv_freq_host_ ||
@@ -441,10 +465,6 @@ class CudaBackend final : public Backend {
     sm.seg = &s;
     sm.uploaded = s.size();
     auto& d = sm.desc;
-    auto add = [&](auto const& v) {
-      sm.arrays.push_back(to_device(v, stream_));
-      return sm.arrays.back().template as<std::remove_const_t<typename std::decay_t<decltype(v)>::value_type>>();
-    };
     if (const auto* ds = dynamic_cast<const DenseSegment*>(&s)) {
       // Room to grow: decoding appends to the dense tail.
       d.kind = cuda::kDense;
@@ -457,47 +477,9 @@ class CudaBackend final : public Backend {
       d.v = sm.arrays[1].as<float>();
       return sm;
     }
-    // Pre-RoPE keys and estimated values need each token's position.
-    d.pos = add(std::vector<int32_t>(s.positions().begin(), s.positions().end()));
-    if (const auto* ls = dynamic_cast<const LowRankSegment*>(&s)) {
-      d.kind = ls->rope() ? cuda::kLowRankPreRope : cuda::kLowRank;
-      if (ls->rope()) check_rope(*ls->rope());
-      d.k = add(ls->k_coefficients());
-      d.v = add(ls->v_coefficients());
-      d.basis_k = shared_upload(m, ls->basis().k.data(), ls->basis().k);
-      d.basis_v = shared_upload(m, ls->basis().v.data(), ls->basis().v);
-      d.rk = ls->k_rank();
-      d.rv = ls->v_rank();
-      d.R = ls->basis().rank;
-    } else if (const auto* qs = dynamic_cast<const QuantizedSegment*>(&s)) {
-      d.kind = cuda::kQuantized;
-      d.k_words = add(qs->k_words());
-      d.k_scale = add(qs->k_scales());
-      d.k_min = add(qs->k_mins());
-      d.v_words = add(qs->v_words());
-      d.v_scale = add(qs->v_scales());
-      d.v_min = add(qs->v_mins());
-      d.k_bits = qs->k_bits();
-      d.v_bits = qs->v_bits();
-      d.k_group = qs->k_group();
-      d.v_group = qs->v_group();
-    } else if (const auto* as = dynamic_cast<const ApproxValueSegment*>(&s)) {
-      const auto* aff = dynamic_cast<const AffineValueEstimator*>(&as->estimator());
-      if (!aff)
-        fail("CUDA decode: value estimator '{}' has no GPU form (only 'affine'); use --backend cpu",
-             as->estimator().name());
-      check_rope(as->rope());
-      d.kind = cuda::kApproxAffine;
-      d.k = add(as->keys());
-      d.w = shared_upload(m, aff->w().data(), aff->w());
-      d.c = aff->c().empty() ? nullptr : shared_upload(m, aff->c().data(), aff->c());
-    } else if (const auto* ms = dynamic_cast<const MaterializedValueSegment*>(&s)) {
-      d.kind = cuda::kDense;  // never the tail: decoding appends to the dense segment after it
-      d.k = add(ms->keys());
-      d.v = add(ms->values());
-    } else {
-      fail("CUDA decode: segment format '{}' has no GPU form; use --backend cpu", s.format());
-    }
+    // Every other format describes its own device form (harness/cache/device_form.hpp).
+    Uploader up(*this, m, sm);
+    if (!s.device_form(up, d)) fail("CUDA decode: segment format '{}' has no GPU form; use --backend cpu", s.format());
     return sm;
   }
 

@@ -6,7 +6,6 @@
 #include <random>
 #include <set>
 
-#include "harness/cache/approx_value_segment.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/rope_freqs.hpp"
 #include "harness/method/artifact.hpp"
@@ -18,6 +17,7 @@
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/base64.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "methods/vector/approx_value_segment.hpp"
 #include "methods/vector/value_map_fit.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"

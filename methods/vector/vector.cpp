@@ -19,7 +19,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "harness/cache/approx_value_segment.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/rope_freqs.hpp"
 #include "harness/method/artifact.hpp"
@@ -32,6 +31,7 @@
 #include "harness/util/error.hpp"
 #include "harness/util/progress.hpp"
 #include "harness/util/text_files.hpp"
+#include "methods/vector/approx_value_segment.hpp"
 #include "methods/vector/value_map_fit.hpp"
 
 namespace kvb {

@@ -52,6 +52,7 @@ class ApproxValueSegment final : public Segment {
   void store_as(KvDtype t) override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
+  bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
 
   void append(const float* k_post_rope, int32_t pos);
   // Keys and estimated values at full dimension: the reference for the fast path.
@@ -87,6 +88,7 @@ class MaterializedValueSegment final : public Segment {
   void store_as(KvDtype t) override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
+  bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
 
   void append(const float* k_post_rope, const float* v_estimated, int32_t pos);
   const std::vector<float>& keys() const { return k_; }

@@ -1,4 +1,6 @@
-#include "harness/cache/approx_value_segment.hpp"
+#include "methods/vector/approx_value_segment.hpp"
+
+#include "harness/cache/device_form.hpp"
 
 #include <cblas.h>
 
@@ -110,6 +112,28 @@ void MaterializedValueSegment::logits(const float* q, float* scores) const {
 
 void MaterializedValueSegment::accumulate(const float* p, float* acc) const {
   if (size()) cblas_sgemv(CblasRowMajor, CblasTrans, int(size()), d_, 1.0f, v_.data(), d_, p, 1, 1.0f, acc, 1);
+}
+
+// Keys kept, values rebuilt from the inverse-rotated key: the affine estimator only.
+bool ApproxValueSegment::device_form(DeviceUploader& up, cuda::DecodeSegment& d) const {
+  const auto* aff = dynamic_cast<const AffineValueEstimator*>(est_.get());
+  if (!aff) fail("CUDA decode: value estimator '{}' has no GPU form (only 'affine'); use --backend cpu", est_->name());
+  up.check_rope(*rope_);
+  d.kind = cuda::kApproxAffine;
+  d.pos = up.upload(positions());
+  d.k = up.upload(k_);
+  d.w = up.upload_shared(aff->w());
+  d.c = aff->c().empty() ? nullptr : up.upload_shared(aff->c());
+  return true;
+}
+
+// Dense keys and values as attention reads them; never the tail (decoding appends after it).
+bool MaterializedValueSegment::device_form(DeviceUploader& up, cuda::DecodeSegment& d) const {
+  d.kind = cuda::kDense;
+  d.pos = up.upload(positions());
+  d.k = up.upload(k_);
+  d.v = up.upload(v_);
+  return true;
 }
 
 }  // namespace kvb
