@@ -1,0 +1,154 @@
+#include "harness/report/records.hpp"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "harness/experiment/experiment.hpp"
+#include "harness/experiment/results.hpp"
+#include "harness/method/method.hpp"
+#include "harness/report/heatmap.hpp"
+#include "harness/report/memory_plot.hpp"
+#include "harness/report/report.hpp"
+#include "harness/report/stats.hpp"
+#include "harness/report/table.hpp"
+#include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
+#include "harness/util/error.hpp"
+
+namespace kvb::report {
+namespace {
+
+// One record (file f, line no) into r.
+void add_record(const json& j, const std::string& f, int no, Records& r) {
+  json cfg = j["config"];
+  if (!cfg.contains("options")) cfg["options"] = json::object();
+  Entry e;
+  e.task = cfg.value("task", "");
+  const TaskLayout& layout = layout_of(e.task);
+  const json opts = cfg["options"];
+  if (!layout.column_option.empty()) e.variant = opts.value(layout.column_option, layout.default_column);
+  if (!layout.length_option.empty()) {
+    const std::string length = opts.value(layout.length_option, layout.length_default);
+    const auto [end, ec] = std::from_chars(length.data(), length.data() + length.size(), e.length);
+    if (ec != std::errc() || end != length.data() + length.size() || e.length <= 0)
+      fail("{}:{}: field 'config.options.{}' must be a positive whole number of tokens, not '{}'", f, no,
+           layout.length_option, length);
+  }
+  if (!layout.length_ranges.empty() && j.contains("meta") && j["meta"].contains("length"))
+    e.length = j["meta"]["length"].get<int>();
+  // Runs over different parts of one grid belong to one configuration.
+  for (const auto& k : layout.pooled_options) cfg["options"].erase(k);
+  cfg.erase("version");
+  Group& g = r.groups[cfg.dump()];
+  e.group = &g;
+  g.config = cfg;
+  g.score += j["score"].get<double>();
+  g.strata[e.variant].push_back(j["score"].get<double>());
+  const double full = j.value("full_kv_bytes", 0.0);
+  e.kv_share = full > 0 ? j.value("kv_bytes", 0.0) / full : 1.0;
+  // Records made before the dtype was an option held fp32.
+  const KvDtype dtype = parse_kv_dtype(j.value("kv_dtype", std::string("fp32")), fmt::format("{}:{}: kv_dtype", f, no));
+  e.fp16_share = e.kv_share * double(kv_dtype_bytes(dtype)) / 2;
+  e.bits = 16 * e.fp16_share;
+  g.kv_share += e.kv_share;
+  g.fp16_share += e.fp16_share;
+  g.t_eq += e.fp16_share * j.value("prompt_tokens", 0.0);
+  ++g.n;
+  // (Both must be looked up: a const json's [] of a missing key is undefined behaviour.)
+  if (layout.depth_heatmap && j.contains("meta") && j["meta"].contains("depth") && j["meta"].contains("length")) {
+    auto& cell = g.depth_length[{j["meta"]["depth"].get<int>(), j["meta"]["length"].get<int>()}];
+    cell.first += j["score"].get<double>();
+    ++cell.second;
+  }
+  e.method = cfg.value("method", "fullkv");
+  e.budget = config_budget(cfg);
+  e.score = j["score"].get<double>();
+  e.empty = python_strip(j.value("prediction", "")).empty();
+  // labelled below; the dtype is shown where it is not fp32
+  e.params = cfg.value("params", json::object());
+  e.dtype = cfg.value("kv_dtype", std::string("fp32"));
+  r.method_configs[e.method].emplace(json::array({e.params, cfg.value("gqa", "-")}).dump(), e.params);
+  r.entries.push_back(e);
+}
+
+}  // namespace
+
+const TaskLayout& layout_of(const std::string& task) {
+  static const TaskLayout none;
+  const TaskInfo* info = TaskRegistry::get().find(task);
+  return info ? info->layout : none;
+}
+
+std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vector<double>>& by_variant) {
+  std::vector<std::vector<double>> out;
+  for (const auto& [variant, scores] : by_variant) out.push_back(scores);
+  return out;
+}
+
+Records read_records(const std::vector<std::string>& files) {
+  Records r;
+  // A cell recorded twice (overlapping files, or two runs appending to one file) counts once; the
+  // runs are deterministic, so a second copy with another score means the records disagree.
+  std::map<std::string, std::pair<double, std::string>> seen;  // key -> score, where first recorded
+  size_t repeated = 0;
+  for (const auto& f : files) {
+    for_each_record(f, [&](const json& j, int no) {
+      if (const std::string key = record_key(j); !key.empty()) {
+        const auto [it, fresh] = seen.try_emplace(key, j["score"].get<double>(), fmt::format("{}:{}", f, no));
+        if (!fresh) {
+          if (it->second.first != j["score"].get<double>())
+            fail(
+                "{}:{}: cell {} is recorded again with score {}, but {} has {} (runs of different code? each "
+                "record's version says which commit made it)",
+                f, no, it->first, j["score"].get<double>(), it->second.second, it->second.first);
+          ++repeated;
+          return;
+        }
+      }
+      add_record(j, f, no, r);
+    });
+  }
+  if (r.groups.empty()) fail("no result records in the given files");
+  if (repeated)
+    fmt::print(stderr, "{} records repeat a cell already read (same key and score); counted once\n", repeated);
+  return r;
+}
+
+void label_entries(Records& r) {
+  // A method's row label is its name, with the parameters that differ between its settings where the
+  // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
+  std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
+  for (const auto& [method, configs] : r.method_configs) {
+    std::map<std::string, std::set<std::string>> values;
+    for (const auto& [setting, params] : configs) {
+      for (const auto& [k, v] : params.items()) {
+        values[k].insert(v.dump());
+      }
+    }
+    // A key only some settings have (a base's own parameter) is shown when its values differ.
+    for (const auto& [k, v] : values)
+      if (v.size() > 1) varying[method].insert(k);
+  }
+  for (Entry& e : r.entries) {
+    const std::string name =
+        (e.method == "fullkv" ? "FullKV" : e.method) + (e.dtype == "fp32" ? "" : " [" + e.dtype + "]");
+    json shown = json::object();
+    for (const auto& [k, v] : e.params.items())
+      if (varying[e.method].count(k)) shown[k] = v;
+    if (r.method_configs[e.method].size() > 1)
+      e.group->distinct = shown.empty() ? params_text(e.params) : params_text(shown);
+    e.label = e.group->distinct.empty() ? name : name + " (" + e.group->distinct + ")";
+  }
+}
+
+}  // namespace kvb::report

@@ -1,0 +1,57 @@
+#pragma once
+// The records behind a report: every record of the results files, deduplicated, reduced to what the
+// tables group by (entries) and pooled by configuration (groups), with the rows' method labels.
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/method/method.hpp"
+#include "harness/task/task.hpp"
+
+namespace kvb::report {
+
+using nlohmann::json;
+
+struct Group {
+  json config;
+  double score = 0, kv_share = 0, fp16_share = 0, t_eq = 0;
+  int n = 0;
+  std::map<std::pair<int, int>, std::pair<double, int>> depth_length;  // (depth, length) -> sum, count
+  std::map<std::string, std::vector<double>> strata;  // scores by RULER task or LongBench dataset ("" else)
+  // The parameters that tell it from the method's other settings in the records ("recency=50"), if any.
+  std::string distinct;
+};
+
+// One record, reduced to what the tables group by.
+struct Entry {
+  std::string task, method, label, variant;  // variant: the task option a paper table has columns for
+  json params;                               // the method's parameters, as recorded
+  std::string dtype;                         // the cache's KV dtype
+  KvBudget budget;
+  int length = 0;
+  double score = 0, kv_share = 1;
+  double fp16_share = 0.5;  // kept bytes against a full fp16 cache of the prompt (the papers' unit)
+  double bits = 8;          // kept bits per K/V element of the prompt: 16 x fp16_share
+  bool empty = false;
+  Group* group = nullptr;
+};
+
+// Every record of the files, deduplicated, as entries and their configurations' groups.
+struct Records {
+  std::map<std::string, Group> groups;  // by configuration, the grid's parts pooled
+  std::vector<Entry> entries;           // one per record; each points into groups
+  // method -> its distinct settings (parameters and GQA mode, as text) -> their parameters
+  std::map<std::string, std::map<std::string, json>> method_configs;
+};
+
+// Reads the files; a cell recorded twice counts once, twice with different scores is an error.
+Records read_records(const std::vector<std::string>& files);
+// Each entry's row label: its method, with the parameters that tell its settings apart.
+void label_entries(Records& r);
+// The layout a task declares (harness/task/task.hpp); none for a task this build does not know.
+const TaskLayout& layout_of(const std::string& task);
+// Scores by the task's column (a stratum each), for the intervals.
+std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vector<double>>& by_variant);
+
+}  // namespace kvb::report
