@@ -1,18 +1,13 @@
 // Method invariants, driven by the registry so that every registered method is covered, plus the
 // shared parts against their references and the papers' worked examples.
-#include <fmt/ranges.h>
 #include <algorithm>
 
-#include <deque>
 #include <numeric>
 #include <random>
 #include <set>
 
 #include <yaml-cpp/yaml.h>
 
-#include "harness/cache/device_form.hpp"
-#include "harness/cache/lowrank_segment.hpp"
-#include "harness/cache/quantized_segment.hpp"
 #include "harness/engine/backend.hpp"
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -235,96 +230,6 @@ TEST_CASE("H2O with uniform attention keeps the earliest tokens, StreamingLLM's 
   std::vector<int32_t> sw = {0, 1, 2, 3};
   for (int j = 104; j < 120; ++j) sw.push_back(j);
   for (const auto& p : kept_positions(cs)) CHECK(p == sw);
-}
-
-namespace {
-
-// A host stand-in for a GPU backend's uploader: keeps copies of what a device form uploads.
-class HostUploader final : public DeviceUploader {
- public:
-  const float* upload(std::span<const float> x) override { return keep(x); }
-  const int32_t* upload(std::span<const int32_t> x) override { return keep(x); }
-  const uint32_t* upload(std::span<const uint32_t> x) override { return keep(x); }
-  const uint16_t* upload(std::span<const uint16_t> x) override { return keep(x); }
-  const float* upload_shared(std::span<const float> x) override { return keep(x); }
-  void check_rope(const RopeTable&) override {}
-  size_t arrays = 0;
-
- private:
-  template <typename T>
-  const T* keep(std::span<const T> x) {
-    ++arrays;
-    const auto* bytes = static_cast<const unsigned char*>(static_cast<const void*>(x.data()));
-    auto& b = store_.emplace_back(bytes, bytes + x.size_bytes());
-    return static_cast<const T*>(static_cast<const void*>(b.data()));
-  }
-  std::deque<std::vector<unsigned char>> store_;
-};
-
-}  // namespace
-
-TEST_CASE("every storage format the methods build has a GPU form, or is one of the listed gaps", "[methods]") {
-  // The formats the CUDA backend cannot attend over (yet): a format leaving this list gets a device
-  // form beside its CPU code, and this test then requires it. DynaKV's latent segment, built only
-  // inside an engine's prefill, has none either.
-  const std::set<std::string> gaps = {"kvmix", "int8"};
-  const auto& reg = MethodRegistry::get();
-  std::map<std::string, bool> has_form;  // format family (its name up to '(') -> device_form
-  for (const auto& name : reg.names()) {
-    if (reg.info(name).changes_model) continue;
-    for (const char* gqa : {"native", "repeat"}) {
-      SyntheticLayer L(300, 6, 2, 16, 32, 5);
-      auto m = reg.create(name, method_test_params(name, {{"gqa", gqa}}), L.cfg);
-      MethodRunner runner(*m, m->budgeted() ? KvBudget(64) : KvBudget{});
-      LayerCache c(6, gqa == std::string("repeat") ? 6 : 2, 16);
-      runner.on_layer(L.view, c);
-      for (int h = 0; h < c.n_cache_heads(); ++h)
-        for (const auto& seg : c.segments(h)) {
-          const std::string family = seg->format().substr(0, seg->format().find('('));
-          if (family == "dense") continue;  // the backend's own: the tail decoding appends to
-          HostUploader up;
-          cuda::DecodeSegment d;
-          const bool form = seg->device_form(up, d);
-          INFO(name << ": " << seg->format());
-          if (form) {
-            CHECK(up.arrays >= 2);  // positions and the stored numbers at least
-            CHECK(d.pos != nullptr);
-          }
-          has_form[family] = form;
-        }
-    }
-  }
-  // The shared formats no registered method builds on these layers (MixedDimKV may keep no middle
-  // width here; nothing builds plain quantized segments yet) are built directly.
-  {
-    const int d = 16, n = 40;
-    const auto k = test::randn(size_t(n) * d, 3), v = test::randn(size_t(n) * d, 4);
-    std::vector<int32_t> pos(n);
-    std::iota(pos.begin(), pos.end(), 0);
-    auto basis = std::make_shared<LowRankBasis>(pca_basis(k.data(), v.data(), n, d, 8));
-    LowRankSegment lowrank(basis, 4, 4, true);
-    for (int t = 0; t < n; ++t) lowrank.append(k.data() + size_t(t) * d, v.data() + size_t(t) * d, t);
-    QuantizedSegment quantized(d, 4, 2, 8, 16);
-    quantized.append(k.data(), v.data(), n, pos.data());
-    for (const Segment* seg : std::initializer_list<const Segment*>{&lowrank, &quantized}) {
-      HostUploader up;
-      cuda::DecodeSegment desc;
-      INFO(seg->format());
-      CHECK(seg->device_form(up, desc));
-      CHECK(up.arrays >= 3);
-      has_form[seg->format().substr(0, seg->format().find('('))] = true;
-    }
-  }
-  std::vector<std::string> missing, seen;
-  for (const auto& [family, form] : has_form) {
-    seen.push_back(family);
-    INFO(family);
-    CHECK(form == !gaps.count(family));
-    if (!form) missing.push_back(family);
-  }
-  CHECK(has_form.size() >= 5);
-  WARN("storage formats built: " << fmt::format("{}", fmt::join(seen, ", ")) << "; without a GPU form: "
-                                 << fmt::format("{}", fmt::join(missing, ", ")) << ", dynakv-latent");
 }
 
 TEST_CASE("every wrapper over every selector stays within the bytes of T", "[methods]") {
