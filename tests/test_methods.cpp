@@ -18,7 +18,6 @@
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
 #include "kernels/cpu/ops.hpp"
-#include "methods/dynakv/maps.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"
 
@@ -372,32 +371,15 @@ TEST_CASE("a name the registry lacks goes to the resolver first and python names
 namespace {
 
 // Parameters under which `name` runs on a random model without offline artifacts: its test
-// parameters, uniform head scores for a method that reads profiled ones, and DynaKV maps started from
-// an identity basis for one that reads trained maps (written to `dir`).
+// parameters, uniform head scores for a method that reads profiled ones, and the files its test
+// registers a maker for (written to `dir`).
 std::map<std::string, std::string> runnable_params(const std::string& name, const ModelFile& model,
                                                    const std::filesystem::path& dir) {
   auto p = method_test_params(name);
-  for (const auto& spec : MethodRegistry::get().param_specs(name)) {
+  for (const auto& spec : MethodRegistry::get().param_specs(name))
     if (spec.name == "scores") p.emplace("scores", "uniform");
-    if (spec.name == "weights") {
-      const ModelConfig& c = model.config();
-      DynaKvPca pca;
-      pca.d = c.n_kv_heads * c.head_dim;
-      std::vector<float> eye(size_t(pca.d) * pca.d, 0.0f);
-      for (int i = 0; i < pca.d; ++i) eye[size_t(i) * pca.d + i] = 1.0f;
-      std::vector<double> eig(size_t(pca.d));
-      for (int i = 0; i < pca.d; ++i) eig[size_t(i)] = pca.d - i;
-      for (int l = 0; l < c.n_layers; ++l) {
-        pca.basis.push_back({eye, eye});
-        pca.eigenvalues.push_back({eig, eig});
-      }
-      auto body = dynakv_weights_json(dynakv_init(pca, 0.6, 0.1));
-      body["header"] = artifact_header(kDynaKvKind, c, model.path());
-      const std::string file = (dir / "dynakv_weights.json").string();
-      write_artifact(file, body);
-      p.emplace("weights", file);
-    }
-  }
+  if (const auto it = test::method_test_artifacts().find(name); it != test::method_test_artifacts().end())
+    p.merge(it->second(model, dir));
   return p;
 }
 

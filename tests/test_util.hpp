@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,6 +22,10 @@
 #include <string>
 #include <system_error>
 #include <vector>
+
+namespace kvb {
+class ModelFile;
+}
 
 namespace kvb::test {
 
@@ -37,6 +42,18 @@ inline std::map<std::string, std::map<std::string, std::string>>& method_test_pa
 }
 inline bool register_method_test_params(const std::string& method, std::map<std::string, std::string> params) {
   method_test_params()[method] = std::move(params);
+  return true;
+}
+// Parameters naming files a method reads that must be made for the model at hand (DynaKV's trained
+// maps): its test file registers a maker, which writes them under `dir` and returns the parameters.
+using MethodTestArtifacts =
+    std::function<std::map<std::string, std::string>(const ModelFile& model, const std::filesystem::path& dir)>;
+inline std::map<std::string, MethodTestArtifacts>& method_test_artifacts() {
+  static std::map<std::string, MethodTestArtifacts> makers;
+  return makers;
+}
+inline bool register_method_test_artifacts(const std::string& method, MethodTestArtifacts maker) {
+  method_test_artifacts()[method] = std::move(maker);
   return true;
 }
 // The test parameters of `method` (none if it registered none) joined to `extra`.

@@ -3,6 +3,7 @@
 // bandwidth); optionally decode speed with compressed caches (a method at several KV sizes, and the
 // same kept tokens stored as low-rank segments) against full attention.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -101,258 +102,289 @@ class LowRankStore final : public PrefillObserver {
   std::shared_ptr<const LowRankBasis> basis_;
 };
 
+struct BenchArgs : EngineArgs {
+  std::string model, format = "md", method;
+  std::vector<int> contexts = {512, 2048}, budgets;
+  std::vector<std::string> params;
+  int repeat = 3, decode_tokens = 32, lowrank = 0;
+};
+
+// The observer of one measured prefill (none: the full cache), and the runner inside it.
+struct Observer {
+  std::unique_ptr<MethodRunner> runner;
+  std::unique_ptr<LowRankStore> lowrank;
+  PrefillObserver* observer = nullptr;
+};
+
+std::string pct(double x) { return fmt::format("{:.0f}%", 100 * x); }
+std::string tps(const Spread& s) { return fmt::format("{:.1f} ({:.1f}-{:.1f})", s.median, s.min, s.max); }
+
+// Markdown or CSV rows, printed as each configuration finishes.
+class Table {
+ public:
+  explicit Table(bool md) : md_(md) {}
+  void header(const std::string& title) const {
+    if (md_) fmt::print("{}\n\n", title);
+    const std::vector<std::string> head = {"context",
+                                           "cache",
+                                           "prefill tok/s",
+                                           "prefill TFLOP/s",
+                                           "linear TFLOP/s",
+                                           "linear / GEMM peak",
+                                           "linear share",
+                                           "attention TFLOP/s",
+                                           "attention / GEMM peak",
+                                           "attention share",
+                                           "compression share",
+                                           "decode tok/s",
+                                           "decode bound tok/s",
+                                           "decode / bound",
+                                           "decode GEMV / bandwidth",
+                                           "decode vs full",
+                                           "decode transform share",
+                                           "KV MiB",
+                                           "peak memory MiB"};
+    line(head);
+    if (md_) line(std::vector<std::string>(head.size(), "---"));
+  }
+  void row(const Row& r) const {
+    const bool dec = r.decode_bound_tps > 0;
+    line({std::to_string(r.context), r.cache, tps(r.prefill_tps), fmt::format("{:.3f}", r.prefill_tflops),
+          fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff), pct(r.linear_share),
+          fmt::format("{:.3f}", r.attention_tflops), pct(r.attention_eff), pct(r.attention_share),
+          r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share), dec ? tps(r.decode_tps) : "n/a",
+          dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
+          r.decode_gemv_eff > 0 ? pct(r.decode_gemv_eff) : "n/a",
+          r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-",
+          r.transform_share > 0 ? fmt::format("{:.1f}%", 100 * r.transform_share) : "-",
+          fmt::format("{:.1f}", mib(r.kv_bytes)), fmt::format("{:.0f}", mib(r.peak_memory))});
+    std::fflush(stdout);  // rows of long runs appear as they finish
+  }
+
+ private:
+  void line(const std::vector<std::string>& cells) const {
+    fmt::print("{}{}{}\n", md_ ? "| " : "", fmt::join(cells, md_ ? " | " : ","), md_ ? " |" : "");
+  }
+  bool md_;
+};
+
+nlohmann::json row_json(const Row& r) {
+  return {{"context", r.context},
+          {"cache", r.cache},
+          {"prefill_tokens_per_s", {r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max}},
+          {"prefill_tflops", r.prefill_tflops},
+          {"linear_tflops", r.linear_tflops},
+          {"linear_efficiency", r.linear_eff},
+          {"linear_time_share", r.linear_share},
+          {"attention_tflops", r.attention_tflops},
+          {"attention_efficiency", r.attention_eff},
+          {"attention_time_share", r.attention_share},
+          {"compress_time_share", r.compress_share},
+          {"decode_transform_share", r.transform_share},
+          {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
+          {"decode_bound_tokens_per_s", r.decode_bound_tps},
+          {"decode_efficiency", r.decode_eff},
+          {"decode_gemv_bandwidth_fraction", r.decode_gemv_eff},
+          {"decode_speedup_vs_full", r.decode_speedup},
+          {"kv_bytes", r.kv_bytes},
+          {"peak_memory_bytes", r.peak_memory}};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The measurements of one model on one backend.
+class Bench {
+ public:
+  Bench(const BenchArgs& a, const ModelFile& m)
+      : a_(a), cfg_(m.config()), engine_(m, engine_options(a)), b_(engine_.backend()) {
+    fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b_.name());
+    limits_ = b_.measure_limits();
+    weights_read_ = engine_.decode_weight_bytes();
+  }
+
+  std::string title() const {
+    return fmt::format(
+        "{} on {} backend; {} peak {}, bandwidth {:.1f} GB/s, weights read per decode step {:.0f} MiB ({} weights); "
+        "KV cache stored as {}; medians of {} runs (min-max)",
+        a_.model, b_.name(), limits_.gemm_kind,
+        // GFLOP/s where a TFLOP/s figure would round to a digit or two (CPUs)
+        limits_.gemm_gflops < 1000 ? fmt::format("{:.0f} GFLOP/s", limits_.gemm_gflops)
+                                   : fmt::format("{:.1f} TFLOP/s", limits_.gemm_gflops / 1e3),
+        limits_.bandwidth_gbs, mib(weights_read_), weight_format_name(engine_.weight_format()), a_.kv_dtype, a_.repeat);
+  }
+
+  nlohmann::json json(const std::vector<Row>& rows) const {
+    nlohmann::json j = {{"model", a_.model},
+                        {"backend", b_.name()},
+                        {"kv_dtype", a_.kv_dtype},
+                        {"weights", weight_format_name(engine_.weight_format())},
+                        {"gemm_kind", limits_.gemm_kind},
+                        {"gemm_peak_gflops", limits_.gemm_gflops},
+                        {"bandwidth_gbs", limits_.bandwidth_gbs},
+                        {"weights_read_bytes", weights_read_},
+                        {"repeat", a_.repeat}};
+    for (const auto& r : rows) j["rows"].push_back(row_json(r));
+    return j;
+  }
+
+  // One configuration at one context: `make_observer` gives the prefill observer of each run.
+  // full_decode_tps: decode speed of the full cache at this context, for the speed-up column.
+  template <typename MakeObserver>
+  Row measure(int ctx, const std::string& label, double full_decode_tps, MakeObserver make_observer) {
+    Row row;
+    row.context = ctx;
+    row.cache = label;
+    std::vector<double> p_tps, d_tps;
+    b_.reset_peak_memory();
+    for (int r = 0; r < a_.repeat; ++r) {
+      std::vector<int32_t> ids(ctx);
+      for (auto& id : ids) id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(cfg_.vocab_size));
+      if (r == 0) profile_prefill(ids, make_observer(), row);
+      auto holder = make_observer();
+      const auto t0 = std::chrono::steady_clock::now();
+      engine_.prefill(ids, holder.observer);
+      b_.synchronize();
+      const double pre_s = seconds_since(t0);
+      p_tps.push_back(ctx / pre_s);
+      row.prefill_tflops = flops_ / pre_s / 1e12;
+      if (const double d = time_decode(ctx, row); d > 0) d_tps.push_back(d);
+      row.kv_bytes = engine_.kv_bytes();
+    }
+    row.peak_memory = b_.peak_memory_bytes();
+    row.prefill_tps = spread(p_tps);
+    row.linear_eff = row.linear_tflops * 1e3 / limits_.gemm_gflops;
+    row.attention_eff = row.attention_tflops * 1e3 / limits_.gemm_gflops;
+    if (!d_tps.empty()) {
+      row.decode_tps = spread(d_tps);
+      row.decode_bound_tps = limits_.bandwidth_gbs * 1e9 / static_cast<double>(weights_read_ + row.kv_bytes);
+      row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
+    }
+    if (full_decode_tps > 0) row.decode_speedup = row.decode_tps.median / full_decode_tps;
+    return row;
+  }
+
+ private:
+  // Per-operation rates and shares from one profiled prefill: profiling synchronises a GPU after
+  // every operation, which serialises the host's share of a layer with the device's, so the speed
+  // comes from the unprofiled runs.
+  void profile_prefill(const std::vector<int32_t>& ids, Observer probe, Row& row) {
+    b_.set_profiling(true);
+    b_.reset_stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    engine_.prefill(ids, probe.observer);
+    const double s = seconds_since(t0);
+    b_.set_profiling(false);
+    const OpStats st = b_.stats();
+    flops_ = st.linear_flops + st.attention_flops;
+    row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
+    row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
+    row.linear_share = st.linear_seconds / s;
+    row.attention_share = st.attention_seconds / s;
+    row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
+  }
+
+  // Decodes after a prefill of `ctx` tokens; returns tokens per second (0 when too few steps fit).
+  double time_decode(int ctx, Row& row) {
+    const int steps = std::min(a_.decode_tokens, cfg_.context_length - ctx);
+    if (steps <= 0) return 0;
+    const auto tok = static_cast<int32_t>(rng_() % 1000);
+    engine_.decode(tok);  // the first step sends the cache to a device; not timed
+    b_.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    const double tr0 = engine_.transform_seconds();
+    for (int s = 1; s < steps; ++s) engine_.decode(tok);
+    b_.synchronize();
+    const double dec_s = seconds_since(t0);
+    row.transform_share = (engine_.transform_seconds() - tr0) / dec_s;
+    // A few more steps with per-operation timing (it synchronises, so not in the speed).
+    if (const int prof = std::min(4, cfg_.context_length - ctx - steps); prof > 0) {
+      b_.set_profiling(true);
+      b_.reset_stats();
+      for (int s = 0; s < prof; ++s) engine_.decode(tok);
+      b_.set_profiling(false);
+      row.decode_gemv_eff =
+          static_cast<double>(weights_read_) * prof / b_.stats().linear_seconds / 1e9 / limits_.bandwidth_gbs;
+    }
+    return steps > 1 ? (steps - 1) / dec_s : 0;
+  }
+
+  const BenchArgs& a_;
+  const ModelConfig& cfg_;
+  Engine engine_;
+  Backend& b_;
+  DeviceLimits limits_;
+  size_t weights_read_ = 0;
+  double flops_ = 0;  // of one prefill, from the profiled run
+  std::mt19937 rng_{0};
+};
+
+void run_bench(const BenchArgs& a) {
+  auto m = ModelFile::open(a.model);
+  const ModelConfig& cfg = m->config();
+  for (int c : a.contexts)
+    if (c < 1 || c > cfg.context_length)
+      fail("--context {}: must be between 1 and the model's context length {}", c, cfg.context_length);
+  std::unique_ptr<Method> method;
+  if (!a.method.empty()) method = MethodRegistry::get().create(a.method, parse_key_values(a.params), cfg);
+  // A method that sets its own memory (KVmix) runs without KV sizes: one row, no --budget.
+  const bool budgeted = !method || method->budgeted();
+  if (budgeted && a.method.empty() != a.budgets.empty()) fail("--method and --budget go together");
+  if (!budgeted && !a.budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a.method);
+  if (a.lowrank < 0 || a.lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a.lowrank, cfg.head_dim);
+  if (a.lowrank && a.method.empty()) fail("--lowrank needs --method and --budget");
+
+  Bench bench(a, *m);
+  const Table table(a.format == "md");
+  const bool json = a.format == "json";
+  if (!json) table.header(bench.title());
+  std::vector<Row> rows;
+  auto measure = [&](int ctx, const std::string& label, double full_tps, auto make_observer) {
+    rows.push_back(bench.measure(ctx, label, full_tps, make_observer));
+    if (!json) table.row(rows.back());
+    return rows.back();
+  };
+  auto compressed = [&](KvBudget budget, int rank) {
+    Observer h;
+    h.runner = std::make_unique<MethodRunner>(*method, budget);
+    h.observer = h.runner.get();
+    if (rank) {
+      h.lowrank = std::make_unique<LowRankStore>(*h.runner, rank, cfg.head_dim);
+      h.observer = h.lowrank.get();
+    }
+    return h;
+  };
+  for (int ctx : a.contexts) {
+    const double full = measure(ctx, "full", 0.0, [] { return Observer{}; }).decode_tps.median;
+    if (!budgeted) measure(ctx, a.method, full, [&] { return compressed(KvBudget{}, 0); });
+    for (int T : a.budgets) {
+      measure(ctx, fmt::format("{} T={}", a.method, T), full, [&] { return compressed(T, 0); });
+      if (a.lowrank)
+        measure(ctx, fmt::format("{} T={} lowrank r={}", a.method, T, a.lowrank), full,
+                [&] { return compressed(T, a.lowrank); });
+    }
+  }
+  if (json) fmt::print("{}\n", bench.json(rows).dump(2));
+}
+
 }  // namespace
 
 void register_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Prefill and decode speed against the hardware's measured limits");
-  struct Args {
-    std::string model, backend = "cpu", format = "md", method, kv_dtype = "fp32", weights;
-    std::vector<int> contexts = {512, 2048}, budgets;
-    std::vector<std::string> params;
-    int repeat = 3, decode_tokens = 32, threads = 0, lowrank = 0;
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<BenchArgs>();
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
   cmd->add_option("--context,-c", a->contexts, "Context lengths (repeatable)");
   cmd->add_option("--repeat,-r", a->repeat, "Runs per context; medians are reported")->check(CLI::PositiveNumber);
   cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded after each prefill (0: prefill only)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--backend", a->backend, "cpu or cuda");
-  cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
   cmd->add_option("--method", a->method, "Also decode with caches compressed by this method");
   cmd->add_option("--budget", a->budgets, "KV sizes T for --method (repeatable)");
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
-  add_kv_dtype_option(cmd, a->kv_dtype);
-  add_weights_option(cmd, a->weights);
-  cmd->callback([a] {
-    auto m = ModelFile::open(a->model);
-    const ModelConfig& cfg = m->config();
-    for (int c : a->contexts)
-      if (c < 1 || c > cfg.context_length)
-        fail("--context {}: must be between 1 and the model's context length {}", c, cfg.context_length);
-    std::unique_ptr<Method> method;
-    if (!a->method.empty()) method = MethodRegistry::get().create(a->method, parse_key_values(a->params), cfg);
-    // A method that sets its own memory (KVmix) runs without KV sizes: one row, no --budget.
-    const bool budgeted = !method || method->budgeted();
-    if (budgeted && a->method.empty() != a->budgets.empty()) fail("--method and --budget go together");
-    if (!budgeted && !a->budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a->method);
-    if (a->lowrank < 0 || a->lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a->lowrank, cfg.head_dim);
-    if (a->lowrank && a->method.empty()) fail("--lowrank needs --method and --budget");
-    Engine engine(*m, {.backend = a->backend,
-                       .threads = a->threads,
-                       .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype"),
-                       .weights = weights_option(a->weights)});
-    Backend& b = engine.backend();
-    fmt::print(stderr, "measuring the {} backend's hardware: GEMM rate and memory bandwidth...\n", b.name());
-    const DeviceLimits limits = b.measure_limits();
-    const size_t weights_read = engine.decode_weight_bytes();
-
-    const bool md = a->format == "md";
-    const char* sep = md ? " | " : ",";
-    auto line = [&](const std::vector<std::string>& cells) {
-      std::string s = md ? "| " : "";
-      for (size_t i = 0; i < cells.size(); ++i) s += cells[i] + (i + 1 < cells.size() ? sep : "");
-      fmt::print("{}{}\n", s, md ? " |" : "");
-    };
-    auto print_header = [&] {
-      if (md)
-        fmt::print(
-            "{} on {} backend; {} peak {}, bandwidth {:.1f} GB/s, weights read per decode step "
-            "{:.0f} MiB ({} weights); KV cache stored as {}; medians of {} runs (min-max)\n\n",
-            a->model, b.name(), limits.gemm_kind,
-            // GFLOP/s where a TFLOP/s figure would round to a digit or two (CPUs)
-            limits.gemm_gflops < 1000 ? fmt::format("{:.0f} GFLOP/s", limits.gemm_gflops)
-                                      : fmt::format("{:.1f} TFLOP/s", limits.gemm_gflops / 1e3),
-            limits.bandwidth_gbs, mib(weights_read), weight_format_name(engine.weight_format()), a->kv_dtype,
-            a->repeat);
-      const std::vector<std::string> head = {"context",
-                                             "cache",
-                                             "prefill tok/s",
-                                             "prefill TFLOP/s",
-                                             "linear TFLOP/s",
-                                             "linear / GEMM peak",
-                                             "linear share",
-                                             "attention TFLOP/s",
-                                             "attention / GEMM peak",
-                                             "attention share",
-                                             "compression share",
-                                             "decode tok/s",
-                                             "decode bound tok/s",
-                                             "decode / bound",
-                                             "decode GEMV / bandwidth",
-                                             "decode vs full",
-                                             "decode transform share",
-                                             "KV MiB",
-                                             "peak memory MiB"};
-      line(head);
-      if (md) line(std::vector<std::string>(head.size(), "---"));
-    };
-    auto pct = [](double x) { return fmt::format("{:.0f}%", 100 * x); };
-    auto print_row = [&](const Row& r) {
-      const bool dec = r.decode_bound_tps > 0;
-      line(
-          {std::to_string(r.context), r.cache,
-           fmt::format("{:.1f} ({:.1f}-{:.1f})", r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max),
-           fmt::format("{:.3f}", r.prefill_tflops), fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff),
-           pct(r.linear_share), fmt::format("{:.3f}", r.attention_tflops), pct(r.attention_eff), pct(r.attention_share),
-           r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
-           dec ? fmt::format("{:.1f} ({:.1f}-{:.1f})", r.decode_tps.median, r.decode_tps.min, r.decode_tps.max) : "n/a",
-           dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
-           r.decode_gemv_eff > 0 ? pct(r.decode_gemv_eff) : "n/a",
-           r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-",
-           r.transform_share > 0 ? fmt::format("{:.1f}%", 100 * r.transform_share) : "-",
-           fmt::format("{:.1f}", mib(r.kv_bytes)), fmt::format("{:.0f}", mib(r.peak_memory))});
-      std::fflush(stdout);  // rows of long runs appear as they finish
-    };
-    if (a->format != "json") print_header();
-
-    std::mt19937 rng(0);
-    std::vector<Row> rows;
-    // One configuration: `make_observer` gives the prefill observer of each run (null: full cache).
-    // full_decode_tps: decode speed of the full cache at this context, for the speed-up column.
-    auto measure = [&](int ctx, const std::string& label, double full_decode_tps, auto make_observer) {
-      Row row;
-      row.context = ctx;
-      row.cache = label;
-      std::vector<double> p_tps, d_tps;
-      OpStats st;
-      b.reset_peak_memory();
-      for (int r = 0; r < a->repeat; ++r) {
-        std::vector<int32_t> ids(ctx);
-        for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.vocab_size));
-        if (r == 0) {
-          // Per-operation rates and shares from one profiled prefill: profiling synchronises a GPU
-          // after every operation, which serialises the host's share of a layer with the device's,
-          // so the speed comes from the unprofiled runs below.
-          auto probe = make_observer();
-          b.set_profiling(true);
-          b.reset_stats();
-          const auto t0 = std::chrono::steady_clock::now();
-          engine.prefill(ids, probe.observer);
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          b.set_profiling(false);
-          st = b.stats();
-          row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
-          row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
-          row.linear_share = st.linear_seconds / s;
-          row.attention_share = st.attention_seconds / s;
-          row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
-        }
-        auto holder = make_observer();
-        auto t0 = std::chrono::steady_clock::now();
-        auto logits = engine.prefill(ids, holder.observer);
-        b.synchronize();
-        const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        p_tps.push_back(ctx / pre_s);
-        row.prefill_tflops = (st.linear_flops + st.attention_flops) / pre_s / 1e12;
-        const int steps = std::min(a->decode_tokens, cfg.context_length - ctx);
-        if (steps > 0) {
-          int32_t tok = static_cast<int32_t>(rng() % 1000);
-          engine.decode(tok);  // first step sends the cache to a device; not timed
-          b.synchronize();
-          t0 = std::chrono::steady_clock::now();
-          const double tr0 = engine.transform_seconds();
-          for (int s = 1; s < steps; ++s) engine.decode(tok);
-          b.synchronize();
-          const double dec_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          row.transform_share = (engine.transform_seconds() - tr0) / dec_s;
-          if (steps > 1) d_tps.push_back((steps - 1) / dec_s);
-          // A few more steps with per-operation timing (it synchronises, so not in the speed above).
-          const int prof = std::min(4, cfg.context_length - ctx - steps);
-          if (prof > 0) {
-            b.set_profiling(true);
-            b.reset_stats();
-            for (int s = 0; s < prof; ++s) engine.decode(tok);
-            b.set_profiling(false);
-            row.decode_gemv_eff =
-                static_cast<double>(weights_read) * prof / b.stats().linear_seconds / 1e9 / limits.bandwidth_gbs;
-          }
-        }
-        row.kv_bytes = engine.kv_bytes();
-      }
-      row.peak_memory = b.peak_memory_bytes();
-      row.prefill_tps = spread(p_tps);
-      row.linear_eff = row.linear_tflops * 1e3 / limits.gemm_gflops;
-      row.attention_eff = row.attention_tflops * 1e3 / limits.gemm_gflops;
-      if (!d_tps.empty()) {
-        row.decode_tps = spread(d_tps);
-        row.decode_bound_tps = limits.bandwidth_gbs * 1e9 / static_cast<double>(weights_read + row.kv_bytes);
-        row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
-      }
-      if (full_decode_tps > 0) row.decode_speedup = row.decode_tps.median / full_decode_tps;
-      if (a->format != "json") print_row(row);
-      rows.push_back(row);
-      return row;
-    };
-    struct Holder {
-      std::unique_ptr<MethodRunner> runner;
-      std::unique_ptr<LowRankStore> lowrank;
-      PrefillObserver* observer = nullptr;
-    };
-    for (int ctx : a->contexts) {
-      const Row full = measure(ctx, "full", 0.0, [] { return Holder{}; });
-      if (!budgeted)
-        measure(ctx, a->method, full.decode_tps.median, [&] {
-          Holder h;
-          h.runner = std::make_unique<MethodRunner>(*method, KvBudget{});
-          h.observer = h.runner.get();
-          return h;
-        });
-      for (int T : a->budgets) {
-        for (bool low : {false, true}) {
-          if (low && !a->lowrank) continue;
-          const std::string label = low ? fmt::format("{} T={} lowrank r={}", a->method, T, a->lowrank)
-                                        : fmt::format("{} T={}", a->method, T);
-          measure(ctx, label, full.decode_tps.median, [&] {
-            Holder h;
-            h.runner = std::make_unique<MethodRunner>(*method, T);
-            h.observer = h.runner.get();
-            if (low) {
-              h.lowrank = std::make_unique<LowRankStore>(*h.runner, a->lowrank, cfg.head_dim);
-              h.observer = h.lowrank.get();
-            }
-            return h;
-          });
-        }
-      }
-    }
-
-    if (a->format == "json") {
-      nlohmann::json j = {{"model", a->model},
-                          {"backend", b.name()},
-                          {"kv_dtype", a->kv_dtype},
-                          {"weights", weight_format_name(engine.weight_format())},
-                          {"gemm_kind", limits.gemm_kind},
-                          {"gemm_peak_gflops", limits.gemm_gflops},
-                          {"bandwidth_gbs", limits.bandwidth_gbs},
-                          {"weights_read_bytes", weights_read},
-                          {"repeat", a->repeat}};
-      for (const auto& r : rows)
-        j["rows"].push_back({{"context", r.context},
-                             {"cache", r.cache},
-                             {"prefill_tokens_per_s", {r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max}},
-                             {"prefill_tflops", r.prefill_tflops},
-                             {"linear_tflops", r.linear_tflops},
-                             {"linear_efficiency", r.linear_eff},
-                             {"linear_time_share", r.linear_share},
-                             {"attention_tflops", r.attention_tflops},
-                             {"attention_efficiency", r.attention_eff},
-                             {"attention_time_share", r.attention_share},
-                             {"compress_time_share", r.compress_share},
-                             {"decode_transform_share", r.transform_share},
-                             {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
-                             {"decode_bound_tokens_per_s", r.decode_bound_tps},
-                             {"decode_efficiency", r.decode_eff},
-                             {"decode_gemv_bandwidth_fraction", r.decode_gemv_eff},
-                             {"decode_speedup_vs_full", r.decode_speedup},
-                             {"kv_bytes", r.kv_bytes},
-                             {"peak_memory_bytes", r.peak_memory}});
-      fmt::print("{}\n", j.dump(2));
-      return;
-    }
-  });
+  add_engine_options(cmd, *a);
+  cmd->callback([a] { run_bench(*a); });
 }
 
 }  // namespace kvb::cli

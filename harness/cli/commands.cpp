@@ -30,4 +30,23 @@ void add_task_args(CLI::App* cmd, TaskArgs& a) {
   cmd->add_option("--data", a.data, "Benchmark data directory (default: $KVBENCH_DATA or <source>/data)");
 }
 
+void add_engine_options(CLI::App* cmd, EngineArgs& a) {
+  cmd->add_option("--backend", a.backend, "cpu or cuda");
+  cmd->add_option("--threads", a.threads, "Threads (0 = all cores)");
+  cmd->add_option("--kv-dtype", a.kv_dtype, "KV cache storage: fp32 (default), bf16 or fp16 (the papers' full cache)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--weights", a.weights,
+                  "Weight storage: fp32 (the CPU default; matches Hugging Face), bf16 (half the bytes per "
+                  "decode step; the CUDA backend's only format) or gguf (CPU: the file's Q4_0/Q4_1/Q5_0/Q5_1/"
+                  "Q8_0/Q4_K/Q6_K blocks as they are, other matrices bf16)")
+      ->check(CLI::IsMember({"fp32", "bf16", "gguf"}));
+}
+
+EngineOptions engine_options(const EngineArgs& a) {
+  return {.backend = a.backend,
+          .threads = a.threads,
+          .kv_dtype = parse_kv_dtype(a.kv_dtype, "--kv-dtype"),
+          .weights = a.weights.empty() ? std::nullopt : std::optional(parse_weight_format(a.weights, "--weights"))};
+}
+
 }  // namespace kvb::cli

@@ -3,11 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/engine/backend.hpp"
+#include "harness/engine/engine.hpp"
 #include "harness/task/task.hpp"
 
 namespace kvb {
@@ -46,25 +46,15 @@ struct TaskArgs {
 void add_task_args(CLI::App* cmd, TaskArgs& a);
 std::unique_ptr<Task> make_task(const TaskArgs& a, const Tokenizer& tok);
 
-// --kv-dtype on a command that builds an engine: what the KV cache stores its numbers as.
-inline void add_kv_dtype_option(CLI::App* cmd, std::string& into) {
-  cmd->add_option("--kv-dtype", into, "KV cache storage: fp32 (default), bf16 or fp16 (the papers' full cache)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-}
-
-// --weights on a command that builds an engine: how weight matrices are stored. Empty (the option
-// not given): the backend's own format.
-inline void add_weights_option(CLI::App* cmd, std::string& into) {
-  cmd->add_option("--weights", into,
-                  "Weight storage: fp32 (the CPU default; matches Hugging Face), bf16 (half the bytes per "
-                  "decode step; the CUDA backend's only format) or gguf (CPU: the file's Q4_0/Q4_1/Q5_0/Q5_1/"
-                  "Q8_0/Q4_K/Q6_K blocks as they are, other matrices bf16)")
-      ->check(CLI::IsMember({"fp32", "bf16", "gguf"}));
-}
-inline std::optional<WeightFormat> weights_option(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  return parse_weight_format(s, "--weights");
-}
+// The options of a command that builds an engine: --backend, --threads, --kv-dtype (what the KV
+// cache stores its numbers as) and --weights (how weight matrices are stored; not given: the
+// backend's own format).
+struct EngineArgs {
+  std::string backend = "cpu", kv_dtype = "fp32", weights;
+  int threads = 0;
+};
+void add_engine_options(CLI::App* cmd, EngineArgs& a);
+EngineOptions engine_options(const EngineArgs& a);
 
 // "key=value" items of --param options; Error naming a malformed one.
 std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items);

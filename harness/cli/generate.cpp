@@ -22,10 +22,10 @@ using nlohmann::json;
 
 void register_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Greedy continuation of a prompt");
-  struct Args {
-    std::string model, prompt, backend = "cpu", method, kv_dtype = "fp32", weights;
+  struct Args : EngineArgs {
+    std::string model, prompt, method;
     bool chat = false, json = false;
-    int max_new = 128, threads = 0, budget = 0;
+    int max_new = 128, budget = 0;
     std::vector<std::string> stop, params;
   };
   auto a = std::make_shared<Args>();
@@ -34,22 +34,16 @@ void register_generate_command(CLI::App& app) {
   cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user message in the chat template");
   cmd->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate at most")->check(CLI::PositiveNumber);
   cmd->add_option("--stop", a->stop, "Stop string (repeatable)");
-  cmd->add_option("--backend", a->backend, "cpu or cuda");
-  cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
   cmd->add_flag("--json", a->json, "Print ids, text, timings as JSON");
   cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
   cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
-  add_kv_dtype_option(cmd, a->kv_dtype);
-  add_weights_option(cmd, a->weights);
+  add_engine_options(cmd, *a);
   cmd->callback([a] {
     auto m = ModelFile::open(a->model);
     auto tok = load_tokenizer(*m);
-    Engine engine(*m, {.backend = a->backend,
-                       .threads = a->threads,
-                       .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype"),
-                       .weights = weights_option(a->weights)});
+    Engine engine(*m, engine_options(*a));
     const auto prompt = build_prompt(*m, *tok, a->prompt, a->chat);
     GenerateOptions opt;
     opt.max_new_tokens = a->max_new;

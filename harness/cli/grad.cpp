@@ -1,40 +1,117 @@
 // kvbench grad: the next-token loss of a sequence and its gradients (the backward pass).
 #include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-
 #include <set>
 
 #include "harness/cli/commands.hpp"
 #include "harness/engine/backend.hpp"
-#include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/engine/gradients.hpp"
-#include "harness/experiment/experiment.hpp"
-#include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
-#include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
-#include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/npy.hpp"
 
 namespace kvb::cli {
 
-using nlohmann::json;
+namespace {
+
+struct GradArgs {
+  std::string model, text, ids, weights = "kv", out;
+  int tokens = 0, threads = 0;
+};
+
+// The sequence: token ids from --ids as they are, or --text tokenized with BOS; the first --tokens.
+std::vector<int32_t> sequence(const GradArgs& a, const ModelFile& m) {
+  std::vector<int32_t> ids;
+  if (!a.ids.empty()) {
+    std::ifstream in(a.ids);
+    if (!in) fail("--ids {}: cannot read", a.ids);
+    try {
+      ids = nlohmann::json::parse(in).get<std::vector<int32_t>>();
+    } catch (const nlohmann::json::exception&) {
+      fail("--ids {}: expected a JSON list of integer token ids", a.ids);
+    }
+  } else if (!a.text.empty()) {
+    auto tok = load_tokenizer(m);
+    ids = build_prompt(m, *tok, a.text, false);
+  } else {
+    fail("grad: give --text or --ids");
+  }
+  if (a.tokens > 0 && size_t(a.tokens) < ids.size()) ids.resize(size_t(a.tokens));
+  return ids;
+}
+
+// --weights: all, kv (every layer's attn_k/attn_v) or tensor names, comma-separated.
+std::set<std::string> wanted_tensors(const std::string& spec, const std::vector<std::string>& names) {
+  std::set<std::string> want;
+  for (size_t b = 0; b <= spec.size();) {
+    const size_t e = std::min(spec.find(',', b), spec.size());
+    const std::string part = spec.substr(b, e - b);
+    b = e + 1;
+    if (part.empty()) continue;
+    for (const auto& n : names)
+      if (part == "all" || (part == "kv" && (n.ends_with("attn_k.weight") || n.ends_with("attn_v.weight"))))
+        want.insert(n);
+    if (part != "all" && part != "kv") want.insert(part);
+  }
+  return want;
+}
+
+// meta.json (loss, ids, Frobenius norms) and one <tensor>.npy per gradient, in `dir`.
+void write_gradients(const std::string& dir, const ModelFile& m, const ModelGradients& mg, const LossGradients& g,
+                     const std::vector<int32_t>& ids, double seconds, const nlohmann::json& norms) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json meta = {{"model", m.path()},
+                         {"model_fingerprint", m.config().fingerprint},
+                         {"loss", g.loss},
+                         {"n_targets", g.n_targets},
+                         {"ids", ids},
+                         {"seconds", seconds},
+                         {"tensors", nlohmann::json::array()},
+                         {"frobenius", norms}};
+  for (const auto& [name, v] : g.grads) {
+    const auto [rows, cols] = mg.shape(name);
+    write_npy(dir + "/" + name + ".npy", v,
+              cols == 1 || rows == 1 ? std::vector<size_t>{v.size()} : std::vector<size_t>{size_t(rows), size_t(cols)});
+    meta["tensors"].push_back(name);
+  }
+  std::ofstream(dir + "/meta.json") << meta.dump(2) << "\n";
+  fmt::print("wrote {} gradients and meta.json to {}\n", g.grads.size(), dir);
+}
+
+void run_grad(const GradArgs& a) {
+  if (a.threads > 0) set_cpu_threads(a.threads);
+  auto m = ModelFile::open(a.model);
+  const std::vector<int32_t> ids = sequence(a, *m);
+  ModelGradients mg(*m);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LossGradients g = mg.compute(ids, wanted_tensors(a.weights, mg.tensor_names()));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json norms = nlohmann::json::object();
+  for (const auto& [name, v] : g.grads) {
+    double ss = 0;
+    for (float x : v) ss += double(x) * x;
+    norms[name] = std::sqrt(ss);
+  }
+  fmt::print("loss {:.6f} over {} targets; {} gradients in {:.2f} s ({:.0f} tokens/s)\n", g.loss, g.n_targets,
+             g.grads.size(), seconds, double(ids.size()) / seconds);
+  for (const auto& [name, norm] : norms.items()) fmt::print("  {:28} |grad|_F {:.6g}\n", name, norm.get<double>());
+  if (!a.out.empty()) write_gradients(a.out, *m, mg, g, ids, seconds, norms);
+}
+
+}  // namespace
 
 void register_grad_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "grad", "Next-token loss of a sequence and its gradients (the backward pass), optionally written as .npy");
-  struct Args {
-    std::string model, text, ids, weights = "kv", out;
-    int tokens = 0, threads = 0;
-  };
-  auto a = std::make_shared<Args>();
+  auto a = std::make_shared<GradArgs>();
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
   auto* text = cmd->add_option("--text,-t", a->text, "Input text (tokenized with BOS, no chat template)");
   cmd->add_option("--ids", a->ids, "JSON file holding a list of token ids (used as they are)")->excludes(text);
@@ -43,78 +120,7 @@ void register_grad_command(CLI::App& app) {
                   "Gradients of: all, kv (every layer's attn_k/attn_v), or comma-separated tensor names");
   cmd->add_option("--out", a->out, "Directory for meta.json and one <tensor>.npy per gradient");
   cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
-  cmd->callback([a] {
-    if (a->threads > 0) set_cpu_threads(a->threads);
-    auto m = ModelFile::open(a->model);
-    std::vector<int32_t> ids;
-    if (!a->ids.empty()) {
-      std::ifstream in(a->ids);
-      if (!in) fail("--ids {}: cannot read", a->ids);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(in);
-        ids = j.get<std::vector<int32_t>>();
-      } catch (const nlohmann::json::exception&) {
-        fail("--ids {}: expected a JSON list of integer token ids", a->ids);
-      }
-    } else if (!a->text.empty()) {
-      auto tok = load_tokenizer(*m);
-      ids = build_prompt(*m, *tok, a->text, false);
-    } else {
-      fail("grad: give --text or --ids");
-    }
-    if (a->tokens > 0 && size_t(a->tokens) < ids.size()) ids.resize(size_t(a->tokens));
-    ModelGradients mg(*m);
-    std::set<std::string> want;
-    const auto names = mg.tensor_names();
-    std::vector<std::string> parts;
-    for (size_t b = 0; b <= a->weights.size();) {
-      const size_t e = std::min(a->weights.find(',', b), a->weights.size());
-      if (e > b) parts.push_back(a->weights.substr(b, e - b));
-      b = e + 1;
-    }
-    for (const auto& part : parts) {
-      if (part == "all")
-        want.insert(names.begin(), names.end());
-      else if (part == "kv")
-        for (const auto& n : names) {
-          if (n.ends_with("attn_k.weight") || n.ends_with("attn_v.weight")) want.insert(n);
-        }
-      else
-        want.insert(part);
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    const LossGradients g = mg.compute(ids, want);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    nlohmann::json norms = nlohmann::json::object();
-    for (const auto& [name, v] : g.grads) {
-      double ss = 0;
-      for (float x : v) ss += double(x) * x;
-      norms[name] = std::sqrt(ss);
-    }
-    fmt::print("loss {:.6f} over {} targets; {} gradients in {:.2f} s ({:.0f} tokens/s)\n", g.loss, g.n_targets,
-               g.grads.size(), seconds, double(ids.size()) / seconds);
-    for (const auto& [name, norm] : norms.items()) fmt::print("  {:28} |grad|_F {:.6g}\n", name, norm.get<double>());
-    if (a->out.empty()) return;
-    std::filesystem::create_directories(a->out);
-    nlohmann::json meta = {{"model", m->path()},
-                           {"model_fingerprint", m->config().fingerprint},
-                           {"loss", g.loss},
-                           {"n_targets", g.n_targets},
-                           {"ids", ids},
-                           {"seconds", seconds},
-                           {"tensors", nlohmann::json::array()},
-                           {"frobenius", norms}};
-    for (const auto& [name, v] : g.grads) {
-      const auto [rows, cols] = mg.shape(name);
-      write_npy(
-          a->out + "/" + name + ".npy", v,
-          cols == 1 || rows == 1 ? std::vector<size_t>{v.size()} : std::vector<size_t>{size_t(rows), size_t(cols)});
-      meta["tensors"].push_back(name);
-    }
-    std::ofstream(a->out + "/meta.json") << meta.dump(2) << "\n";
-    fmt::print("wrote {} gradients and meta.json to {}\n", g.grads.size(), a->out);
-  });
+  cmd->callback([a] { run_grad(*a); });
 }
 
 }  // namespace kvb::cli

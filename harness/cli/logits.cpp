@@ -28,9 +28,9 @@ void register_logits_command(CLI::App& app) {
       "logits",
       "Top-k next-token logits of a text, as JSON: after the prompt, and with --steps after each decode "
       "step over the cache a --method kept (all logits with --out FILE.npy)");
-  struct Args {
-    std::string model, text, backend = "cpu", method, continuation, out, kv_dtype = "fp32", weights;
-    int top_k = 10, threads = 0, budget = 0, steps = 0;
+  struct Args : EngineArgs {
+    std::string model, text, method, continuation, out;
+    int top_k = 10, budget = 0, steps = 0;
     bool chat = false;
     std::vector<std::string> params;
   };
@@ -48,17 +48,11 @@ void register_logits_command(CLI::App& app) {
                   "Text fed token by token after the prompt instead of greedy tokens (as many steps as its tokens)")
       ->excludes(steps);
   cmd->add_option("--out", a->out, "Write every logit as .npy, float32 [1 + steps, vocab]");
-  cmd->add_option("--backend", a->backend, "cpu or cuda");
-  cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
-  add_kv_dtype_option(cmd, a->kv_dtype);
-  add_weights_option(cmd, a->weights);
+  add_engine_options(cmd, *a);
   cmd->callback([a] {
     auto m = ModelFile::open(a->model);
     auto tok = load_tokenizer(*m);
-    Engine engine(*m, {.backend = a->backend,
-                       .threads = a->threads,
-                       .kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype"),
-                       .weights = weights_option(a->weights)});
+    Engine engine(*m, engine_options(*a));
     const auto ids = build_prompt(*m, *tok, a->text, a->chat);
     const std::vector<int32_t> forced =
         a->continuation.empty() ? std::vector<int32_t>{} : tok->encode(a->continuation, false);

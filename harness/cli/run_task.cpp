@@ -25,17 +25,15 @@ using nlohmann::json;
 
 void register_run_task_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("run-task", "Run a task through the model and score it (resumable)");
-  struct Args : TaskArgs {
-    std::string backend = "cpu", method, out, kv_dtype = "fp32", weights;
-    int budget = 0, threads = 0;
+  struct Args : TaskArgs, EngineArgs {
+    std::string method, out;
+    int budget = 0;
     double ratio = 0;
     size_t limit = 0;
     std::vector<std::string> params;
   };
   auto a = std::make_shared<Args>();
   add_task_args(cmd, *a);
-  cmd->add_option("--backend", a->backend, "cpu or cuda");
-  cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
   cmd->add_option("--method", a->method, "KV-cache compression method (default: full cache)");
   auto* budget_opt = cmd->add_option("--budget", a->budget, "KV size T for --method")->check(CLI::PositiveNumber);
   cmd->add_option("--ratio", a->ratio,
@@ -45,15 +43,13 @@ void register_run_task_command(CLI::App& app) {
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)");
   cmd->add_option("--out", a->out, "Results JSONL (appended; default runs/<task>-<method>[-T<budget>].jsonl)");
-  add_kv_dtype_option(cmd, a->kv_dtype);
-  add_weights_option(cmd, a->weights);
+  add_engine_options(cmd, *a);
   cmd->callback([a] {
     auto m = ModelFile::open(a->model);
     auto tok = load_tokenizer(*m);
     auto task = make_task(*a, *tok);
-    const KvDtype kv_dtype = parse_kv_dtype(a->kv_dtype, "--kv-dtype");
-    const auto weights = weights_option(a->weights);
-    Engine engine(*m, {.backend = a->backend, .threads = a->threads, .kv_dtype = kv_dtype, .weights = weights});
+    const EngineOptions eo = engine_options(*a);
+    Engine engine(*m, eo);
     std::unique_ptr<Method> method;
     KvBudget budget = a->budget;
     if (!a->method.empty()) {
@@ -72,7 +68,7 @@ void register_run_task_command(CLI::App& app) {
     ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
     const json config =
         cell_config(*m, a->model, a->task, TaskRegistry::get().canonical_options(a->task, parse_key_values(a->options)),
-                    method.get(), budget, kv_dtype, weights);
+                    method.get(), budget, eo.kv_dtype, eo.weights);
     const auto done = recorded_keys(out.path());
     const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
     Progress bar(fmt::format("{} {}", a->task, label), n, "samples");

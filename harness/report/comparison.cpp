@@ -86,9 +86,6 @@ void write_scatter(const std::string& stem, const std::string& title,
   auto X = [&](double v) { return kLeft + v / hi * kSide; };
   auto Y = [&](double v) { return kTop + (1 - v / hi) * kSide; };
   write_figure(stem, width, height, [&](cairo_t* cr) {
-    cairo_set_source_rgb(cr, 1, 1, 1);
-    cairo_paint(cr);
-    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
     cairo_set_line_width(cr, 0.5);
     for (int i = 0; i <= 5; ++i) {
       const double v = hi * i / 5;
@@ -108,23 +105,14 @@ void write_scatter(const std::string& stem, const std::string& title,
     cairo_line_to(cr, X(hi), Y(hi));
     cairo_stroke(cr);
     cairo_set_dash(cr, nullptr, 0, 0);
-    cairo_set_source_rgb(cr, 0, 0, 0);
-    cairo_rectangle(cr, kLeft, kTop, kSide, kSide);
-    cairo_stroke(cr);
-    figure_text(cr, kLeft + kSide / 2, kTop + kSide + 32, "Published (x 100)", 11, 0.5);
-    figure_text(cr, 16, kTop + kSide / 2, "Ours (x 100)", 11, 0.5, -M_PI / 2);
-    figure_text(cr, kLeft + kSide / 2, 18, title, 12, 0.5);
+    figure_frame(cr, kLeft, kTop, kSide, kSide, "Published (x 100)", "Ours (x 100)", title);
     for (size_t i = 0; i < series.size(); ++i) {
       figure_colour(cr, i);
       for (const auto& [x, y] : series[i].second) {
         cairo_arc(cr, X(x), Y(y), 3.5, 0, 2 * M_PI);
         cairo_fill(cr);
       }
-      const double ly = kTop + 18.0 * double(i) + 6;
-      cairo_arc(cr, kLeft + kSide + 30, ly, 3.5, 0, 2 * M_PI);
-      cairo_fill(cr);
-      cairo_set_source_rgb(cr, 0, 0, 0);
-      figure_text(cr, kLeft + kSide + 40, ly, series[i].first, 10);
+      figure_legend_entry(cr, kLeft + kSide + 30, kTop, i, series[i].first);
     }
   });
 }

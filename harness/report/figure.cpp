@@ -2,6 +2,8 @@
 
 #include <cairo-svg.h>
 
+#include <cmath>
+
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -18,10 +20,42 @@ void figure_text(cairo_t* cr, double x, double y, const std::string& s, double s
   cairo_restore(cr);
 }
 
+namespace {
+
+// A white canvas and the figures' font.
+void blank(cairo_t* cr) {
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+}
+
+}  // namespace
+
+void figure_frame(cairo_t* cr, double left, double top, double w, double h, const std::string& x_label,
+                  const std::string& y_label, const std::string& title) {
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  cairo_set_line_width(cr, 0.5);
+  cairo_rectangle(cr, left, top, w, h);
+  cairo_stroke(cr);
+  figure_text(cr, left + w / 2, top + h + 32, x_label, 11, 0.5);
+  figure_text(cr, 16, top + h / 2, y_label, 11, 0.5, -M_PI / 2);
+  figure_text(cr, left + w / 2, 18, title, 12, 0.5);
+}
+
+void figure_legend_entry(cairo_t* cr, double x, double top, size_t i, const std::string& label) {
+  const double y = top + 18.0 * double(i) + 6;
+  figure_colour(cr, i);
+  cairo_arc(cr, x, y, 3.5, 0, 2 * M_PI);
+  cairo_fill(cr);
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  figure_text(cr, x + 10, y, label, 10);
+}
+
 void write_figure(const std::string& stem, double width, double height, const std::function<void(cairo_t*)>& draw) {
   cairo_surface_t* png = cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(width) * 2, int(height) * 2);
   cairo_t* cr = cairo_create(png);
   cairo_scale(cr, 2, 2);
+  blank(cr);
   draw(cr);
   cairo_destroy(cr);
   const auto st = cairo_surface_write_to_png(png, (stem + ".png").c_str());
@@ -30,6 +64,7 @@ void write_figure(const std::string& stem, double width, double height, const st
 
   cairo_surface_t* svg = cairo_svg_surface_create((stem + ".svg").c_str(), width, height);
   cr = cairo_create(svg);
+  blank(cr);
   draw(cr);
   cairo_destroy(cr);
   cairo_surface_finish(svg);

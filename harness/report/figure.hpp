@@ -7,8 +7,16 @@
 
 namespace kvb {
 
-// Calls draw(cr) on a width x height canvas for <stem>.png (at twice the resolution) and <stem>.svg.
+// Calls draw(cr) on a white width x height canvas (sans-serif text) for <stem>.png (at twice the resolution) and
+// <stem>.svg.
 void write_figure(const std::string& stem, double width, double height, const std::function<void(cairo_t*)>& draw);
+
+// The plot area's frame at (left, top), w x h, its axis labels below and to the left, the title above.
+void figure_frame(cairo_t* cr, double left, double top, double w, double h, const std::string& x_label,
+                  const std::string& y_label, const std::string& title);
+
+// Legend entry i of a column starting at (x, top): a dot in the i-th colour and the label beside it.
+void figure_legend_entry(cairo_t* cr, double x, double top, size_t i, const std::string& label);
 
 // Sets the i-th categorical colour (Tableau 10, cycled): one series or method per colour.
 void figure_colour(cairo_t* cr, size_t i);

@@ -37,9 +37,6 @@ double left_margin(const Heatmap& h) {
 double plot_width(const Heatmap& h) { return left_margin(h) + double(h.cols.size()) * h.cell_width + kBar + 20; }
 
 void draw(cairo_t* cr, const Heatmap& h, double width, double height) {
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
-  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
   const size_t R = h.rows.size(), C = h.cols.size();
   // The plot is centred under the titles, which set the width when there are few columns.
   const double x0 = (width - plot_width(h)) / 2, kLeft = x0 + left_margin(h), W = h.cell_width;

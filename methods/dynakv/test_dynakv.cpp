@@ -25,6 +25,29 @@ namespace {
 
 using test::randn;
 
+// DynaKV maps started from an identity basis, for the registry-driven tests on a random model (both
+// methods that read trained maps).
+std::map<std::string, std::string> identity_maps(const ModelFile& model, const std::filesystem::path& dir) {
+  const ModelConfig& c = model.config();
+  DynaKvPca pca;
+  pca.d = c.n_kv_heads * c.head_dim;
+  std::vector<float> eye(size_t(pca.d) * pca.d, 0.0f);
+  for (int i = 0; i < pca.d; ++i) eye[size_t(i) * pca.d + i] = 1.0f;
+  std::vector<double> eig(size_t(pca.d));
+  for (int i = 0; i < pca.d; ++i) eig[size_t(i)] = pca.d - i;
+  for (int l = 0; l < c.n_layers; ++l) {
+    pca.basis.push_back({eye, eye});
+    pca.eigenvalues.push_back({eig, eig});
+  }
+  auto body = dynakv_weights_json(dynakv_init(pca, 0.6, 0.1));
+  body["header"] = artifact_header(kDynaKvKind, c, model.path());
+  const std::string file = (dir / "dynakv_weights.json").string();
+  write_artifact(file, body);
+  return {{"weights", file}};
+}
+const bool test_artifacts_registered = test::register_method_test_artifacts("dynakv", identity_maps) &&
+                                       test::register_method_test_artifacts("dynakv-snapkv", identity_maps);
+
 // A well-conditioned, non-orthogonal map: U = I + small noise, a random gate.
 DynaKvMap random_map(int d, uint32_t seed, float gate_scale = 0.3f) {
   DynaKvMap m;
