@@ -49,7 +49,7 @@ void register_dump_prefill_command(CLI::App& app) {
     auto task = make_task(*a, *tok);
     if (a->index >= task->size()) fail("--index {}: task {} has {} samples", a->index, a->task, task->size());
     const Sample s = task->sample(a->index);
-    const auto ids = build_prompt(*m, *tok, s.prompt, s.chat);
+    const auto ids = sample_prompt(*m, *tok, s).prefill;  // what a method compresses
     Engine engine(*m);
     auto [method, runner] =
         choose_method(a->method, parse_key_values(a->params), a->budget, engine.config(), "--method");

@@ -30,15 +30,26 @@ void register_sample_command(CLI::App& app) {
     auto task = make_task(*a, *tok);
     if (*index >= task->size()) fail("--index {}: task {} has {} samples", *index, a->task, task->size());
     const Sample s = task->sample(*index);
-    fmt::print("{}\n", json({{"id", s.id},
-                             {"answers", s.answers},
-                             {"max_new_tokens", s.max_new_tokens},
-                             {"stop", s.stop},
-                             {"chat", s.chat},
-                             {"meta", s.meta},
-                             {"prompt_tokens", build_prompt(*m, *tok, s.prompt, s.chat).size()}})
-                           .dump(2));
-    fmt::print("--- prompt ---\n{}\n", s.prompt);
+    const PromptIds ids = sample_prompt(*m, *tok, s);
+    json j = {{"id", s.id},
+              {"answers", s.answers},
+              {"max_new_tokens", s.max_new_tokens},
+              {"stop", s.stop},
+              {"chat", s.chat},
+              {"meta", s.meta},
+              {"prompt_tokens", ids.prefill.size() + ids.after.size()}};
+    if (s.split) {
+      j["compressed_tokens"] = ids.prefill.size();
+      j["after_compression_tokens"] = ids.after.size();
+    }
+    fmt::print("{}\n", j.dump(2));
+    if (!s.split) {
+      fmt::print("--- prompt ---\n{}\n", s.prompt);
+      return;
+    }
+    // As the model reads it: the chat template's turn around the parts.
+    fmt::print("--- prefilled and compressed ---\n{}\n--- after compression ---\n{}\n", tok->decode(ids.prefill),
+               tok->decode(ids.after));
   });
 }
 

@@ -19,6 +19,28 @@ std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, 
   return ids;
 }
 
+PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,
+                             const std::string& question, const std::string& answer_prefix) {
+  PromptIds p;
+  const auto tmpl = ChatTemplate::stored(model);
+  if (!tmpl) {
+    if (tok.special().bos) p.prefill.push_back(*tok.special().bos);
+    const auto c = tok.encode(context);
+    p.prefill.insert(p.prefill.end(), c.begin(), c.end());
+    p.after = tok.encode(question + "\n" + answer_prefix);
+    return p;
+  }
+  // kvpress cuts the rendering at a separator appended to the context, so a template that trims the
+  // turn's content keeps the context's own end.
+  const std::string separator(context.size() + 10, '#');
+  const std::string text = tmpl->render({{"user", context + separator}}, true);
+  const size_t cut = text.find(separator);
+  if (cut == std::string::npos) fail("chat template: the user turn's text did not come through the rendering");
+  p.prefill = tok.encode(std::string_view(text).substr(0, cut));
+  p.after = tok.encode(question + text.substr(cut + separator.size()) + answer_prefix);
+  return p;
+}
+
 int32_t argmax(std::span<const float> logits) {
   size_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)
@@ -33,9 +55,10 @@ template <typename Start>
 Generation run(Engine& engine, const Tokenizer& tok, int prompt_tokens, const GenerateOptions& opt, Start&& start) {
   using clock = std::chrono::steady_clock;
   Generation g;
-  g.prompt_tokens = prompt_tokens;
+  g.prompt_tokens = prompt_tokens + static_cast<int>(opt.after_prefill.size());
   auto t0 = clock::now();
   std::vector<float> logits = start();
+  for (int32_t id : opt.after_prefill) logits = engine.decode(id);
   auto t1 = clock::now();
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   g.stop_reason = "max_new_tokens";
@@ -43,7 +66,7 @@ Generation run(Engine& engine, const Tokenizer& tok, int prompt_tokens, const Ge
     if (i < opt.min_new_tokens)
       for (int32_t id : tok.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
     const int32_t next = argmax(logits);
-    if (opt.stop_at_eog && tok.is_end_of_generation(next)) {
+    if (opt.stop_at_eog && tok.is_end_of_generation(next) && (i > 0 || opt.first_token_can_stop)) {
       g.stop_reason = "eog";
       break;
     }

@@ -18,11 +18,29 @@ struct PrefillCapture;
 // (with the generation prompt); without, it is the raw text with BOS as the tokenizer adds it.
 std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text, bool chat);
 
+// A prompt whose tail comes after compression (kvpress's pipeline): `prefill` is what the engine
+// prefills and a method compresses, `after` what is fed next, token by token over the compressed cache
+// with positions continuing from the prompt's, before the first generated token.
+struct PromptIds {
+  std::vector<int32_t> prefill, after;
+};
+// kvpress's layout of a prompt in three parts, each tokenized apart as its pipeline does. With a chat
+// template: the template rendered over one user turn holding `context` and cut where the context
+// ends; the prefill is the head (no BOS beyond what the template writes), `after` is `question`, the
+// rest of the rendering (end of turn, assistant header, Qwen3's empty think block) and
+// `answer_prefix`. Without a template: BOS and the context, then question + "\n" + answer_prefix.
+PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,
+                             const std::string& question, const std::string& answer_prefix);
+
 struct GenerateOptions {
   int max_new_tokens = 128;
-  int min_new_tokens = 0;         // end-of-generation tokens cannot be chosen before this many (HF min_length)
-  std::vector<std::string> stop;  // stop strings; the text is cut before the first one found
-  bool stop_at_eog = true;        // stop at the tokenizer's end-of-generation tokens
+  int min_new_tokens = 0;              // end-of-generation tokens cannot be chosen before this many (HF min_length)
+  std::vector<std::string> stop;       // stop strings; the text is cut before the first one found
+  bool stop_at_eog = true;             // stop at the tokenizer's end-of-generation tokens
+  std::vector<int32_t> after_prefill;  // fed after the prefill, uncompressed (PromptIds::after)
+  // kvpress's pipeline checks end-of-generation from the second generated token on: a first token
+  // that ends generation is kept and decoding goes on.
+  bool first_token_can_stop = true;
 };
 
 struct Generation {

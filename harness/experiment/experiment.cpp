@@ -364,10 +364,18 @@ double equivalent_kv_size(const ModelConfig& m, size_t bytes) {
   return static_cast<double>(bytes) / (double(m.n_layers) * m.n_kv_heads * m.head_dim * 2 * 2);
 }
 
+PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s) {
+  if (s.split) return build_split_prompt(model, tok, s.split->context, s.split->question, s.split->answer_prefix);
+  return {build_prompt(model, tok, s.prompt, s.chat), {}};
+}
+
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task, const Sample& s,
                         Method* method, KvBudget budget, const nlohmann::json& config, const PrefillCapture* capture) {
-  const auto prompt = build_prompt(model, tok, s.prompt, s.chat);
+  PromptIds ids = sample_prompt(model, tok, s);
+  const auto& prompt = ids.prefill;
   GenerateOptions opt;
+  opt.after_prefill = std::move(ids.after);
+  opt.first_token_can_stop = !s.split;  // a split sample runs kvpress's pipeline, quirks included
   opt.max_new_tokens = s.max_new_tokens;
   opt.min_new_tokens = s.min_new_tokens;
   opt.stop = s.stop;
@@ -388,7 +396,8 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
            {{"chat", s.chat},
             {"max_new_tokens", s.max_new_tokens},
             {"min_new_tokens", s.min_new_tokens},
-            {"stop", s.stop}}},
+            {"stop", s.stop},
+            {"after_compression_tokens", opt.after_prefill.size()}}},
           {"prediction", utf8_lossy(g.text)},
           {"answers", s.answers},
           {"score", task.score(s, g.text)},
@@ -401,7 +410,7 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
           {"T_eq", t_eq},
           // Every byte kept, per K or V element of the prompt (evicted ones count as zero bits): a full
           // fp16 cache is T_eq = prompt tokens at 16 bits.
-          {"kv_bits_per_element", 16 * t_eq / g.prompt_tokens},
+          {"kv_bits_per_element", 16 * t_eq / double(prompt.size())},
           {"prefill_seconds", g.prefill_seconds},
           {"prefill_shared", capture != nullptr},
           {"decode_seconds", g.decode_seconds},

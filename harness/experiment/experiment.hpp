@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness/engine/backend.hpp"
+#include "harness/engine/generate.hpp"
 #include "harness/method/method.hpp"
 
 namespace kvb {
@@ -69,6 +70,10 @@ std::string cell_key(const nlohmann::json& config, const std::string& sample_id)
 std::string record_key(const nlohmann::json& record);
 // The keys of the records in a results file (none if it does not exist).
 std::set<std::string> recorded_keys(const std::string& path);
+
+// The token ids of a sample as its protocol feeds them: the whole prompt prefilled (chat template as
+// the sample says), or under a kvpress protocol the context prefilled and the rest after compression.
+PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s);
 
 // Generates the sample's answer with the method (null: full cache) and returns its record. With a
 // capture, the sample's shared prefill is reused (the record is the same as without, times aside).

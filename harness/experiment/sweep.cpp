@@ -51,7 +51,8 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
       }
       // Before any cell runs: a table that needs more context than the model has is the wrong model
       // (or the wrong length option), not a list of failed cells hours later.
-      const size_t tokens = build_prompt(*model_, *tok_, s.prompt, s.chat).size();
+      const PromptIds ids = sample_prompt(*model_, *tok_, s);
+      const size_t tokens = ids.prefill.size() + ids.after.size();
       if (tokens > size_t(context))
         fail(
             "{}: task {} with options {}: sample {} has a prompt of {} tokens, but the model {} has a context of {} "
@@ -199,7 +200,7 @@ SweepOutcome Sweep::run(bool progress) {
         for (size_t c : shared)
           if (methods_[c]) needs.merge(methods_[c]->needs());
         const auto t = std::chrono::steady_clock::now();
-        const PrefillCapture capture = engine.prefill_capture(build_prompt(*model_, *tok_, s.prompt, s.chat), needs);
+        const PrefillCapture capture = engine.prefill_capture(sample_prompt(*model_, *tok_, s).prefill, needs);
         const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
         o.prefill_seconds += prefill;
         prefill_share = prefill / double(shared.size());

@@ -170,4 +170,29 @@ PredictionScores score_predictions_file(const std::string& task_variant, const s
   return r;
 }
 
+ParamSpec protocol_option() {
+  return ParamSpec::choice("protocol", "native", {"native", "kvpress", "kvpress-query-aware"},
+                           "native: the benchmark's prompt compressed whole; kvpress: the context compressed, the "
+                           "question and answer prefix after it (kvpress's pipeline, chat template on); "
+                           "kvpress-query-aware: the question compressed with the context");
+}
+
+void apply_protocol(Sample& s, const std::string& protocol, std::string context, std::string question,
+                    std::string answer_prefix) {
+  if (protocol == "native") return;
+  if (protocol != "kvpress" && protocol != "kvpress-query-aware")
+    fail("protocol '{}': expected native, kvpress or kvpress-query-aware", protocol);
+  if (protocol == "kvpress-query-aware") {  // kvpress's evaluate.py: context += question; question = ""
+    context += question;
+    question.clear();
+  }
+  s.prompt = context + question + answer_prefix;
+  s.split = PromptSplit{std::move(context), std::move(question), std::move(answer_prefix)};
+  s.chat = true;
+  // kvpress's pipeline decodes greedily to max_new_tokens or the end of generation: no stop strings,
+  // no minimum.
+  s.stop.clear();
+  s.min_new_tokens = 0;
+}
+
 }  // namespace kvb

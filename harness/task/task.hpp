@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,13 @@
 namespace kvb {
 
 class Tokenizer;
+
+// A prompt in kvpress's three parts (its pipeline): `context` is prefilled inside the user turn and
+// compressed; `question` closes the user turn and `answer_prefix` follows the assistant header, both
+// fed after compression and kept whole.
+struct PromptSplit {
+  std::string context, question, answer_prefix;
+};
 
 struct Sample {
   std::string id;      // unique within the task, stable across runs (results are keyed by it)
@@ -25,7 +33,21 @@ struct Sample {
   int min_new_tokens = 0;         // end-of-generation tokens are masked before this many
   std::vector<std::string> stop;  // stop strings (the text is cut before the first)
   nlohmann::json meta;            // length, depth, category, ...
+  // Set under protocol=kvpress or kvpress-query-aware: the runner prefills split->context and feeds
+  // the rest after compression (`prompt` is then the three parts joined, for display).
+  std::optional<PromptSplit> split;
 };
+
+// The `protocol` option of a task whose samples split into context and question:
+//   native               the benchmark's own prompt, prefilled and compressed whole (the default);
+//   kvpress              kvpress's pipeline: the context compressed, the question after compression;
+//   kvpress-query-aware  kvpress's query_aware: the question compressed with the context, the answer
+//                        prefix after compression.
+// Both kvpress protocols render the chat template on every prompt (thinking off), as kvpress does.
+ParamSpec protocol_option();
+// Applies `protocol` to a sample whose parts the task gives (native: the sample is left as it is).
+void apply_protocol(Sample& s, const std::string& protocol, std::string context, std::string question,
+                    std::string answer_prefix);
 
 // What a task is built from: the model's tokenizer (sizing is in its tokens), the task's options and
 // the directory holding benchmark data (haystacks, word lists, official files).

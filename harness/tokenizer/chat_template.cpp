@@ -62,7 +62,10 @@ std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
   return t;
 }
 
-ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
+namespace {
+
+// The Jinja template stored with a model (empty if none) and where it was looked for.
+std::pair<std::string, std::string> stored_jinja(const ModelFile& model) {
   std::string jinja, where;
   if (model.gguf()) {
     where = model.path() + ": tokenizer.chat_template";
@@ -102,10 +105,22 @@ ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
       }
     }
   }
-  if (jinja.empty()) fail("{}: the model has no chat template; run without the chat template", where);
+  return {jinja, where};
+}
+
+}  // namespace
+
+std::optional<ChatTemplate> ChatTemplate::stored(const ModelFile& model) {
+  const auto [jinja, where] = stored_jinja(model);
+  if (jinja.empty()) return std::nullopt;
   auto t = from_jinja(jinja);
   if (!t) fail("{}: chat template not recognised (supported: ChatML, Llama 3, Llama 2, Mistral)", where);
-  return *t;
+  return t;
+}
+
+ChatTemplate ChatTemplate::for_model(const ModelFile& model) {
+  if (auto t = stored(model)) return *t;
+  fail("{}: the model has no chat template; run without the chat template", stored_jinja(model).second);
 }
 
 std::string ChatTemplate::name() const {

@@ -26,6 +26,8 @@ class ChatTemplate {
   // chat_template.jinja, else tokenizer_config.json's chat_template, as transformers loads them);
   // Error naming the file if there is none or it is not recognised.
   static ChatTemplate for_model(const ModelFile& model);
+  // The same, or nullopt for a model that stores none (an unrecognised one is still an Error).
+  static std::optional<ChatTemplate> stored(const ModelFile& model);
 
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
   Format format() const { return format_; }

@@ -65,7 +65,9 @@ class JsonlTask final : public Task {
         metric_(p.get("metric")),
         template_(p.get("template")),
         chat_(p.get_bool("chat")),
-        max_new_tokens_(p.integer("max_new_tokens")) {
+        max_new_tokens_(p.integer("max_new_tokens")),
+        protocol_(p.get("protocol")),
+        answer_prefix_(p.get("answer_prefix")) {
     if (path_.empty()) fail("task jsonl: option 'file' names the JSONL file of samples (context, question, answers)");
     for (const char* slot : {"{context}", "{question}"})
       if (template_.find(slot) == std::string::npos)
@@ -91,6 +93,8 @@ class JsonlTask final : public Task {
     s.answers = r.answers;
     s.max_new_tokens = r.max_new_tokens ? r.max_new_tokens : max_new_tokens_;
     s.meta = {{"line", r.line}, {"metric", metric_}};
+    // kvpress's columns: the sample's context and question as they are (the template is not used).
+    apply_protocol(s, protocol_, r.context, r.question, answer_prefix_);
     return s;
   }
 
@@ -151,6 +155,7 @@ class JsonlTask final : public Task {
   std::string path_, metric_, template_;
   bool chat_;
   int max_new_tokens_;
+  std::string protocol_, answer_prefix_;
   const longbench::Jieba* jieba_ = nullptr;
   std::vector<Record> records_;
 };
@@ -167,7 +172,11 @@ const bool registered = register_task(
                                  "the prompt, with {context} and {question} where they go"),
                  ParamSpec::boolean("chat", true, "wrap the prompt in the model's chat template"),
                  ParamSpec::integer("max_new_tokens", 64, 1, 1 << 20,
-                                    "tokens to generate, where a sample does not say")},
+                                    "tokens to generate, where a sample does not say"),
+                 protocol_option(),
+                 ParamSpec::text("answer_prefix", "",
+                                 "under protocol=kvpress*: the text after the assistant header that opens the answer "
+                                 "(the sample's context and question are then the parts, without the template)")},
      .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<JsonlTask>(ctx, p); },
      // A prediction made elsewhere, scored by the metric the name gives (jsonl/qa_f1).
      .score_prediction =

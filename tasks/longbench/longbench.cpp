@@ -127,7 +127,62 @@ const std::map<std::string, std::string>& templates() {
   return t;
 }
 
+// kvpress's split of each dataset's prompt (evaluation/benchmarks/longbench/create_huggingface_dataset.py
+// at 91773cb): its question template and answer prefix, which end the template above; the context
+// part is the template before them. For trec, triviaqa and samsum the answer prefix ends the record's
+// input, and kvpress cuts it from there (removesuffix). lcc's records have no input and its template
+// none, so its question is empty.
+struct KvpressSplit {
+  std::string question, answer_prefix;
+  bool prefix_ends_input = false;
+};
+
+const std::map<std::string, KvpressSplit>& kvpress_splits() {
+  static const std::map<std::string, KvpressSplit> s = {
+      {"narrativeqa", {"Question: {input}\n\n", "Answer:"}},
+      {"qasper", {"Question: {input}\n\n", "Answer:"}},
+      {"multifieldqa_en", {"Question: {input}\n", "Answer:"}},
+      {"multifieldqa_zh", {"问题：{input}\n", "回答："}},
+      {"hotpotqa", {"Question: {input}\n", "Answer:"}},
+      {"2wikimqa", {"Question: {input}\n", "Answer:"}},
+      {"musique", {"Question: {input}\n", "Answer:"}},
+      {"dureader", {"问题：{input}\n", "回答："}},
+      {"gov_report", {"Now, write a one-page summary of the report.\n\n", "Summary:"}},
+      {"qmsum", {"Query: {input}\n", "Answer:"}},
+      {"multi_news", {"Now, write a one-page summary of all the news.\n\n", "Summary:"}},
+      {"vcsum", {"", "会议总结："}},
+      {"trec", {"{input}", "Type:", true}},
+      {"triviaqa", {"{input}", "Answer:", true}},
+      {"samsum", {"{input}", "Summary:", true}},
+      {"lsht", {"{input}", ""}},
+      {"passage_count",
+       {"Please enter the final count of unique paragraphs after removing duplicates. The output format should only "
+        "contain the number, such as 1, 2, 3, and so on.\n\n",
+        "The final answer is: "}},
+      {"passage_retrieval_en",
+       {"{input}\n\nPlease enter the number of the paragraph that the abstract is from. The answer format must be like "
+        "\"Paragraph 1\", \"Paragraph 2\", etc.\n\n",
+        "The answer is: "}},
+      {"passage_retrieval_zh",
+       {"{input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n", "答案是："}},
+      {"lcc", {"", "Next line of code:\n"}},
+      {"repobench-p", {"{input}", "Next line of code:\n"}},
+  };
+  return s;
+}
+
 }  // namespace
+
+longbench::SplitTemplate longbench::kvpress_template(const std::string& dataset) {
+  const std::string& t = prompt_template(dataset);
+  const KvpressSplit& k = kvpress_splits().at(dataset);
+  // The template must end with the question (and the prefix, unless the input carries it): what is
+  // left before them is the context part.
+  const std::string tail = k.prefix_ends_input ? k.question : k.question + k.answer_prefix;
+  if (!t.ends_with(tail))
+    fail("internal: LongBench {}: kvpress's question and answer prefix do not end its template", dataset);
+  return {t.substr(0, t.size() - tail.size()), k.question, k.answer_prefix, k.prefix_ends_input};
+}
 
 const std::string& longbench::prompt_template(const std::string& dataset) {
   const auto it = templates().find(dataset);
@@ -149,8 +204,10 @@ class LongBench final : public Task {
       : tok_(*ctx.tokenizer),
         dataset_(p.get("dataset")),
         max_len_(p.integer("max_len")),
-        official_(p.get("profile") == "official") {
+        official_(p.get("profile") == "official"),
+        protocol_(p.get("protocol")) {
     template_ = longbench::prompt_template(dataset_);
+    if (protocol_ != "native") split_ = longbench::kvpress_template(dataset_);
     info_ = datasets().at(dataset_);
     const std::string metric = longbench::metric_of(dataset_);
     if (metric == "qa_f1_zh" || metric == "rouge_zh") jieba_ = &longbench::Jieba::load(ctx.data_dir);
@@ -163,6 +220,7 @@ class LongBench final : public Task {
   Sample sample(size_t index) const override {
     if (index >= records_.size()) fail("{}: sample {} of {}", path_, index, records_.size());
     const Record& r = records_[index];
+    if (split_) return kvpress_sample(r);
     std::string prompt = fill_template(template_, {{"context", r.context}, {"input", r.input}});
     // Middle truncation through text, as pred.py does: the two halves are decoded and joined. Each
     // half is decoded as Hugging Face decodes (a character cut at the seam becomes U+FFFD).
@@ -187,6 +245,26 @@ class LongBench final : public Task {
               {"length", r.length},
               {"truncated", truncated},
               {"all_classes", r.all_classes}};
+    return s;
+  }
+
+  // kvpress's LongBench: its split of the prompt, no truncation, max_new_tokens + 20 (its generous
+  // margin), the chat template on every prompt and no stop string (apply_protocol).
+  Sample kvpress_sample(const Record& r) const {
+    Sample s;
+    s.id = r.id;
+    s.answers = r.answers;
+    s.max_new_tokens = info_.max_new_tokens + 20;
+    s.meta = {{"dataset", dataset_},
+              {"category", info_.category},
+              {"length", r.length},
+              {"truncated", false},
+              {"all_classes", r.all_classes}};
+    std::string input = r.input;
+    if (split_->prefix_ends_input && input.ends_with(split_->answer_prefix))
+      input.resize(input.size() - split_->answer_prefix.size());
+    apply_protocol(s, protocol_, fill_template(split_->context, {{"context", r.context}, {"input", r.input}}),
+                   fill_template(split_->question, {{"input", input}}), split_->answer_prefix);
     return s;
   }
 
@@ -242,7 +320,9 @@ class LongBench final : public Task {
   Dataset info_{};
   int max_len_;
   bool official_;
-  const longbench::Jieba* jieba_ = nullptr;  // the segmenter of the Chinese metrics
+  std::string protocol_;
+  std::optional<longbench::SplitTemplate> split_;  // kvpress's, under a kvpress protocol
+  const longbench::Jieba* jieba_ = nullptr;        // the segmenter of the Chinese metrics
   std::vector<Record> records_;
 };
 
@@ -254,7 +334,9 @@ std::vector<ParamSpec> options() {
                              "prompt cap in tokens before middle truncation (KVCache-Factory: Llama-3 7950, "
                              "Mistral 31500)"),
           ParamSpec::choice("profile", "pyramidkv2024", {"pyramidkv2024", "official"},
-                            "pyramidkv2024: no chat template, one new token at least; official: pred.py")};
+                            "pyramidkv2024: no chat template, one new token at least; official: pred.py "
+                            "(protocol=kvpress* replaces both with kvpress's)"),
+          protocol_option()};
 }
 
 // The papers' LongBench table: the datasets by category, the Chinese ones closing each category.

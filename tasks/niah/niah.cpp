@@ -27,15 +27,18 @@ constexpr const char* kAnswer = "eat a sandwich and sit in Dolores Park on a sun
 constexpr int kLengthBuffer = 200;  // final_context_length_buffer
 constexpr int kMaxNewTokens = 30;
 
-std::string prompt_of(const std::string& context) {
-  // <|im_start|> is plain text in the reference prompt; no chat template is applied.
-  return "<|im_start|> This is a very long story book: <book> " + context +
-         " </book>.\n Based on the content of the book, Question: " + kQuestion + "\nAnswer:";
+// The reference prompt in three parts: the book (compressed under every protocol), the question and
+// the answer prefix (after compression under protocol=kvpress). <|im_start|> is plain text in the
+// reference prompt; no chat template is applied.
+PromptSplit parts_of(const std::string& context) {
+  return {"<|im_start|> This is a very long story book: <book> " + context + " </book>.\n",
+          std::string(" Based on the content of the book, Question: ") + kQuestion + "\n", "Answer:"};
 }
 
 class Niah final : public Task {
  public:
-  Niah(const TaskContext& ctx, const Params& p) : tok_(*ctx.tokenizer), chat_(p.get_bool("chat")) {
+  Niah(const TaskContext& ctx, const Params& p)
+      : tok_(*ctx.tokenizer), chat_(p.get_bool("chat")), protocol_(p.get("protocol")) {
     const long s = p.get_int("s_len"), e = p.get_int("e_len"), step = p.get_int("step");
     if (e < s) fail("task niah: e_len {} is below s_len {}", e, s);
     for (long L = s; L < e + 1; L += step) lengths_.push_back(static_cast<int>(L));
@@ -80,12 +83,14 @@ class Niah final : public Task {
     }
     Sample s;
     s.id = fmt::format("L{}_d{}", L, depth);
-    s.prompt = prompt_of(tok_.decode(ids, true));
+    PromptSplit parts = parts_of(tok_.decode(ids, true));
+    s.prompt = parts.context + parts.question + parts.answer_prefix;
     s.chat = chat_;
     s.answers = {kAnswer};
     s.max_new_tokens = kMaxNewTokens;
     s.stop = {"\n"};
     s.meta = {{"length", L}, {"depth", depth}, {"haystack_files", files_}, {"context_tokens", ids.size()}};
+    apply_protocol(s, protocol_, std::move(parts.context), std::move(parts.question), std::move(parts.answer_prefix));
     return s;
   }
 
@@ -109,6 +114,7 @@ class Niah final : public Task {
 
   const Tokenizer& tok_;
   bool chat_;
+  std::string protocol_;
   std::vector<int> lengths_, depths_;
   std::vector<int32_t> needle_, haystack_;
   std::set<int32_t> periods_;
@@ -125,7 +131,8 @@ const bool registered = register_task(
                  ParamSpec::boolean(
                      "chat", false,
                      "wrap the prompt in the model's chat template (the repos do not; instruct-only models "
-                     "may need it)")},
+                     "may need it)"),
+                 protocol_option()},
      .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); },
      // The needle is fixed, so a prediction is scored without its answers.
      .score_prediction = [](const PredictionToScore& p) { return niah_score(p.prediction); },

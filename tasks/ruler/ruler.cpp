@@ -40,7 +40,37 @@ RulerTask::RulerTask(const TaskContext& ctx, const Params& p, int tokens_to_gene
       gen_(tokens_to_generate),
       n_samples_(static_cast<size_t>(p.get_int("samples"))),
       seed_(static_cast<uint64_t>(p.get_int("seed"))),
-      rng_(seed_) {}
+      rng_(seed_),
+      protocol_(p.get("protocol")) {}
+
+namespace {
+
+// kvpress's split of a RULER input (evaluation/benchmarks/ruler/create_huggingface_dataset.py at
+// 91773cb): the question starts at the last match of the task family's question pattern, the answer
+// prefix at the first match of its answer pattern after that.
+PromptSplit kvpress_ruler_split(const std::string& task, const std::string& input) {
+  const std::string family = task.substr(0, task.find('_'));
+  size_t q = std::string::npos;
+  std::string answer = "Answer:";
+  if (family == "niah") {
+    for (const char* pattern : {"What is the special magic", "What are all the special magic"})
+      if (const size_t at = input.rfind(pattern); at != std::string::npos && (q == std::string::npos || at > q)) q = at;
+    answer = "The special magic";
+  } else {
+    const std::map<std::string, std::string> question = {
+        {"vt", "Question: Find all variables that are assigned the value"},
+        {"cwe", "Question: What are the 10 most common words in the above list?"},
+        {"fwe", "Question: Do not provide any explanation."},
+        {"qa", "Answer the question based on the given documents."}};
+    q = input.rfind(question.at(family));
+  }
+  const size_t a = q == std::string::npos ? q : input.find(answer, q);
+  if (a == std::string::npos)
+    fail("ruler {}: the input has no question and answer prefix where kvpress's patterns look for them", task);
+  return {input.substr(0, q), input.substr(q, a - q), input.substr(a)};
+}
+
+}  // namespace
 
 Sample RulerTask::sample(size_t i) const {
   if (i >= samples_.size()) fail("ruler {}: sample {} of {}", name_, i, samples_.size());
@@ -58,7 +88,11 @@ void RulerTask::add(Built b, nlohmann::json meta) {
   s.id = fmt::format("{}_{}_{}", name_, length_, samples_.size());
   s.prompt = std::move(b.input);
   s.answers = std::move(b.answers);
-  s.max_new_tokens = gen_;
+  s.max_new_tokens = gen_;  // kvpress's RULER limits are RULER's own
+  if (protocol_ != "native") {
+    auto [context, question, answer_prefix] = kvpress_ruler_split(name_, s.prompt);
+    apply_protocol(s, protocol_, std::move(context), std::move(question), std::move(answer_prefix));
+  }
   meta["task"] = name_;
   meta["length"] = b.tokens + gen_;
   meta["target_length"] = length_;
@@ -226,7 +260,8 @@ const bool registered = register_task(
                                  "with source=files: <dir>/<length>/<task>.jsonl or <dir>/<task>/validation.jsonl"),
                  ParamSpec::text("qa_file", "",
                                  "qa_1: SQuAD 2.0 dev (dev-v2.0.json), qa_2: HotpotQA dev distractor "
-                                 "(hotpot_dev_distractor_v1.json); default <data>/ruler/squad.json or hotpotqa.json")},
+                                 "(hotpot_dev_distractor_v1.json); default <data>/ruler/squad.json or hotpotqa.json"),
+                 protocol_option()},
      .make = make_ruler,
      .score_prediction = score_prediction,
      // The papers' RULER tables: one per context length, the tasks in RULER's order.
