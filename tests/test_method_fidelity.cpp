@@ -13,16 +13,6 @@ using namespace kvb;
 
 namespace {
 
-std::string fnv1a(const std::vector<int32_t>& pos) {
-  uint64_t h = 14695981039346656037ull;
-  for (int32_t p : pos)
-    for (int b = 0; b < 4; ++b) {
-      h ^= (static_cast<uint32_t>(p) >> (8 * b)) & 0xFF;
-      h *= 1099511628211ull;
-    }
-  return std::to_string(h);
-}
-
 // Runs several methods on the same prefill and records what each keeps per layer and stored head.
 class Capture final : public PrefillObserver {
  public:
@@ -87,7 +77,7 @@ TEST_CASE("kept token sets match the Hugging Face reference re-implementation", 
       for (size_t l = 0; l < cap.kept[i].size(); ++l)
         for (size_t h = 0; h < cap.kept[i][l].size(); ++h) {
           ++total[i];
-          same[i] += fnv1a(cap.kept[i][l][h]) == r["hash"][l][h].get<std::string>();
+          same[i] += test::positions_hash(cap.kept[i][l][h]) == r["hash"][l][h].get<std::string>();
         }
       for (const auto& [layer, heads] : r["full"].items())
         for (size_t h = 0; h < heads.size(); ++h) {

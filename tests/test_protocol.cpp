@@ -29,23 +29,6 @@ std::unique_ptr<Task> make(const std::string& name, const Tokenizer& tok, const 
   return TaskRegistry::get().create(name, ctx);
 }
 
-const std::vector<std::string> kEnglish = {"narrativeqa",
-                                           "qasper",
-                                           "multifieldqa_en",
-                                           "hotpotqa",
-                                           "2wikimqa",
-                                           "musique",
-                                           "gov_report",
-                                           "qmsum",
-                                           "multi_news",
-                                           "trec",
-                                           "triviaqa",
-                                           "samsum",
-                                           "passage_count",
-                                           "passage_retrieval_en",
-                                           "lcc",
-                                           "repobench-p"};
-
 }  // namespace
 
 TEST_CASE("kvpress's split of every LongBench template joins back to the template", "[tasks][longbench][protocol]") {
@@ -94,7 +77,7 @@ TEST_CASE("protocol=kvpress splits LongBench, RULER, NIAH and jsonl samples, and
   const std::string papers = test::fixture("papers/data");
   // LongBench: the three parts join to the benchmark's own prompt (untruncated) for all 16 English
   // datasets of the VECTOR tables; kvpress's limits and chat template.
-  for (const auto& d : kEnglish) {
+  for (const auto& d : test::longbench_english()) {
     INFO(d);
     auto native = make("longbench", *tok, papers, {{"dataset", d}, {"max_len", "10000000"}});
     auto kv = make("longbench", *tok, papers, {{"dataset", d}, {"protocol", "kvpress"}});

@@ -64,6 +64,39 @@ inline std::map<std::string, std::string> method_test_params(const std::string& 
   return extra;
 }
 
+// The FNV-1a 64-bit hash of kept positions as int32 little-endian bytes, in decimal: how the reference
+// scripts (tools/reference/kv_selection.py, methods/keydiff/reference.py) record kept sets.
+inline std::string positions_hash(const std::vector<int32_t>& pos) {
+  uint64_t h = 14695981039346656037ull;
+  for (int32_t p : pos)
+    for (int b = 0; b < 4; ++b) {
+      h ^= (static_cast<uint32_t>(p) >> (8 * b)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  return std::to_string(h);
+}
+
+// LongBench's 16 English and code datasets in the papers' column order (PyramidKV, MixedDimKV, VECTOR).
+inline const std::vector<std::string>& longbench_english() {
+  static const std::vector<std::string> d = {"narrativeqa",
+                                             "qasper",
+                                             "multifieldqa_en",
+                                             "hotpotqa",
+                                             "2wikimqa",
+                                             "musique",
+                                             "gov_report",
+                                             "qmsum",
+                                             "multi_news",
+                                             "trec",
+                                             "triviaqa",
+                                             "samsum",
+                                             "passage_count",
+                                             "passage_retrieval_en",
+                                             "lcc",
+                                             "repobench-p"};
+  return d;
+}
+
 // A fresh directory under the system's temporary one, removed with everything in it when the guard
 // goes out of scope, also when a REQUIRE throws. ctest runs test cases in parallel processes and two
 // test runs may share a machine, so a test writes nowhere else and leaves nothing behind.

@@ -44,16 +44,6 @@ TEST_CASE("keydiff keeps the keys that point away from the head's mean direction
 
 namespace {
 
-std::string fnv1a(const std::vector<int32_t>& pos) {
-  uint64_t h = 14695981039346656037ull;
-  for (int32_t p : pos)
-    for (int b = 0; b < 4; ++b) {
-      h ^= (static_cast<uint32_t>(p) >> (8 * b)) & 0xFF;
-      h *= 1099511628211ull;
-    }
-  return std::to_string(h);
-}
-
 // What the runner kept in each layer, per stored head.
 class KeptSets final : public PrefillObserver {
  public:
@@ -99,7 +89,7 @@ TEST_CASE("keydiff keeps what kvpress's KeyDiffPress keeps and decodes the same 
       for (size_t l = 0; l < hashes.size(); ++l)
         for (size_t h = 0; h < hashes[l].size(); ++h) {
           ++total;
-          same += fnv1a(sets.kept[l][h]) == hashes[l][h].get<std::string>();
+          same += test::positions_hash(sets.kept[l][h]) == hashes[l][h].get<std::string>();
         }
       ++runs;
       greedy_same += g.tokens == r["greedy"].get<std::vector<int32_t>>();
