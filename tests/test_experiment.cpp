@@ -199,6 +199,30 @@ TEST_CASE("experiment specs: the weight format is read and keys its cells unless
   CHECK(config(bf)["weights"] == "bf16");
 }
 
+TEST_CASE("a parameter added later keys its cells only away from its default", "[experiment]") {
+  const std::vector<ParamSpec> specs = {ParamSpec::integer("window", 8, 1, 64, "window"),
+                                        ParamSpec::choice("rule", "old", {"old", "new"}, "rule").added_later()};
+  const Params at_default({specs}, {}, "m"), given_default({specs}, {{"rule", "old"}}, "m"),
+      changed({specs}, {{"rule", "new"}}, "m");
+  const std::map<std::string, std::string> before = {{"window", "8"}};  // what records made before it hold
+  CHECK(at_default.keyed_values() == before);
+  CHECK(given_default.keyed_values() == before);
+  CHECK(changed.keyed_values().at("rule") == "new");
+  CHECK(at_default.values().at("rule") == "old");  // the method still reads it
+  // Wrapped bases carry the mark: VECTOR's and KVCrush's own added parameters and a base's.
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  const std::vector<std::tuple<std::string, std::string, std::map<std::string, std::string>>> methods = {
+      {"kvcrush", "threshold", {}}, {"vector", "materialize", {{"maps", "prompt"}}}};
+  for (const auto& [name, extra, params] : methods) {
+    auto m = MethodRegistry::get().create(name, params, model->config());
+    const auto c = cell_config(*model, *path, "niah", {}, m.get(), KvBudget(64), KvDtype::F32, std::nullopt);
+    CHECK(!c["params"].contains(extra));
+    CHECK(c["params"].contains("base.window"));
+  }
+}
+
 TEST_CASE("experiment specs: task options are recorded as the task reads them", "[experiment]") {
   // chat: yes and chat: true are one setting, so one cell key and one report row.
   const TempDir dir("spec_options");

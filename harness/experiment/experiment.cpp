@@ -324,7 +324,7 @@ nlohmann::json cell_config(const ModelFile& model, const std::string& model_path
                       {"model_fingerprint", model.config().fingerprint},
                       {"method", method ? method->name() : "fullkv"},
                       {"budget", method ? budget.tokens : 0},
-                      {"params", method ? nlohmann::json(method->params().values()) : nlohmann::json::object()},
+                      {"params", method ? nlohmann::json(method->params().keyed_values()) : nlohmann::json::object()},
                       {"gqa", method ? gqa_mode_name(method->gqa()) : "-"}};
   if (method && budget.is_ratio()) c["compression_ratio"] = budget.ratio;
   if (kv_dtype != KvDtype::F32) c["kv_dtype"] = kv_dtype_name(kv_dtype);

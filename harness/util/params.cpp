@@ -94,8 +94,23 @@ Params::Params(const std::vector<ParamSpec>& specs, const std::map<std::string, 
     if (n.empty()) fail("{}: parameter '{}' = '{}' is invalid: expected {}", owner, k, v, it->describe());
     values_[k] = n;
   }
-  for (const auto& s : specs)
+  for (const auto& s : specs) {
     if (!values_.count(s.name)) values_[s.name] = s.default_value;
+    if (!s.keyed_at_default) unkeyed_defaults_[s.name] = s.default_value;
+  }
+}
+
+std::map<std::string, std::string> Params::keyed_values() const {
+  auto v = values_;
+  for (const auto& [name, def] : unkeyed_defaults_)
+    if (v.at(name) == def) v.erase(name);
+  return v;
+}
+
+ParamSpec ParamSpec::added_later() const {
+  ParamSpec s = *this;
+  s.keyed_at_default = false;
+  return s;
 }
 
 const std::string& Params::get(const std::string& name) const {

@@ -20,6 +20,9 @@ struct ParamSpec {
   double min = 0, max = 0;           // Int/Float: inclusive range
   std::vector<std::string> choices;  // Choice
   std::string help;
+  // False for a parameter added after results were recorded whose default is the earlier behaviour: at
+  // its default it stays out of result keys (Params::keyed_values), so those results still count.
+  bool keyed_at_default = true;
 
   static ParamSpec integer(std::string name, long def, long min, long max, std::string help);
   static ParamSpec real(std::string name, double def, double min, double max, std::string help);
@@ -28,6 +31,8 @@ struct ParamSpec {
   // Any non-empty text (e.g. a directory); the default may be empty.
   static ParamSpec text(std::string name, std::string def, std::string help);
   std::string describe() const;  // "int in [1, 512], default 8"
+  // The same parameter marked as added later (keyed_at_default = false).
+  ParamSpec added_later() const;
 };
 
 class Params {
@@ -44,9 +49,12 @@ class Params {
   bool get_bool(const std::string& name) const;
   const std::string& get(const std::string& name) const;
   const std::map<std::string, std::string>& values() const { return values_; }
+  // What a result's key holds: the values without the added-later parameters left at their default.
+  std::map<std::string, std::string> keyed_values() const;
 
  private:
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::string> unkeyed_defaults_;  // added-later parameters: name -> default
   std::string owner_;
 };
 

@@ -37,14 +37,19 @@ int hamming_ref(const Bits& a, const Bits& b) {
   return d;
 }
 
-std::vector<Bits> fingerprints(const HeadScores& scores, int E, double q) {
+std::vector<int> share_counts(int heads, int E, double q) {
+  return std::vector<int>(size_t(heads), static_cast<int>(std::ceil(q * E)));
+}
+
+std::vector<Bits> fingerprints(const HeadScores& scores, int E, const std::vector<int>& marked) {
   const int hq = static_cast<int>(scores.size());
   std::vector<Bits> out(size_t(E), Bits(size_t(hq + 63) / 64, 0));
   if (E == 0) return out;
-  const int rank = std::clamp(static_cast<int>(std::ceil(q * E)), 1, E);
+  if (marked.size() != scores.size()) fail("internal: {} marked counts for {} heads", marked.size(), hq);
   std::vector<float> sorted;
   for (int h = 0; h < hq; ++h) {
     if (static_cast<int>(scores[h].size()) < E) fail("internal: {} scores for {} prefix tokens", scores[h].size(), E);
+    const int rank = std::clamp(marked[size_t(h)], 1, E);
     sorted.assign(scores[h].begin(), scores[h].begin() + E);
     std::nth_element(sorted.begin(), sorted.begin() + (rank - 1), sorted.end(), std::greater<>());
     const float theta = sorted[size_t(rank - 1)];

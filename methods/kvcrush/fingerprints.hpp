@@ -19,8 +19,11 @@ int hamming(const Bits& a, const Bits& b);      // popcount of a XOR b
 int hamming_ref(const Bits& a, const Bits& b);  // bit by bit
 
 // Fingerprints of the prefix [0, E): bit h of token j is set when scores[h][j] is at least head h's
-// value at rank ceil(q E), descending (so each head marks its top share q, plus ties at the threshold).
-std::vector<Bits> fingerprints(const HeadScores& scores, int E, double q);
+// value at rank marked[h], descending (so each head marks its top marked[h] tokens, plus ties at the
+// threshold). marked[h] is clamped to [1, E].
+std::vector<Bits> fingerprints(const HeadScores& scores, int E, const std::vector<int>& marked);
+// The marked counts of a share q of the prefix, the same for every head: ceil(q E).
+std::vector<int> share_counts(int heads, int E, double q);
 
 // The anchor fingerprint of `bits` bits. alternate: bit i = i mod 2; zeros; ones; mean: the majority
 // (more than half set) over the candidates; inv_mean: its complement; random: i.i.d. bits of a

@@ -35,7 +35,7 @@ class KVCrush final : public WrapperMethod {
       base_tokens[h] = T - reps[h];
     }
     auto keep = shrink_keep(sel, base_tokens, S);
-    const auto prints = fingerprints(sel.query_scores, E, params().get_float("bits"));
+    const auto prints = fingerprints(sel.query_scores, E, marked_counts(sel, hq, E));
     long picked_total = 0, unused = 0;
     for (size_t h = 0; h < keep.size(); ++h) {
       if (reps[h] == 0) continue;
@@ -61,6 +61,17 @@ class KVCrush final : public WrapperMethod {
   nlohmann::json layer_stats() const override { return stats_; }
 
  private:
+  // How many prefix tokens each query head marks 1. threshold=share: the share `bits` of the prefix
+  // (the Intel implementations' top half); threshold=budget: the paper's rule, the tokens the head
+  // retains at the run's compression, its stored head's T_h - w prefix slots before the split.
+  std::vector<int> marked_counts(const Selection& sel, int hq, int E) const {
+    if (params().get("threshold") == "share") return share_counts(hq, E, params().get_float("bits"));
+    const int group = hq / static_cast<int>(sel.keep.size());  // 1 in repeat mode
+    std::vector<int> m(static_cast<size_t>(hq));
+    for (int i = 0; i < hq; ++i) m[size_t(i)] = static_cast<int>(sel.keep[size_t(i / group)].size()) - sel.window;
+    return m;
+  }
+
   nlohmann::json stats_;
 };
 
@@ -71,7 +82,12 @@ const bool registered = register_method(
                 ParamSpec::real("ratio", 0.25, 0.0, 0.99, "share of each head's budget given to representatives"),
                 ParamSpec::choice("anchor", "alternate", {"alternate", "mean", "random", "zeros", "ones", "inv_mean"},
                                   "the anchor fingerprint distances are measured from"),
-                ParamSpec::real("bits", 0.5, 0.001, 1.0, "share q of the evictable tokens each head marks 1"),
+                ParamSpec::choice("threshold", "share", {"share", "budget"},
+                                  "each head's fingerprint threshold: its top share `bits` of the evictable tokens "
+                                  "(Intel's implementations), or the tokens it retains at the run's compression "
+                                  "(the paper)")
+                    .added_later(),
+                ParamSpec::real("bits", 0.5, 0.001, 1.0, "with threshold=share: the share q each head marks 1"),
                 ParamSpec::choice("group", "sorted_stride", {"sorted_stride", "floor_stride", "bucket_centroid"},
                                   "picks along the distance order: evenly spaced ends included, OpenVINO's "
                                   "floor(C/n) stride from the nearest, or one per bucket nearest its centroid"),

@@ -164,7 +164,7 @@ TEST_CASE("fingerprints: each head marks its top share plus ties, Hamming equals
   for (auto& h : s)
     for (auto& x : h) x = u(rng);
   s[5].assign(101, 0.5f);  // all tied: every token marked
-  const auto prints = fingerprints(s, 101, 0.5);
+  const auto prints = fingerprints(s, 101, share_counts(static_cast<int>(s.size()), 101, 0.5));
   for (int h = 0; h < 70; ++h) {
     int ones = 0;
     for (const auto& b : prints) ones += test_bit(b, h);
@@ -172,6 +172,33 @@ TEST_CASE("fingerprints: each head marks its top share plus ties, Hamming equals
   }
   for (size_t i = 0; i + 1 < prints.size(); ++i)
     CHECK(hamming(prints[i], prints[i + 1]) == hamming_ref(prints[i], prints[i + 1]));
+}
+
+TEST_CASE("threshold=budget: each head marks what its budget keeps, and the run keeps T per head", "[kvcrush]") {
+  HeadScores s(3, std::vector<float>(40));
+  for (int h = 0; h < 3; ++h)
+    for (int j = 0; j < 40; ++j) s[size_t(h)][size_t(j)] = float((j * (h + 3)) % 41);  // distinct: 41 is prime
+  const auto prints = fingerprints(s, 40, {3, 10, 60});                                // the last clamped to E
+  for (int h = 0; h < 3; ++h) {
+    int ones = 0;
+    for (const auto& b : prints) ones += test_bit(b, h);
+    CHECK(ones == std::vector<int>{3, 10, 40}[size_t(h)]);
+  }
+  for (const char* gqa : {"native", "repeat"})
+    for (const char* base : {"snapkv", "pyramidkv"}) {
+      INFO(base << " gqa " << gqa);
+      test::SyntheticLayer L(300, 6, 2, 16, 32, 9);
+      auto m = MethodRegistry::get().create(
+          "kvcrush", {{"base", base}, {"gqa", gqa}, {"threshold", "budget"}, {"group", "bucket_centroid"}}, L.cfg);
+      auto share = MethodRegistry::get().create("kvcrush", {{"base", base}, {"gqa", gqa}}, L.cfg);
+      MethodRunner r(*m, 96), rs(*share, 96);
+      LayerCache c(6, gqa == std::string("repeat") ? 6 : 2, 16), cs(6, gqa == std::string("repeat") ? 6 : 2, 16);
+      r.on_layer(L.view, c);
+      rs.on_layer(L.view, cs);
+      const auto kept = test::kept_positions(c), kept_share = test::kept_positions(cs);
+      for (size_t h = 0; h < kept.size(); ++h) CHECK(kept[h].size() == kept_share[h].size());
+      CHECK(kept != kept_share);  // another threshold and other picks choose other representatives
+    }
 }
 
 TEST_CASE("anchors and picks: alternate fixed, mean order-free, random seeded, stride ends, equal prints by position",

@@ -424,10 +424,12 @@ const bool registered = register_method(
                 ParamSpec::boolean("protect_window", false, "never approximate the base's observation window"),
                 ParamSpec::boolean("materialize", false,
                                    "accuracy-only runs: estimate the values once at prefill and store them (bytes "
-                                   "still counted as keys only; decoding as fast as dense)"),
+                                   "still counted as keys only; decoding as fast as dense)")
+                    .added_later(),
                 ParamSpec::boolean("full_layer_map", false,
                                    "estimate each head's values from all KV heads' keys with the per-layer map (needs "
-                                   "materialize and an artifact calibrated with -o full_layer_map=true)"),
+                                   "materialize and an artifact calibrated with -o full_layer_map=true)")
+                    .added_later(),
                 ParamSpec::text("maps", "",
                                 "map file (default: this model's artifact from kvbench calibrate vector; "
                                 "'prompt': maps fitted on each prompt itself, an oracle)")},
