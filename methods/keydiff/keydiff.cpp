@@ -16,13 +16,16 @@ class KeyDiff final : public ScorerMethod {
     const int S = v.n_tokens, prefix = S - window(), D = v.head_dim, group = v.n_heads / v.n_kv_heads;
     auto key = [&](int j, int g) { return v.k + (size_t(j) * v.n_kv_heads + g) * D; };
     HeadScores per_kv(size_t(v.n_kv_heads), std::vector<float>(size_t(prefix)));
-    std::vector<double> anchor(static_cast<size_t>(D));
+    std::vector<double> anchor(static_cast<size_t>(D)), norm(static_cast<size_t>(S));
     for (int g = 0; g < v.n_kv_heads; ++g) {
       std::fill(anchor.begin(), anchor.end(), 0.0);
       for (int j = 0; j < S; ++j) {
         const float* k = key(j, g);
+        double sq = 0;
+        for (int c = 0; c < D; ++c) sq += double(k[c]) * k[c];
+        norm[size_t(j)] = std::sqrt(sq);
         // F.normalize: x / max(|x|, 1e-12)
-        const double n = std::max(std::sqrt(dot(k, k, D)), 1e-12);
+        const double n = std::max(norm[size_t(j)], 1e-12);
         for (int c = 0; c < D; ++c) anchor[size_t(c)] += k[c] / n;
       }
       double anchor_sq = 0;
@@ -30,24 +33,18 @@ class KeyDiff final : public ScorerMethod {
         a /= S;
         anchor_sq += a * a;
       }
+      const double anchor_norm = std::sqrt(anchor_sq);
       for (int j = 0; j < prefix; ++j) {
         const float* k = key(j, g);
         double ka = 0;
         for (int c = 0; c < D; ++c) ka += k[c] * anchor[size_t(c)];
         // F.cosine_similarity: x.y / max(|x| |y|, 1e-8)
-        const double norms = std::max(std::sqrt(dot(k, k, D) * anchor_sq), 1e-8);
-        per_kv[size_t(g)][size_t(j)] = static_cast<float>(-ka / norms);
+        per_kv[size_t(g)][size_t(j)] = static_cast<float>(-ka / std::max(norm[size_t(j)] * anchor_norm, 1e-8));
       }
     }
     HeadScores scores(size_t(v.n_heads));
     for (int h = 0; h < v.n_heads; ++h) scores[size_t(h)] = per_kv[size_t(h / group)];
     return scores;
-  }
-
-  static double dot(const float* a, const float* b, int n) {
-    double s = 0;
-    for (int c = 0; c < n; ++c) s += double(a[c]) * b[c];
-    return s;
   }
 };
 

@@ -57,7 +57,7 @@ PromptSplit kvpress_ruler_split(const std::string& task, const std::string& inpu
       if (const size_t at = input.rfind(pattern); at != std::string::npos && (q == std::string::npos || at > q)) q = at;
     answer = "The special magic";
   } else {
-    const std::map<std::string, std::string> question = {
+    static const std::map<std::string, std::string> question = {
         {"vt", "Question: Find all variables that are assigned the value"},
         {"cwe", "Question: What are the 10 most common words in the above list?"},
         {"fwe", "Question: Do not provide any explanation."},
