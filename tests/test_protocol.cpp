@@ -1,6 +1,7 @@
 // kvpress's question-after-compression protocol: the tasks' split of their prompts, the chat template
 // cut around the context, and answers against kvpress's own pipeline on the default model
 // (tools/reference/kvpress_pipeline.py).
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -32,27 +33,12 @@ std::unique_ptr<Task> make(const std::string& name, const Tokenizer& tok, const 
 }  // namespace
 
 TEST_CASE("kvpress's split of every LongBench template joins back to the template", "[tasks][longbench][protocol]") {
-  for (const char* d : {"narrativeqa",
-                        "qasper",
-                        "multifieldqa_en",
-                        "multifieldqa_zh",
-                        "hotpotqa",
-                        "2wikimqa",
-                        "musique",
-                        "dureader",
-                        "gov_report",
-                        "qmsum",
-                        "multi_news",
-                        "vcsum",
-                        "trec",
-                        "triviaqa",
-                        "samsum",
-                        "lsht",
-                        "passage_count",
-                        "passage_retrieval_en",
-                        "passage_retrieval_zh",
-                        "lcc",
-                        "repobench-p"}) {
+  // Every dataset the task offers (its `dataset` option's choices).
+  const auto& options = TaskRegistry::get().info("longbench").options;
+  const auto dataset = std::find_if(options.begin(), options.end(), [](const auto& o) { return o.name == "dataset"; });
+  REQUIRE(dataset != options.end());
+  CHECK(dataset->choices.size() == 21);
+  for (const auto& d : dataset->choices) {
     INFO(d);
     const auto t = longbench::kvpress_template(d);
     const std::string joined = t.context + t.question + (t.prefix_ends_input ? "" : t.answer_prefix);
