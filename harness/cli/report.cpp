@@ -2,6 +2,7 @@
 #include <set>
 
 #include "harness/cli/commands.hpp"
+#include "harness/experiment/coverage.hpp"
 #include "harness/experiment/results.hpp"
 #include "harness/method/method.hpp"
 #include "harness/report/comparison.hpp"
@@ -19,12 +20,11 @@ void register_report_command(CLI::App& app) {
   auto files = std::make_shared<std::vector<std::string>>();
   auto dir = std::make_shared<std::string>("reports");
   auto formats = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"md", "csv"});
-  cmd->add_option("results", *files, "Results JSONL files or directories of them (kvbench run or run-task)")
-      ->required();
+  cmd->add_option("results", *files, "Results JSONL files or directories of them (kvbench run or run-task)");
   cmd->add_option("--out-dir", *dir, "Directory for tables and figures");
   cmd->add_option("--format", *formats, "Table formats: md, csv, tex (comma-separated)")->delimiter(',');
   struct Compare {
-    std::string published, table, model, baseline;
+    std::string published, table, model, baseline, coverage;
   };
   auto c = std::make_shared<Compare>();
   cmd->add_option("--compare", c->published,
@@ -36,7 +36,16 @@ void register_report_command(CLI::App& app) {
   cmd->add_option("--baseline", c->baseline,
                   "METHOD[:key=value,...]: also writes each method's score minus this one's on the same samples, "
                   "with paired 95% intervals (<task>-vs-<baseline>.*)");
+  cmd->add_option("--coverage", c->coverage,
+                  "Instead of results: how many printed cells of the papers' tables kvbench can regenerate, per paper "
+                  "and table, and what blocks the rest (DIR: the paper folders, e.g. experiments/papers)");
   cmd->callback([files, dir, formats, c] {
+    if (!c->coverage.empty()) {
+      if (!files->empty()) fail("report --coverage reads the paper folders, not results files");
+      fmt::print("{}", coverage_markdown(paper_coverage(c->coverage)));
+      return;
+    }
+    if (files->empty()) fail("report: give results files (or directories of them), or --coverage DIR");
     const std::set<std::string> f(formats->begin(), formats->end());
     write_report(*files, *dir, f);
     if (!c->baseline.empty()) write_paired_comparison(*files, c->baseline, *dir, f);

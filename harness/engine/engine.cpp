@@ -37,7 +37,7 @@ Weight load_matrix(Backend& b, const ModelFile& m, const std::string& name, size
 }  // namespace
 
 Engine::Engine(const ModelFile& model, const EngineOptions& opt)
-    : cfg_(model.config()), backend_(make_backend(opt.backend, opt.threads)), opt_(opt) {
+    : model_(model), cfg_(model.config()), backend_(make_backend(opt.backend, opt.threads)), opt_(opt) {
   model.validate_tensors();
   Backend& b = *backend_;
   if (opt.weights) b.set_weight_format(*opt.weights);
@@ -120,6 +120,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
         n, cfg_.sliding_window);
   for (auto id : ids)
     if (id < 0 || id >= cfg_.vocab_size) fail("prefill: token id {} outside the vocabulary", id);
+  if (observer && observer->reads_whole_prompt()) return resume(prefill_capture(ids, observer->needs()), observer);
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
@@ -266,6 +267,7 @@ PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const Prefi
   PrefillCapture c;
   c.needs = needs;
   c.n_tokens = static_cast<int>(ids.size());
+  c.ids.assign(ids.begin(), ids.end());
   c.positions.resize(ids.size());
   std::iota(c.positions.begin(), c.positions.end(), 0);
   Capturer cap(c, cfg_.n_layers);
@@ -284,6 +286,7 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
       (want.attn_colsum && !c.needs.attn_colsum))
     fail("resume: the capture lacks what the method needs (window {} of {}, pre-RoPE keys, accumulated attention)",
          want.window, c.window);
+  if (observer && observer->reads_whole_prompt()) observer->on_prompt(*this, c.ids);
   backend_->forget_caches();
   reset_caches();
   for (int l = 0; l < cfg_.n_layers; ++l) {

@@ -23,6 +23,7 @@ class ModelFile;
 // applied to one prefill (experiment sweeps): per layer the views a PrefillObserver receives.
 struct PrefillCapture {
   int n_tokens = 0;
+  std::vector<int32_t> ids;
   PrefillNeeds needs;
   std::vector<int32_t> positions;
   std::vector<float> logits;  // of the last prompt token (independent of the cache kept)
@@ -46,13 +47,17 @@ class Engine {
   ~Engine();
 
   const ModelConfig& config() const { return cfg_; }
+  // The file the engine was built from (it must outlive the engine): its tokenizer and chat template,
+  // for observers that build prompts of their own (KVzip).
+  const ModelFile& model_file() const { return model_; }
   Backend& backend() { return *backend_; }
   KvDtype kv_dtype() const { return opt_.kv_dtype; }
   WeightFormat weight_format() const { return backend_->weight_format(); }
 
   // Starts a new sequence with `ids` (positions 0..n-1) and returns the logits of the last token.
-  // Without an observer every layer keeps its full K/V. The observer, if it acts on decoding, is
-  // also called at every decode step of this sequence and must outlive it.
+  // Without an observer every layer keeps its full K/V. An observer that reads the whole prompt
+  // (PrefillObserver::reads_whole_prompt) is served by prefill_capture and resume. The observer, if it acts on
+  // decoding, is also called at every decode step of this sequence and must outlive it.
   std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr);
   // Appends one token and returns its logits.
   std::vector<float> decode(int32_t token);
@@ -86,6 +91,7 @@ class Engine {
   void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v);
   void append_token(LayerCache& cache, const float* k, const float* v, int32_t pos);
 
+  const ModelFile& model_;
   ModelConfig cfg_;
   std::unique_ptr<Backend> backend_;
   EngineOptions opt_;

@@ -41,6 +41,17 @@ PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const
   return p;
 }
 
+ChatTurnText chat_turn_text(const ModelFile& model) {
+  const auto tmpl = ChatTemplate::stored(model);
+  if (!tmpl) return {"", "\n"};
+  const std::string dummy = "dummy context", separator = "\n" + std::string(dummy.size(), '#');
+  const std::string text = tmpl->render({{"user", dummy + separator}}, true);
+  const size_t content = text.find(dummy), cut = text.find(separator);
+  if (content == std::string::npos || cut == std::string::npos)
+    fail("chat template: the user turn's text did not come through the rendering");
+  return {text.substr(0, content), text.substr(cut + separator.size())};
+}
+
 int32_t argmax(std::span<const float> logits) {
   size_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)

@@ -32,6 +32,14 @@ struct PromptIds {
 PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,
                              const std::string& question, const std::string& answer_prefix);
 
+// The chat template's text around one user turn, as kvpress derives it (its KVzipPress): the
+// rendering of a dummy turn (with the generation prompt) cut around the content. Without a template:
+// "" and "\n".
+struct ChatTurnText {
+  std::string before, after;
+};
+ChatTurnText chat_turn_text(const ModelFile& model);
+
 struct GenerateOptions {
   int max_new_tokens = 128;
   int min_new_tokens = 0;              // end-of-generation tokens cannot be chosen before this many (HF min_length)

@@ -3,12 +3,14 @@
 // which it decides what that layer's KV cache keeps.
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/cpu/kv_rows.hpp"
 
 namespace kvb {
 
+class Engine;
 class LayerCache;
 
 // Host-side views, valid during on_layer only. Rows are tokens; heads are contiguous within a row.
@@ -66,6 +68,12 @@ class PrefillObserver {
   // token is already in `cache`. q: its post-RoPE queries [n_heads, head_dim].
   virtual bool acts_on_decode() const { return false; }
   virtual void on_decode(int /*layer*/, LayerCache& /*cache*/, const float* /*q*/, int32_t /*pos*/) {}
+  // True for an observer that decides from the whole prompt rather than layer by layer (KVzip scores
+  // the context by running the model over it again): the engine then prefills every layer first, calls
+  // on_prompt with the prompt's ids, and only then fills the caches through on_layer. on_prompt may run
+  // further prefills on `engine`; the prompt's caches are rebuilt after it.
+  virtual bool reads_whole_prompt() const { return false; }
+  virtual void on_prompt(Engine& /*engine*/, std::span<const int32_t> /*ids*/) {}
 };
 
 }  // namespace kvb

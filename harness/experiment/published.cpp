@@ -6,7 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <ranges>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
 
 #include "harness/experiment/experiment.hpp"
 #include "harness/task/task.hpp"
@@ -102,7 +107,83 @@ bool column_in_options(const PublishedRow& r, const std::map<std::string, std::s
 
 bool summary_column(const std::string& c) { return c == "avg" || c == "score"; }
 
+std::string external_names_path(const std::string& published_csv) {
+  return (std::filesystem::path(published_csv).parent_path().parent_path() / "external.yaml").string();
+}
+
+namespace {
+
+bool registered_method(const std::string& m) {
+  const auto names = MethodRegistry::get().names();
+  return std::find(names.begin(), names.end(), m) != names.end();
+}
+
+// A mapping entry's text: `what` and, when given, `(reference)`.
+std::string entry_text(const std::string& file, const std::string& name, const YAML::Node& n) {
+  if (n.IsScalar()) return n.as<std::string>();
+  if (!n.IsMap() || !n["what"]) fail("{}: '{}' needs a 'what' line (and a 'reference')", file, name);
+  std::string s = n["what"].as<std::string>();
+  if (n["reference"]) s += " (" + n["reference"].as<std::string>() + ")";
+  return s;
+}
+
+}  // namespace
+
+ExternalNames load_external_names(const std::string& path) {
+  ExternalNames names;
+  if (!std::filesystem::exists(path)) return names;
+  names.file = path;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    fail("{}: not valid YAML: {}", path, e.what());
+  }
+  if (!root.IsMap()) fail("{}: expected a mapping with methods, parameters, tasks and models", path);
+  try {
+    for (const auto& section : root) {
+      const auto key = section.first.as<std::string>();
+      const YAML::Node& body = section.second;
+      if (!body.IsMap()) fail("{}: '{}' must be a mapping", path, key);
+      for (const auto& e : body) {
+        const auto name = e.first.as<std::string>();
+        if (key == "methods") {
+          if (registered_method(name))
+            fail("{}: methods: '{}' is a kvbench method now; remove it from the file", path, name);
+          names.methods[name] = entry_text(path, name, e.second);
+        } else if (key == "parameters") {
+          if (!registered_method(name)) fail("{}: parameters: '{}' is not a kvbench method", path, name);
+          const auto specs = MethodRegistry::get().param_specs(name);
+          for (const auto& p : e.second) {
+            const auto param = p.first.as<std::string>();
+            if (std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == param; }))
+              fail("{}: parameters: {} has '{}' now; remove it from the file", path, name, param);
+            names.parameters[name][param] = p.second.as<std::string>();
+          }
+        } else if (key == "tasks") {
+          if (TaskRegistry::get().find(name)) fail("{}: tasks: '{}' is a kvbench task now; remove it", path, name);
+          if (!e.second.IsMap() || !e.second["columns"] || !e.second["columns"].IsSequence())
+            fail("{}: tasks: '{}' needs its columns, a list", path, name);
+          names.tasks[name] = e.second["columns"].as<std::vector<std::string>>();
+        } else if (key == "models") {
+          names.models[name] = e.second.as<std::string>();
+        } else {
+          fail("{}: unknown section '{}' (expected methods, parameters, tasks, models)", path, key);
+        }
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    fail("{}: {}", path, e.what());
+  }
+  return names;
+}
+
 std::vector<PublishedRow> load_published(const std::string& path) {
+  return load_published(path, load_external_names(external_names_path(path)));
+}
+
+std::vector<PublishedRow> load_published(const std::string& path, const ExternalNames& names) {
+  const std::string declared = names.file.empty() ? "experiments/papers/external.yaml" : names.file;
   std::ifstream in(path);
   if (!in) fail("{}: cannot read the published table", path);
   std::string line;
@@ -144,11 +225,46 @@ std::vector<PublishedRow> load_published(const std::string& path) {
       fail("{}: field 'budget': expected full, a KV size (a positive whole number) or r<ratio> (r0.5), not '{}'", where,
            f[4]);
     }
+    if (!names.models.empty() && !names.models.count(r.model))
+      fail("{}: field 'model': '{}' is not among the models {} lists with their architectures", where, r.model,
+           declared);
+    const std::string method = best_of(r).empty() ? r.method : best_of(r);
+    if (registered_method(method)) {
+      const auto specs = MethodRegistry::get().param_specs(method);
+      const bool wrapper = MethodRegistry::get().info(method).composition == Composition::Wrapper;
+      for (const auto& k : r.params | std::views::keys) {
+        const bool own = std::any_of(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == k; });
+        const bool external = names.parameters.count(method) && names.parameters.at(method).count(k);
+        if (!own && !external && !(wrapper && k.rfind("base.", 0) == 0))
+          fail("{}: field 'params': method {} has no parameter '{}' (nor does {} declare it under parameters)", where,
+               method, k, declared);
+      }
+    } else if (!names.methods.count(method)) {
+      fail("{}: field 'method': '{}' is neither a kvbench method (kvbench list methods) nor declared in {}", where,
+           r.method, declared);
+    }
     r.task = f[5];
     const TaskInfo* task = TaskRegistry::get().find(r.task);
+    r.column = f[7];
+    if (names.tasks.count(r.task)) {
+      const auto& cols = names.tasks.at(r.task);
+      if (std::find(cols.begin(), cols.end(), r.column) == cols.end())
+        fail("{}: field 'column': task {} has the columns {} ({}), not '{}'", where, r.task, fmt::join(cols, ", "),
+             declared, r.column);
+      if (!f[6].empty()) fail("{}: field 'length': task {} has no length", where, r.task);
+      if (!parse_number(f[8], r.score)) fail("{}: field 'score': expected a number, not '{}'", where, f[8]);
+      r.printed = f[8];
+      rows.push_back(std::move(r));
+      continue;
+    }
     if (!task || (task->layout.title.empty() && !task->layout.depth_heatmap))
-      fail("{}: field 'task': expected a task with a paper layout ({}), not '{}'", where,
-           fmt::join(paper_tasks(), ", "), r.task);
+      fail("{}: field 'task': expected a task with a paper layout ({}) or one {} declares, not '{}'", where,
+           fmt::join(paper_tasks(), ", "), declared, r.task);
+    if (const auto& l = task->layout;
+        !l.column_option.empty() && !l.columns.empty() && !summary_column(r.column) &&
+        std::none_of(l.columns.begin(), l.columns.end(), [&](const ReportColumn& c) { return c.key == r.column; }))
+      fail("{}: field 'column': '{}' is not a column of {} (its {} values, avg)", where, r.column, r.task,
+           l.column_option);
     if (!task->layout.length_option.empty() && !f[6].empty()) {
       if (!parse_number(f[6], v) || v < 1 || v != std::floor(v))
         fail(
@@ -160,8 +276,8 @@ std::vector<PublishedRow> load_published(const std::string& path) {
       fail("{}: field 'length': only rows of tasks with a length option have a length ('{}' given for {})", where, f[6],
            r.task);
     }
-    r.column = f[7];
     if (!parse_number(f[8], r.score)) fail("{}: field 'score': expected a number, not '{}'", where, f[8]);
+    r.printed = f[8];
     rows.push_back(std::move(r));
   }
   if (rows.empty()) fail("{}: no rows after the header", path);

@@ -19,6 +19,22 @@
 
 namespace kvb {
 
+// What the papers' tables name that kvbench lacks (experiments/papers/external.yaml beside the paper
+// folders): methods, parameters of registered methods, tasks with their columns, each with a line
+// saying what it is and where its reference lives; and every model a published.csv names, with its
+// architecture. A published row may name these; any other unknown name is an error.
+struct ExternalNames {
+  std::string file;                                                      // empty: there is none
+  std::map<std::string, std::string> methods;                            // name -> what and reference
+  std::map<std::string, std::map<std::string, std::string>> parameters;  // method -> parameter -> what
+  std::map<std::string, std::vector<std::string>> tasks;                 // task -> its columns
+  std::map<std::string, std::string> models;                             // model -> architecture
+};
+// Reads `path`; a path that does not exist gives the empty declarations.
+ExternalNames load_external_names(const std::string& path);
+// The declarations that apply to a published.csv: external.yaml in the folder above the CSV's.
+std::string external_names_path(const std::string& published_csv);
+
 struct PublishedRow {
   std::string file;
   int line = 0;
@@ -29,10 +45,14 @@ struct PublishedRow {
   int length = 0;
   std::string column;
   double score = 0;
+  std::string printed;  // the score as the CSV writes it (its decimals are the paper's)
 };
 
-// Reads and validates a published.csv; errors name the file, line and field.
+// Reads and validates a published.csv; errors name the file, line and field. Methods, their
+// parameters, tasks and columns are kvbench's (its registries) or declared external (`names`, by
+// default the CSV's external.yaml); so are models where the declarations list any.
 std::vector<PublishedRow> load_published(const std::string& path);
+std::vector<PublishedRow> load_published(const std::string& path, const ExternalNames& names);
 
 struct PublishedChecks {
   bool methods = true;  // false: rows of methods the spec does not run are left out, not errors

@@ -19,6 +19,8 @@ class WrapperMethod : public Method {
   PrefillNeeds needs() const override { return base_->needs(); }
   nlohmann::json artifacts() const override { return base_->artifacts(); }
   bool may_exceed_budget() const override { return base_->may_exceed_budget(); }
+  bool reads_whole_prompt() const override { return base_->reads_whole_prompt(); }
+  void on_prompt(Engine& engine, std::span<const int32_t> ids) override { base_->on_prompt(engine, ids); }
 
  protected:
   Method& base() { return *base_; }

@@ -207,6 +207,13 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
          budget_.tokens);
 }
 
+void MethodRunner::on_prompt(Engine& engine, std::span<const int32_t> ids) {
+  // Its cost is the method's: KVzip's passes over the context are most of its compression time.
+  const auto t0 = std::chrono::steady_clock::now();
+  method_.on_prompt(engine, ids);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 nlohmann::json MethodRunner::cache_profile() const {
   size_t kept = 0;
   for (const auto& [f, n] : format_tokens_) kept += n;

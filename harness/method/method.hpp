@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,11 @@ class Method {
   virtual void on_decode(LayerCache&, const DecodeView&) {}
   // Whether on_decode does anything (the engine skips the call otherwise).
   virtual bool acts_on_decode() const { return false; }
+  // A method that decides from the whole prompt (KVzip runs the model over the context again) returns
+  // true; on_prompt then sees the engine and the prompt's ids after every layer's prefill and before
+  // the first compress() (PrefillObserver::reads_whole_prompt).
+  virtual bool reads_whole_prompt() const { return false; }
+  virtual void on_prompt(Engine& /*engine*/, std::span<const int32_t> /*ids*/) {}
   // The offline artifacts the method read (file, digest), part of every result's key; null if none.
   virtual nlohmann::json artifacts() const { return nullptr; }
   // What the last compress() decided beyond the cache itself (e.g. a Lagrange multiplier), for the
@@ -201,6 +207,8 @@ class MethodRunner : public PrefillObserver {
   void on_decode(int layer, LayerCache& cache, const float* q, int32_t pos) override {
     method_.on_decode(cache, DecodeView{layer, pos, q, budget_.tokens});
   }
+  bool reads_whole_prompt() const override { return method_.reads_whole_prompt(); }
+  void on_prompt(Engine& engine, std::span<const int32_t> ids) override;
 
   // In ratio mode, T is known once the prompt is: after the first layer.
   const Budget& budget() const { return budget_; }

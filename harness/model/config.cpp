@@ -36,6 +36,10 @@ std::string arch_name(Arch a) {
   }
   return "?";
 }
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names{"llama", "mistral", "qwen2", "qwen3"};
+  return names;
+}
 std::string rope_layout_name(RopeLayout l) { return l == RopeLayout::Interleaved ? "interleaved" : "neox"; }
 std::string rope_scaling_name(RopeScaling::Type t) {
   switch (t) {
@@ -284,7 +288,8 @@ ModelConfig parse_hf_config(const std::string& file) {
     c.arch = Arch::Qwen3;
     c.qk_norm = true;
   } else {
-    fail("{}: model_type '{}' is not supported (expected llama, mistral, qwen2 or qwen3)", file, c.arch_name);
+    fail("{}: model_type '{}' is not supported (expected one of {})", file, c.arch_name,
+         fmt::join(supported_architectures(), ", "));
   }
   c.rope_layout = RopeLayout::NeoX;
   c.name = j.value("_name_or_path", std::string());

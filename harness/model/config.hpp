@@ -64,6 +64,8 @@ ModelConfig config_from_gguf(const GGUFFile& f);
 ModelConfig config_from_hf_dir(const std::string& dir);
 
 std::string arch_name(Arch a);
+// The architectures the loader reads, by their Hugging Face model_type (a GGUF writes mistral as llama).
+const std::vector<std::string>& supported_architectures();
 std::string rope_layout_name(RopeLayout l);
 std::string rope_scaling_name(RopeScaling::Type t);
 

@@ -10,6 +10,7 @@
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "kept_sets.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"
 
@@ -42,25 +43,6 @@ TEST_CASE("keydiff keeps the keys that point away from the head's mean direction
   CHECK(test::kept_positions(wc)[0] == std::vector<int32_t>{10, 20, 60, 61, 62, 63});
 }
 
-namespace {
-
-// What the runner kept in each layer, per stored head.
-class KeptSets final : public PrefillObserver {
- public:
-  explicit KeptSets(MethodRunner& runner) : runner_(runner) {}
-  PrefillNeeds needs() const override { return runner_.needs(); }
-  void on_layer(const PrefillView& view, LayerCache& cache) override {
-    runner_.on_layer(view, cache);
-    kept.push_back(test::kept_positions(cache));
-  }
-  std::vector<std::vector<std::vector<int32_t>>> kept;  // [layer][head]
-
- private:
-  MethodRunner& runner_;
-};
-
-}  // namespace
-
 TEST_CASE("keydiff keeps what kvpress's KeyDiffPress keeps and decodes the same tokens",
           "[keydiff][model][reference]") {
   auto path = test::model_file(test::kDefaultModel);
@@ -79,7 +61,7 @@ TEST_CASE("keydiff keeps what kvpress's KeyDiffPress keeps and decodes the same 
       INFO("prompt of " << ids.size() << " tokens, compression ratio " << ratio);
       auto m = MethodRegistry::get().create("keydiff", {}, engine.config());
       MethodRunner runner(*m, KvBudget::compression_ratio(ratio));
-      KeptSets sets(runner);
+      test::KeptSets sets(runner);
       GenerateOptions opt;
       opt.max_new_tokens = static_cast<int>(r["greedy"].size());
       opt.stop_at_eog = false;
