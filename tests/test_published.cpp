@@ -148,6 +148,10 @@ TEST_CASE("report --coverage: printed cells per table, regenerable from the regi
   CHECK(gsm.regenerable == 0);
   CHECK(gsm.blockers.at("task gsm8k") == 24);
   CHECK(gsm.blockers.at("architecture phi3") == 8);
+  // MixedDimKV Table 9: Full, MixedDimKV, MixedDimKV-H and Palu at 40% on 16 datasets + Avg, two models.
+  const auto t9 = find("mixeddimkv", "table9_longbench");
+  CHECK(t9.cells == 136);
+  CHECK(t9.regenerable == 136);
   // VECTOR's KVzip blocks run from their specs.
   const auto kvzip = find("vector", "table2_longbench_kvzip");
   CHECK(kvzip.cells == 272);

@@ -537,4 +537,8 @@ const bool snap_registered = register_method(
      .changes_model = true});
 
 }  // namespace
+
+std::vector<ParamSpec> dynakv_pca_options() { return pca_options(); }
+void calibrate_dynakv_pca(CalibrationContext& ctx) { calibrate_pca(ctx); }
+
 }  // namespace kvb

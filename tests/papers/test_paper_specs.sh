@@ -34,6 +34,8 @@ for spec in experiments/papers/*/*.yaml; do
     echo "ok   $spec: refused, needs more than the model's 8K context"
   elif grep -q "no such dynakv artifact" <<< "$out" && grep -q "name: dynakv" "$spec"; then
     echo "ok   $spec: refused, DynaKV weights are not trained for this model"
+  elif grep -q "no such palu basis" <<< "$out" && grep -q "name: palu" "$spec"; then
+    echo "ok   $spec: refused, no Palu basis calibrated for this model (kvbench calibrate palu)"
   else
     echo "FAIL $spec: $(tail -1 <<< "$out")"
     fail=1
