@@ -148,6 +148,21 @@ TEST_CASE("protocol=kvpress splits LongBench, RULER, NIAH and jsonl samples, and
         make("longbench", *tok, papers, {{"dataset", "qasper"}, {"protocol", "after"}});
       },
       {"protocol", "after"});
+  // max_context: kvpress's max_context_length keeps the head of the prefill (template head + context).
+  {
+    auto whole = make("longbench", *tok, papers, {{"dataset", "qasper"}, {"protocol", "kvpress"}});
+    auto capped =
+        make("longbench", *tok, papers, {{"dataset", "qasper"}, {"protocol", "kvpress"}, {"max_context", "100"}});
+    const PromptIds a = sample_prompt(*m, *tok, whole->sample(0)), b = sample_prompt(*m, *tok, capped->sample(0));
+    REQUIRE(a.prefill.size() > 100);
+    CHECK(b.prefill == std::vector<int32_t>(a.prefill.begin(), a.prefill.begin() + 100));
+    CHECK(b.after == a.after);
+    test::require_error(
+        [&] {
+          make("longbench", *tok, papers, {{"dataset", "qasper"}, {"max_context", "100"}});
+        },
+        {"max_context=100", "not native"});
+  }
 }
 
 TEST_CASE("kvpress's pipeline: the same context and question ids, the same answers with KeyDiff and the full cache",

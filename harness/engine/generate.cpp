@@ -20,14 +20,18 @@ std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, 
 }
 
 PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,
-                             const std::string& question, const std::string& answer_prefix) {
+                             const std::string& question, const std::string& answer_prefix, int max_context) {
   PromptIds p;
+  const auto truncate = [&] {
+    if (max_context > 0 && p.prefill.size() > size_t(max_context)) p.prefill.resize(size_t(max_context));
+  };
   const auto tmpl = ChatTemplate::stored(model);
   if (!tmpl) {
     if (tok.special().bos) p.prefill.push_back(*tok.special().bos);
     const auto c = tok.encode(context);
     p.prefill.insert(p.prefill.end(), c.begin(), c.end());
     p.after = tok.encode(question + "\n" + answer_prefix);
+    truncate();
     return p;
   }
   // kvpress cuts the rendering at a separator appended to the context, so a template that trims the
@@ -38,6 +42,7 @@ PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const
   if (cut == std::string::npos) fail("chat template: the user turn's text did not come through the rendering");
   p.prefill = tok.encode(std::string_view(text).substr(0, cut));
   p.after = tok.encode(question + text.substr(cut + separator.size()) + answer_prefix);
+  truncate();
   return p;
 }
 

@@ -29,8 +29,9 @@ struct PromptIds {
 // ends; the prefill is the head (no BOS beyond what the template writes), `after` is `question`, the
 // rest of the rendering (end of turn, assistant header, Qwen3's empty think block) and
 // `answer_prefix`. Without a template: BOS and the context, then question + "\n" + answer_prefix.
+// `max_context` > 0 keeps the prefill's first that many tokens (kvpress's max_context_length).
 PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,
-                             const std::string& question, const std::string& answer_prefix);
+                             const std::string& question, const std::string& answer_prefix, int max_context = 0);
 
 // The chat template's text around one user turn, as kvpress derives it (its KVzipPress): the
 // rendering of a dummy turn (with the generation prompt) cut around the content. Without a template:

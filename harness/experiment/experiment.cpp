@@ -365,7 +365,9 @@ double equivalent_kv_size(const ModelConfig& m, size_t bytes) {
 }
 
 PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s) {
-  if (s.split) return build_split_prompt(model, tok, s.split->context, s.split->question, s.split->answer_prefix);
+  if (s.split)
+    return build_split_prompt(model, tok, s.split->context, s.split->question, s.split->answer_prefix,
+                              s.split->max_context);
   return {build_prompt(model, tok, s.prompt, s.chat), {}};
 }
 

@@ -177,17 +177,33 @@ ParamSpec protocol_option() {
                            "kvpress-query-aware: the question compressed with the context");
 }
 
-void apply_protocol(Sample& s, const std::string& protocol, std::string context, std::string question,
+ParamSpec max_context_option() {
+  return ParamSpec::integer("max_context", 0, 0, 100000000,
+                            "protocol=kvpress*: keep the first N tokens of the prefill (chat template head + "
+                            "context), kvpress's max_context_length; 0: no cut");
+}
+
+Protocol protocol_from(const Params& p) {
+  Protocol out{p.get("protocol"), p.integer("max_context")};
+  if (out.max_context > 0 && out.name == "native")
+    fail(
+        "task option max_context={} cuts the context under protocol=kvpress or kvpress-query-aware, not native (the "
+        "task's own truncation options apply there)",
+        out.max_context);
+  return out;
+}
+
+void apply_protocol(Sample& s, const Protocol& protocol, std::string context, std::string question,
                     std::string answer_prefix) {
-  if (protocol == "native") return;
-  if (protocol != "kvpress" && protocol != "kvpress-query-aware")
-    fail("protocol '{}': expected native, kvpress or kvpress-query-aware", protocol);
-  if (protocol == "kvpress-query-aware") {  // kvpress's evaluate.py: context += question; question = ""
+  if (protocol.name == "native") return;
+  if (protocol.name != "kvpress" && protocol.name != "kvpress-query-aware")
+    fail("protocol '{}': expected native, kvpress or kvpress-query-aware", protocol.name);
+  if (protocol.name == "kvpress-query-aware") {  // kvpress's evaluate.py: context += question; question = ""
     context += question;
     question.clear();
   }
   s.prompt = context + question + answer_prefix;
-  s.split = PromptSplit{std::move(context), std::move(question), std::move(answer_prefix)};
+  s.split = PromptSplit{std::move(context), std::move(question), std::move(answer_prefix), protocol.max_context};
   s.chat = true;
   // kvpress's pipeline decodes greedily to max_new_tokens or the end of generation: no stop strings,
   // no minimum.

@@ -22,6 +22,7 @@ class Tokenizer;
 // fed after compression and kept whole.
 struct PromptSplit {
   std::string context, question, answer_prefix;
+  int max_context = 0;  // > 0: the prefill (chat template head + context) cut to its first this many tokens
 };
 
 struct Sample {
@@ -45,8 +46,17 @@ struct Sample {
 //                        prefix after compression.
 // Both kvpress protocols render the chat template on every prompt (thinking off), as kvpress does.
 ParamSpec protocol_option();
+// `max_context`: kvpress's max_context_length under a kvpress protocol (0, the default: none, as kvpress
+// with a model whose window holds the prompt).
+ParamSpec max_context_option();
+struct Protocol {
+  std::string name = "native";
+  int max_context = 0;
+};
+// The two options as a task declared them.
+Protocol protocol_from(const Params& p);
 // Applies `protocol` to a sample whose parts the task gives (native: the sample is left as it is).
-void apply_protocol(Sample& s, const std::string& protocol, std::string context, std::string question,
+void apply_protocol(Sample& s, const Protocol& protocol, std::string context, std::string question,
                     std::string answer_prefix);
 
 // What a task is built from: the model's tokenizer (sizing is in its tokens), the task's options and

@@ -538,7 +538,4 @@ const bool snap_registered = register_method(
 
 }  // namespace
 
-std::vector<ParamSpec> dynakv_pca_options() { return pca_options(); }
-void calibrate_dynakv_pca(CalibrationContext& ctx) { calibrate_pca(ctx); }
-
 }  // namespace kvb

@@ -15,12 +15,10 @@
 #include <vector>
 
 #include "harness/model/config.hpp"
-#include "harness/util/params.hpp"
 
 namespace kvb {
 
 struct LoadedArtifact;
-class CalibrationContext;
 
 struct DynaKvMap {
   int d = 0;
@@ -91,11 +89,6 @@ struct DynaKvPca {
   std::vector<std::array<std::vector<float>, 2>> basis;         // [layer][K/V] U0 [d, d]
   std::vector<std::array<std::vector<double>, 2>> eigenvalues;  // [layer][K/V] descending
 };
-
-// The PCA step (`kvbench calibrate dynakv-pca`, README.md §6) for the methods built on the same basis
-// (Palu): its options, and the run, which writes to ctx.out (the dynakv-pca default when empty).
-std::vector<ParamSpec> dynakv_pca_options();
-void calibrate_dynakv_pca(CalibrationContext& ctx);
 
 // Weights initialised from the PCA basis as README.md §7 sets them: U = U0, U^-1 = U0^T, W = 0 and a
 // linear ramp b_j = beta j / (d - 1) with beta set so that the initial soft retain rate is `rate`.

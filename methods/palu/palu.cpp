@@ -11,7 +11,6 @@
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/util/error.hpp"
-#include "methods/dynakv/maps.hpp"
 
 namespace kvb {
 namespace {
@@ -41,9 +40,10 @@ class Palu final : public Method {
   std::unique_ptr<Method> inner_;
 };
 
+// DynaKV's PCA step (through the registry) on Palu's text and sequence length, into Palu's artifact.
 void calibrate(CalibrationContext& ctx) {
   if (ctx.out.empty()) ctx.out = default_artifact_path(kBasisDir, ctx.model.config());
-  calibrate_dynakv_pca(ctx);
+  MethodRegistry::get().offline_step("calibrate", "dynakv-pca").run(ctx);
 }
 
 const bool registered = register_method(
@@ -57,7 +57,12 @@ const bool registered = register_method(
      .steps = {{.command = "calibrate",
                 .summary = "Palu's low-rank basis per layer, K and V, from the calibration text (the paper: "
                            "WikiText-2)",
-                .options = dynakv_pca_options(),
+                .options = {ParamSpec::text("text", "",
+                                            "text files or directories (the paper: WikiText-2; default: "
+                                            "set-up's data/python-docs)"),
+                            ParamSpec::integer("seq_len", 2048, 16, 1 << 20, "tokens per sequence (BOS + text)"),
+                            ParamSpec::integer("tokens", 262144, 1, 1L << 40,
+                                               "calibration tokens (Palu: 128 x 2,048)")},
                 .run = calibrate}},
      .budgeted = false,
      .changes_model = true});

@@ -66,7 +66,7 @@ class JsonlTask final : public Task {
         template_(p.get("template")),
         chat_(p.get_bool("chat")),
         max_new_tokens_(p.integer("max_new_tokens")),
-        protocol_(p.get("protocol")),
+        protocol_(protocol_from(p)),
         answer_prefix_(p.get("answer_prefix")) {
     if (path_.empty()) fail("task jsonl: option 'file' names the JSONL file of samples (context, question, answers)");
     for (const char* slot : {"{context}", "{question}"})
@@ -155,7 +155,8 @@ class JsonlTask final : public Task {
   std::string path_, metric_, template_;
   bool chat_;
   int max_new_tokens_;
-  std::string protocol_, answer_prefix_;
+  Protocol protocol_;
+  std::string answer_prefix_;
   const longbench::Jieba* jieba_ = nullptr;
   std::vector<Record> records_;
 };
@@ -173,7 +174,7 @@ const bool registered = register_task(
                  ParamSpec::boolean("chat", true, "wrap the prompt in the model's chat template"),
                  ParamSpec::integer("max_new_tokens", 64, 1, 1 << 20,
                                     "tokens to generate, where a sample does not say"),
-                 protocol_option(),
+                 protocol_option(), max_context_option(),
                  ParamSpec::text("answer_prefix", "",
                                  "under protocol=kvpress*: the text after the assistant header that opens the answer "
                                  "(the sample's context and question are then the parts, without the template)")},

@@ -205,9 +205,9 @@ class LongBench final : public Task {
         dataset_(p.get("dataset")),
         max_len_(p.integer("max_len")),
         official_(p.get("profile") == "official"),
-        protocol_(p.get("protocol")) {
+        protocol_(protocol_from(p)) {
     template_ = longbench::prompt_template(dataset_);
-    if (protocol_ != "native") split_ = longbench::kvpress_template(dataset_);
+    if (protocol_.name != "native") split_ = longbench::kvpress_template(dataset_);
     info_ = datasets().at(dataset_);
     const std::string metric = longbench::metric_of(dataset_);
     if (metric == "qa_f1_zh" || metric == "rouge_zh") jieba_ = &longbench::Jieba::load(ctx.data_dir);
@@ -320,7 +320,7 @@ class LongBench final : public Task {
   Dataset info_{};
   int max_len_;
   bool official_;
-  std::string protocol_;
+  Protocol protocol_;
   std::optional<longbench::SplitTemplate> split_;  // kvpress's, under a kvpress protocol
   const longbench::Jieba* jieba_ = nullptr;        // the segmenter of the Chinese metrics
   std::vector<Record> records_;
@@ -336,7 +336,7 @@ std::vector<ParamSpec> options() {
           ParamSpec::choice("profile", "pyramidkv2024", {"pyramidkv2024", "official"},
                             "pyramidkv2024: no chat template, one new token at least; official: pred.py "
                             "(protocol=kvpress* replaces both with kvpress's)"),
-          protocol_option()};
+          protocol_option(), max_context_option()};
 }
 
 // The papers' LongBench table: the datasets by category, the Chinese ones closing each category.

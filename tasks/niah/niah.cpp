@@ -38,7 +38,7 @@ PromptSplit parts_of(const std::string& context) {
 class Niah final : public Task {
  public:
   Niah(const TaskContext& ctx, const Params& p)
-      : tok_(*ctx.tokenizer), chat_(p.get_bool("chat")), protocol_(p.get("protocol")) {
+      : tok_(*ctx.tokenizer), chat_(p.get_bool("chat")), protocol_(protocol_from(p)) {
     const long s = p.get_int("s_len"), e = p.get_int("e_len"), step = p.get_int("step");
     if (e < s) fail("task niah: e_len {} is below s_len {}", e, s);
     for (long L = s; L < e + 1; L += step) lengths_.push_back(static_cast<int>(L));
@@ -114,7 +114,7 @@ class Niah final : public Task {
 
   const Tokenizer& tok_;
   bool chat_;
-  std::string protocol_;
+  Protocol protocol_;
   std::vector<int> lengths_, depths_;
   std::vector<int32_t> needle_, haystack_;
   std::set<int32_t> periods_;
@@ -132,7 +132,7 @@ const bool registered = register_task(
                      "chat", false,
                      "wrap the prompt in the model's chat template (the repos do not; instruct-only models "
                      "may need it)"),
-                 protocol_option()},
+                 protocol_option(), max_context_option()},
      .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<Niah>(ctx, p); },
      // The needle is fixed, so a prediction is scored without its answers.
      .score_prediction = [](const PredictionToScore& p) { return niah_score(p.prediction); },

@@ -41,7 +41,7 @@ RulerTask::RulerTask(const TaskContext& ctx, const Params& p, int tokens_to_gene
       n_samples_(static_cast<size_t>(p.get_int("samples"))),
       seed_(static_cast<uint64_t>(p.get_int("seed"))),
       rng_(seed_),
-      protocol_(p.get("protocol")) {}
+      protocol_(protocol_from(p)) {}
 
 namespace {
 
@@ -89,9 +89,9 @@ void RulerTask::add(Built b, nlohmann::json meta) {
   s.prompt = std::move(b.input);
   s.answers = std::move(b.answers);
   s.max_new_tokens = gen_;  // kvpress's RULER limits are RULER's own
-  if (protocol_ != "native") {
-    auto [context, question, answer_prefix] = kvpress_ruler_split(name_, s.prompt);
-    apply_protocol(s, protocol_, std::move(context), std::move(question), std::move(answer_prefix));
+  if (protocol_.name != "native") {
+    PromptSplit parts = kvpress_ruler_split(name_, s.prompt);
+    apply_protocol(s, protocol_, std::move(parts.context), std::move(parts.question), std::move(parts.answer_prefix));
   }
   meta["task"] = name_;
   meta["length"] = b.tokens + gen_;
@@ -261,7 +261,7 @@ const bool registered = register_task(
                  ParamSpec::text("qa_file", "",
                                  "qa_1: SQuAD 2.0 dev (dev-v2.0.json), qa_2: HotpotQA dev distractor "
                                  "(hotpot_dev_distractor_v1.json); default <data>/ruler/squad.json or hotpotqa.json"),
-                 protocol_option()},
+                 protocol_option(), max_context_option()},
      .make = make_ruler,
      .score_prediction = score_prediction,
      // The papers' RULER tables: one per context length, the tasks in RULER's order.

@@ -72,7 +72,7 @@ class RulerTask : public Task {
   uint64_t seed_;
   PyRandom rng_;
   bool part_ = false;
-  std::string protocol_;
+  Protocol protocol_;
   std::vector<Sample> samples_;
 };
 
