@@ -4,6 +4,7 @@
 #
 #   scripts/paper_tables.sh PAPER|all --model PATH [--data DIR] [--backend cpu|cuda] [--shard i/N]
 #   scripts/paper_tables.sh PAPER|all --smoke [--data DIR] [--out DIR]
+#   scripts/paper_tables.sh coverage          (kvbench report --coverage: printed cells regenerable, blockers)
 #
 # PAPER is a directory of experiments/papers (mixeddimkv, headkv, pyramidkv, kvcrush, vector, kvmix, dynakv).
 # Results go to runs/papers/<paper>/<table>.jsonl (resumable: rerun to finish), reports to
@@ -41,8 +42,9 @@ while (($#)); do
     *) [[ -z $paper ]] || die "one PAPER (or all), not '$paper' and '$1'"; paper=$1; shift ;;
   esac
 done
-[[ -n $paper ]] || die "name a paper (a directory of experiments/papers) or all"
+[[ -n $paper ]] || die "name a paper (a directory of experiments/papers), all, or coverage"
 [[ -x $KVBENCH ]] || die "$KVBENCH not found: build first (scripts/setup.sh)"
+[[ $paper == coverage ]] && exec "$KVBENCH" report --coverage experiments/papers
 if [[ $paper == all ]]; then
   papers=$(cd experiments/papers && ls -d */ | tr -d /)
 else

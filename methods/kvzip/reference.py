@@ -16,14 +16,14 @@ Output methods/kvzip/fixtures/kvpress_kvzip.json: per prompt its prefill ids and
 compression and, per compression ratio, per layer and KV head the FNV-1a 64-bit hash of the sorted
 kept positions (int32 little-endian), their count, and the greedy tokens.
 
-    python3 methods/kvzip/reference.py [--gguf models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python3 methods/kvzip/reference.py --data DIR [--gguf models/SmolLM2-135M-Instruct.Q4_1.gguf]
     (needs: pip install kvpress==0.5.2 transformers==4.57.1 gguf)
 """
 import argparse
 import glob
 import json
 import pathlib
-import struct
+import sys
 
 import torch
 import kvpress.presses.kvzip_press as kvzip_module
@@ -31,16 +31,12 @@ from kvpress import KVzipPress
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DATA = pathlib.Path("/work/shared/data")
+sys.path.insert(0, str(ROOT / "tools/reference"))
+from kv_selection import fnv1a  # noqa: E402  (kept sets hashed as the other reference scripts do)
+
 RATIOS = [0.25, 0.5, 0.75]
 GREEDY = 12
 
-
-def fnv1a(positions):
-    h = 14695981039346656037
-    for b in struct.pack("<%di" % len(positions), *positions):
-        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return str(h)
 
 
 def split_prompt(tok, context, question):
@@ -96,7 +92,8 @@ def run(model, ids, after, ratio):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--data", required=True,
+                    help="a directory with PaulGrahamEssays/ and longbench/{multi_news,multifieldqa_zh}.jsonl")
     ap.add_argument("--out", default=str(ROOT / "methods/kvzip/fixtures/kvpress_kvzip.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)

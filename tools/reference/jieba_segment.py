@@ -14,6 +14,7 @@ for comparing with the C++ segmenter on the real files (too large to keep as a f
 """
 import json
 import logging
+import os
 import random
 import re
 import sys
@@ -22,7 +23,7 @@ import jieba
 
 jieba.setLogLevel(logging.WARNING)
 args = [a for a in sys.argv[1:] if a != "--compare"]
-DIR = args[0] if args else "/work/shared/data/longbench"
+DIR = args[0] if args else os.path.join(os.environ.get("KVBENCH_DATA", "data"), "longbench")
 FILES = ("multifieldqa_zh", "passage_retrieval_zh")
 
 

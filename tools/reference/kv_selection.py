@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import math
+import os
 import pathlib
 import struct
 
@@ -36,6 +37,8 @@ import transformers.models.llama.modeling_llama as ml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Set-up's data, or $KVBENCH_DATA: PaulGrahamEssays/ and longbench/{multi_news,multifieldqa_zh}.jsonl.
+DATA = pathlib.Path(os.environ.get("KVBENCH_DATA", ROOT / "data"))
 W, T, KERNEL, BETA = 8, 64, 7, 20
 FULL_LAYERS = [0, 10, 20, 29]
 CONFIGS = ["snapkv_repeat", "snapkv_native", "pyramidkv_repeat", "h2o_repeat"]
@@ -98,14 +101,14 @@ def select(scores, k, S):
 
 def prompts(tok):
     texts = []
-    essays = sorted(glob.glob("/work/shared/data/PaulGrahamEssays/*.txt"))
+    essays = sorted(glob.glob(str(DATA / "PaulGrahamEssays/*.txt")))
     essay_text = " ".join(open(p).read() for p in essays[:12])
     for n in (1000, 1200, 1500, 1800, 2000, 2500, 3000, 4000):
         ids = tok(essay_text, add_special_tokens=False)["input_ids"][: n - 20]
         q = tok("\n\nQuestion: What is the main point of the essay?\nAnswer:", add_special_tokens=False)["input_ids"]
         texts.append(ids + q)
     for name, n in (("multi_news", 2200), ("multifieldqa_zh", 3500)):
-        row = json.loads(open(f"/work/shared/data/longbench/{name}.jsonl").readline())
+        row = json.loads(open(DATA / f"longbench/{name}.jsonl").readline())
         ids = tok(row["context"], add_special_tokens=False)["input_ids"]
         q = tok("\n\n" + row["input"] + "\nAnswer:", add_special_tokens=False)["input_ids"]
         texts.append(ids[-(n - len(q)):] + q)

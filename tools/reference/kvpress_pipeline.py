@@ -16,6 +16,7 @@ Output tests/fixtures/kvpress_pipeline.json: per sample its parts, the ids, and 
 import argparse
 import glob
 import json
+import os
 import pathlib
 
 import torch
@@ -47,7 +48,7 @@ def samples(tok, data):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--data", default="/work/shared/data")
+    ap.add_argument("--data", default=os.environ.get("KVBENCH_DATA", str(ROOT / "data")))
     ap.add_argument("--out", default=str(ROOT / "tests/fixtures/kvpress_pipeline.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)

@@ -10,6 +10,7 @@ The Chinese variants (qa_f1_zh, rouge_zh) segment with jieba 0.42.1 as metrics.p
 """
 import json
 import logging
+import os
 import random
 import re
 import string
@@ -212,7 +213,7 @@ zh_fixed = [("", "北京"), ("北京", ""), ("北京", "北京"), ("北京。", 
             ("   ", "\n"), ("答案是段落3", "段落3"), ("王小明和欧阳娜娜", "欧阳娜娜"), ("3.5%", "3.5%"),
             ("中国科学院计算所", "中国 科学院 计算所"), ("...", "。。。"), ("全国美国文学研究会", "全国美国文学研究会第十八届年会")]
 zh_pairs = list(zh_fixed)
-longbench_dir = "/work/shared/data/longbench"
+longbench_dir = os.path.join(os.environ.get("KVBENCH_DATA", "data"), "longbench")  # the official files
 with open(f"{longbench_dir}/multifieldqa_zh.jsonl", encoding="utf-8") as f:
     real_answers = [json.loads(line)["answers"][0] for line in f if line.strip()]
 for g in zrng.sample(real_answers, 30):
