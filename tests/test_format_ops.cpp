@@ -80,6 +80,7 @@ std::vector<FormatCase> format_cases(KvDtype dtype) {
       SyntheticLayer L(300, kHq, kHkv, kDim, 32, 5);
       L.view.kv_dtype = dtype;
       auto m = reg.create(name, test::method_test_params(name, {{"gqa", gqa}}), L.cfg);
+      if (m->reads_whole_prompt()) continue;  // decides inside an engine's prefill: dense, like SnapKV's
       MethodRunner runner(*m, m->budgeted() ? KvBudget(64) : KvBudget{});
       auto cache = std::make_unique<LayerCache>(kHq, gqa == std::string("repeat") ? kHq : kHkv, kDim, dtype);
       runner.on_layer(L.view, *cache);

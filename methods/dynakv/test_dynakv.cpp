@@ -25,10 +25,8 @@ namespace {
 
 using test::randn;
 
-// DynaKV maps started from an identity basis, for the registry-driven tests on a random model (both
-// methods that read trained maps).
-std::map<std::string, std::string> identity_maps(const ModelFile& model, const std::filesystem::path& dir) {
-  const ModelConfig& c = model.config();
+// An identity PCA basis for a model, as `calibrate dynakv-pca` writes it.
+DynaKvPca identity_pca(const ModelConfig& c) {
   DynaKvPca pca;
   pca.d = c.n_kv_heads * c.head_dim;
   std::vector<float> eye(size_t(pca.d) * pca.d, 0.0f);
@@ -39,14 +37,31 @@ std::map<std::string, std::string> identity_maps(const ModelFile& model, const s
     pca.basis.push_back({eye, eye});
     pca.eigenvalues.push_back({eig, eig});
   }
-  auto body = dynakv_weights_json(dynakv_init(pca, 0.6, 0.1));
+  return pca;
+}
+
+// DynaKV maps started from an identity basis, for the registry-driven tests on a random model (both
+// methods that read trained maps).
+std::map<std::string, std::string> identity_maps(const ModelFile& model, const std::filesystem::path& dir) {
+  const ModelConfig& c = model.config();
+  auto body = dynakv_weights_json(dynakv_init(identity_pca(c), 0.6, 0.1));
   body["header"] = artifact_header(kDynaKvKind, c, model.path());
   const std::string file = (dir / "dynakv_weights.json").string();
   write_artifact(file, body);
   return {{"weights", file}};
 }
+
+// Palu reads a basis in this PCA format (kvbench calibrate palu runs dynakv-pca's step).
+std::map<std::string, std::string> identity_basis(const ModelFile& model, const std::filesystem::path& dir) {
+  auto body = dynakv_pca_json(identity_pca(model.config()));
+  body["header"] = artifact_header(kDynaKvPcaKind, model.config(), model.path());
+  const std::string file = (dir / "palu_basis.json").string();
+  write_artifact(file, body);
+  return {{"basis", file}};
+}
 const bool test_artifacts_registered = test::register_method_test_artifacts("dynakv", identity_maps) &&
-                                       test::register_method_test_artifacts("dynakv-snapkv", identity_maps);
+                                       test::register_method_test_artifacts("dynakv-snapkv", identity_maps) &&
+                                       test::register_method_test_artifacts("palu", identity_basis);
 
 // A well-conditioned, non-orthogonal map: U = I + small noise, a random gate.
 DynaKvMap random_map(int d, uint32_t seed, float gate_scale = 0.3f) {

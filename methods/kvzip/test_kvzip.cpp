@@ -7,6 +7,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/method/method.hpp"
+#include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "kept_sets.hpp"
@@ -72,6 +73,15 @@ TEST_CASE("kvzip cuts over the whole model and decides the same from a shared pr
   test::KeptSets at_t(sized_runner);
   engine.prefill(ids, &at_t);
   CHECK(total(at_t.kept) == size_t(c.n_layers) * size_t(c.n_kv_heads) * 128);
+
+  // dump-prefill writes what it keeps (widths 0 where evicted).
+  const test::TempDir dir("kvzip_dump");
+  auto dumped = MethodRegistry::get().create("kvzip", {}, c);
+  MethodRunner dump_runner(*dumped, KvBudget::compression_ratio(0.5));
+  PrefillDumper dumper(dir.path().string(), {0}, 0, &dump_runner);
+  engine.prefill(ids, &dumper);
+  CHECK(std::filesystem::exists(dir / "layer0.widths.npy"));
+  CHECK(dump_runner.compressed());
 
   // VECTOR over KVzip: the base's ragged heads, each grown by its share of the approximated pool.
   auto vec = MethodRegistry::get().create("vector", {{"base", "kvzip"}}, c);
