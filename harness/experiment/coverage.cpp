@@ -57,15 +57,18 @@ double rounding(const std::string& printed) {
   return 0.5 * std::pow(10.0, dot == std::string::npos ? 0.0 : -static_cast<double>(printed.size() - dot - 1));
 }
 
+// The row's configuration as describe() names it, without its column: method (parameters) at budget.
+std::string configuration_of(const PublishedRow& r) {
+  const std::string d = describe(r);
+  return d.substr(0, d.find(", column"));
+}
+
 // Printed averages against the mean of the same row's printed cells, for rows that print every column
 // the table's fullest row prints (a row with unprinted cells averages what is not there): a difference
 // beyond rounding (half a unit in the last digit of the average and of the cells) is listed.
 std::vector<std::string> average_mismatches(const std::vector<const PublishedRow*>& rows) {
   std::map<std::string, std::vector<const PublishedRow*>> groups;
-  for (const auto* r : rows) {
-    const std::string d = describe(*r);
-    groups[fmt::format("{}|{}|{}", r->model, d.substr(0, d.find(", column")), r->length)].push_back(r);
-  }
+  for (const auto* r : rows) groups[fmt::format("{}|{}|{}", r->model, configuration_of(*r), r->length)].push_back(r);
   size_t full = 0;
   for (const auto& g : groups | std::views::values) full = std::max(full, g.size());
   std::vector<std::string> out;
@@ -85,8 +88,7 @@ std::vector<std::string> average_mismatches(const std::vector<const PublishedRow
     const double mean = sum / n, tolerance = rounding(avg->printed) + cell_rounding + 1e-9;
     if (std::abs(mean - avg->score) > tolerance)
       out.push_back(fmt::format("{}:{}: {} ({}), avg printed {}, its {} cells give {:.3f}", avg->file, avg->line,
-                                describe(*avg).substr(0, describe(*avg).find(", column")), avg->model, avg->score, n,
-                                mean));
+                                configuration_of(*avg), avg->model, avg->score, n, mean));
   }
   return out;
 }
