@@ -50,6 +50,8 @@ def component(path):
             return (TOP, "")
         return ("method", parts[1])  # one folder, one method (or one family of variants)
     if parts[0] == "tasks" and len(parts) > 2:
+        if name.startswith("test_"):
+            return (TOP, "")
         return ("task", parts[1])
     if parts[0] in ("python", "tests", "fuzz", "examples"):
         return (TOP, "")

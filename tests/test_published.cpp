@@ -152,6 +152,15 @@ TEST_CASE("report --coverage: printed cells per table, regenerable from the regi
   const auto t9 = find("mixeddimkv", "table9_longbench");
   CHECK(t9.cells == 136);
   CHECK(t9.regenerable == 136);
+  // DynaKV Table 1 (zero-shot multiple choice): five benchmarks + Avg for Full, DynaKV x3, Palu x3 and (Llama
+  // only) MatryoshkaKV x3; everything but MatryoshkaKV runs.
+  const auto mc = find("dynakv", "table1_mc");
+  CHECK(mc.cells == 60);
+  CHECK(mc.regenerable == 42);
+  CHECK(mc.blockers == std::map<std::string, size_t>{{"method matryoshkakv", 18}});
+  const auto mc_qwen3 = find("dynakv", "table1_mc_qwen3");
+  CHECK(mc_qwen3.cells == 42);
+  CHECK(mc_qwen3.regenerable == 42);
   // VECTOR's KVzip blocks run from their specs.
   const auto kvzip = find("vector", "table2_longbench_kvzip");
   CHECK(kvzip.cells == 272);

@@ -30,6 +30,26 @@ void register_sample_command(CLI::App& app) {
     auto task = make_task(*a, *tok);
     if (*index >= task->size()) fail("--index {}: task {} has {} samples", *index, a->task, task->size());
     const Sample s = task->sample(*index);
+    if (s.choices) {
+      // Each choice as lm-eval's request: the context (compressed) and the continuation scored after it.
+      json choices = json::array();
+      for (const Choice& c : s.choices->options) {
+        const PromptIds ids = choice_ids(*tok, c, s.choices->bos);
+        choices.push_back({{"text", c.text},
+                           {"context", c.context},
+                           {"continuation", c.continuation},
+                           {"context_tokens", ids.prefill},
+                           {"continuation_tokens", ids.after}});
+      }
+      fmt::print("{}\n", json{{"id", s.id},
+                              {"answers", s.answers},
+                              {"gold", s.choices->gold},
+                              {"metric", s.choices->metric},
+                              {"meta", s.meta},
+                              {"choices", choices}}
+                             .dump(2));
+      return;
+    }
     const PromptIds ids = sample_prompt(*m, *tok, s);
     json j = {{"id", s.id},
               {"answers", s.answers},

@@ -147,4 +147,38 @@ StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int step
   return out;
 }
 
+ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int32_t> context,
+                                             std::span<const int32_t> continuation, PrefillObserver* observer) {
+  if (context.empty() || continuation.empty())
+    fail("a log-likelihood needs context and continuation tokens ({} and {} given)", context.size(),
+         continuation.size());
+  if (context.size() + continuation.size() - 1 > size_t(engine.config().context_length))
+    fail("{} context and {} continuation tokens exceed the model's context length {}", context.size(),
+         continuation.size(), engine.config().context_length);
+  ContinuationScore out;
+  auto t = std::chrono::steady_clock::now();
+  const auto lap = [&t] {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - t).count();
+    t = now;
+    return s;
+  };
+  std::vector<float> logits = engine.prefill(context, observer);
+  out.prefill_seconds = lap();
+  for (size_t i = 0; i < continuation.size(); ++i) {
+    const int32_t want = continuation[i];
+    if (want < 0 || size_t(want) >= logits.size()) fail("continuation token {} is outside the vocabulary", want);
+    // log_softmax in double: lm-eval's is fp32, so sums agree to its precision, not ours.
+    const int32_t best = argmax(logits);
+    const float top = logits[size_t(best)];
+    double sum = 0;
+    for (float x : logits) sum += std::exp(double(x) - double(top));
+    out.loglikelihood += double(logits[size_t(want)]) - double(top) - std::log(sum);
+    out.greedy = out.greedy && best == want;
+    if (i + 1 < continuation.size()) logits = engine.decode(want);
+  }
+  out.decode_seconds = lap();
+  return out;
+}
+
 }  // namespace kvb

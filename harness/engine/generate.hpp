@@ -83,4 +83,17 @@ struct StepLogits {
 StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int steps, std::span<const int32_t> forced,
                        PrefillObserver* observer = nullptr);
 
+// lm-evaluation-harness's loglikelihood request, answered over a compressed cache: the context is
+// prefilled (and compressed by the observer), then the continuation is fed token by token over what
+// was kept. Without compression this equals one forward pass over context + continuation, as lm-eval
+// runs it, within the kernels' tolerance.
+struct ContinuationScore {
+  double loglikelihood = 0;  // the continuation tokens' log-probabilities, summed
+  bool greedy = true;        // whether each of them was the most likely token
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int32_t> context,
+                                             std::span<const int32_t> continuation,
+                                             PrefillObserver* observer = nullptr);
+
 }  // namespace kvb

@@ -13,6 +13,7 @@
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
@@ -371,8 +372,116 @@ PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Samp
   return {build_prompt(model, tok, s.prompt, s.chat), {}};
 }
 
+PromptIds choice_ids(const Tokenizer& tok, const Choice& choice, bool bos) {
+  const auto encode = [&](std::string_view text) { return bos ? tok.encode_prompt(text) : tok.encode(text); };
+  PromptIds p;
+  if (choice.context.empty()) {
+    const auto prefix = tok.special().bos ? tok.special().bos : tok.special().eos;
+    if (!prefix)
+      fail("a choice with an empty context needs a BOS or EOS token to start from; the tokenizer has neither");
+    p.after = tok.encode(choice.continuation);
+    if (!p.after.empty() && p.after.front() == *prefix) {
+      p.prefill.push_back(p.after.front());
+      p.after.erase(p.after.begin());
+    } else {
+      p.prefill.push_back(*prefix);
+    }
+    return p;
+  }
+  const size_t end = python_rstrip_end(choice.context);
+  const std::string context = choice.context.substr(0, end);
+  const std::vector<int32_t> whole = encode(context + choice.context.substr(end) + choice.continuation);
+  p.prefill = encode(context);
+  if (p.prefill.size() < whole.size()) p.after.assign(whole.begin() + std::ptrdiff_t(p.prefill.size()), whole.end());
+  return p;
+}
+
+namespace {
+
+// What every record holds about its cell beside the prediction and its score.
+nlohmann::json record_base(const ModelConfig& m, Engine& engine, const Sample& s, const nlohmann::json& config,
+                           size_t prompt_tokens, size_t kept, size_t full) {
+  const double t_eq = equivalent_kv_size(m, kept);
+  return {{"key", cell_key(config, s.id)},
+          {"id", s.id},
+          {"version", code_version()},
+          {"config", config},
+          {"meta", s.meta},
+          {"kv_dtype", kv_dtype_name(engine.kv_dtype())},
+          {"weights", weight_format_name(engine.weight_format())},
+          {"kernels", engine.backend().name() == "cpu" ? cpu_kernel_path() : engine.backend().name()},
+          {"kv_bytes", kept},
+          {"full_kv_bytes", full},
+          {"T_eq", t_eq},
+          // Every byte kept, per K or V element of the prompt (evicted ones count as zero bits): a full
+          // fp16 cache is T_eq = prompt tokens at 16 bits.
+          {"kv_bits_per_element", 16 * t_eq / double(prompt_tokens)},
+          {"peak_memory_bytes", engine.backend().peak_memory_bytes()}};
+}
+
+// A multiple-choice sample: every choice's continuation scored over the cache the method keeps of its
+// context, then lm-eval's acc and acc_norm (the first largest wins, as numpy's argmax).
+nlohmann::json run_choices(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Sample& s,
+                           Method* method, KvBudget budget, const nlohmann::json& config) {
+  const Choices& c = *s.choices;
+  if (c.options.empty() || c.gold >= c.options.size())
+    fail("sample {}: gold choice {} of {} choices", s.id, c.gold, c.options.size());
+  if (c.metric == "acc_norm" && !c.acc_norm) fail("sample {}: its benchmark is not scored by acc_norm", s.id);
+  engine.backend().reset_peak_memory();
+  nlohmann::json scored = nlohmann::json::array();
+  std::vector<double> ll, norm;
+  size_t longest = 0, kept = 0;
+  double prefill_seconds = 0, decode_seconds = 0, compress_seconds = 0;
+  for (const Choice& choice : c.options) {
+    const PromptIds ids = choice_ids(tok, choice, c.bos);
+    if (ids.after.empty()) fail("sample {}: choice '{}' encodes to no continuation tokens", s.id, choice.text);
+    std::unique_ptr<MethodRunner> runner;
+    if (method) runner = std::make_unique<MethodRunner>(*method, budget);
+    const ContinuationScore r = continuation_loglikelihood(engine, ids.prefill, ids.after, runner.get());
+    prefill_seconds += r.prefill_seconds;
+    decode_seconds += r.decode_seconds;
+    if (runner) compress_seconds += runner->compress_seconds();
+    if (ids.prefill.size() >= longest) {
+      longest = ids.prefill.size();
+      kept = runner ? runner->prefill_kv_bytes() : engine.full_kv_bytes(longest);
+    }
+    ll.push_back(r.loglikelihood);
+    norm.push_back(r.loglikelihood / double(python_len(choice.text)));
+    scored.push_back({{"loglikelihood", r.loglikelihood},
+                      {"greedy", r.greedy},
+                      {"context_tokens", ids.prefill.size()},
+                      {"continuation_tokens", ids.after.size()}});
+  }
+  const auto first_max = [](const std::vector<double>& v) {
+    return size_t(std::distance(v.begin(), std::max_element(v.begin(), v.end())));
+  };
+  const size_t pick = first_max(ll), pick_norm = first_max(norm);
+  const double acc = pick == c.gold, acc_norm = pick_norm == c.gold;
+  nlohmann::json rec = record_base(model.config(), engine, s, config, longest, kept, engine.full_kv_bytes(longest));
+  rec["protocol"] = {{"chat", false}, {"choices", c.options.size()}, {"bos", c.bos}, {"metric", c.metric}};
+  rec["prediction"] = c.options[c.metric == "acc_norm" ? pick_norm : pick].text;
+  rec["answers"] = {c.options[c.gold].text};
+  rec["score"] = c.metric == "acc_norm" ? acc_norm : acc;
+  rec["acc"] = acc;
+  if (c.acc_norm) rec["acc_norm"] = acc_norm;
+  rec["choices"] = scored;
+  rec["prompt_tokens"] = longest;
+  rec["prefill_seconds"] = prefill_seconds;
+  rec["prefill_shared"] = false;
+  rec["decode_seconds"] = decode_seconds;
+  rec["compress_seconds"] = compress_seconds;
+  rec["cache"] = nullptr;
+  return rec;
+}
+
+}  // namespace
+
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task, const Sample& s,
                         Method* method, KvBudget budget, const nlohmann::json& config, const PrefillCapture* capture) {
+  if (s.choices) {
+    if (capture) fail("sample {}: a multiple-choice sample prefills each choice's context itself", s.id);
+    return run_choices(model, tok, engine, s, method, budget, config);
+  }
   PromptIds ids = sample_prompt(model, tok, s);
   const auto& prompt = ids.prefill;
   GenerateOptions opt;
@@ -388,37 +497,23 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
       capture ? generate(engine, tok, *capture, opt, runner.get()) : generate(engine, tok, prompt, opt, runner.get());
   const size_t full = engine.full_kv_bytes(prompt.size());
   const size_t kept = runner ? runner->prefill_kv_bytes() : full;
-  const double t_eq = equivalent_kv_size(model.config(), kept);
-  return {{"key", cell_key(config, s.id)},
-          {"id", s.id},
-          {"version", code_version()},
-          {"config", config},
-          {"meta", s.meta},
-          {"protocol",
-           {{"chat", s.chat},
-            {"max_new_tokens", s.max_new_tokens},
-            {"min_new_tokens", s.min_new_tokens},
-            {"stop", s.stop},
-            {"after_compression_tokens", opt.after_prefill.size()}}},
-          {"prediction", utf8_lossy(g.text)},
-          {"answers", s.answers},
-          {"score", task.score(s, g.text)},
-          {"prompt_tokens", g.prompt_tokens},
-          {"kv_dtype", kv_dtype_name(engine.kv_dtype())},
-          {"weights", weight_format_name(engine.weight_format())},
-          {"kernels", engine.backend().name() == "cpu" ? cpu_kernel_path() : engine.backend().name()},
-          {"kv_bytes", kept},
-          {"full_kv_bytes", full},
-          {"T_eq", t_eq},
-          // Every byte kept, per K or V element of the prompt (evicted ones count as zero bits): a full
-          // fp16 cache is T_eq = prompt tokens at 16 bits.
-          {"kv_bits_per_element", 16 * t_eq / double(prompt.size())},
-          {"prefill_seconds", g.prefill_seconds},
-          {"prefill_shared", capture != nullptr},
-          {"decode_seconds", g.decode_seconds},
-          {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
-          {"cache", runner ? runner->cache_profile() : nlohmann::json(nullptr)},
-          {"peak_memory_bytes", engine.backend().peak_memory_bytes()}};
+  nlohmann::json rec = record_base(model.config(), engine, s, config, prompt.size(), kept, full);
+  rec.update(nlohmann::json{{"protocol",
+                             {{"chat", s.chat},
+                              {"max_new_tokens", s.max_new_tokens},
+                              {"min_new_tokens", s.min_new_tokens},
+                              {"stop", s.stop},
+                              {"after_compression_tokens", opt.after_prefill.size()}}},
+                            {"prediction", utf8_lossy(g.text)},
+                            {"answers", s.answers},
+                            {"score", task.score(s, g.text)},
+                            {"prompt_tokens", g.prompt_tokens},
+                            {"prefill_seconds", g.prefill_seconds},
+                            {"prefill_shared", capture != nullptr},
+                            {"decode_seconds", g.decode_seconds},
+                            {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
+                            {"cache", runner ? runner->cache_profile() : nlohmann::json(nullptr)}});
+  return rec;
 }
 
 KvBudget config_budget(const nlohmann::json& config) {

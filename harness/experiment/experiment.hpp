@@ -20,6 +20,7 @@ class Tokenizer;
 class Engine;
 class Task;
 struct Sample;
+struct Choice;
 struct PrefillCapture;
 
 struct MethodConfig {
@@ -75,7 +76,14 @@ std::set<std::string> recorded_keys(const std::string& path);
 // the sample says), or under a kvpress protocol the context prefilled and the rest after compression.
 PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s);
 
-// Generates the sample's answer with the method (null: full cache) and returns its record. With a
+// The token ids of a multiple-choice option as lm-evaluation-harness encodes a loglikelihood request
+// (HFLM._encode_pair): the context's trailing whitespace moves to the continuation, and the
+// continuation is what the encoding of the whole text holds past the context's own token count. An
+// empty context becomes BOS (EOS without one), as lm-eval's prefix token.
+PromptIds choice_ids(const Tokenizer& tok, const Choice& choice, bool bos);
+
+// Generates the sample's answer with the method (null: full cache) and returns its record; a sample
+// with choices has each choice's log-likelihood recorded instead, and its score from them. With a
 // capture, the sample's shared prefill is reused (the record is the same as without, times aside).
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
                         const Sample& sample, Method* method, KvBudget budget, const nlohmann::json& config,

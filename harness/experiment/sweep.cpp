@@ -165,7 +165,8 @@ SweepOutcome Sweep::run(bool progress) {
       for (size_t c = 0; c < part.configs.size(); ++c) {
         const std::string key = cell_key(part.configs[c], s.id);
         if (!in_shard(key) || !done.insert(key).second) continue;
-        (methods_[c] && !methods_[c]->shares_prefill() ? own : shared).push_back(c);
+        // A multiple-choice sample prefills each choice's context: nothing to share across methods.
+        (s.choices || (methods_[c] && !methods_[c]->shares_prefill()) ? own : shared).push_back(c);
       }
       // What a cell costs, its share of a shared prefill included: the rate status estimates from.
       double prefill_share = 0;

@@ -25,6 +25,24 @@ struct PromptSplit {
   int max_context = 0;  // > 0: the prefill (chat template head + context) cut to its first this many tokens
 };
 
+// A multiple-choice sample, as lm-evaluation-harness scores one by log-likelihood: each choice is a
+// context and a continuation, scored by the log-probability of the continuation's tokens after the
+// context's, read through the cache the method kept of the context. Nothing is generated.
+struct Choice {
+  std::string context, continuation;
+  std::string text;  // the choice as the benchmark lists it: acc_norm divides by its length in characters
+};
+struct Choices {
+  std::vector<Choice> options;
+  size_t gold = 0;
+  // Contexts start with BOS where the tokenizer adds one (lm-eval's add_bos_token); otherwise bare.
+  bool bos = false;
+  // The sample's score: "acc" (the most likely choice is the gold one) or "acc_norm" (the same with
+  // each log-likelihood divided by the choice's length).
+  std::string metric = "acc";
+  bool acc_norm = true;  // whether lm-eval scores the benchmark by acc_norm too (not Winogrande's partial scoring)
+};
+
 struct Sample {
   std::string id;      // unique within the task, stable across runs (results are keyed by it)
   std::string prompt;  // the model input text
@@ -37,6 +55,9 @@ struct Sample {
   // Set under protocol=kvpress or kvpress-query-aware: the runner prefills split->context and feeds
   // the rest after compression (`prompt` is then the three parts joined, for display).
   std::optional<PromptSplit> split;
+  // Set by a multiple-choice task: the choices are scored instead of a generation (prompt, answers
+  // and the decoding limits then only describe the sample).
+  std::optional<Choices> choices;
 };
 
 // The `protocol` option of a task whose samples split into context and question:
@@ -72,7 +93,8 @@ class Task {
   virtual ~Task() = default;
   virtual size_t size() const = 0;
   virtual Sample sample(size_t index) const = 0;
-  // Score of one prediction in [0, 1] as the benchmark defines it.
+  // Score of one prediction in [0, 1] as the benchmark defines it (a sample with choices is scored by
+  // its Choices::metric instead).
   virtual double score(const Sample& sample, const std::string& prediction) const = 0;
 };
 

@@ -101,6 +101,24 @@ std::string python_lower(std::string_view s) {
   return out;
 }
 
+size_t python_len(std::string_view s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); ++n) next_cp(s, i);
+  return n;
+}
+
+std::string python_capitalize(std::string_view s) {
+  if (s.empty()) return {};
+  size_t i = 0;
+  const uint32_t first = next_cp(s, i);
+  std::string out;
+  if (first == 0xFFFFFFFFu)
+    out.append(s.substr(0, i));
+  else  // utf8proc's simple title case: Python's full one differs only for ligatures and the like (ß -> Ss)
+    append_utf8(out, static_cast<uint32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(first))));
+  return out + python_lower(s.substr(i));
+}
+
 std::string python_strip(std::string_view s) {
   size_t b = 0;
   while (b < s.size()) {

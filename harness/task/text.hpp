@@ -20,6 +20,11 @@ std::string python_collapse_space(std::string_view s);
 // len(s[b:].rstrip()) + b: where the text ends once trailing whitespace is stripped.
 size_t python_rstrip_end(std::string_view s, size_t b = 0);
 
+// len(s): the number of code points (an invalid byte counts as one).
+size_t python_len(std::string_view s);
+// str.capitalize(): the first code point in title case, the rest lowercased.
+std::string python_capitalize(std::string_view s);
+
 // Python's str.format for named fields: every {name} replaced at once (inserted text is not scanned
 // again), {{ and }} for literal braces; Error naming the field a template uses without a value.
 std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields);
