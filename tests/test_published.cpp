@@ -161,6 +161,10 @@ TEST_CASE("report --coverage: printed cells per table, regenerable from the regi
   const auto mc_qwen3 = find("dynakv", "table1_mc_qwen3");
   CHECK(mc_qwen3.cells == 42);
   CHECK(mc_qwen3.regenerable == 42);
+  // VECTOR Table 5 with its K-only rows (approximate=keys).
+  const auto konly = find("vector", "table5_longbench_keydiff");
+  CHECK(konly.cells == 48);
+  CHECK(konly.regenerable == 48);
   // VECTOR's KVzip blocks run from their specs.
   const auto kvzip = find("vector", "table2_longbench_kvzip");
   CHECK(kvzip.cells == 272);

@@ -78,25 +78,33 @@ class ApproxValueSegment final : public Segment {
 // the on-the-fly form (keys only): what the method would hold, not what this buffer holds. Also the
 // only form for a map that reads other heads' keys (the full-layer map), which decoding cannot rebuild
 // once those heads have evicted the token.
+// With `keys_estimated` the roles swap (VECTOR's K-only ablation, Appendix E): the keys are the estimates
+// (rebuilt from the values and rotated to the token's position) and the values are stored, so its bytes
+// are the values'.
 class MaterializedValueSegment final : public Segment {
  public:
-  MaterializedValueSegment(int head_dim, std::string estimator) : d_(head_dim), est_(std::move(estimator)) {}
-  std::string format() const override { return "approx_value(" + est_ + ", materialized)"; }
+  MaterializedValueSegment(int head_dim, std::string estimator, bool keys_estimated = false)
+      : d_(head_dim), est_(std::move(estimator)), keys_estimated_(keys_estimated) {}
+  std::string format() const override {
+    return (keys_estimated_ ? "approx_key(" : "approx_value(") + est_ + ", materialized)";
+  }
   size_t size() const override { return pos_.size(); }
   std::span<const int32_t> positions() const override { return pos_; }
-  size_t bytes() const override { return k_.size() * kv_dtype_bytes(dtype_); }
+  size_t bytes() const override { return (keys_estimated_ ? v_ : k_).size() * kv_dtype_bytes(dtype_); }
   void store_as(KvDtype t) override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
   bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
 
-  void append(const float* k_post_rope, const float* v_estimated, int32_t pos);
+  // The post-RoPE key and the value, one of them the estimate.
+  void append(const float* k_post_rope, const float* v, int32_t pos);
   const std::vector<float>& keys() const { return k_; }
   const std::vector<float>& values() const { return v_; }
 
  private:
   int d_;
   std::string est_;
+  bool keys_estimated_;
   KvDtype dtype_ = KvDtype::F32;
   std::vector<float> k_, v_;
   std::vector<int32_t> pos_;

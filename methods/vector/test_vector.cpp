@@ -343,6 +343,72 @@ TEST_CASE("vector: bad maps and parameters are clear errors", "[vector]") {
       {"'mixeddimkv' cannot be wrapped"});
 }
 
+TEST_CASE("vector approximate=keys: the pool tokens whose keys the values predict best lose their keys", "[vector]") {
+  // ExactLayer's values are an invertible map of the pre-RoPE keys, so the keys are a map of the
+  // values too: without noise the rebuilt keys are the keys. With noisy values (the regressors now) the
+  // fit is off, but the noisy tokens still predict worst and keep their keys.
+  const std::set<int> noisy = {5, 40, 77, 130, 200, 260};
+  for (const bool with_noise : {false, true}) {
+    INFO("noisy values: " << with_noise);
+    ExactLayer E(300, with_noise ? noisy : std::set<int>{}, 3);
+    auto m = MethodRegistry::get().create(
+        "vector", {{"maps", "prompt"}, {"p_c", "0.75"}, {"approximate", "keys"}, {"base.window", "8"}}, E.L.cfg);
+    MethodRunner runner(*m, 64);
+    LayerCache c(6, 2, 16);
+    runner.on_layer(E.L.view, c);
+    for (int s = 0; s < c.n_cache_heads(); ++s) {
+      size_t approx = 0, dense = 0;
+      for (const auto& seg : c.segments(s)) {
+        if (seg->format() == "dense") {
+          dense += seg->size();
+          continue;
+        }
+        CHECK(seg->format() == "approx_key(affine, materialized)");
+        approx += seg->size();
+        CHECK(seg->bytes() == seg->size() * 16 * sizeof(float));  // the values only
+        const auto& keys = dynamic_cast<const MaterializedValueSegment&>(*seg).keys();
+        const auto& values = dynamic_cast<const MaterializedValueSegment&>(*seg).values();
+        // The expected key: this head's values-to-keys fit on the prompt (OlsFit as tested above), applied
+        // to the token's value and rotated to its position.
+        OlsFit fit(16, 16);
+        fit.add(E.L.v.data() + s * 16, 32, E.pre.data() + s * 16, 32, 300);
+        const auto w = fit.solve(1e-6);
+        RopeTable rope(rope_inv_freq(E.L.cfg),
+                       E.L.cfg.rope_layout == RopeLayout::Interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
+        rope.ensure(301);
+        for (size_t t = 0; t < seg->size(); ++t) {
+          const int32_t p = seg->positions()[t];
+          if (with_noise) CHECK_FALSE(noisy.count(p));
+          const size_t off = (size_t(p) * 2 + size_t(s)) * 16;
+          std::vector<float> want(16);
+          for (int i = 0; i < 16; ++i)
+            for (int j = 0; j < 16; ++j)
+              want[size_t(i)] += float(w[size_t(i) * 16 + size_t(j)]) * E.L.v[off + size_t(j)];
+          rope.apply(want.data(), 1, 1, 16, &p);
+          for (int i = 0; i < 16; ++i) {
+            CHECK(keys[t * 16 + size_t(i)] == Approx(want[size_t(i)]).margin(1e-4));  // rebuilt and rotated
+            CHECK(values[t * 16 + size_t(i)] == E.L.v[off + size_t(i)]);              // kept
+            // Without noise the fitted map nearly inverts the values' map (its ridge biases it slightly).
+            if (!with_noise) CHECK(keys[t * 16 + size_t(i)] == Approx(E.L.k[off + size_t(i)]).margin(0.2));
+          }
+        }
+      }
+      CHECK(approx == 64);
+      CHECK(dense == 32);
+    }
+    CHECK(runner.prefill_kv_bytes() <= runner.budget().bytes_per_layer);
+  }
+  const ExactLayer E(300, {}, 3);
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create(
+            "vector",
+            {{"maps", "prompt"}, {"approximate", "keys"}, {"full_layer_map", "true"}, {"materialize", "true"}},
+            E.L.cfg);
+      },
+      {"approximate=keys", "per-head"});
+}
+
 TEST_CASE("vector calibration on the default model: maps, held-out R2, an artifact vector loads", "[vector][model]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path) return;
@@ -377,6 +443,19 @@ TEST_CASE("vector calibration on the default model: maps, held-out R2, an artifa
   CHECK(full["mean"].get<double>() <= 1.0);
   auto m = MethodRegistry::get().create("vector", {{"maps", out}}, engine.config());
   CHECK(m->artifacts()["vector_maps"]["digest"].get<std::string>().size() == 16);
+  // The reverse maps of the K-only ablation come with every calibration.
+  CHECK(body["key_maps"].size() == size_t(model->config().n_layers));
+  CHECK(c["r2_key_maps"]["mean"].get<double>() <= 1.0);
+  MethodRegistry::get().create("vector", {{"maps", out}, {"approximate", "keys"}}, engine.config());
+  auto without = body;
+  without.erase("key_maps");
+  std::ofstream(dir / "old.json") << without.dump();
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create("vector", {{"maps", (dir / "old.json").string()}, {"approximate", "keys"}},
+                                     engine.config());
+      },
+      {"old.json", "'key_maps'", "recalibrate"});
   // Held-out and fitting text must both exist.
   Params one(step.options, {{"text", (dir / "doc0.txt").string()}}, "test");
   CalibrationContext bad{*model, *tok, engine, one, out, default_data_dir(), false};

@@ -61,6 +61,8 @@ class KvTap final : public PrefillObserver {
     for (int l = 0; l < layers; ++l) {
       head_.emplace_back();
       for (int g = 0; g < hkv; ++g) head_.back().emplace_back(d, d);
+      key_head_.emplace_back(std::vector<OlsFit>(size_t(hkv), OlsFit(d, d)));
+      key_r2_.emplace_back(std::vector<R2Score>(size_t(hkv), R2Score(d)));
       full_.emplace_back(hkv * d, hkv * d);
       head_r2_.emplace_back(std::vector<R2Score>(size_t(hkv), R2Score(d)));
       full_r2_.emplace_back(hkv * d);
@@ -70,7 +72,10 @@ class KvTap final : public PrefillObserver {
   void on_layer(const PrefillView& v, LayerCache&) override {
     const size_t N = size_t(v.n_tokens), row = size_t(hkv_) * d_;
     if (!scoring_) {
-      for (int g = 0; g < hkv_; ++g) head_[v.layer][g].add(v.k_pre_rope + g * d_, row, v.v + g * d_, row, N);
+      for (int g = 0; g < hkv_; ++g) {
+        head_[v.layer][g].add(v.k_pre_rope + g * d_, row, v.v + g * d_, row, N);
+        key_head_[v.layer][g].add(v.v + g * d_, row, v.k_pre_rope + g * d_, row, N);
+      }
       full_[v.layer].add(v.k_pre_rope, row, v.v, row, N);
       return;
     }
@@ -86,8 +91,10 @@ class KvTap final : public PrefillObserver {
         }
       r2.add(pred.data(), y, row, N);
     };
-    for (int g = 0; g < hkv_; ++g)
+    for (int g = 0; g < hkv_; ++g) {
       score(head_w_[v.layer][g], d_, v.k_pre_rope + g * d_, v.v + g * d_, head_r2_[v.layer][g]);
+      score(key_w_[v.layer][g], d_, v.v + g * d_, v.k_pre_rope + g * d_, key_r2_[v.layer][g]);
+    }
     score(full_w_[v.layer], int(row), v.k_pre_rope, v.v, full_r2_[v.layer]);
   }
 
@@ -97,6 +104,10 @@ class KvTap final : public PrefillObserver {
       for (auto& f : layer) head_w_.back().push_back(f.solve(ridge));
     }
     for (auto& f : full_) full_w_.push_back(f.solve(ridge));
+    for (auto& layer : key_head_) {
+      key_w_.emplace_back();
+      for (auto& f : layer) key_w_.back().push_back(f.solve(ridge));
+    }
     scoring_ = true;
   }
 
@@ -106,6 +117,10 @@ class KvTap final : public PrefillObserver {
   std::vector<std::vector<double>> full_w_;
   std::vector<std::vector<R2Score>> head_r2_;
   std::vector<R2Score> full_r2_;
+  // The reverse maps, pre-RoPE keys from values (the K-only ablation).
+  std::vector<std::vector<OlsFit>> key_head_;
+  std::vector<std::vector<std::vector<double>>> key_w_;
+  std::vector<std::vector<R2Score>> key_r2_;
 
  private:
   int hkv_, d_;
@@ -153,19 +168,25 @@ void calibrate_vector(CalibrationContext& ctx) {
   }
   bar.finish();
 
-  std::vector<double> head_r2, full_r2;
-  nlohmann::json maps = nlohmann::json::array(), full_maps = nlohmann::json::array();
+  std::vector<double> head_r2, full_r2, key_r2;
+  nlohmann::json maps = nlohmann::json::array(), full_maps = nlohmann::json::array(),
+                 key_maps = nlohmann::json::array();
   for (int l = 0; l < cfg.n_layers; ++l) {
-    R2Score layer(cfg.head_dim);
-    nlohmann::json heads = nlohmann::json::array();
+    R2Score layer(cfg.head_dim), key_layer(cfg.head_dim);
+    nlohmann::json heads = nlohmann::json::array(), key_heads = nlohmann::json::array();
     for (int g = 0; g < cfg.n_kv_heads; ++g) {
       layer.merge(tap.head_r2_[l][g]);
+      key_layer.merge(tap.key_r2_[l][g]);
       const auto& w = tap.head_w_[l][g];
       heads.push_back(floats_to_base64(std::vector<float>(w.begin(), w.end())));
+      const auto& kw = tap.key_w_[l][g];
+      key_heads.push_back(floats_to_base64(std::vector<float>(kw.begin(), kw.end())));
     }
     head_r2.push_back(layer.r2());
     full_r2.push_back(tap.full_r2_[l].r2());
+    key_r2.push_back(key_layer.r2());
     maps.push_back(heads);
+    key_maps.push_back(key_heads);
     const auto& w = tap.full_w_[l];
     full_maps.push_back(floats_to_base64(std::vector<float>(w.begin(), w.end())));
   }
@@ -177,6 +198,9 @@ void calibrate_vector(CalibrationContext& ctx) {
       {"maps",
        "per (layer, KV head): v = W k~, k~ the pre-RoPE key; W row-major [head_dim, head_dim], float32 "
        "little-endian in base64, no bias"},
+      {"key_maps",
+       "per (layer, KV head): k~ = W v, the reverse map of VECTOR's K-only ablation (approximate=keys); same "
+       "layout"},
       {"full_maps", o.get_bool("full_layer_map")
                         ? "per layer: all KV heads' values from all their pre-RoPE keys, W row-major "
                           "[n_kv_heads x head_dim]^2, float32 little-endian in base64, no bias"
@@ -189,9 +213,11 @@ void calibrate_vector(CalibrationContext& ctx) {
       {"ridge", fmt::format("{} x trace(Gkk) / dim", o.get_float("ridge"))},
       {"r2_per_head_maps", r2_summary(head_r2)},
       {"r2_full_layer_map", r2_summary(full_r2)},
+      {"r2_key_maps", r2_summary(key_r2)},
       {"fitting_tokens_per_second", double(fit_tokens) / fit_seconds},
       {"seconds", seconds}};
   body["maps"] = maps;
+  body["key_maps"] = key_maps;
   if (o.get_bool("full_layer_map")) body["full_maps"] = full_maps;
   const std::string path = ctx.out.empty() ? default_artifact_path("vector", cfg) : ctx.out;
   write_artifact(path, body);
@@ -216,6 +242,8 @@ class Vector final : public WrapperMethod {
         rope_inv_freq(m), m.rope_layout == RopeLayout::Interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX);
     if (params().get_float("p_c") >= 0) (void)approximation_ratio(params().get_float("p_c"));  // fail early
     full_ = params().get_bool("full_layer_map");
+    keys_ = params().get("approximate") == "keys";
+    if (keys_ && full_) fail("method vector: approximate=keys has per-head maps only (full_layer_map=false)");
     if (full_ && !params().get_bool("materialize"))
       fail(
           "method vector: full_layer_map=true needs materialize=true: decoding cannot rebuild a value from the keys "
@@ -224,15 +252,21 @@ class Vector final : public WrapperMethod {
     const LoadedArtifact a = load_artifact("vector", params().get("maps"), m, "kvbench calibrate vector MODEL");
     digest_ = a.digest;
     source_ = a.path;
-    if (!a.body.contains("maps") || !a.body["maps"].is_array() || a.body["maps"].size() != size_t(m.n_layers))
-      fail("{}: field 'maps' must list {} layers", a.path, m.n_layers);
+    const char* field = keys_ ? "key_maps" : "maps";
+    if (keys_ && !a.body.contains(field))
+      fail(
+          "{}: no field 'key_maps' (approximate=keys needs them): recalibrate with kvbench calibrate vector MODEL, "
+          "which now fits them too",
+          a.path);
+    if (!a.body.contains(field) || !a.body[field].is_array() || a.body[field].size() != size_t(m.n_layers))
+      fail("{}: field '{}' must list {} layers", a.path, field, m.n_layers);
     for (int l = 0; l < m.n_layers; ++l) {
-      const auto& layer = a.body["maps"][l];
+      const auto& layer = a.body[field][l];
       if (!layer.is_array() || layer.size() != size_t(m.n_kv_heads))
-        fail("{}: field 'maps[{}]' must list {} KV heads", a.path, l, m.n_kv_heads);
+        fail("{}: field '{}[{}]' must list {} KV heads", a.path, field, l, m.n_kv_heads);
       est_.emplace_back();
       for (int g = 0; g < m.n_kv_heads; ++g) {
-        const std::string where = fmt::format("{}: field 'maps[{}][{}]'", a.path, l, g);
+        const std::string where = fmt::format("{}: field '{}[{}][{}]'", a.path, field, l, g);
         if (!layer[g].is_string()) fail("{} must be base64 text", where);
         auto w = floats_from_base64(layer[g].get<std::string>(), where);
         if (w.size() != size_t(m.head_dim) * m.head_dim)
@@ -317,8 +351,10 @@ class Vector final : public WrapperMethod {
     const bool materialize = params().get_bool("materialize");
     const size_t row = size_t(hkv) * d;
     const std::vector<float> full_map = full_ ? layer_full_map(v) : std::vector<float>{};
-    // v^ of token j in KV head g: from its own pre-RoPE key, or from all heads' with the full-layer map.
+    // v^ of token j in KV head g: from its own pre-RoPE key, or from all heads' with the full-layer map;
+    // with approximate=keys, its pre-RoPE key from its value.
     auto predict = [&](int g, int32_t j, float* out) {
+      if (keys_) return estimators[g]->predict(v.v + (size_t(j) * hkv + g) * d, out);
       if (!full_) return estimators[g]->predict(v.k_pre_rope + (size_t(j) * hkv + g) * d, out);
       const float* x = v.k_pre_rope + size_t(j) * row;
       for (int i = 0; i < d; ++i) {
@@ -337,8 +373,9 @@ class Vector final : public WrapperMethod {
         if (protect && j >= v.n_tokens - pool.window) continue;
         const size_t off = (size_t(j) * hkv + g) * d;
         predict(g, j, pred.data());
+        const float* target = keys_ ? v.k_pre_rope + off : v.v + off;
         double e = 0;
-        for (int i = 0; i < d; ++i) e += double(v.v[off + i] - pred[i]) * (v.v[off + i] - pred[i]);
+        for (int i = 0; i < d; ++i) e += double(target[i] - pred[i]) * (target[i] - pred[i]);
         eps.push_back({e, j});
       }
       const size_t A = std::min<size_t>(size_t(2 * a), eps.size());
@@ -346,12 +383,17 @@ class Vector final : public WrapperMethod {
       std::vector<char> approx(size_t(v.n_tokens), 0);
       for (size_t i = 0; i < A; ++i) approx[size_t(eps[i].second)] = 1;
       auto seg_a = std::make_unique<ApproxValueSegment>(d, estimators[g], rope_, false);
-      auto seg_m = std::make_unique<MaterializedValueSegment>(d, full_ ? "full-layer affine" : "affine");
+      auto seg_m = std::make_unique<MaterializedValueSegment>(d, full_ ? "full-layer affine" : "affine", keys_);
       auto seg_d = std::make_unique<DenseSegment>(d);
       for (int32_t j : P) {
         const size_t off = (size_t(j) * hkv + g) * d;
         if (!approx[size_t(j)]) {
           seg_d->append(v.k + off, v.v + off, j);
+        } else if (keys_) {
+          // The estimated key rotated to the token's position, as attention reads keys.
+          predict(g, j, pred.data());
+          rope_->apply(pred.data(), 1, 1, d, &j);
+          seg_m->append(pred.data(), v.v + off, j);
         } else if (materialize) {
           predict(g, j, pred.data());
           seg_m->append(v.k + off, pred.data(), j);
@@ -377,14 +419,16 @@ class Vector final : public WrapperMethod {
 
  private:
   // The calibrated maps of this layer, or with maps=prompt maps fitted on this prompt's own keys and
-  // values (an oracle: what a calibration matched to the prompt could reach).
+  // values (an oracle: what a calibration matched to the prompt could reach); keys from values with
+  // approximate=keys.
   std::vector<std::shared_ptr<const ValueEstimator>> layer_estimators(const PrefillView& v) const {
     if (!est_.empty()) return est_[size_t(v.layer)];
     std::vector<std::shared_ptr<const ValueEstimator>> out;
     const size_t row = size_t(v.n_kv_heads) * v.head_dim;
     for (int g = 0; g < v.n_kv_heads; ++g) {
       OlsFit fit(v.head_dim, v.head_dim);
-      fit.add(v.k_pre_rope + g * v.head_dim, row, v.v + g * v.head_dim, row, size_t(v.n_tokens));
+      const float *k = v.k_pre_rope + g * v.head_dim, *val = v.v + g * v.head_dim;
+      fit.add(keys_ ? val : k, row, keys_ ? k : val, row, size_t(v.n_tokens));
       const auto w = fit.solve(1e-6);
       out.push_back(std::make_shared<AffineValueEstimator>(v.head_dim, std::vector<float>(w.begin(), w.end()),
                                                            std::vector<float>{}));
@@ -405,6 +449,7 @@ class Vector final : public WrapperMethod {
   std::vector<std::vector<std::shared_ptr<const ValueEstimator>>> est_;  // [layer][KV head]
   std::vector<std::vector<float>> full_maps_;                            // [layer], with full_layer_map
   bool full_ = false;
+  bool keys_ = false;  // approximate=keys: the maps give keys from values
   std::shared_ptr<RopeTable> rope_;
   std::string digest_, source_;
   nlohmann::json stats_;
@@ -429,6 +474,11 @@ const bool registered = register_method(
                 ParamSpec::boolean("full_layer_map", false,
                                    "estimate each head's values from all KV heads' keys with the per-layer map (needs "
                                    "materialize and an artifact calibrated with -o full_layer_map=true)")
+                    .added_later(),
+                ParamSpec::choice("approximate", "values", {"values", "keys"},
+                                  "what approximated tokens lose: their values (VECTOR), or their keys, rebuilt from "
+                                  "the values by the key maps and rotated, stored at prefill (the K-only ablation of "
+                                  "Appendix E; bytes counted as values only)")
                     .added_later(),
                 ParamSpec::text("maps", "",
                                 "map file (default: this model's artifact from kvbench calibrate vector; "
