@@ -226,6 +226,7 @@ class Kvmix final : public Method {
       L.k_rpc = p.get_float(k_hi ? "rpc_high" : "rpc_low");
       L.v_rpc = p.get_float(v_hi ? "rpc_high" : "rpc_low");
       L.v_move = 32;
+      L.residual = p.integer("residual");
       L.fused = p.get_bool("fused");
       KvmixSegment check(m.head_dim, L);  // validates bit widths and groups now, not mid-sweep
     }
@@ -247,6 +248,7 @@ class Kvmix final : public Method {
     }
     stats_ = {{"layer", v.layer}, {"k_bits", L.k_bits},       {"v_bits", L.v_bits},      {"k_rpc", L.k_rpc},
               {"v_rpc", L.v_rpc}, {"k_quantized_tokens", kq}, {"v_quantized_tokens", vq}};
+    if (L.residual) stats_["residual"] = L.residual;
     return cache;
   }
 
@@ -283,6 +285,11 @@ const bool registered = register_method(
                 ParamSpec::integer("group", 32, 1, 4096,
                                    "group size: tokens per key group (not 3-bit) and channels per value group"),
                 ParamSpec::integer("seed", 0, 0, 2147483647, "seed of layers=random"),
+                ParamSpec::integer("residual", 0, 0, 1 << 20,
+                                   "> 0: KIVI's residual rule instead of the recent-context ratios: keys quantized "
+                                   "in whole blocks of this many tokens, values keep this many most recent at full "
+                                   "precision (method kivi sets it)")
+                    .added_later(),
                 ParamSpec::boolean("fused", true,
                                    "attention reads the codes directly; false dequantizes first (the benchmark's "
                                    "baseline; same outputs)")},

@@ -29,9 +29,15 @@ KvmixSegment::KvmixSegment(int head_dim, const KvmixLayout& layout, KvDtype dtyp
   if (!(layout.k_rpc >= 0 && layout.k_rpc <= 1) || !(layout.v_rpc >= 0 && layout.v_rpc <= 1))
     fail("KVmix: recent-context ratios must lie in [0, 1], got {} (keys) and {} (values)", layout.k_rpc, layout.v_rpc);
   if (layout.v_move <= 0) fail("KVmix: values move in multiples of a positive token count, got {}", layout.v_move);
+  if (layout.residual < 0 || layout.residual % layout.k_group != 0)
+    fail("KIVI: the residual length {} must be a multiple of the key group {} (keys are quantized in whole groups)",
+         layout.residual, layout.k_group);
 }
 
-std::string KvmixSegment::format() const { return fmt::format("kvmix(k{},v{})", layout_.k_bits, layout_.v_bits); }
+std::string KvmixSegment::format() const {
+  return layout_.residual ? fmt::format("kivi(k{},v{},r{})", layout_.k_bits, layout_.v_bits, layout_.residual)
+                          : fmt::format("kvmix(k{},v{})", layout_.k_bits, layout_.v_bits);
+}
 
 size_t KvmixSegment::bytes() const { return keys_.bytes() + values_.bytes() + kf_.bytes() + vf_.bytes(); }
 
@@ -43,21 +49,29 @@ void KvmixSegment::append(const float* k, const float* v, int n, const int32_t* 
 }
 
 bool KvmixSegment::append_token(const float* k, const float* v, int32_t pos) {
-  append(k, v, 1, &pos, size_t(d_));
+  if (layout_.residual == 0) {
+    append(k, v, 1, &pos, size_t(d_));
+    return true;
+  }
+  settle();
+  kf_.append(k, 1, size_t(d_));
+  vf_.append(v, 1, size_t(d_));
+  pos_.push_back(pos);
   return true;
 }
 
 void KvmixSegment::settle() {
   // The oldest tokens leave each buffer as they are stored there (rounded to the cache's dtype).
   std::vector<float> rows;
-  const size_t mk = to_move(k_buffer(), layout_.k_rpc, layout_.k_group);
+  const size_t R = size_t(layout_.residual);
+  const size_t mk = R ? k_buffer() / R * R : to_move(k_buffer(), layout_.k_rpc, layout_.k_group);
   if (mk) {
     rows.resize(mk * d_);
     kf_.read(0, mk, rows.data());
     keys_.append(rows.data(), static_cast<int>(mk), size_t(d_));
     kf_.erase(0, mk);
   }
-  const size_t mv = to_move(v_buffer(), layout_.v_rpc, layout_.v_move);
+  const size_t mv = R ? (v_buffer() > R ? v_buffer() - R : 0) : to_move(v_buffer(), layout_.v_rpc, layout_.v_move);
   if (mv) {
     rows.resize(mv * d_);
     vf_.read(0, mv, rows.data());

@@ -17,6 +17,11 @@ struct KvmixLayout {
   int v_group = 32;                 // channels per value group
   double k_rpc = 0.1, v_rpc = 0.1;  // r: the share of the buffer kept at full precision after each update
   int v_move = 32;                  // values leave the buffer in multiples of this many tokens (the reference's rule)
+  // > 0: KIVI's residual rule instead (jy-yuan/KIVI, models/llama_kivi.py): keys leave the buffer in whole
+  // blocks of `residual` tokens, values keep the `residual` most recent; a decode step attends with its
+  // token at full precision and the rule applies before the next token is appended, as KIVI quantizes
+  // after attention.
+  int residual = 0;
   // Attention reads the codes directly (fused dequantize-dot); false dequantizes the store first and
   // then multiplies, the baseline the fused path is benchmarked against.
   bool fused = true;
@@ -46,9 +51,11 @@ class KvmixSegment final : public Segment {
   const KvmixLayout& layout() const { return layout_; }
   // Keys and values as attention reads them [size, head_dim]: the reference of the fused paths.
   void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
+  // Applies the update rule now. Under KIVI's rule a decode step leaves it pending (KIVI applies it after
+  // the step's attention) until the next token arrives; this settles the state as KIVI holds it then.
+  void settle();
 
  private:
-  void settle();
   int d_;
   KvmixLayout layout_;
   QuantizedKeys keys_;
