@@ -161,6 +161,16 @@ TEST_CASE("report --coverage: printed cells per table, regenerable from the regi
   const auto mc_qwen3 = find("dynakv", "table1_mc_qwen3");
   CHECK(mc_qwen3.cells == 42);
   CHECK(mc_qwen3.regenerable == 42);
+  // DynaKV Table 4 (perplexity): C4 and PG-19 for Full, DynaKV x3, Palu x3 (and MatryoshkaKV x3 on Llama).
+  const auto ppl = find("dynakv", "table4_perplexity");
+  CHECK(ppl.cells == 20);
+  CHECK(ppl.regenerable == 14);
+  CHECK(find("dynakv", "table4_perplexity_qwen3").regenerable == 14);
+  // KVmix Table 3: the WikiText-2 column of FP16, KVmix-2bit, random, KIVI and KVmix runs; GSM8K does not.
+  const auto t3 = find("kvmix", "table3_gsm8k_perplexity");
+  CHECK(t3.cells == 20);
+  CHECK(t3.regenerable == 5);
+  CHECK(t3.blockers.at("task gsm8k") == 10);
   // VECTOR Table 5 with its K-only rows (approximate=keys).
   const auto konly = find("vector", "table5_longbench_keydiff");
   CHECK(konly.cells == 48);

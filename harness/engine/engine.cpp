@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 
 #include "harness/engine/rope_freqs.hpp"
@@ -108,7 +109,37 @@ std::vector<float> Engine::logits_of_last(const Buffer& x, int n) {
   return out;
 }
 
-std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver* observer) {
+double log_softmax_at(std::span<const float> logits, int32_t target) {
+  if (target < 0 || size_t(target) >= logits.size()) fail("token {} is outside the vocabulary", target);
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x) - double(top));
+  return double(logits[size_t(target)]) - double(top) - std::log(sum);
+}
+
+std::vector<double> Engine::next_token_logprobs(const Buffer& x, std::span<const int32_t> ids) {
+  Backend& b = *backend_;
+  const int n = static_cast<int>(ids.size()), H = cfg_.hidden, V = cfg_.vocab_size;
+  // Rows per chunk: the logits of a chunk are chunk x vocabulary floats.
+  const int chunk = std::max(1, std::min(n - 1, 64));
+  Buffer h(b, size_t(chunk) * H), logits(b, size_t(chunk) * V);
+  std::vector<float> host(size_t(chunk) * V);
+  std::vector<double> out;
+  out.reserve(size_t(n > 0 ? n - 1 : 0));
+  for (int t0 = 0; t0 < n - 1; t0 += chunk) {
+    const int rows = std::min(chunk, n - 1 - t0);
+    b.rmsnorm(x, out_norm_, rows, H, static_cast<float>(cfg_.rms_eps), h, size_t(t0) * H);
+    b.linear(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, rows, H, V, logits);
+    b.download(logits, std::span<float>(host.data(), size_t(rows) * V));
+    for (int r = 0; r < rows; ++r)
+      out.push_back(
+          log_softmax_at(std::span<const float>(host.data() + size_t(r) * V, size_t(V)), ids[size_t(t0 + r + 1)]));
+  }
+  return out;
+}
+
+std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver* observer,
+                                   std::vector<double>* next_logprobs) {
   if (ids.empty()) fail("prefill: empty prompt");
   const int n = static_cast<int>(ids.size());
   if (n > cfg_.context_length)
@@ -120,7 +151,8 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
         n, cfg_.sliding_window);
   for (auto id : ids)
     if (id < 0 || id >= cfg_.vocab_size) fail("prefill: token id {} outside the vocabulary", id);
-  if (observer && observer->reads_whole_prompt()) return resume(prefill_capture(ids, observer->needs()), observer);
+  if (observer && observer->reads_whole_prompt())
+    return resume(prefill_capture(ids, observer->needs(), next_logprobs), observer);
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
@@ -212,6 +244,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   finish_layer(cfg_.n_layers - 1);
   pos_ = n;
   decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
+  if (next_logprobs) *next_logprobs = next_token_logprobs(x, ids);
   return logits_of_last(x, n);
 }
 
@@ -263,7 +296,8 @@ void Engine::reset_caches() {
   for (auto& c : caches_) c = LayerCache(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
 }
 
-PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs) {
+PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
+                                       std::vector<double>* next_logprobs) {
   PrefillCapture c;
   c.needs = needs;
   c.n_tokens = static_cast<int>(ids.size());
@@ -271,7 +305,7 @@ PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const Prefi
   c.positions.resize(ids.size());
   std::iota(c.positions.begin(), c.positions.end(), 0);
   Capturer cap(c, cfg_.n_layers);
-  c.logits = prefill(ids, &cap);
+  c.logits = prefill(ids, &cap, next_logprobs);
   pos_ = 0;  // the capture holds no cache to decode from
   return c;
 }

@@ -19,6 +19,9 @@ namespace kvb {
 
 class ModelFile;
 
+// log softmax(logits)[target], in double.
+double log_softmax_at(std::span<const float> logits, int32_t target);
+
 // What a full-attention prefill leaves for compression methods, kept so that several methods can be
 // applied to one prefill (experiment sweeps): per layer the views a PrefillObserver receives.
 struct PrefillCapture {
@@ -57,13 +60,17 @@ class Engine {
   // Starts a new sequence with `ids` (positions 0..n-1) and returns the logits of the last token.
   // Without an observer every layer keeps its full K/V. An observer that reads the whole prompt
   // (PrefillObserver::reads_whole_prompt) is served by prefill_capture and resume. The observer, if it acts on
-  // decoding, is also called at every decode step of this sequence and must outlive it.
-  std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr);
+  // decoding, is also called at every decode step of this sequence and must outlive it. With
+  // `next_logprobs`, also the log-probability of each ids[t + 1] given ids[0..t] (n - 1 values, the
+  // prefill's own attention: a method changes them only by changing the model).
+  std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr,
+                             std::vector<double>* next_logprobs = nullptr);
   // Appends one token and returns its logits.
   std::vector<float> decode(int32_t token);
 
   // A prefill whose per-layer views (as much as `needs` asks) are kept instead of filling caches.
-  PrefillCapture prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs);
+  PrefillCapture prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
+                                 std::vector<double>* next_logprobs = nullptr);
   // Starts a sequence from a capture as if `prefill(ids, observer)` had run: the observer (or the
   // full cache) fills each layer's cache from the captured views; returns the last token's logits.
   std::vector<float> resume(const PrefillCapture& capture, PrefillObserver* observer = nullptr);
@@ -86,6 +93,8 @@ class Engine {
  private:
   struct Layer;
   std::vector<float> logits_of_last(const Buffer& x, int n);
+  // The output head over every row of x but the last, in chunks: log p(ids[t + 1]) for t < n - 1.
+  std::vector<double> next_token_logprobs(const Buffer& x, std::span<const int32_t> ids);
   // q, k, v of n rows of normed hidden states h: the projections (with bias), then Qwen3's per-head
   // q/k RMSNorm.
   void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v);

@@ -167,14 +167,9 @@ ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int
   out.prefill_seconds = lap();
   for (size_t i = 0; i < continuation.size(); ++i) {
     const int32_t want = continuation[i];
-    if (want < 0 || size_t(want) >= logits.size()) fail("continuation token {} is outside the vocabulary", want);
     // log_softmax in double: lm-eval's is fp32, so sums agree to its precision, not ours.
-    const int32_t best = argmax(logits);
-    const float top = logits[size_t(best)];
-    double sum = 0;
-    for (float x : logits) sum += std::exp(double(x) - double(top));
-    out.loglikelihood += double(logits[size_t(want)]) - double(top) - std::log(sum);
-    out.greedy = out.greedy && best == want;
+    out.loglikelihood += log_softmax_at(logits, want);
+    out.greedy = out.greedy && argmax(logits) == want;
     if (i + 1 < continuation.size()) logits = engine.decode(want);
   }
   out.decode_seconds = lap();

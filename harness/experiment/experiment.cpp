@@ -4,6 +4,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -366,6 +368,15 @@ double equivalent_kv_size(const ModelConfig& m, size_t bytes) {
 }
 
 PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s) {
+  if (s.scored_text) return {s.scored_text->ids, {}};
+  if (s.choices) {  // the longest request
+    PromptIds longest;
+    for (const Choice& c : s.choices->options)
+      if (PromptIds ids = choice_ids(tok, c, s.choices->bos);
+          ids.prefill.size() + ids.after.size() > longest.prefill.size() + longest.after.size())
+        longest = std::move(ids);
+    return longest;
+  }
   if (s.split)
     return build_split_prompt(model, tok, s.split->context, s.split->question, s.split->answer_prefix,
                               s.split->max_context);
@@ -474,13 +485,57 @@ nlohmann::json run_choices(const ModelFile& model, const Tokenizer& tok, Engine&
   return rec;
 }
 
+// A perplexity window: the compressed prefix's own predictions, then each later token predicted over
+// the cache the method kept.
+nlohmann::json run_scored_text(const ModelFile& model, Engine& engine, const Sample& s, Method* method, KvBudget budget,
+                               const nlohmann::json& config) {
+  const ScoredText& st = *s.scored_text;
+  const size_t n = st.ids.size(), c = st.compress_at > 0 ? size_t(st.compress_at) : n;
+  if (n < 2 || c > n) fail("sample {}: a window of {} tokens compressed at {}", s.id, n, c);
+  std::unique_ptr<MethodRunner> runner;
+  if (method) runner = std::make_unique<MethodRunner>(*method, budget);
+  engine.backend().reset_peak_memory();
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> lp;
+  const std::span<const int32_t> ids(st.ids);
+  std::vector<float> logits = engine.prefill(ids.first(c), runner.get(), &lp);
+  const double prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  t0 = std::chrono::steady_clock::now();
+  for (size_t t = c; t < n; ++t) {
+    lp.push_back(log_softmax_at(logits, ids[t]));
+    if (t + 1 < n) logits = engine.decode(ids[t]);
+  }
+  const double decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double sum = 0;
+  for (double x : lp) sum += x;
+  const double nll = -sum / double(lp.size());
+  const size_t full = engine.full_kv_bytes(c);
+  nlohmann::json rec =
+      record_base(model.config(), engine, s, config, c, runner ? runner->prefill_kv_bytes() : full, full);
+  rec["protocol"] = {{"chat", false}, {"tokens", n}, {"compress_at", c}};
+  rec["prediction"] = "";
+  rec["answers"] = nlohmann::json::array();
+  rec["score"] = nll;
+  rec["nll"] = nll;
+  rec["perplexity"] = std::exp(nll);
+  rec["scored_tokens"] = lp.size();
+  rec["prompt_tokens"] = c;
+  rec["prefill_seconds"] = prefill_seconds;
+  rec["prefill_shared"] = false;
+  rec["decode_seconds"] = decode_seconds;
+  rec["compress_seconds"] = runner ? runner->compress_seconds() : 0.0;
+  rec["cache"] = runner ? runner->cache_profile() : nlohmann::json(nullptr);
+  return rec;
+}
+
 }  // namespace
 
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task, const Sample& s,
                         Method* method, KvBudget budget, const nlohmann::json& config, const PrefillCapture* capture) {
-  if (s.choices) {
-    if (capture) fail("sample {}: a multiple-choice sample prefills each choice's context itself", s.id);
-    return run_choices(model, tok, engine, s, method, budget, config);
+  if (s.choices || s.scored_text) {
+    if (capture) fail("sample {}: a multiple-choice or perplexity sample runs its own prefill", s.id);
+    return s.choices ? run_choices(model, tok, engine, s, method, budget, config)
+                     : run_scored_text(model, engine, s, method, budget, config);
   }
   PromptIds ids = sample_prompt(model, tok, s);
   const auto& prompt = ids.prefill;

@@ -73,7 +73,8 @@ std::string record_key(const nlohmann::json& record);
 std::set<std::string> recorded_keys(const std::string& path);
 
 // The token ids of a sample as its protocol feeds them: the whole prompt prefilled (chat template as
-// the sample says), or under a kvpress protocol the context prefilled and the rest after compression.
+// the sample says), or under a kvpress protocol the context prefilled and the rest after compression;
+// a perplexity window's ids; a multiple-choice sample's longest request.
 PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s);
 
 // The token ids of a multiple-choice option as lm-evaluation-harness encodes a loglikelihood request

@@ -165,8 +165,8 @@ SweepOutcome Sweep::run(bool progress) {
       for (size_t c = 0; c < part.configs.size(); ++c) {
         const std::string key = cell_key(part.configs[c], s.id);
         if (!in_shard(key) || !done.insert(key).second) continue;
-        // A multiple-choice sample prefills each choice's context: nothing to share across methods.
-        (s.choices || (methods_[c] && !methods_[c]->shares_prefill()) ? own : shared).push_back(c);
+        // Multiple-choice and perplexity samples run their own prefills: nothing to share across methods.
+        (s.choices || s.scored_text || (methods_[c] && !methods_[c]->shares_prefill()) ? own : shared).push_back(c);
       }
       // What a cell costs, its share of a shared prefill included: the rate status estimates from.
       double prefill_share = 0;

@@ -12,6 +12,7 @@
 #include "harness/experiment/published.hpp"
 #include "harness/experiment/results.hpp"
 #include "harness/report/figure.hpp"
+#include "harness/report/records.hpp"
 #include "harness/report/report.hpp"
 #include "harness/report/stats.hpp"
 #include "harness/report/table.hpp"
@@ -160,6 +161,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     for (const auto& r : rows)
       if (r.table == t && r.model == paper_model) trows.push_back(&r);
 
+    const Scale scale = report::scale_of(trows.front()->task);
     // Our mean for the row's configuration at a column (the row's own, or another of the table's).
     auto mean_ours = [&](const PublishedRow& row, const std::string& column, int& samples, MeanInterval* ci = nullptr) {
       PublishedRow r = row;
@@ -200,7 +202,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
           if (ci && base.empty()) *ci = m;
         }
       }
-      return 100 * best;
+      return scaled(best, scale);
     };
     // The table's columns (those a paper's average is over), in the papers' order.
     std::vector<std::string> columns;
@@ -304,20 +306,21 @@ void write_comparison(const std::vector<std::string>& results, const std::string
           any = true;
           const Cell& c = *it;
           const bool has_ci = !std::isnan(c.ours) && c.ci.has_interval();
-          const bool in = has_ci && 100 * c.ci.low <= c.row->score && c.row->score <= 100 * c.ci.high;
+          const bool in = has_ci && scaled(c.ci.low, scale) <= c.row->score && c.row->score <= scaled(c.ci.high, scale);
           with_interval += has_ci;
           inside += in;
-          mine.push_back((has_ci ? interval_text(c.ci) : fmt2(c.ours)) +
+          mine.push_back((has_ci ? interval_text(c.ci, scale) : fmt2(c.ours)) +
                          (c.coverage.empty() ? "" : " (" + c.coverage + ")"));
           theirs.push_back(fmt2(c.row->score) + (same_model && in ? " (in)" : ""));
           diff.push_back(std::isnan(c.ours) ? "-" : fmt::format("{:+.2f}", c.ours - c.row->score));
-          cells_csv += fmt::format(
-              "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t), csv_field(paper_model), method,
-              csv_field(params_text(params)), budget_text(budget), task, length ? std::to_string(length) : "", col,
-              c.row->score, std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours),
-              has_ci ? fmt::format("{:.4f}", 100 * c.ci.low) : "", has_ci ? fmt::format("{:.4f}", 100 * c.ci.high) : "",
-              c.samples, std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours - c.row->score),
-              has_ci ? (in ? "yes" : "no") : "");
+          cells_csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t),
+                                   csv_field(paper_model), method, csv_field(params_text(params)), budget_text(budget),
+                                   task, length ? std::to_string(length) : "", col, c.row->score,
+                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours),
+                                   has_ci ? fmt::format("{:.4f}", scaled(c.ci.low, scale)) : "",
+                                   has_ci ? fmt::format("{:.4f}", scaled(c.ci.high, scale)) : "", c.samples,
+                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours - c.row->score),
+                                   has_ci ? (in ? "yes" : "no") : "");
           if (!std::isnan(c.ours) && col != "avg") {
             xs.push_back(c.row->score);
             ys.push_back(c.ours);

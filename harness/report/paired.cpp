@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
+#include "harness/report/records.hpp"
 #include "harness/report/report.hpp"
 #include "harness/report/stats.hpp"
 #include "harness/report/table.hpp"
@@ -118,11 +120,16 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     std::set<KvBudget> budgets;
     for (const auto& [label, by_budget] : by_label)
       for (const auto& [b, v] : by_budget) budgets.insert(b);
+    const bool perplexity = report::scale_of(task) == Scale::Perplexity;
     Table t;
-    t.caption = fmt::format(
-        "{}: score minus {}'s on the same samples, x 100, with its 95% interval and the pairs "
-        "(n); * where the interval excludes 0",
-        task, baseline);
+    t.caption = perplexity ? fmt::format(
+                                 "{}: perplexity over {}'s on the same windows (the ratio), with its 95% interval and "
+                                 "the pairs (n); * where the interval excludes 1",
+                                 task, baseline)
+                           : fmt::format(
+                                 "{}: score minus {}'s on the same samples, x 100, with its 95% interval and the pairs "
+                                 "(n); * where the interval excludes 0",
+                                 task, baseline);
     t.columns = {"Method"};
     for (const KvBudget& b : budgets) t.columns.push_back(b.name());
     t.blocks.emplace_back();
@@ -137,10 +144,16 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
         std::vector<std::vector<double>> strata;
         for (const auto& [variant, d] : it->second) strata.push_back(d);
         const MeanInterval ci = bootstrap_interval(strata);
-        row.push_back(ci.has_interval()
-                          ? fmt::format("{:+.2f} [{:+.2f}, {:+.2f}]{} (n={})", 100 * ci.mean, 100 * ci.low,
-                                        100 * ci.high, ci.low > 0 || ci.high < 0 ? " *" : "", ci.n)
-                          : fmt::format("{:+.2f} (n={})", 100 * ci.mean, ci.n));
+        const char* mark = ci.low > 0 || ci.high < 0 ? " *" : "";
+        // A difference of mean NLLs over the same windows is the log of the perplexities' ratio.
+        if (perplexity)
+          row.push_back(ci.has_interval() ? fmt::format("x{:.4f} [x{:.4f}, x{:.4f}]{} (n={})", std::exp(ci.mean),
+                                                        std::exp(ci.low), std::exp(ci.high), mark, ci.n)
+                                          : fmt::format("x{:.4f} (n={})", std::exp(ci.mean), ci.n));
+        else
+          row.push_back(ci.has_interval() ? fmt::format("{:+.2f} [{:+.2f}, {:+.2f}]{} (n={})", 100 * ci.mean,
+                                                        100 * ci.low, 100 * ci.high, mark, ci.n)
+                                          : fmt::format("{:+.2f} (n={})", 100 * ci.mean, ci.n));
       }
       t.blocks[0].rows.push_back(row);
     }

@@ -89,6 +89,8 @@ const TaskLayout& layout_of(const std::string& task) {
   return info ? info->layout : none;
 }
 
+Scale scale_of(const std::string& task) { return layout_of(task).perplexity ? Scale::Perplexity : Scale::Percent; }
+
 std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vector<double>>& by_variant) {
   std::vector<std::vector<double>> out;
   for (const auto& [variant, scores] : by_variant) out.push_back(scores);

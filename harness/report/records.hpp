@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "harness/method/method.hpp"
+#include "harness/report/stats.hpp"
 #include "harness/task/task.hpp"
 
 namespace kvb::report {
@@ -51,6 +52,8 @@ Records read_records(const std::vector<std::string>& files);
 void label_entries(Records& r);
 // The layout a task declares (harness/task/task.hpp); none for a task this build does not know.
 const TaskLayout& layout_of(const std::string& task);
+// How the task's scores print (perplexity tasks: exp of the mean NLL).
+Scale scale_of(const std::string& task);
 // Scores by the task's column (a stratum each), for the intervals.
 std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vector<double>>& by_variant);
 

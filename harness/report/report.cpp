@@ -69,7 +69,9 @@ void write_report(const std::vector<std::string>& inputs, const std::string& dir
     for (const auto& e : r.entries)
       if (e.task == task) es.push_back(&e);
     report::write_method_budget(task, es, dir, formats);
-    written += ", " + task + "-method-budget, " + task + "-memory" + report::write_paper_tables(task, es, dir, formats);
+    written += ", " + task + "-method-budget" +
+               (report::scale_of(task) == Scale::Perplexity ? "" : ", " + task + "-memory") +
+               report::write_paper_tables(task, es, dir, formats);
   }
   fmt::print(
       "{}\nwrote to {}: {} (tables as {}){}\n", to_markdown(summary), dir, written,

@@ -99,9 +99,11 @@ MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Aver
   return m;
 }
 
-std::string interval_text(const MeanInterval& m) {
-  if (!m.has_interval()) return fmt::format("{:.2f}", 100 * m.mean);
-  return fmt::format("{:.2f} [{:.2f}, {:.2f}]", 100 * m.mean, 100 * m.low, 100 * m.high);
+double scaled(double v, Scale s) { return s == Scale::Perplexity ? std::exp(v) : 100 * v; }
+
+std::string interval_text(const MeanInterval& m, Scale s) {
+  if (!m.has_interval()) return fmt::format("{:.2f}", scaled(m.mean, s));
+  return fmt::format("{:.2f} [{:.2f}, {:.2f}]", scaled(m.mean, s), scaled(m.low, s), scaled(m.high, s));
 }
 
 }  // namespace kvb

@@ -35,7 +35,12 @@ MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, 
 // sample, or where every stratum holds one value and the bootstrap has nothing to resample.
 MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples);
 
-// "43.00 [36.90, 49.10]" (scaled by 100), or "43.00" without an interval.
-std::string interval_text(const MeanInterval& m);
+// How a task's scores print: x 100 (a metric in [0, 1]), or, where they are mean negative
+// log-likelihoods (a perplexity task, TaskLayout::perplexity), as the perplexity exp(mean); an
+// interval maps through the same increasing function.
+enum class Scale { Percent, Perplexity };
+double scaled(double v, Scale s);  // NaN stays NaN
+// "43.00 [36.90, 49.10]", or "43.00" without an interval.
+std::string interval_text(const MeanInterval& m, Scale s = Scale::Percent);
 
 }  // namespace kvb

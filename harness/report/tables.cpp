@@ -38,7 +38,9 @@ struct Mean {
   double value() const { return n ? sum / n : std::nan(""); }
 };
 
-std::string pct(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", 100 * v); }
+std::string pct(double v, Scale s = Scale::Percent) {
+  return std::isnan(v) ? "-" : fmt::format("{:.2f}", scaled(v, s));
+}
 
 // Methods in the order the papers list them (the full cache first), then by name.
 bool method_order(const std::string& a, const std::string& b) {
@@ -52,7 +54,8 @@ std::string budget_heading(const KvBudget& b) {
 // Rows = methods, columns = the given column keys, one block per KV size (the full cache in each).
 template <typename Key>
 Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& keys,
-                   const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls, bool bits) {
+                   const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls, bool bits,
+                   Scale scale = Scale::Percent) {
   std::set<KvBudget> budgets;
   std::set<std::string> labels;
   for (const Entry* e : es) {
@@ -89,10 +92,10 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
       for (const auto& c : cols) {
         Mean m;
         for (const auto& [variant, v] : c) m.add(v.value());
-        row.push_back(pct(m.value()));
+        row.push_back(pct(m.value(), scale));
         if (m.n) avg.add(m.value());
       }
-      row.push_back(pct(avg.value()));
+      row.push_back(pct(avg.value(), scale));
       if (nulls) row.push_back(std::to_string(empty));
       if (bits) row.push_back(fmt::format("{:.2f}", kept_bits.value()));
       block.rows.push_back(row);
@@ -177,16 +180,18 @@ Table write_summary(const Records& r, const std::string& dir, const std::set<std
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
     const MeanInterval ci = score_interval(strata_of(g.strata));
+    const Scale sc = scale_of(c.value("task", ""));
     summary.blocks[0].rows.push_back(
         {c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""), config_budget(c).name(),
          c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"), params_text(c.value("params", json::object())),
-         std::to_string(g.n), fmt::format("{:.2f}", 100.0 * g.score / g.n), pct(ci.low), pct(ci.high),
+         std::to_string(g.n), pct(g.score / g.n, sc), pct(ci.low, sc), pct(ci.high, sc),
          fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n), fmt::format("{:.1f}%", 100.0 * g.fp16_share / g.n),
          fmt::format("{:.2f}", 16.0 * g.fp16_share / g.n), fmt::format("{:.0f}", g.t_eq / g.n)});
     if (!g.depth_length.empty()) write_depth_heatmap(g, dir, used);
   }
   summary.note =
-      "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled); ci_low, ci_high: "
+      "score: the benchmark's metric x 100, averaged over samples (RULER: tasks pooled; a perplexity task: exp of the "
+      "mean over windows of their mean negative log-likelihood, lower is better); ci_low, ci_high: "
       "its 95% confidence interval (Wilson's for 0/1 scores; otherwise a percentile bootstrap over "
       "samples, resampled within each RULER task or LongBench dataset), none for one sample or identical non-0/1 "
       "scores; KV kept: the "
@@ -201,6 +206,7 @@ Table write_summary(const Records& r, const std::string& dir, const std::set<std
 void write_method_budget(const std::string& task, const std::vector<const Entry*>& es, const std::string& dir,
                          const std::set<std::string>& formats) {
   // Method x budget: mean score and the share of the full cache kept; as a table and a heatmap.
+  const Scale scale = scale_of(task);
   std::set<KvBudget> budgets;
   std::set<std::string> labels;
   for (const Entry* e : es) {
@@ -247,7 +253,7 @@ void write_method_budget(const std::string& task, const std::vector<const Entry*
         n_min = std::min(n_min, sc.n);
         n_max = std::max(n_max, sc.n);
         const MeanInterval ci = score_interval(strata_of(strata));
-        row.push_back(fmt::format("{} ({:.1f}%{}, n={})", interval_text(ci), 100 * kv.value(), fp16, ci.n));
+        row.push_back(fmt::format("{} ({:.1f}%{}, n={})", interval_text(ci, scale), 100 * kv.value(), fp16, ci.n));
         series.points.push_back({kv16.value(), sc.value(), ci.low, ci.high, ci.n});
       } else {
         row.push_back("-");
@@ -262,6 +268,8 @@ void write_method_budget(const std::string& task, const std::vector<const Entry*
   h.caption = n_min == n_max ? fmt::format("score x 100, mean over {} samples per cell", n_min)
                              : fmt::format("score x 100, mean over {}-{} samples per cell", n_min, n_max);
   write_table(mb, dir + "/" + task + "-method-budget", formats);
+  // The figures' scales are scores in [0, 1]: a perplexity task has its tables only.
+  if (scale == Scale::Perplexity) return;
   write_heatmap(h, dir + "/" + task + "-method-budget", dir + "/" + task + "-method-budget-cells");
   write_memory_plot(mp, dir + "/" + task + "-memory");
 }
@@ -282,7 +290,8 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
       "; Bits = prompt-cache bytes x 8 per K/V element of the prompt (fp16 full cache: 16), mean over the row's "
       "samples.";
   auto paper_table = [&](const std::vector<const Entry*>& at, const std::string& caption) {
-    Table t = blocks_table<ReportColumn>(at, cols, in_column, layout.nulls, true);
+    Table t = blocks_table<ReportColumn>(at, cols, in_column, layout.nulls, true,
+                                         layout.perplexity ? Scale::Perplexity : Scale::Percent);
     t.caption = caption;
     t.columns = {"Method"};
     for (const auto& c : cols) {

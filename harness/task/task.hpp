@@ -43,6 +43,15 @@ struct Choices {
   bool acc_norm = true;  // whether lm-eval scores the benchmark by acc_norm too (not Winogrande's partial scoring)
 };
 
+// A window of a text scored by its own next-token log-likelihoods (perplexity): the first `compress_at`
+// tokens are prefilled and compressed by the method, the rest fed one at a time over the kept cache,
+// each token predicted from what the cache holds. 0: the whole window in one prefill (the method then
+// changes the numbers only if it changes the model, as DynaKV's transform does).
+struct ScoredText {
+  std::vector<int32_t> ids;
+  int compress_at = 0;
+};
+
 struct Sample {
   std::string id;      // unique within the task, stable across runs (results are keyed by it)
   std::string prompt;  // the model input text
@@ -58,6 +67,9 @@ struct Sample {
   // Set by a multiple-choice task: the choices are scored instead of a generation (prompt, answers
   // and the decoding limits then only describe the sample).
   std::optional<Choices> choices;
+  // Set by a perplexity task: the window's mean negative log-likelihood per predicted token is the
+  // sample's score (reports print exp of the mean, TaskLayout::perplexity).
+  std::optional<ScoredText> scored_text;
 };
 
 // The `protocol` option of a task whose samples split into context and question:
@@ -133,6 +145,9 @@ struct TaskLayout {
   bool depth_heatmap = false;  // a depth x length heatmap per configuration, from meta.depth and meta.length
   // Options that split one configuration into runs (a grid's parts), pooled into one summary row.
   std::vector<std::string> pooled_options = {};
+  // Scores are mean negative log-likelihoods per token (natural log) of equal-length windows: tables
+  // print the perplexity exp(mean) (lower is better), intervals and differences mapped through exp.
+  bool perplexity = false;
 };
 
 struct TaskInfo {

@@ -9,7 +9,8 @@ WikiHow markers ([title], [header], [step]), doubled spaces and a ctx_b in mixed
 
 lm-eval (0.4.13) then runs its registered arc_challenge, arc_easy, piqa, winogrande and hellaswag
 tasks (their prompts, choices, process_docs and metrics) on these files through its HFLM model:
-transformers 4.57.1 on the default GGUF, float32. Written per sample: each choice's log-likelihood
+transformers 4.57.1 on the default GGUF, float32, with SmolLM2's own tokenizer rules restored
+(tools/reference/smollm2_hf.py). Written per sample: each choice's log-likelihood
 and greedy flag, and lm-eval's acc and acc_norm.
 
     python3 tasks/mc/reference.py --data DIR [--gguf models/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -133,25 +134,17 @@ def main():
             for d in docs[name]:
                 f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
-    import torch
+    import sys
+
     from lm_eval import evaluator
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "tools/reference"))
+    import smollm2_hf  # noqa: E402  (the GGUF with SmolLM2's own tokenizer rules, as kvbench encodes)
 
     path = pathlib.Path(args.gguf)
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    # transformers' GGUF conversion adds BOS whatever the file says; this file says no
-    # (tokenizer.ggml.add_bos_token, as the model's own tokenizer.json), which kvbench follows.
-    tok.add_bos_token = False
-    # Nor does it split digits as SmolLM2's tokenizer.json does (Digits, then ByteLevel): restored, so
-    # that "  6" is the real tokenizer's two-space token and a digit, as kvbench encodes it.
-    from tokenizers import pre_tokenizers
-    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    tok, model = smollm2_hf.load(path)
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=1)
 
     golden = {"lm_eval": "0.4.13", "model": path.name, "benchmarks": {}}
