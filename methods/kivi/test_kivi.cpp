@@ -68,7 +68,7 @@ TEST_CASE("kivi: codes, scales and full-precision buffers equal KIVI's after pre
   }
 }
 
-TEST_CASE("kivi: the registry's method stores KIVI's cache; a residual off the group is an error", "[kivi]") {
+TEST_CASE("kivi: the registry's method stores KIVI's cache, and a residual off the group is an error", "[kivi]") {
   test::SyntheticLayer layer(150, 4, 2, 32, 32, 11);
   auto m = MethodRegistry::get().create("kivi", {}, layer.cfg);
   CHECK_FALSE(m->budgeted());
