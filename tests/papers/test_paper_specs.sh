@@ -25,9 +25,9 @@ for e in "$DATA"/*; do
 done
 ln -s "$ROOT/tests/fixtures/papers/data/longbench" "$ROOT/tests/fixtures/papers/data/ruler" "$tmp/data/"
 ln -s "$ROOT/tasks/mc/fixtures" "$tmp/data/mc"
-for text in wikitext2 c4 pg19; do
-  cat "$DATA"/PaulGrahamEssays/*.txt | head -c 30000 > "$tmp/data/perplexity/$text.txt"
-done
+# (head on a file: in a pipe it would stop cat early, and pipefail would end the script)
+cat "$DATA"/PaulGrahamEssays/*.txt > "$tmp/essays.txt"
+for text in wikitext2 c4 pg19; do head -c 30000 "$tmp/essays.txt" > "$tmp/data/perplexity/$text.txt"; done
 
 fail=0
 for spec in experiments/papers/*/*.yaml; do
