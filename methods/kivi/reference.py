@@ -57,23 +57,14 @@ def load_kivi(path):
     return ns
 
 
-def unpack_k(code, bits, n):
-    """quant_and_pack_kcache's codes [1, 1, n / per, D] back to [n, D]."""
+def unpack(code, bits, n, dim):
+    """Codes [1, 1, ...] packed along tokens (dim 0, quant_and_pack_kcache) or along channels (dim 1,
+    quant_and_pack_vcache), back to [n, D]: code j of a word sits at bits * j."""
     per = 32 // bits
-    out = torch.zeros(n, D, dtype=torch.int64)
-    c = code[0, 0].to(torch.int64) & 0xFFFFFFFF
-    for t in range(n):
-        out[t] = (c[t // per] >> (bits * (t % per))) & ((1 << bits) - 1)
-    return out
-
-
-def unpack_v(code, bits, n):
-    per = 32 // bits
-    out = torch.zeros(n, D, dtype=torch.int64)
-    c = code[0, 0].to(torch.int64) & 0xFFFFFFFF
-    for i in range(D):
-        out[:, i] = (c[:, i // per] >> (bits * (i % per))) & ((1 << bits) - 1)
-    return out
+    c = (code[0, 0].to(torch.int64) & 0xFFFFFFFF).repeat_interleave(per, dim=dim)
+    shift = bits * (torch.arange(c.shape[dim]) % per)
+    shift = shift[:, None] if dim == 0 else shift[None, :]
+    return ((c >> shift) & ((1 << bits) - 1))[:n]
 
 
 def run(kivi, k, v, bits, R, n, steps):
@@ -81,13 +72,13 @@ def run(kivi, k, v, bits, R, n, steps):
 
     def quant_keys(x):  # x [m, D], m a multiple of the group
         code, scale, mn = kivi["quant_and_pack_kcache"](x[None, None].clone(), GROUP, bits)
-        kq.append(unpack_k(code, bits, x.shape[0]))
+        kq.append(unpack(code, bits, x.shape[0], 0))
         ks.append(scale[0, 0, :, 0, :])  # [groups, D]
         km.append(mn[0, 0, :, 0, :])
 
     def quant_values(x):  # x [m, D]
         code, scale, mn = kivi["quant_and_pack_vcache"](x[None, None].clone(), GROUP, bits)
-        vq.append(unpack_v(code, bits, x.shape[0]))
+        vq.append(unpack(code, bits, x.shape[0], 1))
         vs.append(scale[0, 0, :, :, 0])  # [m, groups]
         vm.append(mn[0, 0, :, :, 0])
 

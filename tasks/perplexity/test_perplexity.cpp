@@ -10,6 +10,7 @@
 #include "harness/experiment/sweep.hpp"
 #include "harness/report/report.hpp"
 #include "harness/task/task.hpp"
+#include "harness/task/text.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "test_util.hpp"
 
@@ -47,10 +48,7 @@ std::string reference_text(const std::string& data) {
   }
   // Python's [:20000] counts code points.
   size_t cut = 0;
-  for (int n = 0; cut < text.size() && n < 20000; ++n) {
-    const auto c = static_cast<unsigned char>(text[cut]);
-    cut += c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-  }
+  for (int n = 0; cut < text.size() && n < 20000; ++n) next_cp(text, cut);
   return text.substr(0, cut);
 }
 
