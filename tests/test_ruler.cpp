@@ -6,10 +6,10 @@
 #include <map>
 
 #include "harness/model/model_file.hpp"
+#include "harness/task/py_random.hpp"
 #include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "ruler_fixture.hpp"
-#include "tasks/ruler/py_random.hpp"
 #include "tasks/ruler/ruler.hpp"
 #include "test_util.hpp"
 

@@ -2,6 +2,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/bpe.hpp"
 #include "harness/tokenizer/chat_template.hpp"
+#include "harness/tokenizer/regex.hpp"
 #include "harness/tokenizer/spm.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/tokenizer/unicode.hpp"
@@ -239,4 +240,22 @@ TEST_CASE("tokenizer.json fields of the wrong shape are errors naming the file a
                       {"tokenizer.json", "/added_tokens/0/id", "number"});
   test::require_error([&] { load(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [[1, 2]]}})"); },
                       {"tokenizer.json", "/model/merges/0/", "must be string"});
+}
+
+TEST_CASE("Regex::find_all_groups gives each match's groups as Python's re.findall reads them", "[tokenizer]") {
+  const Regex flexible("(-?[$0-9.,]{2,})|(-?[0-9]+)");
+  const std::string text = "pay $1,200 then 7 more, \xc3\xa9t\xc3\xa9 -3";
+  const auto m = flexible.find_all_groups(text);
+  const auto at = [&](const std::optional<std::pair<size_t, size_t>>& g) {
+    return g ? text.substr(g->first, g->second - g->first) : std::string("<unset>");
+  };
+  REQUIRE(m.size() == 3);  // re.findall: [('$1,200', ''), ('', '7'), ('', '-3')]
+  CHECK(at(m[0].groups[0]) == "$1,200");
+  CHECK(at(m[0].groups[1]) == "<unset>");
+  CHECK(at(m[1].groups[0]) == "<unset>");
+  CHECK(at(m[1].groups[1]) == "7");
+  CHECK(at(m[2].groups[1]) == "-3");
+  CHECK(m[2].whole.second == text.size());
+  CHECK(Regex("a+").find_all_groups("baaab")[0].groups.empty());
+  CHECK(Regex("x*").find_all_groups("abc").empty());  // empty matches are skipped, as find_all skips them
 }

@@ -65,6 +65,7 @@ const std::vector<std::pair<const char*, std::vector<Field>>>& record_fields() {
         {"compress_seconds", kNumber},
         {"wall_seconds", kNumber},
         {"prefill_shared", kBool},
+        {"scored_from", kString},
         {"answers", kList},
         {"protocol", kObject},
         {"cache", kObjectOrNull},

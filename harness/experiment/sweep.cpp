@@ -154,6 +154,20 @@ SweepOutcome Sweep::run(bool progress) {
     for (const auto& s : part.samples)
       for (const auto& c : part.configs)
         if (const std::string key = cell_key(c, s.id); in_shard(key) && !done.count(key)) pending.insert(key);
+  // Variants differing only in how a text is scored share a generation (TaskInfo::scoring_options): the
+  // records of the others, in the file or made now, by the key their cell has without those options.
+  const auto& scoring = TaskRegistry::get().info(spec_.task).scoring_options;
+  auto generation_key = [&](nlohmann::json config, const std::string& id) {
+    config.erase("version");
+    for (const auto& k : scoring) config["options"].erase(k);
+    return cell_key(config, id);
+  };
+  std::map<std::string, nlohmann::json> generations;
+  if (!scoring.empty() && std::filesystem::exists(spec_.out))
+    for_each_record(spec_.out, [&](const nlohmann::json& j, int) {
+      if (j.contains("prediction") && j.contains("id") && j["config"].contains("options"))
+        generations.emplace(generation_key(j["config"], j["id"].get<std::string>()), j);
+    });
   const size_t todo = pending.size();
   if (progress)
     fmt::print(stderr, "{}: {} cells to run ({} already recorded in {})\n", spec_.name, todo, done.size(), spec_.out);
@@ -165,6 +179,22 @@ SweepOutcome Sweep::run(bool progress) {
       for (size_t c = 0; c < part.configs.size(); ++c) {
         const std::string key = cell_key(part.configs[c], s.id);
         if (!in_shard(key) || !done.insert(key).second) continue;
+        if (!scoring.empty())
+          if (const auto it = generations.find(generation_key(part.configs[c], s.id)); it != generations.end()) {
+            const auto t = std::chrono::steady_clock::now();
+            nlohmann::json rec = it->second;
+            rec.update({{"key", key},
+                        {"version", code_version()},
+                        {"config", part.configs[c]},
+                        {"meta", s.meta},
+                        {"score", part.task->score(s, rec["prediction"].get<std::string>())},
+                        {"scored_from", it->second.value("key", std::string())}});
+            rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+            out.append(rec);
+            ++o.run;
+            if (bar) bar->advance(1, fmt::format("rescored {:.2f}", rec["score"].get<double>()));
+            continue;
+          }
         // Multiple-choice and perplexity samples run their own prefills: nothing to share across methods.
         (s.choices || s.scored_text || (methods_[c] && !methods_[c]->shares_prefill()) ? own : shared).push_back(c);
       }
@@ -192,6 +222,7 @@ SweepOutcome Sweep::run(bool progress) {
         rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() +
                               (capture ? prefill_share : 0.0);
         out.append(rec);
+        if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
         ++o.run;
         if (bar) bar->advance(1, fmt::format("{} {:.2f}", method, rec["score"].get<double>()));
       };

@@ -55,7 +55,7 @@ std::string budget_heading(const KvBudget& b) {
 template <typename Key>
 Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& keys,
                    const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls, bool bits,
-                   Scale scale = Scale::Percent) {
+                   Scale scale = Scale::Percent, bool average = true) {
   std::set<KvBudget> budgets;
   std::set<std::string> labels;
   for (const Entry* e : es) {
@@ -95,7 +95,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
         row.push_back(pct(m.value(), scale));
         if (m.n) avg.add(m.value());
       }
-      row.push_back(pct(avg.value(), scale));
+      if (average) row.push_back(pct(avg.value(), scale));
       if (nulls) row.push_back(std::to_string(empty));
       if (bits) row.push_back(fmt::format("{:.2f}", kept_bits.value()));
       block.rows.push_back(row);
@@ -291,7 +291,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
       "samples.";
   auto paper_table = [&](const std::vector<const Entry*>& at, const std::string& caption) {
     Table t = blocks_table<ReportColumn>(at, cols, in_column, layout.nulls, true,
-                                         layout.perplexity ? Scale::Perplexity : Scale::Percent);
+                                         layout.perplexity ? Scale::Perplexity : Scale::Percent, layout.average);
     t.caption = caption;
     t.columns = {"Method"};
     for (const auto& c : cols) {
@@ -301,7 +301,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
         ++t.groups.back().second;
       }
     }
-    t.columns.push_back("Avg.");
+    if (layout.average) t.columns.push_back("Avg.");
     if (layout.nulls) t.columns.push_back("Nulls");
     t.columns.push_back("Bits");
     t.note = note;

@@ -148,6 +148,9 @@ struct TaskLayout {
   // Scores are mean negative log-likelihoods per token (natural log) of equal-length windows: tables
   // print the perplexity exp(mean) (lower is better), intervals and differences mapped through exp.
   bool perplexity = false;
+  // The paper table ends with the mean over its columns (false where the columns are other scores of the
+  // same samples, as GSM8K's two filters).
+  bool average = true;
 };
 
 struct TaskInfo {
@@ -159,6 +162,9 @@ struct TaskInfo {
   // empty for a task that scores only the samples it made.
   std::function<double(const PredictionToScore&)> score_prediction = {};
   TaskLayout layout = {};
+  // Options that change only how a generated text is scored (GSM8K's filter): task variants differing in
+  // nothing else share one generation per sample and configuration, the later ones scoring it again.
+  std::vector<std::string> scoring_options = {};
 };
 
 class TaskRegistry {

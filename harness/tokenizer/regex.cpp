@@ -31,8 +31,7 @@ Regex::Regex(const std::string& pattern) : pattern_(pattern), impl_(std::make_un
 
 Regex::~Regex() = default;
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
-  std::vector<std::pair<size_t, size_t>> out;
+void Regex::scan(std::string_view text, const std::function<void(const size_t*, size_t)>& on) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
       pcre2_match_data_create_from_pattern(impl_->code, nullptr), &pcre2_match_data_free);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -54,9 +53,28 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
       pos = b + utf8_len(static_cast<unsigned char>(text[b]));
       continue;
     }
-    out.emplace_back(b, e);
+    on(ov, pcre2_get_ovector_count(md.get()));
     pos = e;
   }
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  scan(text, [&](const size_t* ov, size_t) { out.emplace_back(ov[0], ov[1]); });
+  return out;
+}
+
+std::vector<Regex::Match> Regex::find_all_groups(std::string_view text) const {
+  uint32_t groups = 0;
+  pcre2_pattern_info(impl_->code, PCRE2_INFO_CAPTURECOUNT, &groups);
+  std::vector<Match> out;
+  scan(text, [&](const size_t* ov, size_t pairs) {
+    Match m{{ov[0], ov[1]}, {}};
+    for (size_t g = 1; g <= groups; ++g)
+      m.groups.push_back(g < pairs && ov[2 * g] != PCRE2_UNSET ? std::optional(std::pair(ov[2 * g], ov[2 * g + 1]))
+                                                               : std::nullopt);
+    out.push_back(std::move(m));
+  });
   return out;
 }
 

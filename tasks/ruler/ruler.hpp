@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "harness/task/py_random.hpp"
 #include "harness/task/string_match.hpp"
 #include "harness/task/task.hpp"
 #include "harness/task/text.hpp"
 #include "harness/util/params.hpp"
-#include "tasks/ruler/py_random.hpp"
 
 namespace kvb {
 

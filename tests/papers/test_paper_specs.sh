@@ -18,13 +18,14 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvb_papers_XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # The set-up's data (haystacks, word lists) with the tiny LongBench and RULER QA fixtures in place of
-# the benchmark files, the mc task's made-up samples, and essay text for the perplexity files.
+# the benchmark files, the mc and gsm8k tasks' made-up samples, and essay text for the perplexity files.
 mkdir -p "$tmp/data/perplexity"
 for e in "$DATA"/*; do
-  case $(basename "$e") in longbench|ruler|mc|perplexity) ;; *) ln -s "$e" "$tmp/data/"; esac
+  case $(basename "$e") in longbench|ruler|mc|gsm8k|perplexity) ;; *) ln -s "$e" "$tmp/data/"; esac
 done
 ln -s "$ROOT/tests/fixtures/papers/data/longbench" "$ROOT/tests/fixtures/papers/data/ruler" "$tmp/data/"
 ln -s "$ROOT/tasks/mc/fixtures" "$tmp/data/mc"
+ln -s "$ROOT/tasks/gsm8k/fixtures" "$tmp/data/gsm8k"
 # (head on a file: in a pipe it would stop cat early, and pipefail would end the script)
 cat "$DATA"/PaulGrahamEssays/*.txt > "$tmp/essays.txt"
 for text in wikitext2 c4 pg19; do head -c 30000 "$tmp/essays.txt" > "$tmp/data/perplexity/$text.txt"; done

@@ -1,4 +1,4 @@
-#include "tasks/ruler/py_random.hpp"
+#include "harness/task/py_random.hpp"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 #pragma once
 // Python's `random` module and numpy's legacy global generator, call for call (as CPython's
 // Lib/random.py and numpy's legacy RandomState compute them), so that RULER samples generated here can
-// be compared with RULER's own.
+// be compared with RULER's own and lm-evaluation-harness's few-shot draws reproduced.
 #include <array>
 #include <cstdint>
 #include <string>
