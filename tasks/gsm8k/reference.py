@@ -16,6 +16,10 @@ reach a number the filters treat differently, so the same filters and metric als
     (needs: pip install lm-eval==0.4.13 transformers==4.57.1 gguf torch)
 
 Output: tasks/gsm8k/fixtures/{test,train}.jsonl and tasks/gsm8k/fixtures/lm_eval.json.
+
+With --files DIR (GSM8K's own test.jsonl and train.jsonl) the same run covers the first --limit problems of
+the real files and writes only --out (the layout of lm_eval.json, without the made-up responses): the check
+of a `kvbench run` of task gsm8k on those files, compared by --compare RECORDS.
 """
 import argparse
 import json
@@ -105,19 +109,47 @@ RESPONSES = [
 ]
 
 
+def compare(samples, records):
+    same, scored, checked = 0, 0, 0
+    for line in open(records, encoding="utf-8"):
+        r = json.loads(line)
+        if r["config"]["method"] != "fullkv" or r["meta"]["line"] > len(samples):
+            continue
+        want = samples[r["meta"]["line"] - 1]
+        metric = r["config"]["options"].get("metric", "strict")
+        checked += 1
+        same += r["prediction"] == want["generation"]
+        scored += r["score"] == want[metric]
+    print(f"{checked} full-cache records: {same} generations identical to lm-eval's, {scored} scores equal")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--files", type=pathlib.Path, help="GSM8K's test.jsonl and train.jsonl instead of the fixtures")
+    ap.add_argument("--limit", type=int, default=30, help="with --files: the first this many test problems")
+    ap.add_argument("--out", type=pathlib.Path, help="with --files: where the results go")
+    ap.add_argument("--compare", type=pathlib.Path,
+                    help="records of a kvbench run of gsm8k on the same files: its full-cache generations and "
+                         "scores against --out's (no model is run)")
     args = ap.parse_args()
+    if args.compare:
+        compare(json.loads(args.out.read_text())["samples"], args.compare)
+        return
 
-    rng = random.Random(8)
-    test = [problem(rng, i) for i in range(40)]
-    train = [problem(rng, i + 1) for i in range(30)]  # more than random.sample's pool threshold (21)
-    OUT.mkdir(parents=True, exist_ok=True)
-    for name, docs in (("test", test), ("train", train)):
-        with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for d in docs:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    if args.files:
+        def read(name):
+            return [json.loads(line) for line in open(args.files / name, encoding="utf-8")]
+        test, train = read("test.jsonl")[:args.limit], read("train.jsonl")
+    else:
+        rng = random.Random(8)
+        test = [problem(rng, i) for i in range(40)]
+        train = [problem(rng, i + 1) for i in range(30)]  # more than random.sample's pool threshold (21)
+        OUT.mkdir(parents=True, exist_ok=True)
+        for name, docs in (("test", test), ("train", train)):
+            with open(OUT / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                for d in docs:
+                    f.write(json.dumps(d, ensure_ascii=False) + "\n")
 
     import datasets
     import lm_eval.api.task as task_module
@@ -143,12 +175,16 @@ def main():
                                     bootstrap_iters=0)
     samples = {}
     for s in out["samples"]["gsm8k"]:
-        args = s["arguments"]  # [[context, generation kwargs]] in 0.4.13
-        prompt = args[0][0] if isinstance(args, list) else args["gen_args_0"]["arg_0"]
+        request = s["arguments"]  # [[context, generation kwargs]] in 0.4.13
+        prompt = request[0][0] if isinstance(request, list) else request["gen_args_0"]["arg_0"]
         row = samples.setdefault(s["doc_id"], {"prompt": prompt, "generation": s["resps"][0][0]})
         row[{"strict-match": "strict", "flexible-extract": "flexible"}[s["filter"]]] = float(s["exact_match"])
     golden = {"lm_eval": "0.4.13", "model": path.name, "num_fewshot": 5,
               "samples": [samples[i] for i in range(len(test))]}
+    if args.files:
+        args.out.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n")
+        print(out["results"]["gsm8k"])
+        return
 
     # The same filters and metric as gsm8k.yaml, on RESPONSES.
     metric = dict(regexes_to_ignore=[",", "\\$", "(?s).*#### ", "\\.$"], ignore_case=True, ignore_punctuation=False)
