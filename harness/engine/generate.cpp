@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "harness/engine/engine.hpp"
 #include "harness/model/model_file.hpp"
@@ -147,13 +148,16 @@ StepLogits step_logits(Engine& engine, std::span<const int32_t> prompt, int step
   return out;
 }
 
-ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int32_t> context,
-                                             std::span<const int32_t> continuation, PrefillObserver* observer) {
-  if (context.empty() || continuation.empty())
-    fail("a log-likelihood needs context and continuation tokens ({} and {} given)", context.size(),
+namespace {
+
+// Scores `continuation` after the logits `first` returns (a prefill of the context, or a resumed capture).
+ContinuationScore score_continuation(Engine& engine, size_t context_tokens, std::span<const int32_t> continuation,
+                                     const std::function<std::vector<float>()>& first) {
+  if (context_tokens == 0 || continuation.empty())
+    fail("a log-likelihood needs context and continuation tokens ({} and {} given)", context_tokens,
          continuation.size());
-  if (context.size() + continuation.size() - 1 > size_t(engine.config().context_length))
-    fail("{} context and {} continuation tokens exceed the model's context length {}", context.size(),
+  if (context_tokens + continuation.size() - 1 > size_t(engine.config().context_length))
+    fail("{} context and {} continuation tokens exceed the model's context length {}", context_tokens,
          continuation.size(), engine.config().context_length);
   ContinuationScore out;
   auto t = std::chrono::steady_clock::now();
@@ -163,7 +167,7 @@ ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int
     t = now;
     return s;
   };
-  std::vector<float> logits = engine.prefill(context, observer);
+  std::vector<float> logits = first();
   out.prefill_seconds = lap();
   for (size_t i = 0; i < continuation.size(); ++i) {
     const int32_t want = continuation[i];
@@ -173,6 +177,21 @@ ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int
     if (i + 1 < continuation.size()) logits = engine.decode(want);
   }
   out.decode_seconds = lap();
+  return out;
+}
+
+}  // namespace
+
+ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int32_t> context,
+                                             std::span<const int32_t> continuation, PrefillObserver* observer) {
+  return score_continuation(engine, context.size(), continuation, [&] { return engine.prefill(context, observer); });
+}
+
+ContinuationScore continuation_loglikelihood(Engine& engine, const PrefillCapture& context,
+                                             std::span<const int32_t> continuation, PrefillObserver* observer) {
+  ContinuationScore out = score_continuation(engine, size_t(context.n_tokens), continuation,
+                                             [&] { return engine.resume(context, observer); });
+  out.prefill_seconds = 0;
   return out;
 }
 

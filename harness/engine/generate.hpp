@@ -95,5 +95,10 @@ struct ContinuationScore {
 ContinuationScore continuation_loglikelihood(Engine& engine, std::span<const int32_t> context,
                                              std::span<const int32_t> continuation,
                                              PrefillObserver* observer = nullptr);
+// The same from a prefill of the context captured once for several continuations (prefill_seconds is
+// then 0: the capture was paid once for all).
+ContinuationScore continuation_loglikelihood(Engine& engine, const PrefillCapture& context,
+                                             std::span<const int32_t> continuation,
+                                             PrefillObserver* observer = nullptr);
 
 }  // namespace kvb

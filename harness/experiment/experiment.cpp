@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -443,12 +444,36 @@ nlohmann::json run_choices(const ModelFile& model, const Tokenizer& tok, Engine&
   std::vector<double> ll, norm;
   size_t longest = 0, kept = 0;
   double prefill_seconds = 0, decode_seconds = 0, compress_seconds = 0;
+  std::vector<PromptIds> requests;
+  std::map<std::vector<int32_t>, int> uses;  // context ids -> choices reading them
   for (const Choice& choice : c.options) {
-    const PromptIds ids = choice_ids(tok, choice, c.bos);
+    requests.push_back(choice_ids(tok, choice, c.bos));
+    ++uses[requests.back().prefill];
+  }
+  // Choices with one context (ARC, PIQA, HellaSwag) share its prefill: captured once, the method's
+  // compression applied to it for each choice, as a sweep shares a prefill across methods. A method that
+  // changes the model runs its own prefills.
+  std::map<std::vector<int32_t>, PrefillCapture> captures;
+  for (size_t k = 0; k < c.options.size(); ++k) {
+    const Choice& choice = c.options[k];
+    const PromptIds& ids = requests[k];
     if (ids.after.empty()) fail("sample {}: choice '{}' encodes to no continuation tokens", s.id, choice.text);
     std::unique_ptr<MethodRunner> runner;
     if (method) runner = std::make_unique<MethodRunner>(*method, budget);
-    const ContinuationScore r = continuation_loglikelihood(engine, ids.prefill, ids.after, runner.get());
+    ContinuationScore r;
+    if (uses[ids.prefill] > 1 && (!method || method->shares_prefill())) {
+      auto it = captures.find(ids.prefill);
+      if (it == captures.end()) {
+        const auto t = std::chrono::steady_clock::now();
+        it = captures
+                 .emplace(ids.prefill, engine.prefill_capture(ids.prefill, method ? method->needs() : PrefillNeeds{}))
+                 .first;
+        prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      }
+      r = continuation_loglikelihood(engine, it->second, ids.after, runner.get());
+    } else {
+      r = continuation_loglikelihood(engine, ids.prefill, ids.after, runner.get());
+    }
     prefill_seconds += r.prefill_seconds;
     decode_seconds += r.decode_seconds;
     if (runner) compress_seconds += runner->compress_seconds();
