@@ -70,6 +70,61 @@ TEST_CASE("decoding token by token gives the logits of a full prefill", "[engine
   CHECK(argmax(full) == argmax(step));
 }
 
+TEST_CASE("a prefill continued from a prefix's capture equals the whole prompt's", "[engine]") {
+  const test::TempDir dir("continued_prefill");
+  for (const char* arch : {"llama", "qwen3"}) {
+    INFO(arch);
+    auto model = ModelFile::open(test::tiny_random_model(dir, arch));
+    Engine e(*model);
+    std::mt19937 rng(4);
+    std::vector<int32_t> ids(400);
+    for (auto& t : ids) t = static_cast<int32_t>(rng() % 300);
+    const PrefillNeeds needs{.window = 16, .k_pre_rope = true, .attn_colsum = true};
+    const PrefillCapture whole = e.prefill_capture(ids, needs);
+    auto check_equal = [&](const PrefillCapture& c) {
+      REQUIRE(c.n_tokens == whole.n_tokens);
+      CHECK(c.ids == whole.ids);
+      CHECK(c.positions == whole.positions);
+      CHECK(c.window == whole.window);
+      for (size_t l = 0; l < whole.k.size(); ++l) {
+        INFO("layer " << l);
+        for (auto [got, want] : {std::pair{&c.k, &whole.k},
+                                 {&c.v, &whole.v},
+                                 {&c.k_pre_rope, &whole.k_pre_rope},
+                                 {&c.q_window, &whole.q_window},
+                                 {&c.attn_colsum, &whole.attn_colsum}}) {
+          REQUIRE((*got)[l].size() == (*want)[l].size());
+          CHECK(test::max_abs_diff((*got)[l], (*want)[l]) <= 1e-5f * test::max_abs((*want)[l]));
+        }
+      }
+      CHECK(test::max_abs_diff(c.logits, whole.logits) <= 1e-5f * test::max_abs(whole.logits));
+      CHECK(argmax(c.logits) == argmax(whole.logits));
+    };
+    // One new token, fewer new tokens than the window (its queries partly the prefix's), many.
+    for (int split : {1, 200, 390, 399}) {
+      INFO("prefix of " << split);
+      const PrefillCapture prefix = e.prefill_capture(std::span(ids).first(size_t(split)), needs);
+      check_equal(e.prefill_capture(ids, needs, nullptr, &prefix));
+    }
+    // A chain: 100 tokens, continued to 250, continued to the whole.
+    const PrefillCapture a = e.prefill_capture(std::span(ids).first(100), needs);
+    const PrefillCapture b = e.prefill_capture(std::span(ids).first(250), needs, nullptr, &a);
+    check_equal(e.prefill_capture(ids, needs, nullptr, &b));
+    // A method resumed from the continued capture decodes as from the whole one.
+    e.resume(whole);
+    const auto want = e.decode(17);
+    e.resume(e.prefill_capture(ids, needs, nullptr, &b));
+    CHECK(test::max_abs_diff(e.decode(17), want) <= 1e-5f * test::max_abs(want));
+    // What a capture cannot be continued from.
+    auto other = ids;
+    other[50] = (other[50] + 1) % 300;
+    test::require_error([&] { e.prefill_capture(other, needs, nullptr, &b); }, {"proper prefix"});
+    test::require_error([&] { e.prefill_capture(std::span(ids).first(250), needs, nullptr, &b); }, {"proper prefix"});
+    const PrefillCapture bare = e.prefill_capture(std::span(ids).first(100), {});
+    test::require_error([&] { e.prefill_capture(ids, needs, nullptr, &bare); }, {"cannot continue"});
+  }
+}
+
 TEST_CASE("engine input errors", "[engine][model]") {
   Loaded* L = default_engine();
   if (!L) return;

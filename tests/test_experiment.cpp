@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "harness/engine/generate.hpp"
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
+#include "harness/experiment/shared_prefills.hpp"
 #include "harness/experiment/sweep.hpp"
 #include "harness/method/method.hpp"
 #include "harness/method/parts.hpp"
@@ -329,6 +331,74 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
     for (const char* k : {"key", "prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens"})
       CHECK(shared[k] == alone[k]);
     if (meth) CHECK(shared["kv_bytes"].get<size_t>() < shared["full_kv_bytes"].get<size_t>());
+  }
+}
+
+TEST_CASE("shared prefills compute each shared prefix once and equal fresh prefills", "[experiment]") {
+  const TempDir dir("shared_prefills");
+  auto model = ModelFile::open(tiny_random_model(dir));
+  Engine engine(*model);
+  std::mt19937 rng(8);
+  auto tokens = [&](size_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = static_cast<int32_t>(rng() % 300);
+    return t;
+  };
+  // A haystack with needles at several depths, one prompt the prefix of another, one repeated, one
+  // sharing nothing.
+  const auto hay = tokens(300), needle = tokens(6), other = tokens(120);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t depth : {0, 75, 150, 225, 300}) {
+    auto p = std::vector<int32_t>(hay.begin(), hay.begin() + std::ptrdiff_t(depth));
+    p.insert(p.end(), needle.begin(), needle.end());
+    p.insert(p.end(), hay.begin() + std::ptrdiff_t(depth), hay.end());
+    prompts.push_back(p);
+  }
+  prompts.push_back(std::vector<int32_t>(hay.begin(), hay.begin() + 200));
+  prompts.push_back(prompts[2]);
+  prompts.push_back(other);
+  std::vector<std::span<const int32_t>> views(prompts.begin(), prompts.end());
+  const auto order = SharedPrefills::order(views);
+  REQUIRE(order.size() == prompts.size());
+  CHECK(std::is_sorted(order.begin(), order.end(), [&](size_t a, size_t b) { return prompts[a] < prompts[b]; }));
+  CHECK(std::find(order.begin(), order.end(), 2) < std::find(order.begin(), order.end(), 6));  // ties keep order
+  std::vector<std::span<const int32_t>> sorted;
+  for (size_t i : order) sorted.push_back(views[i]);
+  // Every distinct prefix is a node of the prompts' trie: what a perfect reuse computes.
+  std::set<std::vector<int32_t>> nodes;
+  size_t total = 0;
+  for (const auto& p : prompts) {
+    total += p.size();
+    for (size_t n = 1; n <= p.size(); ++n) nodes.insert(std::vector<int32_t>(p.begin(), p.begin() + std::ptrdiff_t(n)));
+  }
+  const PrefillNeeds needs{.window = 8, .k_pre_rope = false, .attn_colsum = true};
+  // Kept prefixes without a limit, none, and without a limit but every third prompt skipped.
+  for (auto [budget, skips] : {std::pair{size_t(1) << 30, false}, {size_t(0), false}, {size_t(1) << 30, true}}) {
+    INFO("kept at most " << budget << " bytes, skips " << skips);
+    SharedPrefills shared(engine, needs, sorted, budget);
+    size_t skipped = 0;
+    for (size_t i : order) {
+      if (skips && ++skipped % 3 == 0) {
+        shared.skip();
+        continue;
+      }
+      const auto got = shared.next();
+      const PrefillCapture want = engine.prefill_capture(prompts[i], needs);
+      REQUIRE(got->ids == want.ids);
+      for (size_t l = 0; l < want.k.size(); ++l) {
+        CHECK(max_abs_diff(got->k[l], want.k[l]) <= 1e-5f * max_abs(want.k[l]));
+        CHECK(max_abs_diff(got->attn_colsum[l], want.attn_colsum[l]) <= 1e-5f * max_abs(want.attn_colsum[l]));
+        CHECK(max_abs_diff(got->q_window[l], want.q_window[l]) <= 1e-5f * max_abs(want.q_window[l]));
+      }
+      CHECK(max_abs_diff(got->logits, want.logits) <= 1e-5f * max_abs(want.logits));
+    }
+    if (skips) {
+      CHECK(shared.tokens_prefilled() < shared.tokens_total());
+    } else {
+      CHECK(shared.tokens_total() == total);
+      CHECK(shared.tokens_prefilled() == (budget ? nodes.size() : total));
+    }
+    require_error([&] { shared.next(); }, {"more prompts"});
   }
 }
 

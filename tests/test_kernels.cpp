@@ -381,6 +381,58 @@ TEST_CASE("fused prefill attention equals the blockwise kernel, with column sums
   }
 }
 
+TEST_CASE("a continued prefill's attention rows equal the whole prompt's and its column sums split by queries",
+          "[kernels]") {
+  std::mt19937 rng(12);
+  // Splits before, at and after tile boundaries (96 rows, 256 and 512 keys), one new query among many.
+  for (auto [n, past, hq, hkv, d] : {std::tuple{300, 1, 9, 3, 64},
+                                     {300, 299, 9, 3, 64},
+                                     {600, 256, 6, 2, 32},
+                                     {700, 97, 4, 4, 64},
+                                     {520, 300, 8, 1, 16},
+                                     {130, 60, 4, 2, 8}}) {
+    INFO("n=" << n << " past=" << past << " hq=" << hq << " hkv=" << hkv << " d=" << d);
+    const int rest = n - past, ldq = hq * d;
+    auto q = randn(size_t(n) * ldq, rng, 2.0f), k = randn(size_t(n) * hkv * d, rng),
+         v = randn(size_t(n) * hkv * d, rng);
+    for (bool portable : {false, true}) {
+      INFO("portable " << portable);
+      force_portable_kernels(portable);
+      std::vector<float> whole(size_t(n) * ldq), cs_whole(size_t(hq) * n);
+      attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, whole.data(), cs_whole.data());
+      std::vector<float> head(size_t(past) * ldq), cs_head(size_t(hq) * past);
+      attention_prefill_fused(q.data(), k.data(), v.data(), past, hq, hkv, d, head.data(), cs_head.data());
+      std::vector<float> tail(size_t(rest) * ldq), cs_tail(size_t(hq) * n);
+      attention_prefill_fused(q.data() + size_t(past) * ldq, k.data(), v.data(), rest, hq, hkv, d, tail.data(),
+                              cs_tail.data(), past);
+      // Every row is computed as in the whole prompt's pass: on the register tiles equal, not just close;
+      // BLAS may sum a product's rows differently for a different number of them.
+      const std::vector<float> whole_tail(whole.begin() + std::ptrdiff_t(past) * ldq, whole.end());
+      if (!portable && cpu_has_avx2() && d % 16 == 0) {
+        CHECK(std::equal(head.begin(), head.end(), whole.begin()));
+        CHECK(tail == whole_tail);
+      }
+      CHECK(max_abs_diff(tail, whole_tail) <= 1e-5f * max_abs(whole_tail));
+      // The sums of the two passes make the whole one's (up to the order of the additions).
+      float worst = 0, top = 0;
+      for (int h = 0; h < hq; ++h)
+        for (int j = 0; j < n; ++j) {
+          const float joined = cs_tail[size_t(h) * n + j] + (j < past ? cs_head[size_t(h) * past + j] : 0.0f);
+          worst = std::max(worst, std::abs(joined - cs_whole[size_t(h) * n + j]));
+          top = std::max(top, std::abs(cs_whole[size_t(h) * n + j]));
+        }
+      CHECK(worst <= 1e-5f * top);
+      // The blockwise reference continues the same way.
+      std::vector<float> ref(tail.size()), cs_ref(cs_tail.size());
+      attention_prefill_blockwise(q.data() + size_t(past) * ldq, k.data(), v.data(), rest, hq, hkv, d, ref.data(),
+                                  cs_ref.data(), past);
+      CHECK(max_abs_diff(ref, tail) <= 1e-5f);
+      CHECK(max_abs_diff(cs_ref, cs_tail) <= 1e-5f * top);
+    }
+    force_portable_kernels(false);
+  }
+}
+
 TEST_CASE("decode attention over a multi-segment cache equals the reference", "[kernels]") {
   std::mt19937 rng(5);
   const int hq = 6, hkv = 2, d = 32;

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "harness/engine/backend.hpp"
+#include "harness/model/random_model.hpp"
 #include "harness/task/task.hpp"
 #include "harness/util/error.hpp"
 
@@ -121,6 +122,25 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// A small random-weight Llama-family model (harness/model/random_model.hpp) written into `dir`: GQA
+// with 2 query heads per KV head, head size 32, fp32 weights; its path.
+inline std::string tiny_random_model(const TempDir& dir, const std::string& arch = "llama", int layers = 3,
+                                     uint64_t seed = 7) {
+  ModelShape shape;
+  shape.name = "tiny-" + arch;
+  shape.arch = arch;
+  shape.layers = layers;
+  shape.hidden = 128;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.ffn = 256;
+  shape.vocab = 300;
+  shape.context = 2048;
+  const std::string path = (dir / (shape.name + ".gguf")).string();
+  write_random_model(path, shape, DType::F32, seed);
+  return path;
+}
 
 // n normal samples of standard deviation sd from a seeded generator.
 inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {

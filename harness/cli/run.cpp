@@ -47,9 +47,9 @@ void register_run_command(CLI::App& app) {
     }
     const SweepOutcome o = sweep.run();
     fmt::print(
-        "{}: {} cells in {:.0f} s ({:.0f} s of shared prefills); results in {}; tables and figures: kvbench "
-        "report {}\n",
-        spec.name, o.run, o.seconds, o.prefill_seconds, spec.out, spec.out);
+        "{}: {} cells in {:.0f} s ({:.0f} s of shared prefills, {} of their {} prompt tokens computed, the rest "
+        "continued from prefixes other prompts share); results in {}; tables and figures: kvbench report {}\n",
+        spec.name, o.run, o.seconds, o.prefill_seconds, o.prefilled_tokens, o.prompt_tokens, spec.out, spec.out);
     if (o.failed)
       fail(
           "{}: {} cells failed (their errors are in {}); they are not recorded, so running the spec again retries them",

@@ -29,6 +29,10 @@ Weight::Weight(Backend& b, std::span<const float> w, int rows, int cols) : backe
 void* Backend::upload_weight_blocks(DType type, std::span<const uint8_t>, int, int, size_t&) {
   fail("internal: backend {} keeps no {} blocks", name(), dtype_name(type));
 }
+void Backend::attention_prefill_continued(const Buffer&, const Buffer&, const Buffer&, const PastKV&, int, int, int,
+                                          int, Buffer&, std::vector<float>*) {
+  fail("the {} backend cannot continue a prefill from kept keys and values", name());
+}
 
 Weight::Weight(Backend& b, DType type, std::span<const uint8_t> blocks, int rows, int cols)
     : backend_(&b), rows_(rows), cols_(cols), blocks_(type) {

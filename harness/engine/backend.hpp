@@ -131,6 +131,19 @@ class Backend {
   // query head, the attention probability each key got summed over all queries ([hq, n]).
   virtual void attention_prefill(const Buffer& q, const Buffer& k, const Buffer& v, int n, int hq, int hkv, int d,
                                  Buffer& out, std::vector<float>* colsum) = 0;
+  // A prefill continued after the positions whose post-RoPE keys and values `past` holds (host memory,
+  // rows [past.n, hkv, d]): q[n, hq, d] at positions past.n.., k/v[n, hkv, d] of those positions, each
+  // query seeing every past key and the new ones up to its own. colsum ([hq, past.n + n]) sums these
+  // n queries only. A row's output equals what the whole prompt's attention_prefill gives it. An Error
+  // on a backend whose continues_prefill() is false.
+  struct PastKV {
+    const float* k = nullptr;
+    const float* v = nullptr;
+    int n = 0;
+  };
+  virtual bool continues_prefill() const { return false; }
+  virtual void attention_prefill_continued(const Buffer& q, const Buffer& k, const Buffer& v, const PastKV& past, int n,
+                                           int hq, int hkv, int d, Buffer& out, std::vector<float>* colsum);
   // One query token q[hq, d] over a KV cache -> out[hq, d].
   virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) = 0;
   // A new sequence begins: device copies of earlier caches may be dropped.

@@ -160,6 +160,24 @@ class CpuBackend final : public Backend {
                             colsum ? colsum->data() : nullptr);
   }
 
+  bool continues_prefill() const override { return true; }
+  void attention_prefill_continued(const Buffer& qb, const Buffer& kb, const Buffer& vb, const PastKV& past, int n,
+                                   int hq, int hkv, int d, Buffer& outb, std::vector<float>* colsum) override {
+    OpTimer t(*this, profiling_, stats_.attention_seconds);
+    stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * past.n + static_cast<double>(n) * (n + 1) / 2);
+    // The kernel reads one key array: the past rows, then the new ones.
+    const size_t old = size_t(past.n) * hkv * d, fresh = size_t(n) * hkv * d;
+    joined_k_.resize(old + fresh);
+    joined_v_.resize(old + fresh);
+    std::copy(past.k, past.k + old, joined_k_.begin());
+    std::copy(kb.data(), kb.data() + fresh, joined_k_.begin() + old);
+    std::copy(past.v, past.v + old, joined_v_.begin());
+    std::copy(vb.data(), vb.data() + fresh, joined_v_.begin() + old);
+    if (colsum) colsum->resize(size_t(hq) * (past.n + n));
+    attention_prefill_fused(qb.data(), joined_k_.data(), joined_v_.data(), n, hq, hkv, d, outb.data(),
+                            colsum ? colsum->data() : nullptr, past.n);
+  }
+
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
     stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
@@ -170,6 +188,7 @@ class CpuBackend final : public Backend {
   WeightFormat format_ = WeightFormat::F32;
   std::unique_ptr<RopeTable> rope_;
   std::vector<std::vector<float>> stages_;
+  std::vector<float> joined_k_, joined_v_;
 };
 
 }  // namespace

@@ -140,6 +140,11 @@ std::vector<double> Engine::next_token_logprobs(const Buffer& x, std::span<const
 
 std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver* observer,
                                    std::vector<double>* next_logprobs) {
+  return run_prefill(ids, observer, next_logprobs, nullptr);
+}
+
+std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
+                                       std::vector<double>* next_logprobs, const PrefillCapture* past) {
   if (ids.empty()) fail("prefill: empty prompt");
   const int n = static_cast<int>(ids.size());
   if (n > cfg_.context_length)
@@ -159,19 +164,32 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   const auto eps = static_cast<float>(cfg_.rms_eps);
   const PrefillNeeds needs = observer ? observer->needs() : PrefillNeeds{};
   const int window = std::min(needs.window, n);
+  // A continued prefill computes only the rows after `past` (n0 of them kept); the views still cover
+  // the whole prompt.
+  const int n0 = past ? past->n_tokens : 0, n1 = n - n0;
+  const int past_window = std::max(0, window - n1);  // window rows that come from the past's queries
+  if (past) {
+    if (n1 < 1 || !std::equal(past->ids.begin(), past->ids.end(), ids.begin()))
+      fail("internal: a prefill continues only a capture of a proper prefix of its prompt");
+    if (past_window > past->window || (needs.k_pre_rope && !past->needs.k_pre_rope) ||
+        (needs.attn_colsum && !past->needs.attn_colsum) || (observer && observer->kv_transform()) || next_logprobs ||
+        !b.continues_prefill())
+      fail("internal: this prefill cannot continue the capture it was given");
+  }
 
   reset_caches();
   b.forget_caches();
   transform_ = observer ? observer->kv_transform() : nullptr;
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
+  const std::span<const int32_t> new_pos = std::span<const int32_t>(pos).subspan(size_t(n0));
 
-  Buffer x(b, size_t(n) * H), h(b, size_t(n) * H), q(b, size_t(n) * Q), k(b, size_t(n) * KV), v(b, size_t(n) * KV),
-      attn(b, size_t(n) * Q), proj(b, size_t(n) * H);
-  const int mc = std::min(n, opt_.mlp_chunk);
+  Buffer x(b, size_t(n1) * H), h(b, size_t(n1) * H), q(b, size_t(n1) * Q), k(b, size_t(n1) * KV), v(b, size_t(n1) * KV),
+      attn(b, size_t(n1) * Q), proj(b, size_t(n1) * H);
+  const int mc = std::min(n1, opt_.mlp_chunk);
   Buffer gate(b, size_t(mc) * F), up(b, size_t(mc) * F), act(b, size_t(mc) * F), mlp_in(b, size_t(mc) * H),
       mlp_out(b, size_t(mc) * H);
-  b.embed(tok_embd_, ids, H, x);
+  b.embed(tok_embd_, ids.subspan(size_t(n0)), H, x);
 
   // The host side of a layer (the cache of record, the observer) runs while the backend computes the
   // next layer: layer l's K/V (and whatever the observer asked for) land in staging slot l % 2.
@@ -187,6 +205,9 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
       caches_[l].append_many(st.k, st.v, n, pos.data());
       return;
     }
+    if (past && needs.attn_colsum)  // the past queries' share of each past key's sum
+      for (int hd = 0; hd < hq; ++hd)
+        for (int j = 0; j < n0; ++j) st.colsum[size_t(hd) * n + j] += past->attn_colsum[l][size_t(hd) * n0 + j];
     PrefillView view;
     view.layer = l;
     view.n_tokens = n;
@@ -206,7 +227,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     caches_[l].store_as(opt_.kv_dtype);
   };
 
-  const size_t kv_elems = size_t(n) * KV;
+  const size_t kv_elems = size_t(n) * KV, kv_old = size_t(n0) * KV, kv_new = size_t(n1) * KV;
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
     const int slot = l % 2;
@@ -215,23 +236,37 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
     st.v = st.k + kv_elems;
     st.k_pre = needs.k_pre_rope ? st.v + kv_elems : nullptr;
     st.q_win = st.v + kv_elems * (needs.k_pre_rope ? 2 : 1);
+    if (past) {
+      std::copy_n(past->k[l].data(), kv_old, st.k);
+      std::copy_n(past->v[l].data(), kv_old, st.v);
+      if (st.k_pre) std::copy_n(past->k_pre_rope[l].data(), kv_old, st.k_pre);
+      if (observer && past_window > 0)
+        std::copy_n(past->q_window[l].data() + size_t(past->window - past_window) * Q, size_t(past_window) * Q,
+                    st.q_win);
+    }
 
-    b.rmsnorm(x, L.attn_norm, n, H, eps, h);
-    project_qkv(L, h, n, q, k, v);
-    if (transform_) transform(l, k, v, n, pos);
-    if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre, kv_elems});
-    b.rope(q, n, hq, d, pos);
-    b.rope(k, n, hkv, d, pos);
-    b.attention_prefill(q, k, v, n, hq, hkv, d, attn, observer && needs.attn_colsum ? &st.colsum : nullptr);
-    b.download_async(k, {st.k, kv_elems});
-    b.download_async(v, {st.v, kv_elems});
-    if (observer && window > 0) b.download_async(q, {st.q_win, size_t(window) * Q}, size_t(n - window) * Q);
+    b.rmsnorm(x, L.attn_norm, n1, H, eps, h);
+    project_qkv(L, h, n1, q, k, v);
+    if (transform_) transform(l, k, v, n1, new_pos);
+    if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre + kv_old, kv_new});
+    b.rope(q, n1, hq, d, new_pos);
+    b.rope(k, n1, hkv, d, new_pos);
+    std::vector<float>* colsum = observer && needs.attn_colsum ? &st.colsum : nullptr;
+    if (past)
+      b.attention_prefill_continued(q, k, v, {past->k[l].data(), past->v[l].data(), n0}, n1, hq, hkv, d, attn, colsum);
+    else
+      b.attention_prefill(q, k, v, n1, hq, hkv, d, attn, colsum);
+    b.download_async(k, {st.k + kv_old, kv_new});
+    b.download_async(v, {st.v + kv_old, kv_new});
+    if (observer && window > past_window)
+      b.download_async(q, {st.q_win + size_t(past_window) * Q, size_t(window - past_window) * Q},
+                       size_t(n1 - (window - past_window)) * Q);
     b.fence(slot);
-    b.linear(attn, L.wo, nullptr, n, Q, H, proj);
-    b.add(x, proj, size_t(n) * H);
+    b.linear(attn, L.wo, nullptr, n1, Q, H, proj);
+    b.add(x, proj, size_t(n1) * H);
 
-    for (int t0 = 0; t0 < n; t0 += mc) {
-      const int rows = std::min(mc, n - t0);
+    for (int t0 = 0; t0 < n1; t0 += mc) {
+      const int rows = std::min(mc, n1 - t0);
       b.rmsnorm(x, L.ffn_norm, rows, H, eps, mlp_in, size_t(t0) * H);
       b.linear(mlp_in, L.w_gate, nullptr, rows, H, F, gate);
       b.linear(mlp_in, L.w_up, nullptr, rows, H, F, up);
@@ -245,7 +280,7 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   pos_ = n;
   decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
   if (next_logprobs) *next_logprobs = next_token_logprobs(x, ids);
-  return logits_of_last(x, n);
+  return logits_of_last(x, n1);
 }
 
 namespace {
@@ -297,7 +332,7 @@ void Engine::reset_caches() {
 }
 
 PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
-                                       std::vector<double>* next_logprobs) {
+                                       std::vector<double>* next_logprobs, const PrefillCapture* prefix) {
   PrefillCapture c;
   c.needs = needs;
   c.n_tokens = static_cast<int>(ids.size());
@@ -305,7 +340,7 @@ PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const Prefi
   c.positions.resize(ids.size());
   std::iota(c.positions.begin(), c.positions.end(), 0);
   Capturer cap(c, cfg_.n_layers);
-  c.logits = prefill(ids, &cap, next_logprobs);
+  c.logits = run_prefill(ids, &cap, next_logprobs, prefix);
   pos_ = 0;  // the capture holds no cache to decode from
   return c;
 }

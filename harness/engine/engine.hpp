@@ -69,8 +69,14 @@ class Engine {
   std::vector<float> decode(int32_t token);
 
   // A prefill whose per-layer views (as much as `needs` asks) are kept instead of filling caches.
+  // Given a capture of a prefix of `ids` (with what `needs` asks; see continues_prefill), only the rest
+  // of the prompt (at least one token) is computed, attending over the prefix's kept keys and values: the prefix's rows
+  // are the same in any prompt that starts with it, so the capture equals a whole prefill's (each attention row is
+  // computed as in it; the accumulated attention sums the two parts).
   PrefillCapture prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
-                                 std::vector<double>* next_logprobs = nullptr);
+                                 std::vector<double>* next_logprobs = nullptr, const PrefillCapture* prefix = nullptr);
+  // Whether prefill_capture can continue from a prefix's capture on this backend.
+  bool continues_prefill() const { return backend_->continues_prefill(); }
   // Starts a sequence from a capture as if `prefill(ids, observer)` had run: the observer (or the
   // full cache) fills each layer's cache from the captured views; returns the last token's logits.
   std::vector<float> resume(const PrefillCapture& capture, PrefillObserver* observer = nullptr);
@@ -92,6 +98,8 @@ class Engine {
 
  private:
   struct Layer;
+  std::vector<float> run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
+                                 std::vector<double>* next_logprobs, const PrefillCapture* past);
   std::vector<float> logits_of_last(const Buffer& x, int n);
   // The output head over every row of x but the last, in chunks: log p(ids[t + 1]) for t < n - 1.
   std::vector<double> next_token_logprobs(const Buffer& x, std::span<const int32_t> ids);

@@ -11,6 +11,7 @@
 #include "harness/engine/generate.hpp"
 #include "harness/experiment/published.hpp"
 #include "harness/experiment/results.hpp"
+#include "harness/experiment/shared_prefills.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
@@ -59,6 +60,7 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
             "tokens; this table needs a model with a longer context (or a smaller length option)",
             spec.path, spec.task, nlohmann::json(options).dump(), s.id, tokens, spec.model, context);
       p.prompt_tokens.push_back(tokens);
+      p.prefills.push_back(ids.prefill);
       p.samples.push_back(std::move(s));
     }
     for (size_t c = 0; c < spec.configs.size(); ++c) {
@@ -173,73 +175,109 @@ SweepOutcome Sweep::run(bool progress) {
     fmt::print(stderr, "{}: {} cells to run ({} already recorded in {})\n", spec_.name, todo, done.size(), spec_.out);
   std::unique_ptr<Progress> bar = progress ? std::make_unique<Progress>(spec_.name, todo, "cells") : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
+  // A sample's cells: those that read one shared prefill of its prompt, and those that run their own.
+  struct Work {
+    const Part* part;
+    size_t sample;
+    std::vector<size_t> shared, own;
+  };
+  std::vector<Work> work;
   for (const auto& part : parts_)
-    for (const auto& s : part.samples) {
-      std::vector<size_t> shared, own;
+    for (size_t si = 0; si < part.samples.size(); ++si) {
+      const Sample& s = part.samples[si];
+      Work w{&part, si, {}, {}};
       for (size_t c = 0; c < part.configs.size(); ++c) {
         const std::string key = cell_key(part.configs[c], s.id);
         if (!in_shard(key) || !done.insert(key).second) continue;
-        if (!scoring.empty())
-          if (const auto it = generations.find(generation_key(part.configs[c], s.id)); it != generations.end()) {
-            const auto t = std::chrono::steady_clock::now();
-            nlohmann::json rec = it->second;
-            rec.update({{"key", key},
-                        {"version", code_version()},
-                        {"config", part.configs[c]},
-                        {"meta", s.meta},
-                        {"score", part.task->score(s, rec["prediction"].get<std::string>())},
-                        {"scored_from", it->second.value("key", std::string())}});
-            rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-            out.append(rec);
-            ++o.run;
-            if (bar) bar->advance(1, fmt::format("rescored {:.2f}", rec["score"].get<double>()));
-            continue;
-          }
         // Multiple-choice and perplexity samples run their own prefills: nothing to share across methods.
-        (s.choices || s.scored_text || (methods_[c] && !methods_[c]->shares_prefill()) ? own : shared).push_back(c);
+        (s.choices || s.scored_text || (methods_[c] && !methods_[c]->shares_prefill()) ? w.own : w.shared).push_back(c);
       }
-      // What a cell costs, its share of a shared prefill included: the rate status estimates from.
-      double prefill_share = 0;
-      auto record = [&](size_t c, const PrefillCapture* capture) {
-        const auto t = std::chrono::steady_clock::now();
-        const std::string& method = part.configs[c]["method"].get_ref<const std::string&>();
-        nlohmann::json rec;
-        try {
-          rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
-                         part.configs[c], capture);
-        } catch (const Error& e) {
-          if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
-          failures->append({{"key", cell_key(part.configs[c], s.id)},
-                            {"id", s.id},
-                            {"version", code_version()},
-                            {"config", part.configs[c]},
-                            {"error", e.what()}});
-          ++o.failed;
-          fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, e.what());
-          if (bar) bar->advance(1, fmt::format("{} failed", method));
-          return;
-        }
-        rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() +
-                              (capture ? prefill_share : 0.0);
-        out.append(rec);
-        if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
-        ++o.run;
-        if (bar) bar->advance(1, fmt::format("{} {:.2f}", method, rec["score"].get<double>()));
-      };
-      if (!shared.empty()) {
-        // One prefill keeps what the most demanding of the sharing methods reads.
-        PrefillNeeds needs;
-        for (size_t c : shared)
-          if (methods_[c]) needs.merge(methods_[c]->needs());
-        const auto t = std::chrono::steady_clock::now();
-        const PrefillCapture capture = engine.prefill_capture(sample_prompt(*model_, *tok_, s).prefill, needs);
-        const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-        o.prefill_seconds += prefill;
-        prefill_share = prefill / double(shared.size());
-        for (size_t c : shared) record(c, &capture);
-      }
-      for (size_t c : own) record(c, nullptr);
+      if (!w.shared.empty() || !w.own.empty()) work.push_back(std::move(w));
     }
+  // Samples in the order of their prompts; one set of needs (what the most demanding method reads) makes
+  // every capture a prefix for any later prompt. Equal prompts stay in variant order, so a variant that
+  // only scores differently comes after the one whose generation it re-scores.
+  std::vector<std::span<const int32_t>> prompts;
+  for (const Work& w : work) prompts.emplace_back(w.part->prefills[w.sample]);
+  const std::vector<size_t> order = SharedPrefills::order(prompts);
+  PrefillNeeds needs;
+  std::vector<std::span<const int32_t>> shared_prompts;
+  for (size_t i : order)
+    if (!work[i].shared.empty()) {
+      shared_prompts.push_back(prompts[i]);
+      for (size_t c : work[i].shared)
+        if (methods_[c]) needs.merge(methods_[c]->needs());
+    }
+  SharedPrefills prefills(engine, needs, std::move(shared_prompts), SharedPrefills::default_max_bytes());
+  for (size_t i : order) {
+    const Part& part = *work[i].part;
+    const Sample& s = part.samples[work[i].sample];
+    // A cell whose generation is recorded under other scoring options is re-scored, not run.
+    auto rescored = [&](size_t c) {
+      if (scoring.empty()) return false;
+      const auto it = generations.find(generation_key(part.configs[c], s.id));
+      if (it == generations.end()) return false;
+      const auto t = std::chrono::steady_clock::now();
+      nlohmann::json rec = it->second;
+      rec.update({{"key", cell_key(part.configs[c], s.id)},
+                  {"version", code_version()},
+                  {"config", part.configs[c]},
+                  {"meta", s.meta},
+                  {"score", part.task->score(s, rec["prediction"].get<std::string>())},
+                  {"scored_from", it->second.value("key", std::string())}});
+      rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      out.append(rec);
+      ++o.run;
+      if (bar) bar->advance(1, fmt::format("rescored {:.2f}", rec["score"].get<double>()));
+      return true;
+    };
+    std::vector<size_t> shared, own;
+    for (size_t c : work[i].shared)
+      if (!rescored(c)) shared.push_back(c);
+    for (size_t c : work[i].own)
+      if (!rescored(c)) own.push_back(c);
+    // What a cell costs, its share of a shared prefill included: the rate status estimates from.
+    double prefill_share = 0;
+    auto record = [&](size_t c, const PrefillCapture* capture) {
+      const auto t = std::chrono::steady_clock::now();
+      const std::string& method = part.configs[c]["method"].get_ref<const std::string&>();
+      nlohmann::json rec;
+      try {
+        rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
+                       part.configs[c], capture);
+      } catch (const Error& e) {
+        if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
+        failures->append({{"key", cell_key(part.configs[c], s.id)},
+                          {"id", s.id},
+                          {"version", code_version()},
+                          {"config", part.configs[c]},
+                          {"error", e.what()}});
+        ++o.failed;
+        fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, e.what());
+        if (bar) bar->advance(1, fmt::format("{} failed", method));
+        return;
+      }
+      rec["wall_seconds"] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() + (capture ? prefill_share : 0.0);
+      out.append(rec);
+      if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
+      ++o.run;
+      if (bar) bar->advance(1, fmt::format("{} {:.2f}", method, rec["score"].get<double>()));
+    };
+    if (!shared.empty()) {
+      const auto t = std::chrono::steady_clock::now();
+      const std::shared_ptr<const PrefillCapture> capture = prefills.next();
+      const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      o.prefill_seconds += prefill;
+      prefill_share = prefill / double(shared.size());
+      for (size_t c : shared) record(c, capture.get());
+    } else if (!work[i].shared.empty()) {
+      prefills.skip();
+    }
+    for (size_t c : own) record(c, nullptr);
+  }
+  o.prompt_tokens = prefills.tokens_total();
+  o.prefilled_tokens = prefills.tokens_prefilled();
   if (bar) bar->finish();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return o;

@@ -1,7 +1,8 @@
 #pragma once
 // The sweep behind `kvbench run`: the model is loaded once, every sample of the task is prefilled
 // once with full attention and that prefill serves each method x budget cell of the sample (methods
-// that change prefill themselves get their own). Cells have stable keys; those already recorded are
+// that change prefill themselves get their own). Samples run in the order of their prompts, so that
+// a prefix several prompts share is prefilled once (SharedPrefills). Cells have stable keys; those already recorded are
 // skipped, the rest are appended one by one (synced), so a killed sweep resumes where it stopped. A
 // cell that fails is logged beside the results (`<out>.failed`) and retried by the next run.
 #include <memory>
@@ -34,6 +35,9 @@ struct SweepOutcome {
   size_t failed = 0;
   std::string failures;
   double seconds = 0, prefill_seconds = 0;
+  // Prompt tokens of the shared prefills, and how many of them were computed (the rest continued a
+  // prefix another prompt had computed).
+  size_t prompt_tokens = 0, prefilled_tokens = 0;
 };
 
 class Sweep {
@@ -42,7 +46,7 @@ class Sweep {
   ~Sweep();
   // The expanded cells and the work they need, without running anything.
   void describe() const;
-  // The keys of the cells of each of `count` shards, each key once, in the order they run.
+  // The keys of the cells of each of `count` shards, each key once, in the order of the samples.
   std::vector<std::vector<std::string>> cells_by_shard(int count) const;
   SweepOutcome run(bool progress = true);
 
@@ -54,7 +58,8 @@ class Sweep {
   struct Part {
     std::unique_ptr<Task> task;
     std::vector<Sample> samples;
-    std::vector<size_t> prompt_tokens;  // of each sample, as the model sees it (chat template included)
+    std::vector<size_t> prompt_tokens;           // of each sample, as the model sees it (chat template included)
+    std::vector<std::vector<int32_t>> prefills;  // of each sample: the ids its shared prefill reads
     std::vector<nlohmann::json> configs;
   };
 

@@ -15,35 +15,35 @@
 namespace kvb {
 
 void attention_prefill_blockwise(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d,
-                                 float* out, float* colsum) {
-  constexpr int kBlock = 256;  // queries per block: the score block is kBlock x n floats
-  const int group = hq / hkv;
+                                 float* out, float* colsum, int past) {
+  constexpr int kBlock = 256;  // queries per block: the score block is kBlock x keys floats
+  const int group = hq / hkv, nk = past + n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int ldq = hq * d, ldk = hkv * d;
   const int blocks = (n + kBlock - 1) / kBlock;
-  if (colsum) std::fill(colsum, colsum + size_t(hq) * n, 0.0f);
+  if (colsum) std::fill(colsum, colsum + size_t(hq) * nk, 0.0f);
     // One task per (head, block of queries), the largest blocks (last queries, most keys) first.
     // BLAS calls inside the parallel region run on the calling thread (OpenMP OpenBLAS), which
     // beats splitting these small products across threads.
 #pragma omp parallel
   {
-    std::vector<float> s(size_t(std::min(n, kBlock)) * n);
-    std::vector<float> cs(colsum ? size_t(hq) * n : 0);
+    std::vector<float> s(size_t(std::min(n, kBlock)) * nk);
+    std::vector<float> cs(colsum ? size_t(hq) * nk : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < hq * blocks; ++task) {
       const int h = task % hq, c0 = (blocks - 1 - task / hq) * kBlock;
       const int rows = std::min(kBlock, n - c0);
-      const int keys = c0 + rows;  // causal: the block sees keys [0, c0 + rows)
+      const int keys = past + c0 + rows;  // causal: the block sees keys [0, past + c0 + rows)
       const float* kh = k + size_t(h / group) * d;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale, q + size_t(c0) * ldq + size_t(h) * d,
                   ldq, kh, ldk, 0.0f, s.data(), keys);
       for (int r = 0; r < rows; ++r) {
         float* row = s.data() + size_t(r) * keys;
-        const int visible = c0 + r + 1;
+        const int visible = past + c0 + r + 1;
         softmax_inplace(row, visible);
         std::fill(row + visible, row + keys, 0.0f);
         if (!cs.empty())
-          for (int j = 0; j < visible; ++j) cs[size_t(h) * n + j] += row[j];
+          for (int j = 0; j < visible; ++j) cs[size_t(h) * nk + j] += row[j];
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.data(), keys,
                   v + size_t(h / group) * d, ldk, 0.0f, out + size_t(c0) * ldq + size_t(h) * d, ldq);
@@ -230,23 +230,24 @@ class Avx2Products {
 
 template <class Products>
 void attention_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
-                     float* colsum) {
+                     float* colsum, int past) {
   constexpr int kKeys = Products::kKeys;
-  const Products products(k, v, n, hkv, d);
+  const int nk = past + n;
+  const Products products(k, v, nk, hkv, d);
   const int group = hq / hkv;
   const int positions = std::max(1, Products::kRows / group);  // positions per task
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int ldq = hq * d;
   const int tiles = (n + positions - 1) / positions;
-  if (colsum) std::fill(colsum, colsum + size_t(hq) * n, 0.0f);
+  if (colsum) std::fill(colsum, colsum + size_t(hq) * nk, 0.0f);
 #pragma omp parallel
   {
     const int max_rows = round_up(positions * group, Products::kRowMultiple);
     // With column sums every key tile's exponentials and row maxima stay until the row's final max and
-    // sum are known: rows x n floats, like the blockwise kernel's score block; otherwise one tile.
-    const int kept_tiles = colsum ? (n + kKeys - 1) / kKeys : 1;
+    // sum are known: rows x keys floats, like the blockwise kernel's score block; otherwise one tile.
+    const int kept_tiles = colsum ? (nk + kKeys - 1) / kKeys : 1;
     std::vector<float> qt(size_t(max_rows) * d), s(size_t(max_rows) * kKeys * kept_tiles), acc(size_t(max_rows) * d),
-        m(max_rows), l(max_rows), m_tiles(colsum ? size_t(max_rows) * kept_tiles : 0), cs(colsum ? size_t(hq) * n : 0);
+        m(max_rows), l(max_rows), m_tiles(colsum ? size_t(max_rows) * kept_tiles : 0), cs(colsum ? size_t(hq) * nk : 0);
     std::vector<float*> cs_heads(group);
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < hkv * tiles; ++task) {
@@ -262,7 +263,8 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
           for (int c = 0; c < d; ++c) dst[c] = src[c] * scale;
         }
       std::fill(qt.begin() + size_t(rows) * d, qt.begin() + size_t(padded) * d, 0.0f);
-      const int keys = p0 + np;  // causal: the tile's last position sees keys [0, p0 + np)
+      // Causal: the tile's last query, at position past + p0 + np - 1, sees keys [0, past + p0 + np).
+      const int keys = past + p0 + np;
       std::fill(m.begin(), m.begin() + rows, -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.begin() + rows, 0.0f);
       std::fill(acc.begin(), acc.begin() + size_t(padded) * d, 0.0f);
@@ -270,7 +272,7 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
         const int cols = std::min(kKeys, keys - k0);
         float* st = s.data() + size_t(colsum ? t : 0) * max_rows * kKeys;
         products.scores(qt.data(), padded, g, k0, cols, st);
-        online_softmax_tile(st, kKeys, rows, cols, p0 - k0, group, m.data(), l.data(), acc.data(), d);
+        online_softmax_tile(st, kKeys, rows, cols, past + p0 - k0, group, m.data(), l.data(), acc.data(), d);
         if (colsum) std::copy(m.begin(), m.begin() + rows, m_tiles.begin() + size_t(t) * max_rows);
         products.accumulate(st, padded, g, k0, cols, acc.data());
       }
@@ -283,9 +285,10 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
         }
       if (!colsum) continue;
       for (int k0 = 0, t = 0; k0 < keys; k0 += kKeys, ++t) {
-        for (int j = 0; j < group; ++j) cs_heads[j] = cs.data() + size_t(g * group + j) * n + k0;
-        tile_column_sums(s.data() + size_t(t) * max_rows * kKeys, kKeys, rows, std::min(kKeys, keys - k0), p0 - k0,
-                         m_tiles.data() + size_t(t) * max_rows, m.data(), l.data(), group, cs_heads.data());
+        for (int j = 0; j < group; ++j) cs_heads[j] = cs.data() + size_t(g * group + j) * nk + k0;
+        tile_column_sums(s.data() + size_t(t) * max_rows * kKeys, kKeys, rows, std::min(kKeys, keys - k0),
+                         past + p0 - k0, m_tiles.data() + size_t(t) * max_rows, m.data(), l.data(), group,
+                         cs_heads.data());
       }
     }
     if (colsum) {
@@ -298,11 +301,11 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
 }  // namespace
 
 void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
-                             float* colsum) {
+                             float* colsum, int past) {
   if (Avx2Products::usable(d))
-    attention_fused<Avx2Products>(q, k, v, n, hq, hkv, d, out, colsum);
+    attention_fused<Avx2Products>(q, k, v, n, hq, hkv, d, out, colsum, past);
   else
-    attention_fused<BlasProducts>(q, k, v, n, hq, hkv, d, out, colsum);
+    attention_fused<BlasProducts>(q, k, v, n, hq, hkv, d, out, colsum, past);
 }
 
 }  // namespace kvb
