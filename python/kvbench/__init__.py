@@ -103,7 +103,8 @@ _kvbench.set_method_resolver(_resolve)
 def run(spec: str | os.PathLike | dict, shard: str | tuple[int, int] | None = None, progress: bool = True) -> dict:
     """Runs a sweep: a spec file, or a dict of the same keys. Resumable, like `kvbench run`. Returns
     the cells run, those already recorded, those that failed (their errors in the `failures` file),
-    the results file (`out`) and the times."""
+    the results file (`out`), the times, and the prompt tokens of the shared prefills with how many of
+    them were computed (`prompt_tokens`, `prefilled_tokens`: the rest continued shared prefixes)."""
     shard_text = "" if shard is None else shard if isinstance(shard, str) else f"{shard[0]}/{shard[1]}"
     if isinstance(spec, dict):
         # JSON is YAML: the spec loader reads the dict as written, errors naming its keys.

@@ -37,6 +37,8 @@ py::dict run_spec(const std::string& path, const std::string& shard, bool progre
   d["failures"] = o.failed ? py::object(py::str(o.failures)) : py::object(py::none());
   d["seconds"] = o.seconds;
   d["prefill_seconds"] = o.prefill_seconds;
+  d["prompt_tokens"] = o.prompt_tokens;
+  d["prefilled_tokens"] = o.prefilled_tokens;
   return d;
 }
 

@@ -260,6 +260,7 @@ def test_a_sweep_with_python_methods_records_failed_cells_and_keeps_the_rest(tmp
     out = kvbench.run(sweep_spec(tmp_path, ["fullkv", "streamingllm", "numpy_streaming", "raising",
                                             "python:keynorm.KeyNorm"], "mixed"), progress=False)
     assert out["run"] == 16 and out["failed"] == 4  # 4 samples x (fullkv, 2 streamings, keynorm) / raising
+    assert 0 < out["prefilled_tokens"] <= out["prompt_tokens"]
     failures = [json.loads(line) for line in open(out["failures"])]
     assert {f["config"]["method"] for f in failures} == {"raising"}
     assert all("python method raising, layer 0: compress() raised ValueError" in f["error"] for f in failures)
