@@ -134,8 +134,9 @@ class Backend {
   // A prefill continued after the positions whose post-RoPE keys and values `past` holds (host memory,
   // rows [past.n, hkv, d]): q[n, hq, d] at positions past.n.., k/v[n, hkv, d] of those positions, each
   // query seeing every past key and the new ones up to its own. colsum ([hq, past.n + n]) sums these
-  // n queries only. A row's output equals what the whole prompt's attention_prefill gives it. An Error
-  // on a backend whose continues_prefill() is false.
+  // n queries only. A row's output is what the whole prompt's attention_prefill gives it (bit for bit on
+  // the CPU's AVX2 kernels, to rounding through BLAS). An Error on a backend whose continues_prefill() is
+  // false.
   struct PastKV {
     const float* k = nullptr;
     const float* v = nullptr;

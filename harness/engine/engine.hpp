@@ -71,8 +71,8 @@ class Engine {
   // A prefill whose per-layer views (as much as `needs` asks) are kept instead of filling caches.
   // Given a capture of a prefix of `ids` (with what `needs` asks; see continues_prefill), only the rest
   // of the prompt (at least one token) is computed, attending over the prefix's kept keys and values: the prefix's rows
-  // are the same in any prompt that starts with it, so the capture equals a whole prefill's (each attention row is
-  // computed as in it; the accumulated attention sums the two parts).
+  // are the same in any prompt that starts with it, so the capture equals a whole prefill's (to rounding: each
+  // attention row is computed as in it, and the accumulated attention sums the two parts).
   PrefillCapture prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
                                  std::vector<double>* next_logprobs = nullptr, const PrefillCapture* prefix = nullptr);
   // Whether prefill_capture can continue from a prefix's capture on this backend.
