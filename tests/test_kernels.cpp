@@ -14,6 +14,7 @@
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/quantize.hpp"
+#include "kernels/cpu/sign_dot.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -502,4 +503,33 @@ TEST_CASE("the kernel path a record names follows the forced portable loops", "[
   CHECK(cpu_kernel_path().rfind("portable, clones ", 0) == 0);
   force_portable_kernels(false);
   CHECK(cpu_kernel_path().rfind(cpu_has_avx2() ? "avx2, clones " : "portable, clones ", 0) == 0);
+}
+
+TEST_CASE("products with sign bits equal the reference on both paths", "[kernels]") {
+  std::mt19937 rng(17);
+  for (const int n : {8, 24, 128, 256, 512}) {
+    const size_t tokens = 37, stride = size_t(n / 8) + 3;  // rows further apart than their codes
+    const auto x = randn(size_t(n), rng);
+    std::vector<uint8_t> codes(tokens * stride);
+    for (auto& c : codes) c = uint8_t(rng());
+    std::vector<float> want(tokens), got(tokens);
+    sign_dots_ref(codes.data(), tokens, stride, x.data(), n, want.data());
+    double scale = 0;
+    for (const float v : x) scale += std::abs(v);
+    // One hand-checked row: all bits set is sum x, none is -sum x.
+    std::fill(codes.begin(), codes.begin() + std::ptrdiff_t(stride), uint8_t(0xff));
+    std::fill(codes.begin() + std::ptrdiff_t(stride), codes.begin() + std::ptrdiff_t(2 * stride), uint8_t(0));
+    sign_dots_ref(codes.data(), 2, stride, x.data(), n, want.data());
+    double sum = 0;
+    for (const float v : x) sum += v;
+    CHECK(std::abs(want[0] - sum) <= 1e-6 * scale);
+    CHECK(std::abs(want[1] + sum) <= 1e-6 * scale);
+    for (const bool portable : {true, false}) {
+      force_portable_kernels(portable);
+      sign_dots(codes.data(), tokens, stride, x.data(), n, got.data());
+      force_portable_kernels(false);
+      INFO("n " << n << (portable ? " portable" : " dispatched"));
+      for (size_t t = 0; t < tokens; ++t) CHECK(std::abs(got[t] - want[t]) <= 1e-5 * scale);
+    }
+  }
 }

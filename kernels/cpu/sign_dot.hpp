@@ -1,0 +1,15 @@
+#pragma once
+// Inner products of one vector with many vectors of signs stored as bits (QJL's sketched keys,
+// methods/qjl): bit j of byte j / 8 at j % 8, set for +1 and clear for -1.
+#include <cstddef>
+#include <cstdint>
+
+namespace kvb {
+
+// out[t] = sum_{j < n} (bit j of codes + t * stride ? x[j] : -x[j]) for t < tokens; n a multiple of 8.
+// The fast version runs AVX2 on processors that have it (kv_rows.hpp: cpu_has_avx2), a portable loop
+// otherwise; the reference sums in double.
+void sign_dots(const uint8_t* codes, size_t tokens, size_t stride, const float* x, int n, float* out);
+void sign_dots_ref(const uint8_t* codes, size_t tokens, size_t stride, const float* x, int n, float* out);
+
+}  // namespace kvb
