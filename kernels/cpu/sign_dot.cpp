@@ -29,29 +29,23 @@ void sign_dots_portable(const uint8_t* codes, size_t tokens, size_t stride, cons
   }
 }
 
-// Each byte broadcast to eight lanes, tested against its lane's bit; a clear bit flips the sign of x.
+// A byte broadcast to eight lanes, each tested against its lane's bit: the sign bit where the bit is clear.
+__attribute__((target("avx2,fma"))) inline __m256 clear_bits_sign(uint8_t byte) {
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 clear =
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(byte), bit), _mm256_setzero_si256()));
+  return _mm256_and_ps(clear, _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u))));
+}
+
+// A clear bit flips the sign of x; two accumulators over alternate bytes.
 __attribute__((target("avx2,fma"))) void sign_dots_avx2(const uint8_t* codes, size_t tokens, size_t stride,
                                                         const float* x, int n, float* out) {
-  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u)));
   for (size_t t = 0; t < tokens; ++t) {
     const uint8_t* c = codes + t * stride;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= n / 8; b += 2) {
-      const __m256 f0 = _mm256_castsi256_ps(
-          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(c[b]), bit), _mm256_setzero_si256()));
-      const __m256 f1 = _mm256_castsi256_ps(
-          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(c[b + 1]), bit), _mm256_setzero_si256()));
-      a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), _mm256_and_ps(f0, sign)));
-      a1 = _mm256_add_ps(a1, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b + 8), _mm256_and_ps(f1, sign)));
-    }
-    if (b < n / 8) {
-      const __m256 f0 = _mm256_castsi256_ps(
-          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(c[b]), bit), _mm256_setzero_si256()));
-      a0 = _mm256_add_ps(a0, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), _mm256_and_ps(f0, sign)));
-    }
-    out[t] = hsum_avx2(_mm256_add_ps(a0, a1));
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < n / 8; ++b)
+      acc[b & 1] = _mm256_add_ps(acc[b & 1], _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), clear_bits_sign(c[b])));
+    out[t] = hsum_avx2(_mm256_add_ps(acc[0], acc[1]));
   }
 }
 
