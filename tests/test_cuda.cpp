@@ -87,6 +87,29 @@ TEST_CASE("CUDA ops equal the CPU backend", "[cuda]") {
     }
   }
 
+  SECTION("layernorm, gelu") {
+    const int n = 5;
+    for (int dim : {4544, 64, 100}) {
+      auto x = uniform(size_t(n) * dim, rng, 3.0f);
+      for (auto& v : x) v += 50.0f;  // a mean far from zero, as residual streams have
+      const auto w = uniform(dim, rng), bias = uniform(dim, rng);
+      Buffer xc = to_buffer(*p.cpu, x), xg = to_buffer(*p.gpu, x), wc = to_buffer(*p.cpu, w), wg = to_buffer(*p.gpu, w),
+             bc = to_buffer(*p.cpu, bias), bg = to_buffer(*p.gpu, bias), yc(*p.cpu, x.size()), yg(*p.gpu, x.size());
+      p.cpu->layernorm(xc, wc, bc, n - 1, dim, 1e-5f, yc, dim);  // with a row offset
+      p.gpu->layernorm(xg, wg, bg, n - 1, dim, 1e-5f, yg, dim);
+      auto a = from_buffer(*p.gpu, yg), b = from_buffer(*p.cpu, yc);
+      a.resize(size_t(n - 1) * dim);
+      b.resize(a.size());
+      check_close(a, b, 1e-4f);
+    }
+    const size_t m = 100003;
+    const auto g = uniform(m, rng, 8.0f);
+    Buffer gc = to_buffer(*p.cpu, g), gg = to_buffer(*p.gpu, g), oc(*p.cpu, m), og(*p.gpu, m);
+    p.cpu->gelu(gc, m, oc);
+    p.gpu->gelu(gg, m, og);
+    check_close(from_buffer(*p.gpu, og), from_buffer(*p.cpu, oc), 1e-6f);
+  }
+
   SECTION("embed, rmsnorm, swiglu, add") {
     const int V = 1000, H = 576, n = 7;
     const auto table = uniform(size_t(V) * H, rng);

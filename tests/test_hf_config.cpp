@@ -184,3 +184,55 @@ TEST_CASE("Qwen3: the backward pass through the q/k norms equals torch autograd"
   }
   WARN("qwen3 gradients: largest sampled difference " << worst << " of the tensor's largest entry");
 }
+
+TEST_CASE("Falcon: LayerNorm, GELU, parallel blocks and fused query_key_value give transformers' logits",
+          "[hf_config][falcon]") {
+  // tools/reference/falcon_parity.py: Falcon-7B's layout (multi-query, one norm), Falcon-40B's
+  // (grouped rows, ln_attn and ln_mlp) and the sequential block (per-head rows), each from the
+  // safetensors transformers saved and, for the first two, from the GGUF llama.cpp's converter writes.
+  struct Variant {
+    const char* name;
+    int kv_heads;
+    bool parallel, mlp_norm, gguf;
+  };
+  for (const Variant& v :
+       {Variant{"falcon_7b_like", 1, true, false, true}, Variant{"falcon_40b_like", 2, true, true, true},
+        Variant{"falcon_sequential", 4, false, true, false}}) {
+    INFO(v.name);
+    const fs::path dir = test::fixture(std::string("hf_config/") + v.name);
+    const Reference ref = load_reference(dir);
+    std::vector<std::string> files = {dir.string()};
+    if (v.gguf) files.push_back(test::fixture(std::string("hf_config/") + v.name + ".gguf"));
+    for (const auto& file : files) {
+      INFO(file);
+      {
+        auto m = ModelFile::open(file);
+        const ModelConfig& c = m->config();
+        CHECK(c.arch == Arch::Falcon);
+        CHECK(c.layer_norm);
+        CHECK_FALSE(c.gated_mlp);
+        CHECK(c.n_kv_heads == v.kv_heads);
+        CHECK(c.parallel_block == v.parallel);
+        CHECK(c.mlp_norm == v.mlp_norm);
+        CHECK(m->find("blk.0.attn_qkv.weight") == nullptr);  // split into attn_q/k/v
+        test::require_error([&] { ModelGradients g(*m); }, {file, "no backward"});
+      }
+      const double err = relative_error(file, ref);
+      CHECK(err < 1e-5);
+      WARN(v.name << (fs::is_directory(file) ? " (safetensors)" : " (GGUF)") << ": relative error " << err);
+    }
+  }
+
+  // Read as Falcon-7B's layout, Falcon-40B's grouped rows do not fit one KV head: an error naming the
+  // tensor and the shape expected, not a model computed from misplaced rows.
+  const fs::path dir = test::fixture("hf_config/falcon_40b_like");
+  const test::TempDir a("falcon_layout"), b("falcon_alibi");
+  json cfg = json::parse(std::ifstream(dir / "config.json"));
+  cfg["new_decoder_architecture"] = false;
+  const fs::path wrong = with_config(dir, cfg, a);
+  test::require_error([&] { ModelFile::open(wrong.string()); }, {"blk.0.attn_qkv.weight", "expected [64, 80]"});
+  cfg = json::parse(std::ifstream(dir / "config.json"));
+  cfg["alibi"] = true;
+  const fs::path alibi = with_config(dir, cfg, b);
+  test::require_error([&] { ModelFile::open(alibi.string()); }, {"config.json", "alibi = true is not supported"});
+}

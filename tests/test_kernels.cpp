@@ -248,6 +248,35 @@ TEST_CASE("Q4_K and Q6_K blocks written by the quantizer read back within their 
   require_error([] { quantize_kquant(DType::Q4_0, nullptr, nullptr, 256); }, {"not Q4_K or Q6_K"});
 }
 
+TEST_CASE("layernorm and gelu equal their references", "[kernels]") {
+  std::mt19937 rng(12);
+  // Rows far from zero mean: a one-pass variance (E[x^2] - E[x]^2) would lose them to cancellation.
+  auto x = randn(5 * 4544, rng, 3.0f), w = randn(4544, rng), b = randn(4544, rng);
+  for (size_t i = 0; i < 4544; ++i) x[i] += 300.0f;
+  std::vector<float> ref(x.size()), fast(x.size());
+  layernorm_ref(x.data(), w.data(), b.data(), 5, 4544, 1e-5f, ref.data());
+  layernorm(x.data(), w.data(), b.data(), 5, 4544, 1e-5f, fast.data());
+  CHECK(max_abs_diff(ref, fast) < 1e-5f);
+  // Hand values: a row [1, 2, 3, 4] has mean 2.5 and variance 1.25.
+  const std::vector<float> row = {1, 2, 3, 4}, ones(4, 1.0f), zeros(4, 0.0f);
+  std::vector<float> y(4);
+  layernorm(row.data(), ones.data(), zeros.data(), 1, 4, 0.0f, y.data());
+  CHECK_THAT(y[0], Catch::Matchers::WithinAbs(-1.5 / std::sqrt(1.25), 1e-6));
+  CHECK_THAT(y[3], Catch::Matchers::WithinAbs(1.5 / std::sqrt(1.25), 1e-6));
+
+  auto g = randn(100003, rng, 4.0f);
+  std::vector<float> g_ref(g.size()), g_fast(g.size());
+  gelu_ref(g.data(), g.size(), g_ref.data());
+  gelu(g.data(), g.size(), g_fast.data());
+  CHECK(max_abs_diff(g_ref, g_fast) < 2e-6f);
+  // torch.nn.GELU()(1.0) and (-2.0), the exact erf form.
+  const std::vector<float> at = {1.0f, -2.0f};
+  std::vector<float> got(2);
+  gelu(at.data(), 2, got.data());
+  CHECK_THAT(got[0], Catch::Matchers::WithinAbs(0.8413447460685429, 1e-7));
+  CHECK_THAT(got[1], Catch::Matchers::WithinAbs(-0.04550026389635842, 1e-7));
+}
+
 TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {
   std::mt19937 rng(2);
   auto x = randn(5 * 576, rng, 3.0f), w = randn(576, rng);

@@ -22,7 +22,7 @@ TEST_CASE("default model config is read from the GGUF file", "[model]") {
   CHECK(c.vocab_size == 49152);
   CHECK(c.context_length == 8192);
   CHECK(c.rope_theta == 100000.0);
-  CHECK(c.rms_eps == Approx(1e-5).epsilon(1e-6));
+  CHECK(c.norm_eps == Approx(1e-5).epsilon(1e-6));
   CHECK(c.tied_embeddings);
   CHECK_FALSE(c.qkv_bias);
   CHECK(c.rope_layout == RopeLayout::Interleaved);

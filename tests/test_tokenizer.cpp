@@ -195,12 +195,21 @@ TEST_CASE("a SentencePiece vocabulary stored GGUF-style tokenizes like its model
 TEST_CASE("tokenizer.json pre-tokenizer and normalizer variants match the tokenizers package", "[tokenizer]") {
   // Reduced SmolLM2 vocabularies saved by the reference library with the configurations of
   // Qwen2 (NFC + its split regex), ByteLevel add_prefix_space, grouped digits with ignore_merges,
-  // and Split with Removed / invert.
-  for (const char* name : {"qwen2", "gpt2_prefix", "digits_grouped", "split_removed", "split_invert"}) {
+  // Split with Removed / invert, and Falcon's Punctuation, ByteLevel, Digits, digit triples.
+  for (const char* name : {"qwen2", "gpt2_prefix", "digits_grouped", "split_removed", "split_invert", "falcon"}) {
     INFO(name);
     BpeTokenizer tok(bpe_spec_from_tokenizer_json(test::fixture(fmt::format("tokenizer/synthetic/{}.json", name))));
     check_corpus(tok, fmt::format("synthetic/{}_ids.jsonl", name), 1500);
   }
+}
+
+TEST_CASE("a GGUF file's 'falcon' pre-tokenizer splits as Falcon's tokenizer.json does", "[tokenizer]") {
+  // llama.cpp writes tokenizer.ggml.pre = "falcon"; the preset must equal the Sequence of the
+  // tokenizer.json it was converted from, stages on the byte-level text included.
+  BpeSpec spec = bpe_spec_from_tokenizer_json(test::fixture("tokenizer/synthetic/falcon.json"));
+  spec.splits = pre_tokenizer_preset("falcon", &spec.nfc, &spec.ignore_merges);
+  BpeTokenizer tok(std::move(spec));
+  check_corpus(tok, "synthetic/falcon_ids.jsonl", 1500);
 }
 
 TEST_CASE("kvbench tokenize: an empty --text gives an empty list, no text at all is an error", "[tokenizer]") {

@@ -45,10 +45,13 @@ json describe(const ModelFile& m, const Tokenizer* tok) {
       {"rope_theta", c.rope_theta},
       {"rope_layout", rope_layout_name(c.rope_layout)},
       {"rope_scaling", rope_scaling_name(c.rope_scaling.type)},
-      {"rms_eps", c.rms_eps},
+      {"norm_eps", c.norm_eps},
       {"tied_embeddings", c.tied_embeddings},
       {"qkv_bias", c.qkv_bias},
       {"qk_norm", c.qk_norm},
+      {"norm", c.layer_norm ? "layernorm" : "rmsnorm"},
+      {"mlp", c.gated_mlp ? "swiglu" : "gelu"},
+      {"parallel_block", c.parallel_block},
       {"parameters", params},
       {"tensor_types", types},
       {"tokenizer", tok ? tok->kind() : "none"},
@@ -81,10 +84,13 @@ void print_info(const json& j) {
   fmt::print("  context length  {}\n", j["context_length"].get<int>());
   fmt::print("  rope            theta {}, {} layout, scaling {}\n", j["rope_theta"].get<double>(),
              j["rope_layout"].get<std::string>(), j["rope_scaling"].get<std::string>());
-  fmt::print("  rms norm eps    {}\n", j["rms_eps"].get<double>());
+  fmt::print("  norm eps        {}\n", j["norm_eps"].get<double>());
   fmt::print("  embeddings      {}, q/k/v bias {}, q/k norm {}\n",
              j["tied_embeddings"].get<bool>() ? "tied" : "separate output", j["qkv_bias"].get<bool>() ? "yes" : "no",
              j["qk_norm"].get<bool>() ? "yes" : "no");
+  fmt::print("  block           {}, {} MLP, {}\n", j["norm"].get<std::string>() == "layernorm" ? "LayerNorm" : "RMSNorm",
+             j["mlp"].get<std::string>() == "gelu" ? "GELU" : "SwiGLU",
+             j["parallel_block"].get<bool>() ? "attention and MLP in parallel" : "attention then MLP");
   std::string types;
   for (const auto& [k, v] : j["tensor_types"].items()) types += fmt::format("{} {}  ", v.get<int>(), k);
   fmt::print("  parameters      {:.1f} M in tensors: {}\n", j["parameters"].get<double>() / 1e6, types);

@@ -87,7 +87,7 @@ struct DeviceLimits {
 struct OpStats {
   double linear_seconds = 0, linear_flops = 0;        // weight GEMMs / GEMVs
   double attention_seconds = 0, attention_flops = 0;  // QK^T and PV products with their softmax
-  double other_seconds = 0;                           // norms, RoPE, SwiGLU, adds, copies
+  double other_seconds = 0;                           // norms, RoPE, SwiGLU/GELU, adds, copies
 };
 
 class Backend {
@@ -121,10 +121,15 @@ class Backend {
   // out[n, dim] = rows ids[n] of table[vocab, dim].
   virtual void embed(const Weight& table, std::span<const int32_t> ids, int dim, Buffer& out) = 0;
   virtual void rmsnorm(const Buffer& x, const Buffer& w, int n, int dim, float eps, Buffer& y, size_t x_offset = 0) = 0;
+  // LayerNorm with bias (Falcon), rows of x from x_offset.
+  virtual void layernorm(const Buffer& x, const Buffer& w, const Buffer& b, int n, int dim, float eps, Buffer& y,
+                         size_t x_offset = 0) = 0;
   // y[n, out] = x[n, in] W[out, in]^T (+ bias).
   virtual void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) = 0;
   virtual void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) = 0;
   virtual void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) = 0;
+  // out = x Phi(x) (erf GELU), elementwise.
+  virtual void gelu(const Buffer& x, size_t n, Buffer& out) = 0;
   virtual void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset = 0) = 0;
   // Causal attention of a whole prompt starting at position 0: q[n, hq, d], k/v[n, hkv, d] ->
   // out[n, hq, d]. Memory beyond the inputs is O(chunk x n). If colsum is given it receives, per

@@ -119,6 +119,12 @@ class CpuBackend final : public Backend {
     kvb::rmsnorm(x.data() + x_offset, w.data(), n, dim, eps, y.data());
   }
 
+  void layernorm(const Buffer& x, const Buffer& w, const Buffer& b, int n, int dim, float eps, Buffer& y,
+                 size_t x_offset) override {
+    OpTimer t(*this, profiling_, stats_.other_seconds);
+    kvb::layernorm(x.data() + x_offset, w.data(), b.data(), n, dim, eps, y.data());
+  }
+
   void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) override {
     OpTimer t(*this, profiling_, stats_.linear_seconds);
     stats_.linear_flops += 2.0 * n * in * out;
@@ -140,6 +146,11 @@ class CpuBackend final : public Backend {
   void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
     kvb::swiglu(gate.data(), up.data(), n, out.data());
+  }
+
+  void gelu(const Buffer& x, size_t n, Buffer& out) override {
+    OpTimer t(*this, profiling_, stats_.other_seconds);
+    kvb::gelu(x.data(), n, out.data());
   }
 
   void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset) override {

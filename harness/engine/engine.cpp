@@ -11,8 +11,13 @@
 
 namespace kvb {
 
+struct Engine::Norm {
+  Buffer w, b;  // b empty for RMSNorm
+};
+
 struct Engine::Layer {
-  Buffer attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
+  Norm attn_norm, ffn_norm;  // ffn_norm empty where the MLP reads attn_norm's output
+  Buffer bq, bk, bv, q_norm, k_norm;
   Weight wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
@@ -43,20 +48,25 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
   Backend& b = *backend_;
   if (opt.weights) b.set_weight_format(*opt.weights);
   b.set_rope(rope_inv_freq(cfg_), cfg_.rope_layout == RopeLayout::Interleaved);
+  auto load_norm = [&](const std::string& name) {
+    Norm n{load(b, model, name + ".weight", weight_bytes_), {}};
+    if (cfg_.layer_norm) n.b = load(b, model, name + ".bias", weight_bytes_);
+    return n;
+  };
   tok_embd_ = load_matrix(b, model, "token_embd.weight", weight_bytes_);
-  out_norm_ = load(b, model, "output_norm.weight", weight_bytes_);
+  out_norm_ = std::make_unique<Norm>(load_norm("output_norm"));
   if (!cfg_.tied_embeddings) output_ = load_matrix(b, model, "output.weight", weight_bytes_);
   layers_.resize(cfg_.n_layers);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const std::string p = fmt::format("blk.{}.", l);
     Layer& L = layers_[l];
-    L.attn_norm = load(b, model, p + "attn_norm.weight", weight_bytes_);
-    L.ffn_norm = load(b, model, p + "ffn_norm.weight", weight_bytes_);
+    L.attn_norm = load_norm(p + "attn_norm");
+    if (cfg_.mlp_norm) L.ffn_norm = load_norm(p + mlp_norm_name(cfg_));
     L.wq = load_matrix(b, model, p + "attn_q.weight", weight_bytes_);
     L.wk = load_matrix(b, model, p + "attn_k.weight", weight_bytes_);
     L.wv = load_matrix(b, model, p + "attn_v.weight", weight_bytes_);
     L.wo = load_matrix(b, model, p + "attn_output.weight", weight_bytes_);
-    L.w_gate = load_matrix(b, model, p + "ffn_gate.weight", weight_bytes_);
+    if (cfg_.gated_mlp) L.w_gate = load_matrix(b, model, p + "ffn_gate.weight", weight_bytes_);
     L.w_up = load_matrix(b, model, p + "ffn_up.weight", weight_bytes_);
     L.w_down = load_matrix(b, model, p + "ffn_down.weight", weight_bytes_);
     if (cfg_.qkv_bias) {
@@ -75,6 +85,30 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
 
 Engine::~Engine() = default;
 
+void Engine::norm(const Norm& w, const Buffer& x, int n, Buffer& y, size_t x_row) {
+  const int H = cfg_.hidden;
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  if (cfg_.layer_norm)
+    backend_->layernorm(x, w.w, w.b, n, H, eps, y, x_row * H);
+  else
+    backend_->rmsnorm(x, w.w, n, H, eps, y, x_row * H);
+}
+
+const Engine::Norm& Engine::mlp_norm(const Layer& L) const { return cfg_.mlp_norm ? L.ffn_norm : L.attn_norm; }
+
+void Engine::mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out) {
+  Backend& b = *backend_;
+  const int H = cfg_.hidden, F = cfg_.intermediate;
+  b.linear(in, L.w_up, nullptr, n, H, F, up);
+  if (cfg_.gated_mlp) {
+    b.linear(in, L.w_gate, nullptr, n, H, F, gate);
+    b.swiglu(gate, up, size_t(n) * F, act);
+  } else {
+    b.gelu(up, size_t(n) * F, act);
+  }
+  b.linear(act, L.w_down, nullptr, n, F, H, out);
+}
+
 void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, d = cfg_.head_dim, Q = cfg_.n_heads * d, KV = cfg_.n_kv_heads * d;
@@ -82,7 +116,7 @@ void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buff
   b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
   b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
   if (cfg_.qk_norm) {  // each head's row normalised in place (rmsnorm reads a row before writing it)
-    const float eps = static_cast<float>(cfg_.rms_eps);
+    const auto eps = static_cast<float>(cfg_.norm_eps);
     b.rmsnorm(q, L.q_norm, n * cfg_.n_heads, d, eps, q);
     b.rmsnorm(k, L.k_norm, n * cfg_.n_kv_heads, d, eps, k);
   }
@@ -102,7 +136,7 @@ std::vector<float> Engine::logits_of_last(const Buffer& x, int n) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, V = cfg_.vocab_size;
   Buffer h(b, H), logits(b, V);
-  b.rmsnorm(x, out_norm_, 1, H, static_cast<float>(cfg_.rms_eps), h, size_t(n - 1) * H);
+  norm(*out_norm_, x, 1, h, size_t(n - 1));
   b.linear(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, 1, H, V, logits);
   std::vector<float> out(V);
   b.download(logits, out);
@@ -128,7 +162,7 @@ std::vector<double> Engine::next_token_logprobs(const Buffer& x, std::span<const
   out.reserve(size_t(n > 0 ? n - 1 : 0));
   for (int t0 = 0; t0 < n - 1; t0 += chunk) {
     const int rows = std::min(chunk, n - 1 - t0);
-    b.rmsnorm(x, out_norm_, rows, H, static_cast<float>(cfg_.rms_eps), h, size_t(t0) * H);
+    norm(*out_norm_, x, rows, h, size_t(t0));
     b.linear(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, rows, H, V, logits);
     b.download(logits, std::span<float>(host.data(), size_t(rows) * V));
     for (int r = 0; r < rows; ++r)
@@ -161,7 +195,6 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
-  const auto eps = static_cast<float>(cfg_.rms_eps);
   const PrefillNeeds needs = observer ? observer->needs() : PrefillNeeds{};
   const int window = std::min(needs.window, n);
   // A continued prefill computes only the rows after `past` (n0 of them kept); the views still cover
@@ -245,7 +278,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
                     st.q_win);
     }
 
-    b.rmsnorm(x, L.attn_norm, n1, H, eps, h);
+    norm(L.attn_norm, x, n1, h);
     project_qkv(L, h, n1, q, k, v);
     if (transform_) transform(l, k, v, n1, new_pos);
     if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre + kv_old, kv_new});
@@ -263,17 +296,16 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
                        size_t(n1 - (window - past_window)) * Q);
     b.fence(slot);
     b.linear(attn, L.wo, nullptr, n1, Q, H, proj);
-    b.add(x, proj, size_t(n1) * H);
+    // A parallel block's MLP reads the layer's input: the attention joins the stream after it.
+    if (!cfg_.parallel_block) b.add(x, proj, size_t(n1) * H);
 
     for (int t0 = 0; t0 < n1; t0 += mc) {
       const int rows = std::min(mc, n1 - t0);
-      b.rmsnorm(x, L.ffn_norm, rows, H, eps, mlp_in, size_t(t0) * H);
-      b.linear(mlp_in, L.w_gate, nullptr, rows, H, F, gate);
-      b.linear(mlp_in, L.w_up, nullptr, rows, H, F, up);
-      b.swiglu(gate, up, size_t(rows) * F, act);
-      b.linear(act, L.w_down, nullptr, rows, F, H, mlp_out);
+      norm(mlp_norm(L), x, rows, mlp_in, size_t(t0));
+      mlp(L, mlp_in, rows, gate, up, act, mlp_out);
       b.add(x, mlp_out, size_t(rows) * H, size_t(t0) * H);
     }
+    if (cfg_.parallel_block) b.add(x, proj, size_t(n1) * H);
     if (l > 0) finish_layer(l - 1);
   }
   finish_layer(cfg_.n_layers - 1);
@@ -398,11 +430,11 @@ std::vector<float> Engine::decode(int32_t token) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
-  const auto eps = static_cast<float>(cfg_.rms_eps);
   const int32_t p = pos_;
   const int32_t ids[1] = {token};
 
-  Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), gate(b, F), up(b, F), act(b, F);
+  Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), mlp_out(b, H), gate(b, F), up(b, F),
+      act(b, F);
   b.embed(tok_embd_, ids, H, x);
   // Without a decode observer the host caches may lag one step: the backend appends to its own copy
   // and the host copies arrive with the step's last download.
@@ -414,7 +446,7 @@ std::vector<float> Engine::decode(int32_t token) {
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
     LayerCache& cache = caches_[l];
-    b.rmsnorm(x, L.attn_norm, 1, H, eps, h);
+    norm(L.attn_norm, x, 1, h);
     project_qkv(L, h, 1, q, k, v);
     if (transform_) transform(l, k, v, 1, std::span<const int32_t>(&p, 1));
     b.rope(q, 1, hq, d, std::span<const int32_t>(&p, 1));
@@ -435,13 +467,11 @@ std::vector<float> Engine::decode(int32_t token) {
       decode_observer_->on_decode(l, cache, hq_row.data(), p);
     }
     b.linear(attn, L.wo, nullptr, 1, Q, H, proj);
-    b.add(x, proj, H);
-    b.rmsnorm(x, L.ffn_norm, 1, H, eps, h);
-    b.linear(h, L.w_gate, nullptr, 1, H, F, gate);
-    b.linear(h, L.w_up, nullptr, 1, H, F, up);
-    b.swiglu(gate, up, F, act);
-    b.linear(act, L.w_down, nullptr, 1, F, H, proj);
-    b.add(x, proj, H);
+    if (!cfg_.parallel_block) b.add(x, proj, H);
+    norm(mlp_norm(L), x, 1, h);
+    mlp(L, h, 1, gate, up, act, mlp_out);
+    b.add(x, mlp_out, H);
+    if (cfg_.parallel_block) b.add(x, proj, H);
   }
   ++pos_;
   auto logits = logits_of_last(x, 1);

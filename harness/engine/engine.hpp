@@ -106,6 +106,13 @@ class Engine {
   // q, k, v of n rows of normed hidden states h: the projections (with bias), then Qwen3's per-head
   // q/k RMSNorm.
   void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v);
+  // The model's norm (RMSNorm, or LayerNorm with its bias) of n rows of x from row x_row.
+  struct Norm;
+  void norm(const Norm& w, const Buffer& x, int n, Buffer& y, size_t x_row = 0);
+  // The norm in front of the MLP (the attention's own in Falcon-7B's parallel block).
+  const Norm& mlp_norm(const Layer& L) const;
+  // out = down(swiglu(gate(in), up(in))) or down(gelu(up(in))) for n rows; gate/up/act hold n x F.
+  void mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out);
   void append_token(LayerCache& cache, const float* k, const float* v, int32_t pos);
 
   const ModelFile& model_;
@@ -113,7 +120,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   EngineOptions opt_;
   Weight tok_embd_, output_;
-  Buffer out_norm_;
+  std::unique_ptr<Norm> out_norm_;
   std::vector<Layer> layers_;
   std::vector<LayerCache> caches_;
   int pos_ = 0;

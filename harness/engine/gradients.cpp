@@ -31,6 +31,11 @@ constexpr const char* kLayerTensors[] = {
 
 ModelGradients::ModelGradients(const ModelFile& model)
     : cfg_(model.config()), rope_(rope_inv_freq(model.config()), rope_style(model.config())) {
+  if (cfg_.layer_norm || !cfg_.gated_mlp || cfg_.parallel_block)
+    fail(
+        "{}: the backward pass covers Llama-family blocks (RMSNorm, SwiGLU, attention then MLP); this {} model's "
+        "block (LayerNorm, GELU, parallel attention and MLP) has no backward in kvbench",
+        model.path(), cfg_.arch_name);
   model.validate_tensors();
   auto load = [&](const std::string& name) {
     const TensorRef& t = model.tensor(name);
@@ -124,13 +129,13 @@ void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvT
   const int Q = hq * d, KV = hkv * d;
   auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
   const bool b = cfg_.qkv_bias;
-  rmsnorm(x, w("attn_norm.weight"), n, H, static_cast<float>(cfg_.rms_eps), wk.h1.data());
+  rmsnorm(x, w("attn_norm.weight"), n, H, static_cast<float>(cfg_.norm_eps), wk.h1.data());
   const bool norm = cfg_.qk_norm;
   linear(wk.h1.data(), w("attn_q.weight"), b ? w("attn_q.bias") : nullptr, n, H, Q, (norm ? wk.q_raw : wk.q).data());
   linear(wk.h1.data(), w("attn_k.weight"), b ? w("attn_k.bias") : nullptr, n, H, KV, (norm ? wk.k_raw : wk.k).data());
   linear(wk.h1.data(), w("attn_v.weight"), b ? w("attn_v.bias") : nullptr, n, H, KV, wk.v.data());
   if (norm) {
-    const auto eps = static_cast<float>(cfg_.rms_eps);
+    const auto eps = static_cast<float>(cfg_.norm_eps);
     rmsnorm(wk.q_raw.data(), w("attn_q_norm.weight"), n * hq, d, eps, wk.q.data());
     rmsnorm(wk.k_raw.data(), w("attn_k_norm.weight"), n * hkv, d, eps, wk.k.data());
   }
@@ -145,7 +150,7 @@ void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvT
 void ModelGradients::mlp_forward_half(int l, Work& wk, std::vector<float>* next) {
   const int n = wk.n, H = cfg_.hidden, F = cfg_.intermediate;
   auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
-  rmsnorm(wk.xmid.data(), w("ffn_norm.weight"), n, H, static_cast<float>(cfg_.rms_eps), wk.h2.data());
+  rmsnorm(wk.xmid.data(), w("ffn_norm.weight"), n, H, static_cast<float>(cfg_.norm_eps), wk.h2.data());
   linear(wk.h2.data(), w("ffn_gate.weight"), nullptr, n, H, F, wk.gate.data());
   linear(wk.h2.data(), w("ffn_up.weight"), nullptr, n, H, F, wk.up.data());
   swiglu(wk.gate.data(), wk.up.data(), size_t(n) * F, wk.act.data());
@@ -164,7 +169,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
 
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
   const int Q = hq * d, KV = hkv * d, V = cfg_.vocab_size, L = cfg_.n_layers;
-  const auto eps = static_cast<float>(cfg_.rms_eps);
+  const auto eps = static_cast<float>(cfg_.norm_eps);
   const std::string head_name = cfg_.tied_embeddings ? "token_embd.weight" : "output.weight";
 
   LossGradients out;

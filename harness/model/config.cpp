@@ -23,6 +23,13 @@ int to_int(uint64_t v, const std::string& file, std::string_view key) {
   return static_cast<int>(v);
 }
 
+void set_falcon_block(ModelConfig& c) {
+  c.layer_norm = true;
+  c.gated_mlp = false;
+  c.parallel_block = true;
+  c.mlp_norm = false;
+}
+
 }  // namespace
 
 std::string arch_name(Arch a) {
@@ -33,11 +40,13 @@ std::string arch_name(Arch a) {
       return "qwen2";
     case Arch::Qwen3:
       return "qwen3";
+    case Arch::Falcon:
+      return "falcon";
   }
   return "?";
 }
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names{"llama", "mistral", "qwen2", "qwen3"};
+  static const std::vector<std::string> names{"llama", "mistral", "qwen2", "qwen3", "falcon"};
   return names;
 }
 std::string rope_layout_name(RopeLayout l) { return l == RopeLayout::Interleaved ? "interleaved" : "neox"; }
@@ -69,7 +78,7 @@ void ModelConfig::validate(const std::string& source) const {
     fail("{}: head count {} is not a multiple of the KV head count {}", source, n_heads, n_kv_heads);
   if (head_dim % 2 != 0) fail("{}: head dimension {} must be even for RoPE", source, head_dim);
   if (!(rope_theta > 0)) fail("{}: rope theta must be positive, found {}", source, rope_theta);
-  if (!(rms_eps > 0)) fail("{}: RMSNorm epsilon must be positive, found {}", source, rms_eps);
+  if (!(norm_eps > 0)) fail("{}: the norm epsilon must be positive, found {}", source, norm_eps);
   if (!rope_freq_factors.empty() && rope_freq_factors.size() != static_cast<size_t>(head_dim / 2))
     fail("{}: rope_freqs has {} entries, expected head_dim/2 = {}", source, rope_freq_factors.size(), head_dim / 2);
 }
@@ -89,8 +98,16 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
     c.arch = Arch::Qwen3;
     c.rope_layout = RopeLayout::NeoX;
     c.qk_norm = true;
+  } else if (c.arch_name == "falcon") {
+    c.arch = Arch::Falcon;
+    c.rope_layout = RopeLayout::NeoX;
+    set_falcon_block(c);
+    // llama.cpp's converter stores Falcon-40B's second norm as attn_norm_2 and every fused
+    // query_key_value as [Q; K; V].
+    c.mlp_norm = f.find_tensor("blk.0.attn_norm_2.weight") != nullptr;
   } else {
-    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2' or 'qwen3')", file, c.arch_name);
+    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2', 'qwen3' or 'falcon')", file,
+         c.arch_name);
   }
   c.name = f.get_string_opt("general.name").value_or("");
   const std::string a = c.arch_name + ".";
@@ -111,7 +128,7 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
         "are not supported",
         file, a, u("rope.dimension_count"), c.head_dim);
   c.rope_theta = f.get_float_opt(a + "rope.freq_base").value_or(10000.0);
-  c.rms_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
+  c.norm_eps = f.get_float(a + (c.layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"));
   if (f.has(a + "vocab_size")) {
     c.vocab_size = u("vocab_size");
   } else {
@@ -267,6 +284,63 @@ int sliding_window(const json& j, const ModelConfig& c, const std::string& file)
   return sliding ? json_int(j, "sliding_window", file) : 0;
 }
 
+// transformers' FalconConfig. Its defaults (multi_query true, parallel_attn true, ...) apply to absent
+// keys, as transformers applies them. Variants kvbench does not compute (ALiBi, biased linears) are
+// refused.
+ModelConfig parse_falcon(const json& j, const std::string& file) {
+  ModelConfig c;
+  c.arch = Arch::Falcon;
+  c.arch_name = "falcon";
+  c.rope_layout = RopeLayout::NeoX;
+  set_falcon_block(c);
+  c.name = j.value("_name_or_path", std::string());
+  auto flag = [&](const char* key, bool dflt) {
+    if (!present(j, key)) return dflt;
+    if (!j[key].is_boolean()) fail("{}: field '{}' must be true or false, found {}", file, key, j[key].dump());
+    return j[key].get<bool>();
+  };
+  if (flag("alibi", false)) fail("{}: alibi = true is not supported (kvbench implements Falcon with RoPE)", file);
+  if (flag("bias", false)) fail("{}: bias = true is not supported (Falcon-7B/40B's linears have no bias)", file);
+  if (flag("apply_residual_connection_post_layernorm", false))
+    fail("{}: apply_residual_connection_post_layernorm = true is not supported", file);
+  if (present(j, "activation") && j["activation"] != "gelu")
+    fail("{}: activation = {} is not supported (expected \"gelu\")", file, j["activation"].dump());
+  const bool new_arch = flag("new_decoder_architecture", false), multi_query = flag("multi_query", true);
+  const bool parallel = flag("parallel_attn", true);
+  c.n_layers = json_int(j, "num_hidden_layers", file);
+  c.n_heads = json_int(j, "num_attention_heads", file);
+  c.hidden = json_int(j, "hidden_size", file);
+  c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
+  if (c.n_heads > 0 && c.hidden % c.n_heads != 0)
+    fail("{}: hidden_size {} is not a multiple of num_attention_heads {}", file, c.hidden, c.n_heads);
+  const int kv_heads = present(j, "num_kv_heads") ? json_int(j, "num_kv_heads", file) : c.n_heads;
+  if (new_arch) {
+    c.n_kv_heads = kv_heads;
+    c.fused_qkv = ModelConfig::FusedQkv::PerKvGroup;
+    const int n_ln = present(j, "num_ln_in_parallel_attn") ? json_int(j, "num_ln_in_parallel_attn", file) : 2;
+    if (n_ln != 1 && n_ln != 2) fail("{}: num_ln_in_parallel_attn = {}, expected 1 or 2", file, n_ln);
+    c.mlp_norm = n_ln == 2;
+  } else if (multi_query) {
+    c.n_kv_heads = 1;
+    c.fused_qkv = ModelConfig::FusedQkv::Blocks;
+  } else {
+    c.n_kv_heads = c.n_heads;
+    c.fused_qkv = ModelConfig::FusedQkv::PerHead;
+  }
+  if (!new_arch && !parallel) {  // attention, then the MLP on its own norm of the updated stream
+    c.parallel_block = false;
+    c.mlp_norm = true;
+  }
+  c.intermediate = present(j, "ffn_hidden_size") ? json_int(j, "ffn_hidden_size", file) : 4 * c.hidden;
+  c.vocab_size = json_int(j, "vocab_size", file);
+  c.context_length = present(j, "max_position_embeddings") ? json_int(j, "max_position_embeddings", file) : 2048;
+  c.norm_eps = present(j, "layer_norm_epsilon") ? json_num(j, "layer_norm_epsilon", file) : 1e-5;
+  c.tied_embeddings = j.value("tie_word_embeddings", true);
+  parse_rope(j, c, file);
+  c.validate(file);
+  return c;
+}
+
 ModelConfig parse_hf_config(const std::string& file) {
   std::ifstream in(file);
   if (!in) fail("{}: cannot open (a Hugging Face model directory needs config.json)", file);
@@ -287,6 +361,8 @@ ModelConfig parse_hf_config(const std::string& file) {
   } else if (c.arch_name == "qwen3") {
     c.arch = Arch::Qwen3;
     c.qk_norm = true;
+  } else if (c.arch_name == "falcon") {
+    return parse_falcon(j, file);
   } else {
     fail("{}: model_type '{}' is not supported (expected one of {})", file, c.arch_name,
          fmt::join(supported_architectures(), ", "));
@@ -304,7 +380,7 @@ ModelConfig parse_hf_config(const std::string& file) {
                                                                   : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.vocab_size = json_int(j, "vocab_size", file);
   c.context_length = json_int(j, "max_position_embeddings", file);
-  c.rms_eps = json_num(j, "rms_norm_eps", file);
+  c.norm_eps = json_num(j, "rms_norm_eps", file);
   c.tied_embeddings = j.value("tie_word_embeddings", false);
   if (c.arch != Arch::Qwen2 && j.value("attention_bias", false)) c.qkv_bias = true;
   // Keys that would change the computation kvbench implements: refused rather than ignored.

@@ -1,6 +1,7 @@
 #pragma once
-// Architecture hyper-parameters of a Llama-family model, read from GGUF metadata or a Hugging Face
-// config.json. Both sources produce the same struct so the engine never cares where weights came from.
+// Architecture hyper-parameters of a decoder-only transformer (the Llama family, and Falcon's parallel
+// block), read from GGUF metadata or a Hugging Face config.json. Both sources produce the same struct so
+// the engine never cares where weights came from.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,7 +10,7 @@ namespace kvb {
 
 class GGUFFile;
 
-enum class Arch { Llama, Qwen2, Qwen3 };
+enum class Arch { Llama, Qwen2, Qwen3, Falcon };
 
 // Which dimensions RoPE rotates together. GGUF llama files store Q/K rows permuted for adjacent pairs
 // (2i, 2i+1); Hugging Face checkpoints and GGUF qwen2 use the half-split pairs (i, i + d/2).
@@ -41,7 +42,20 @@ struct ModelConfig {
   RopeLayout rope_layout = RopeLayout::NeoX;
   // Per-frequency divisors stored in a GGUF file (rope_freqs.weight, Llama 3.1 style); empty if none.
   std::vector<float> rope_freq_factors;
-  double rms_eps = 1e-6;
+  double norm_eps = 1e-6;  // RMSNorm's epsilon, or LayerNorm's with layer_norm
+  // Falcon's block: LayerNorm with bias in place of RMSNorm, an MLP down(gelu(up(h))) in place of
+  // SwiGLU, and attention and MLP side by side, x + attn(norm(x)) + mlp(norm'(x)). norm' is the
+  // attention's own norm (Falcon-7B: one LayerNorm per layer) unless mlp_norm says the layer has a
+  // second one (Falcon-40B's ln_mlp, GGUF attn_norm_2).
+  bool layer_norm = false;
+  bool gated_mlp = true;
+  bool parallel_block = false;
+  bool mlp_norm = true;
+  // How a fused query_key_value matrix (Falcon) orders its rows, in blocks of head_dim: [Q; K; V]
+  // (every GGUF file, multi-query checkpoints), per KV head [its query heads; K; V]
+  // (new_decoder_architecture), or per head [q; k; v].
+  enum class FusedQkv { Blocks, PerKvGroup, PerHead };
+  FusedQkv fused_qkv = FusedQkv::Blocks;
   bool tied_embeddings = false;
   bool qkv_bias = false;
   // Qwen3: an RMSNorm over each head's query and key (weights [head_dim], shared by the heads) after

@@ -24,6 +24,9 @@ std::optional<std::string> canonical_tensor_name(const std::string& hf) {
       {"model.embed_tokens.weight", "token_embd.weight"},
       {"model.norm.weight", "output_norm.weight"},
       {"lm_head.weight", "output.weight"},
+      {"transformer.word_embeddings.weight", "token_embd.weight"},
+      {"transformer.ln_f.weight", "output_norm.weight"},
+      {"transformer.ln_f.bias", "output_norm.bias"},
   };
   for (const auto& [from, to] : global)
     if (hf == from) return std::string(to);
@@ -36,13 +39,32 @@ std::optional<std::string> canonical_tensor_name(const std::string& hf) {
       {"self_attn.k_norm.weight", "attn_k_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},           {"mlp.down_proj.weight", "ffn_down.weight"},
   };
-  static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))");
+  // Falcon's, with llama.cpp's names: the fused query_key_value is split after loading.
+  static const std::pair<const char*, const char*> falcon_layer[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"input_layernorm.bias", "attn_norm.bias"},
+      {"ln_attn.weight", "attn_norm.weight"},
+      {"ln_attn.bias", "attn_norm.bias"},
+      {"ln_mlp.weight", "attn_norm_2.weight"},
+      {"ln_mlp.bias", "attn_norm_2.bias"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"post_attention_layernorm.bias", "ffn_norm.bias"},
+      {"self_attention.query_key_value.weight", "attn_qkv.weight"},
+      {"self_attention.dense.weight", "attn_output.weight"},
+      {"mlp.dense_h_to_4h.weight", "ffn_up.weight"},
+      {"mlp.dense_4h_to_h.weight", "ffn_down.weight"},
+  };
+  static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))"), falcon_re(R"(transformer\.h\.(\d+)\.(.+))");
   std::smatch m;
-  if (!std::regex_match(hf, m, layer_re)) return std::nullopt;
-  for (const auto& [from, to] : per_layer)
+  const bool falcon = std::regex_match(hf, m, falcon_re);
+  if (!falcon && !std::regex_match(hf, m, layer_re)) return std::nullopt;
+  using Names = std::span<const std::pair<const char*, const char*>>;
+  for (const auto& [from, to] : falcon ? Names(falcon_layer) : Names(per_layer))
     if (m[2] == from) return fmt::format("blk.{}.{}", m[1].str(), to);
   return std::nullopt;
 }
+
+const char* mlp_norm_name(const ModelConfig& c) { return c.parallel_block ? "attn_norm_2" : "ffn_norm"; }
 
 ModelFile::~ModelFile() = default;
 
@@ -69,7 +91,74 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
             [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
   if (m->st_) m->config_.tied_embeddings = m->find("output.weight") == nullptr;
   m->config_.fingerprint = model_fingerprint(path);
+  if (m->config_.arch == Arch::Falcon) m->split_fused_qkv();
   return m;
+}
+
+// Each attn_qkv.weight [(hq + 2 hkv) d rows, H] becomes attn_q/k/v.weight. A part that is one run of rows
+// is a view of the file; one scattered over the rows (grouped or per-head layouts) is gathered once.
+void ModelFile::split_fused_qkv() {
+  const ModelConfig& c = config_;
+  const int d = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads, group = hq / hkv;
+  // The head-row blocks (of d rows) that make up Q, K and V, in order.
+  std::vector<int> blocks[3];
+  for (int g = 0; g < hkv; ++g)
+    for (int j = 0; j < group; ++j) {
+      const int h = g * group + j;
+      switch (c.fused_qkv) {
+        case ModelConfig::FusedQkv::Blocks:
+          blocks[0].push_back(h);
+          if (j == 0) {
+            blocks[1].push_back(hq + g);
+            blocks[2].push_back(hq + hkv + g);
+          }
+          break;
+        case ModelConfig::FusedQkv::PerKvGroup:
+          blocks[0].push_back(g * (group + 2) + j);
+          if (j == 0) {
+            blocks[1].push_back(g * (group + 2) + group);
+            blocks[2].push_back(g * (group + 2) + group + 1);
+          }
+          break;
+        case ModelConfig::FusedQkv::PerHead:  // hq == hkv
+          blocks[0].push_back(3 * h);
+          blocks[1].push_back(3 * h + 1);
+          blocks[2].push_back(3 * h + 2);
+          break;
+      }
+    }
+  const uint64_t H = static_cast<uint64_t>(c.hidden), rows = static_cast<uint64_t>(hq + 2 * hkv) * d;
+  std::vector<TensorRef> parts;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string name = fmt::format("blk.{}.attn_qkv.weight", l);
+    const TensorRef& t = tensor(name);
+    if (t.ne != std::vector<uint64_t>{H, rows})
+      fail("{}: tensor '{}' has shape [{}], expected [{}, {}] ({} query and {} KV heads of {})", path_, name,
+           fmt::join(t.ne, ", "), H, rows, hq, hkv, d);
+    const DTypeInfo& info = dtype_info(t.type);
+    if (H % info.block_elems != 0)
+      fail("{}: tensor '{}': rows of {} elements do not hold whole {} blocks", path_, name, H, dtype_name(t.type));
+    const size_t block_bytes = H / info.block_elems * info.block_bytes * size_t(d);
+    const char* part_names[3] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"};
+    for (int p = 0; p < 3; ++p) {
+      const auto& b = blocks[p];
+      TensorRef r{fmt::format("blk.{}.{}", l, part_names[p]), t.type, {H, uint64_t(b.size()) * d}, {}};
+      const bool contiguous = b.back() - b.front() + 1 == static_cast<int>(b.size());
+      if (contiguous) {
+        r.data = t.data.subspan(size_t(b.front()) * block_bytes, b.size() * block_bytes);
+      } else {
+        auto& own = owned_.emplace_back(b.size() * block_bytes);
+        for (size_t i = 0; i < b.size(); ++i)
+          std::copy_n(t.data.data() + size_t(b[i]) * block_bytes, block_bytes, own.data() + i * block_bytes);
+        r.data = own;
+      }
+      parts.push_back(std::move(r));
+    }
+  }
+  // The views stay valid without the fused entry: the file's mapping owns the bytes.
+  std::erase_if(tensors_, [](const TensorRef& t) { return t.name.ends_with(".attn_qkv.weight"); });
+  for (auto& p : parts) tensors_.push_back(std::move(p));
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
 }
 
 std::string model_fingerprint(const std::string& path) {
@@ -119,18 +208,23 @@ void ModelFile::validate_tensors() const {
     if (!dtype_info(t.type).dequantizable)
       fail("{}: tensor '{}' has type {}, which kvbench cannot dequantize", path_, name, dtype_name(t.type));
   };
+  // A norm's weight, and its bias for LayerNorm.
+  auto check_norm = [&](const std::string& name) {
+    check(name + ".weight", {H});
+    if (c.layer_norm) check(name + ".bias", {H});
+  };
   check("token_embd.weight", {H, V});
-  check("output_norm.weight", {H});
+  check_norm("output_norm");
   if (!c.tied_embeddings) check("output.weight", {H, V});
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string b = fmt::format("blk.{}.", l);
-    check(b + "attn_norm.weight", {H});
-    check(b + "ffn_norm.weight", {H});
+    check_norm(b + "attn_norm");
+    if (c.mlp_norm) check_norm(b + mlp_norm_name(c));
     check(b + "attn_q.weight", {H, Q});
     check(b + "attn_k.weight", {H, KV});
     check(b + "attn_v.weight", {H, KV});
     check(b + "attn_output.weight", {Q, H});
-    check(b + "ffn_gate.weight", {H, F});
+    if (c.gated_mlp) check(b + "ffn_gate.weight", {H, F});
     check(b + "ffn_up.weight", {H, F});
     check(b + "ffn_down.weight", {F, H});
     if (c.qkv_bias) {

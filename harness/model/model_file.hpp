@@ -52,13 +52,22 @@ class ModelFile {
   std::unique_ptr<GGUFFile> gguf_;
   std::unique_ptr<SafetensorsModel> st_;
   std::vector<TensorRef> tensors_;
+  // Rows gathered out of a fused tensor whose parts are not contiguous in it (Falcon's grouped
+  // query_key_value); tensors_ points into them.
+  std::vector<std::vector<uint8_t>> owned_;
+  void split_fused_qkv();
 };
 
 // Size and hash of the first and last MiB (a directory: its files' names and sizes): cheap, and
 // changes with any re-quantisation. Results and offline artifacts are keyed by it.
 std::string model_fingerprint(const std::string& path);
 
-// Canonical name of a Hugging Face tensor name, or nullopt if it is not part of the model.
+// The layer tensor (without .weight) of the norm in front of the MLP when the config has one
+// (c.mlp_norm): ffn_norm, or attn_norm_2 beside attn_norm in a parallel block (llama.cpp's name).
+const char* mlp_norm_name(const ModelConfig& c);
+
+// Canonical name of a Hugging Face tensor name (Llama-family `model.layers.N.` or Falcon
+// `transformer.h.N.` names), or nullopt if it is not part of the model.
 std::optional<std::string> canonical_tensor_name(const std::string& hf_name);
 
 }  // namespace kvb

@@ -20,6 +20,9 @@ using nlohmann::json;
 constexpr const char* kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Hugging Face's Punctuation pre-tokenizer: Unicode punctuation (P*) or ASCII punctuation, which adds
+// $+<=>^`|~ (Unicode symbols).
+constexpr const char* kPunctuation = R"([\p{P}\x21-\x2F\x3A-\x40\x5B-\x60\x7B-\x7E])";
 constexpr const char* kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
@@ -52,7 +55,14 @@ std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc, b
     if (nfc) *nfc = true;
     return {{kQwen2Regex}};
   }
-  fail("unknown pre-tokenizer '{}' (supported: gpt2, smollm, starcoder, llama3/llama-bpe, qwen2)", name);
+  // Falcon's tokenizer.json: Punctuation (contiguous), ByteLevel, Digits, then digit triples isolated;
+  // the last two on the byte-level text. (llama.cpp's own falcon preset leaves out the Digits stage.)
+  if (name == "falcon") {
+    PreSplit digits{R"(\p{N}+)"}, triples{"[0-9][0-9][0-9]"};
+    digits.on_mapped = triples.on_mapped = true;
+    return {{std::string(kPunctuation) + "+"}, {kGpt2Regex}, digits, triples};
+  }
+  fail("unknown pre-tokenizer '{}' (supported: gpt2, smollm, starcoder, llama3/llama-bpe, qwen2, falcon)", name);
 }
 
 BpeSpec bpe_spec_from_gguf(const GGUFFile& f) {
@@ -88,9 +98,13 @@ namespace {
 void parse_pre_tokenizer(const json& j, BpeSpec& s, const std::string& file) {
   if (j.is_null()) return;
   const std::string type = j.value("type", "");
+  const size_t before = s.splits.size();
+  const bool after_byte_level = s.byte_level;
   if (type == "Sequence") {
     for (const auto& p : j.at("pretokenizers")) parse_pre_tokenizer(p, s, file);
-  } else if (type == "ByteLevel") {
+    return;
+  }
+  if (type == "ByteLevel") {
     s.byte_level = true;
     PreSplit p;
     if (j.value("use_regex", true)) p.pattern = kGpt2Regex;
@@ -98,6 +112,17 @@ void parse_pre_tokenizer(const json& j, BpeSpec& s, const std::string& file) {
     if (!p.pattern.empty() || p.prefix_space) s.splits.push_back(std::move(p));
   } else if (type == "Digits") {
     s.splits.push_back({j.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)"});
+  } else if (type == "Punctuation") {
+    const std::string b = j.value("behavior", "Isolated");
+    PreSplit p{kPunctuation};
+    if (b == "Contiguous")
+      p.pattern += "+";
+    else if (b == "Removed")
+      p.behavior = PreSplit::Behavior::Removed;
+    else if (b != "Isolated")
+      fail("{}: pre_tokenizer Punctuation behavior '{}' is not supported (expected Isolated, Contiguous or Removed)",
+           file, b);
+    s.splits.push_back(std::move(p));
   } else if (type == "Split") {
     PreSplit p;
     const json& pat = j.at("pattern");
@@ -118,10 +143,12 @@ void parse_pre_tokenizer(const json& j, BpeSpec& s, const std::string& file) {
     s.splits.push_back(std::move(p));
   } else {
     fail(
-        "{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split, Digits or "
+        "{}: pre_tokenizer type '{}' is not supported (expected ByteLevel, Split, Digits, Punctuation or "
         "Sequence); for SentencePiece models use tokenizer.model",
         file, type);
   }
+  if (after_byte_level)
+    for (size_t k = before; k < s.splits.size(); ++k) s.splits[k].on_mapped = true;
 }
 
 void parse_normalizer(const json& j, BpeSpec& s, const std::string& file) {
@@ -315,6 +342,18 @@ std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const
         next.push_back(std::move(piece));
         continue;
       }
+      // On byte-level text the matches are found in the stand-ins; raw_at maps their offsets back.
+      std::string mapped;
+      std::vector<size_t> raw_at;
+      if (sp.on_mapped) {
+        const auto& bl = ByteLevelMap::get();
+        raw_at.assign(piece.size() * 2 + 1, 0);
+        for (size_t i = 0; i < piece.size(); ++i) {
+          raw_at[mapped.size()] = i;
+          mapped += bl.byte_to_utf8[static_cast<unsigned char>(piece[i])];
+        }
+        raw_at[mapped.size()] = piece.size();
+      }
       size_t prev = 0;
       auto keep = [&](size_t b, size_t e, bool is_match) {
         if (e <= b) return;
@@ -322,7 +361,11 @@ std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const
         if (delimiter && sp.behavior == PreSplit::Behavior::Removed) return;
         next.push_back(piece.substr(b, e - b));
       };
-      for (const auto& [b, e] : regexes_[k]->find_all(piece)) {
+      for (auto [b, e] : regexes_[k]->find_all(sp.on_mapped ? mapped : piece)) {
+        if (sp.on_mapped) {
+          b = raw_at[b];
+          e = raw_at[e];
+        }
         keep(prev, b, false);
         keep(b, e, true);
         prev = e;

@@ -27,6 +27,10 @@ struct PreSplit {
   // Prepend a space to each incoming piece that does not start with one (ByteLevel's
   // add_prefix_space, which acts on the pieces that reach it, before its own regex split).
   bool prefix_space = false;
+  // Split the byte-level text (each byte as the character standing for it), as Hugging Face does for a
+  // stage after ByteLevel: Falcon's Digits then sees the latin-1 stand-ins '²' or '¼' inside multi-byte
+  // characters. The pieces handed on are raw bytes still.
+  bool on_mapped = false;
 };
 
 struct BpeSpec {

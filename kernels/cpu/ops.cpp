@@ -70,6 +70,48 @@ void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y
   }
 }
 
+void layernorm_ref(const float* x, const float* w, const float* b, int n, int dim, float eps, float* y) {
+  for (int i = 0; i < n; ++i) {
+    const float* xi = x + size_t(i) * dim;
+    double mean = 0, var = 0;
+    for (int k = 0; k < dim; ++k) mean += xi[k];
+    mean /= dim;
+    for (int k = 0; k < dim; ++k) var += (xi[k] - mean) * (xi[k] - mean);
+    const double r = 1.0 / std::sqrt(var / dim + eps);
+    for (int k = 0; k < dim; ++k) y[size_t(i) * dim + k] = static_cast<float>((xi[k] - mean) * r * w[k] + b[k]);
+  }
+}
+
+void layernorm(const float* x, const float* w, const float* b, int n, int dim, float eps, float* y) {
+#pragma omp parallel for schedule(static) if (n > 4)
+  for (int i = 0; i < n; ++i) {
+    const float* xi = x + size_t(i) * dim;
+    float* yi = y + size_t(i) * dim;
+    // Two passes in double: a residual stream far from zero mean (Falcon's reach hundreds) loses
+    // digits in a float sum of thousands of elements, and everything to cancellation as E[x^2]-E[x]^2.
+    double sum = 0;
+    for (int k = 0; k < dim; ++k) sum += xi[k];
+    const double mean = sum / dim;
+    double ss = 0;
+    for (int k = 0; k < dim; ++k) ss += (xi[k] - mean) * (xi[k] - mean);
+    const auto m = static_cast<float>(mean), r = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+    for (int k = 0; k < dim; ++k) yi[k] = (xi[k] - m) * r * w[k] + b[k];
+  }
+}
+
+void gelu_ref(const float* x, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    out[i] = static_cast<float>(0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))));
+  }
+}
+
+void gelu(const float* x, size_t n, float* out) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (size_t i = 0; i < n; ++i) out[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+}
+
 void swiglu_ref(const float* gate, const float* up, size_t n, float* out) {
   for (size_t i = 0; i < n; ++i) {
     const double g = gate[i];

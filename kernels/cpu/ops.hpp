@@ -26,6 +26,15 @@ void add_bias(float* y, const float* bias, int n, int out);
 void rmsnorm_ref(const float* x, const float* w, int n, int dim, float eps, float* y);
 void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y);
 
+// Row-wise LayerNorm with bias (Falcon): y = (x - mean(x)) / sqrt(var(x) + eps) * w + b, the
+// variance biased (divided by dim) as torch.nn.LayerNorm computes it.
+void layernorm_ref(const float* x, const float* w, const float* b, int n, int dim, float eps, float* y);
+void layernorm(const float* x, const float* w, const float* b, int n, int dim, float eps, float* y);
+
+// out = gelu(x) = x * Phi(x), elementwise, with the exact (erf) Phi of torch.nn.GELU() (Falcon's MLP).
+void gelu_ref(const float* x, size_t n, float* out);
+void gelu(const float* x, size_t n, float* out);
+
 // out = silu(gate) * up, elementwise.
 void swiglu_ref(const float* gate, const float* up, size_t n, float* out);
 void swiglu(const float* gate, const float* up, size_t n, float* out);

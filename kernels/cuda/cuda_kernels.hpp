@@ -24,7 +24,9 @@ void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y
 // position x frequency, its cosine and sine taken in double, as the CPU table does.
 void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq, bool interleaved,
           float sign, cudaStream_t s);
+void layernorm(const float* x, const float* w, const float* b, int n, int dim, float eps, float* y, cudaStream_t s);
 void swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t s);
+void gelu(const float* x, size_t n, float* out, cudaStream_t s);
 void add(float* x, const float* y, size_t n, cudaStream_t s);
 void add_bias(float* y, const float* bias, int n, int dim, cudaStream_t s);
 // y[n, out] = x[n, in] W[out, in]^T for small n (decode), reading W once: bandwidth-bound.

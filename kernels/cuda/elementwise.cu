@@ -1,5 +1,5 @@
-// Row-wise and elementwise kernels of the transformer: embedding, RMSNorm, RoPE, SwiGLU, adds, and the
-// small-batch bf16 matrix-vector product of decoding.
+// Row-wise and elementwise kernels of the transformer: embedding, RMSNorm, LayerNorm, RoPE, SwiGLU, GELU,
+// adds, and the small-batch bf16 matrix-vector product of decoding.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -51,6 +51,18 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, int dim, float ep
   for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * r * w[c];
 }
 
+__global__ void layernorm_kernel(const float* x, const float* w, const float* b, int dim, float eps, float* y) {
+  const float* xr = x + size_t(blockIdx.x) * dim;
+  float* yr = y + size_t(blockIdx.x) * dim;
+  float sum = 0;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) sum += xr[c];
+  const float mean = block_sum(sum) / static_cast<float>(dim);
+  float ss = 0;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += (xr[c] - mean) * (xr[c] - mean);
+  const float r = rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = (xr[c] - mean) * r * w[c] + b[c];
+}
+
 __global__ void rope_kernel(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq,
                             bool interleaved, float sign) {
   const int half = d / 2;
@@ -75,6 +87,11 @@ __global__ void swiglu_kernel(const float* gate, const float* up, size_t n, floa
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
   }
+}
+
+__global__ void gelu_kernel(const float* x, size_t n, float* out) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
 __global__ void add_kernel(float* x, const float* y, size_t n) {
@@ -167,6 +184,11 @@ void rmsnorm(const float* x, const float* w, int n, int dim, float eps, float* y
   check(cudaGetLastError(), "rmsnorm");
 }
 
+void layernorm(const float* x, const float* w, const float* b, int n, int dim, float eps, float* y, cudaStream_t s) {
+  layernorm_kernel<<<n, 256, 0, s>>>(x, w, b, dim, eps, y);
+  check(cudaGetLastError(), "layernorm");
+}
+
 void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, const float* inv_freq, bool interleaved,
           float sign, cudaStream_t s) {
   rope_kernel<<<blocks_for(size_t(n) * heads * (d / 2), 256), 256, 0, s>>>(x, n, heads, d, pos, pos0, inv_freq,
@@ -177,6 +199,11 @@ void rope(float* x, int n, int heads, int d, const int32_t* pos, int32_t pos0, c
 void swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t s) {
   swiglu_kernel<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, n, out);
   check(cudaGetLastError(), "swiglu");
+}
+
+void gelu(const float* x, size_t n, float* out, cudaStream_t s) {
+  gelu_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, out);
+  check(cudaGetLastError(), "gelu");
 }
 
 void add(float* x, const float* y, size_t n, cudaStream_t s) {

@@ -29,6 +29,11 @@ Files written to --outdir (default tests/fixtures/tokenizer/synthetic/). Each
   split_invert.json    Sequence[Split(Regex \\p{L}+, Isolated, invert=True),
                                 ByteLevel(add_prefix_space=True (the default),
                                           use_regex=False)]
+  falcon.json          Falcon-7B's pre-tokenizer: Sequence[Punctuation(Contiguous),
+                                ByteLevel(add_prefix_space=False, use_regex=True),
+                                Digits(individual_digits=False),
+                                Split(Regex [0-9][0-9][0-9], Isolated)]; the last two
+                       see the byte-level text (FALCON_EXTRA probes where that matters)
   manifest.json        line/token counts per file, package versions, corpus sha256
 
 Every file has a ByteLevel decoder, no post-processor, and the control tokens
@@ -36,7 +41,7 @@ as special added tokens. For each <name>.json there is also <name>_ids.jsonl,
 with one {"text", "ids"} line per corpus string used. The ids come from
 encode(text, add_special_tokens=False). A line also has a "decoded" key when
 decode(ids, skip_special_tokens=False) != text. After the corpus lines,
-every file has the hand-written PROBE_EXTRA strings (special tokens,
+every file has the hand-written PROBE_EXTRA strings (falcon also FALCON_EXTRA) (special tokens,
 non-ASCII numerals and whitespace, and so on), each marked "extra": true.
 qwen2_ids.jsonl then has more strings that NFC changes, also marked
 "extra": true. These are the corpus lines after the first --lines that NFC
@@ -121,6 +126,20 @@ PROBE_EXTRA = [
     "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 abc",
     "emoji \U0001F600\U0001F44D\U0001F3FD ok",
     "\u00e9t\u00e9 caf\u00e9 na\u00efve",
+]
+
+
+# Falcon only: digit runs and punctuation next to multi-byte characters whose UTF-8 bytes stand for
+# numerals or punctuation at the byte level (C2 B2 -> 'Â²', D0 BC -> 'Ð¼'), digit triples, and ASCII
+# symbols that Unicode does not call punctuation ($+<=>^`|~).
+FALCON_EXTRA = [
+    "x\u00b2y and \u00bd6789 and 12\u00bd3456",
+    "\u043c and \u043c\u0438\u0440 999",
+    "\u0663\u0664\u0665 1234567",
+    "price: $12,345.67 (~3%) <a href=\"x\">|^`+=</a>",
+    "(555) 123-4567 ext. 89!!! ...ok",
+    "\u00bfQu\u00e9? \u00a1S\u00ed! \u2014 \u201cquoted\u201d \u00ab\u00bb",
+    "a  12 ,,, ;; :: 3.14159265",
 ]
 
 
@@ -211,6 +230,13 @@ def configs():
                 # add_prefix_space is left at its default (True) on purpose.
                 pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False),
             ]))),
+        ("falcon", dict(
+            pre_tokenizer=pre_tokenizers.Sequence([
+                pre_tokenizers.Punctuation(behavior="contiguous"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                pre_tokenizers.Digits(individual_digits=False),
+                pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated", invert=False),
+            ]))),
     ]
 
 
@@ -277,6 +303,8 @@ def main():
         items = [(t, False) for t in texts] + [(t, True) for t in probes]
         if name == "qwen2":
             items += [(t, True) for t in nfc_extra]
+        if name == "falcon":
+            items += [(t, True) for t in FALCON_EXTRA if t not in seen]
         encs = tk.encode_batch([t for t, _ in items], add_special_tokens=False)
         rows, n_dec, n_tok = [], 0, 0
         for (text, extra), e in zip(items, encs):

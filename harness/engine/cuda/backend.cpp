@@ -135,6 +135,12 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm(x.data() + x_offset, w.data(), n, dim, eps, y.data(), stream_);
   }
 
+  void layernorm(const Buffer& x, const Buffer& w, const Buffer& b, int n, int dim, float eps, Buffer& y,
+                 size_t x_offset) override {
+    OpTimer t(*this, profiling_, stats_.other_seconds);
+    cuda::layernorm(x.data() + x_offset, w.data(), b.data(), n, dim, eps, y.data(), stream_);
+  }
+
   void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) override {
     OpTimer t(*this, profiling_, stats_.linear_seconds);
     stats_.linear_flops += 2.0 * n * in * out;
@@ -165,6 +171,11 @@ class CudaBackend final : public Backend {
   void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
     cuda::swiglu(gate.data(), up.data(), n, out.data(), stream_);
+  }
+
+  void gelu(const Buffer& x, size_t n, Buffer& out) override {
+    OpTimer t(*this, profiling_, stats_.other_seconds);
+    cuda::gelu(x.data(), n, out.data(), stream_);
   }
 
   void add(Buffer& x, const Buffer& y, size_t n, size_t x_offset) override {

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Random-weight Falcon models saved by transformers, their logits, and the same models as GGUF files.
+
+Falcon differs from the Llama family in its block: LayerNorm with bias, a GELU MLP without gate,
+attention and MLP side by side on the layer's input, and one fused query_key_value matrix whose row
+order depends on the variant. One model per variant kvbench reads:
+
+  falcon_7b_like/       Falcon-7B's settings: multi_query (one KV head), parallel_attn, one
+                        input_layernorm per layer, fused rows [Q; K; V], tied embeddings
+  falcon_40b_like/      new_decoder_architecture (Falcon-40B/180B): 2 KV heads for 8 query heads, the
+                        fused rows grouped per KV head [its queries; K; V], ln_attn and ln_mlp
+  falcon_sequential/    parallel_attn false, multi_query false: per-head fused rows [q; k; v],
+                        input_layernorm then post_attention_layernorm, a separate output head
+
+Each directory holds what save_pretrained wrote (config.json, model.safetensors,
+generation_config.json), `logits.bin` (every position's logits, little-endian float32,
+[positions, vocab]) and `reference.json` (ids, shape, versions). The first two are also written as
+GGUF files (`<name>.gguf`, F32) with llama.cpp's falcon names and keys: its converter reorders the
+grouped query_key_value into [Q; K; V] and names ln_mlp attn_norm_2.
+
+    python3 tools/reference/falcon_parity.py [--outdir tests/fixtures/hf_config]
+
+Needs torch, transformers 5.x, safetensors, numpy, gguf. Deterministic (fixed seeds); runs in seconds.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+from importlib.metadata import version as pkg_version
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, FalconConfig
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+N_TOKENS = 96
+VOCAB = 128
+
+
+def configs():
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, layer_norm_epsilon=1e-5,
+                  max_position_embeddings=512, bias=False, alibi=False, bos_token_id=None, eos_token_id=None)
+    return {
+        "falcon_7b_like": FalconConfig(num_attention_heads=4, multi_query=True, parallel_attn=True,
+                                       new_decoder_architecture=False, **common),
+        "falcon_40b_like": FalconConfig(num_attention_heads=8, num_kv_heads=2, new_decoder_architecture=True,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                                        **common),
+        "falcon_sequential": FalconConfig(num_attention_heads=4, multi_query=False, parallel_attn=False,
+                                          new_decoder_architecture=False, tie_word_embeddings=False,
+                                          ffn_hidden_size=96, **common),
+    }
+
+
+GGUF_NAMES = {"input_layernorm": "attn_norm", "ln_attn": "attn_norm", "ln_mlp": "attn_norm_2",
+              "self_attention.query_key_value": "attn_qkv", "self_attention.dense": "attn_output",
+              "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
+
+
+def gguf_name(name):
+    if name == "transformer.word_embeddings.weight":
+        return "token_embd.weight"
+    if name.startswith("transformer.ln_f."):
+        return "output_norm." + name.rsplit(".", 1)[1]
+    if name == "lm_head.weight":
+        return "output.weight"
+    _, _, layer, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{GGUF_NAMES[module]}.{kind}"
+
+
+def contiguous_qkv(w, cfg):
+    """llama.cpp's converter turns a new_decoder_architecture query_key_value into [Q; K; V]."""
+    if not cfg.new_decoder_architecture:
+        return w
+    d = cfg.hidden_size // cfg.num_attention_heads
+    qkv = w.view(cfg.num_kv_heads, cfg.num_attention_heads // cfg.num_kv_heads + 2, d, cfg.hidden_size)
+    q = qkv[:, :-2].reshape(-1, cfg.hidden_size)
+    k = qkv[:, [-2]].reshape(-1, cfg.hidden_size)
+    v = qkv[:, [-1]].reshape(-1, cfg.hidden_size)
+    return torch.cat((q, k, v))
+
+
+def write_gguf(model, cfg, path):
+    import gguf
+
+    w = gguf.GGUFWriter(path, "falcon")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.ffn_hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_kv_heads if cfg.new_decoder_architecture else 1)
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_vocab_size(cfg.vocab_size)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name.endswith("query_key_value.weight"):
+            t = contiguous_qkv(t, cfg)
+        w.add_tensor(gguf_name(name), t.detach().float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--outdir", default=os.path.join(REPO_ROOT, "tests", "fixtures", "hf_config"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": pkg_version("transformers"), "safetensors": pkg_version("safetensors"),
+                "numpy": np.__version__, "gguf": pkg_version("gguf")}
+    ids = torch.tensor(np.random.default_rng(7).integers(0, VOCAB, N_TOKENS), dtype=torch.long)
+    for i, (name, cfg) in enumerate(configs().items()):
+        torch.manual_seed(31 + i)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():  # init_std 0.02 gives near-uniform logits; wider weights make them tell apart
+            for pname, p in model.named_parameters():
+                if pname.endswith(".bias"):
+                    p.normal_(0.0, 0.5)
+                else:
+                    p.normal_(1.0 if p.dim() == 1 else 0.0, 0.5 if p.dim() == 1 else 0.25)
+        out = os.path.join(args.outdir, name)
+        shutil.rmtree(out, ignore_errors=True)
+        model.save_pretrained(out)
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+        model.eval()
+        with torch.no_grad():
+            logits = model(ids[None, :], use_cache=False).logits[0].float().numpy()
+        logits.astype("<f4").tofile(os.path.join(out, "logits.bin"))
+        ref = {"model": name, "versions": versions, "ids": ids.tolist(), "logits": "logits.bin",
+               "shape": list(logits.shape), "max_abs_logit": float(np.abs(logits).max())}
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump(ref, f, indent=1)
+            f.write("\n")
+        if name != "falcon_sequential":  # llama.cpp's falcon graph is always the parallel block
+            write_gguf(model, model.config, os.path.join(args.outdir, name + ".gguf"))
+        print(f"{name}: {len(ids)} positions, max |logit| {ref['max_abs_logit']:.3f}; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
