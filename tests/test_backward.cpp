@@ -56,8 +56,10 @@ void check_fd(std::vector<float>& x, const std::function<double()>& f, const std
 
 }  // namespace
 
-TEST_CASE("backward kernels: linear, rmsnorm, swiglu and cross-entropy against references and finite differences",
-          "[backward]") {
+TEST_CASE(
+    "backward kernels: linear, rmsnorm, layernorm, swiglu, gelu and cross-entropy against references and finite "
+    "differences",
+    "[backward]") {
   const int n = 7, in = 12, out = 10;
   auto x = randn(size_t(n) * in, 1), w = randn(size_t(out) * in, 2, 0.3f), dy = randn(size_t(n) * out, 3);
   std::vector<float> dx1(x.size(), 0.5f), dx2(dx1), dw1(w.size(), 0.25f), dw2(dw1), db1(out, 1.0f), db2(db1);
@@ -104,7 +106,41 @@ TEST_CASE("backward kernels: linear, rmsnorm, swiglu and cross-entropy against r
     check_fd(wr, f, rw1, 10);
   }
 
+  {  // LayerNorm (Falcon), rows off zero mean
+    auto xl = randn(size_t(n) * dim, 20, 2.0f), bl = randn(dim, 21);
+    for (auto& v : xl) v += 3.0f;
+    std::vector<float> lx1(xl.size(), 0.5f), lx2(lx1), lw1(dim, 0.25f), lw2(lw1), lb1(dim, 1.0f), lb2(lb1);
+    layernorm_backward_ref(xl.data(), wr.data(), gr.data(), n, dim, 1e-5f, lx1.data(), lw1.data(), lb1.data());
+    layernorm_backward(xl.data(), wr.data(), gr.data(), n, dim, 1e-5f, lx2.data(), lw2.data(), lb2.data());
+    check_close(lx2, lx1, 1e-5);
+    check_close(lw2, lw1, 1e-5);
+    check_close(lb2, lb1, 1e-5);
+    std::vector<float> gx(xl.size(), 0.0f), gw(dim, 0.0f), gb(dim, 0.0f), y(xl.size());
+    layernorm_backward_ref(xl.data(), wr.data(), gr.data(), n, dim, 1e-5f, gx.data(), gw.data(), gb.data());
+    auto f = [&] {
+      layernorm_ref(xl.data(), wr.data(), bl.data(), n, dim, 1e-5f, y.data());
+      return dot(y, gr);
+    };
+    check_fd(xl, f, gx, 22);
+    check_fd(wr, f, gw, 23);
+    check_fd(bl, f, gb, 24);
+  }
+
   const size_t m = 300;
+  {  // GELU
+    auto xg = randn(m, 25, 2.0f), dg = randn(m, 26);
+    std::vector<float> g1(m), g2(m), y(m);
+    gelu_backward_ref(xg.data(), dg.data(), m, g1.data());
+    gelu_backward(xg.data(), dg.data(), m, g2.data());
+    check_close(g2, g1, 1e-5);
+    check_fd(
+        xg,
+        [&] {
+          gelu_ref(xg.data(), m, y.data());
+          return dot(y, dg);
+        },
+        g1, 27);
+  }
   auto ga = randn(m, 11, 2.0f), ua = randn(m, 12), da = randn(m, 13);
   std::vector<float> dg1(m), du1(m), dg2(m), du2(m), y(m);
   swiglu_backward_ref(ga.data(), ua.data(), da.data(), m, dg1.data(), du1.data());

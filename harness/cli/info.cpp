@@ -88,7 +88,8 @@ void print_info(const json& j) {
   fmt::print("  embeddings      {}, q/k/v bias {}, q/k norm {}\n",
              j["tied_embeddings"].get<bool>() ? "tied" : "separate output", j["qkv_bias"].get<bool>() ? "yes" : "no",
              j["qk_norm"].get<bool>() ? "yes" : "no");
-  fmt::print("  block           {}, {} MLP, {}\n", j["norm"].get<std::string>() == "layernorm" ? "LayerNorm" : "RMSNorm",
+  fmt::print("  block           {}, {} MLP, {}\n",
+             j["norm"].get<std::string>() == "layernorm" ? "LayerNorm" : "RMSNorm",
              j["mlp"].get<std::string>() == "gelu" ? "GELU" : "SwiGLU",
              j["parallel_block"].get<bool>() ? "attention and MLP in parallel" : "attention then MLP");
   std::string types;

@@ -21,21 +21,30 @@ RopeStyle rope_style(const ModelConfig& c) {
   return c.rope_layout == RopeLayout::Interleaved ? RopeStyle::Interleaved : RopeStyle::NeoX;
 }
 
-// The names of one layer's tensors, in the order the backward meets them.
-constexpr const char* kLayerTensors[] = {
-    "attn_norm.weight", "attn_q.weight",   "attn_k.weight",      "attn_v.weight",      "attn_q.bias",
-    "attn_k.bias",      "attn_v.bias",     "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight",
-    "ffn_norm.weight",  "ffn_gate.weight", "ffn_up.weight",      "ffn_down.weight"};
+// The names of one layer's tensors under this config.
+std::vector<std::string> layer_tensors(const ModelConfig& c) {
+  std::vector<std::string> names;
+  auto norm = [&](const std::string& n) {
+    names.push_back(n + ".weight");
+    if (c.layer_norm) names.push_back(n + ".bias");
+  };
+  norm("attn_norm");
+  for (const char* p : {"attn_q", "attn_k", "attn_v"}) {
+    names.push_back(std::string(p) + ".weight");
+    if (c.qkv_bias) names.push_back(std::string(p) + ".bias");
+  }
+  if (c.qk_norm) names.insert(names.end(), {"attn_q_norm.weight", "attn_k_norm.weight"});
+  names.push_back("attn_output.weight");
+  if (c.mlp_norm) norm(mlp_norm_name(c));
+  if (c.gated_mlp) names.push_back("ffn_gate.weight");
+  names.insert(names.end(), {"ffn_up.weight", "ffn_down.weight"});
+  return names;
+}
 
 }  // namespace
 
 ModelGradients::ModelGradients(const ModelFile& model)
     : cfg_(model.config()), rope_(rope_inv_freq(model.config()), rope_style(model.config())) {
-  if (cfg_.layer_norm || !cfg_.gated_mlp || cfg_.parallel_block)
-    fail(
-        "{}: the backward pass covers Llama-family blocks (RMSNorm, SwiGLU, attention then MLP); this {} model's "
-        "block (LayerNorm, GELU, parallel attention and MLP) has no backward in kvbench",
-        model.path(), cfg_.arch_name);
   model.validate_tensors();
   auto load = [&](const std::string& name) {
     const TensorRef& t = model.tensor(name);
@@ -46,14 +55,31 @@ ModelGradients::ModelGradients(const ModelFile& model)
   };
   load("token_embd.weight");
   load("output_norm.weight");
+  if (cfg_.layer_norm) load("output_norm.bias");
   if (!cfg_.tied_embeddings) load("output.weight");
+  const auto names = layer_tensors(cfg_);
   for (int l = 0; l < cfg_.n_layers; ++l)
-    for (const char* what : kLayerTensors) {
-      const std::string_view w(what);
-      if (!cfg_.qkv_bias && w.ends_with(".bias")) continue;
-      if (!cfg_.qk_norm && (w == "attn_q_norm.weight" || w == "attn_k_norm.weight")) continue;
-      load(layer_name(l, what));
-    }
+    for (const auto& what : names) load(layer_name(l, what.c_str()));
+  mlp_norm_ = cfg_.mlp_norm ? mlp_norm_name(cfg_) : "attn_norm";
+}
+
+void ModelGradients::norm(const std::string& name, const float* x, int n, float* y) const {
+  const float* w = find(name + ".weight").w.data();
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  if (cfg_.layer_norm)
+    layernorm(x, w, find(name + ".bias").w.data(), n, cfg_.hidden, eps, y);
+  else
+    rmsnorm(x, w, n, cfg_.hidden, eps, y);
+}
+
+void ModelGradients::norm_backward(const std::string& name, const float* x, const float* dy, int n, float* dx,
+                                   const GradOf& grad) const {
+  const float* w = find(name + ".weight").w.data();
+  const auto eps = static_cast<float>(cfg_.norm_eps);
+  if (cfg_.layer_norm)
+    layernorm_backward(x, w, dy, n, cfg_.hidden, eps, dx, grad(name + ".weight"), grad(name + ".bias"));
+  else
+    rmsnorm_backward(x, w, dy, n, cfg_.hidden, eps, dx, grad(name + ".weight"));
 }
 
 std::string ModelGradients::layer_name(int l, const char* what) const { return fmt::format("blk.{}.{}", l, what); }
@@ -129,7 +155,7 @@ void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvT
   const int Q = hq * d, KV = hkv * d;
   auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
   const bool b = cfg_.qkv_bias;
-  rmsnorm(x, w("attn_norm.weight"), n, H, static_cast<float>(cfg_.norm_eps), wk.h1.data());
+  this->norm(layer_name(l, "attn_norm"), x, n, wk.h1.data());
   const bool norm = cfg_.qk_norm;
   linear(wk.h1.data(), w("attn_q.weight"), b ? w("attn_q.bias") : nullptr, n, H, Q, (norm ? wk.q_raw : wk.q).data());
   linear(wk.h1.data(), w("attn_k.weight"), b ? w("attn_k.bias") : nullptr, n, H, KV, (norm ? wk.k_raw : wk.k).data());
@@ -147,13 +173,18 @@ void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvT
   for (size_t i = 0; i < size_t(n) * H; ++i) wk.xmid[i] += x[i];
 }
 
-void ModelGradients::mlp_forward_half(int l, Work& wk, std::vector<float>* next) {
+void ModelGradients::mlp_forward_half(int l, const float* x, Work& wk, std::vector<float>* next) {
   const int n = wk.n, H = cfg_.hidden, F = cfg_.intermediate;
   auto w = [&](const char* what) { return find(layer_name(l, what)).w.data(); };
-  rmsnorm(wk.xmid.data(), w("ffn_norm.weight"), n, H, static_cast<float>(cfg_.norm_eps), wk.h2.data());
-  linear(wk.h2.data(), w("ffn_gate.weight"), nullptr, n, H, F, wk.gate.data());
+  // A parallel block's MLP reads the layer input; a sequential one the stream after attention.
+  norm(layer_name(l, mlp_norm_.c_str()), cfg_.parallel_block ? x : wk.xmid.data(), n, wk.h2.data());
   linear(wk.h2.data(), w("ffn_up.weight"), nullptr, n, H, F, wk.up.data());
-  swiglu(wk.gate.data(), wk.up.data(), size_t(n) * F, wk.act.data());
+  if (cfg_.gated_mlp) {
+    linear(wk.h2.data(), w("ffn_gate.weight"), nullptr, n, H, F, wk.gate.data());
+    swiglu(wk.gate.data(), wk.up.data(), size_t(n) * F, wk.act.data());
+  } else {
+    gelu(wk.up.data(), size_t(n) * F, wk.act.data());
+  }
   if (next) {
     next->resize(size_t(n) * H);
     linear(wk.act.data(), w("ffn_down.weight"), nullptr, n, F, H, next->data());
@@ -201,7 +232,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
   Work wk(n, cfg_);
   for (int l = 0; l < L; ++l) {
     attention_forward_half(l, checkpoints[l].data(), wk, hook, false);
-    mlp_forward_half(l, wk, &checkpoints[size_t(l) + 1]);
+    mlp_forward_half(l, checkpoints[l].data(), wk, &checkpoints[size_t(l) + 1]);
   }
 
   // Loss head in chunks of tokens: final norm, logits, cross-entropy; dx = d loss / d residual stream.
@@ -209,13 +240,12 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
   std::vector<float> dx(backward ? size_t(n) * H : 0, 0.0f);
   {
     const auto& xL = checkpoints[size_t(L)];
-    const float* norm_w = find("output_norm.weight").w.data();
     const float* head = find(head_name).w.data();
     float* d_head = grad(head_name);
     out.n_targets = n - 1;
     const float scale = 1.0f / static_cast<float>(out.n_targets);
     std::vector<float> hn(size_t(n) * H), dhn(backward ? size_t(n) * H : 0, 0.0f);
-    rmsnorm(xL.data(), norm_w, n, H, eps, hn.data());
+    norm("output_norm", xL.data(), n, hn.data());
     const int chunk = std::max(1, loss_chunk_);
     std::vector<float> logits(size_t(std::min(n, chunk)) * V);
     std::vector<int32_t> targets(static_cast<size_t>(n));
@@ -230,7 +260,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
                         d_head, nullptr);
     }
     out.loss = total / out.n_targets;
-    if (backward) rmsnorm_backward(xL.data(), norm_w, dhn.data(), n, H, eps, dx.data(), grad("output_norm.weight"));
+    if (backward) norm_backward("output_norm", xL.data(), dhn.data(), n, dx.data(), grad);
   }
   if (!backward) return out;
 
@@ -242,22 +272,31 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
   for (int l = L - 1; l >= lowest; --l) {
     const auto& x = checkpoints[size_t(l)];
     attention_forward_half(l, x.data(), wk, hook, true);
-    mlp_forward_half(l, wk, nullptr);
+    mlp_forward_half(l, x.data(), wk, nullptr);
     const auto& pos = wk.pos;
     const auto &h1 = wk.h1, &q = wk.q, &k = wk.k, &v = wk.v, &att = wk.att, &lse = wk.lse, &xmid = wk.xmid, &h2 = wk.h2,
                &gate = wk.gate, &up = wk.up, &act = wk.act;
     auto& tmp = wk.tmp;
     auto g = [&](const char* what) { return grad(layer_name(l, what)); };
-    // MLP: x_out = xmid + down(silu(gate(h2)) * up(h2)), h2 = norm(xmid).
+    // MLP: x_out = xmid + down(silu(gate(h2)) * up(h2)) (or down(gelu(up(h2)))), h2 = norm'(xmid), or of x
+    // in a parallel block.
     std::fill(tmp.begin(), tmp.begin() + ptrdiff_t(size_t(n) * F), 0.0f);
     linear_backward(act.data(), w(l, "ffn_down.weight"), dx.data(), n, F, H, tmp.data(), g("ffn_down.weight"), nullptr);
-    swiglu_backward(gate.data(), up.data(), tmp.data(), size_t(n) * F, dgate.data(), dup.data());
     std::fill(dh.begin(), dh.end(), 0.0f);
-    linear_backward(h2.data(), w(l, "ffn_gate.weight"), dgate.data(), n, H, F, dh.data(), g("ffn_gate.weight"),
-                    nullptr);
+    if (cfg_.gated_mlp) {
+      swiglu_backward(gate.data(), up.data(), tmp.data(), size_t(n) * F, dgate.data(), dup.data());
+      linear_backward(h2.data(), w(l, "ffn_gate.weight"), dgate.data(), n, H, F, dh.data(), g("ffn_gate.weight"),
+                      nullptr);
+    } else {
+      gelu_backward(up.data(), tmp.data(), size_t(n) * F, dup.data());
+    }
     linear_backward(h2.data(), w(l, "ffn_up.weight"), dup.data(), n, H, F, dh.data(), g("ffn_up.weight"), nullptr);
     dmid = dx;
-    rmsnorm_backward(xmid.data(), w(l, "ffn_norm.weight"), dh.data(), n, H, eps, dmid.data(), g("ffn_norm.weight"));
+    // Falcon-7B's MLP reads attn_norm's output: its dh joins the attention's below, one norm backward.
+    const bool shared_norm = !cfg_.mlp_norm;
+    if (!shared_norm)
+      norm_backward(layer_name(l, mlp_norm_.c_str()), cfg_.parallel_block ? x.data() : xmid.data(), dh.data(), n,
+                    cfg_.parallel_block ? dx.data() : dmid.data(), grad);
     // Attention: xmid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x).
     std::fill(datt.begin(), datt.end(), 0.0f);
     linear_backward(att.data(), w(l, "attn_output.weight"), dmid.data(), n, Q, H, datt.data(), g("attn_output.weight"),
@@ -281,7 +320,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
       dq_in = dq_raw.data();
       dk_in = dk_raw.data();
     }
-    std::fill(dh.begin(), dh.end(), 0.0f);
+    if (!shared_norm) std::fill(dh.begin(), dh.end(), 0.0f);
     const bool b = cfg_.qkv_bias;
     linear_backward(h1.data(), w(l, "attn_q.weight"), dq_in, n, H, Q, dh.data(), g("attn_q.weight"),
                     b ? g("attn_q.bias") : nullptr);
@@ -289,8 +328,10 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
                     b ? g("attn_k.bias") : nullptr);
     linear_backward(h1.data(), w(l, "attn_v.weight"), dv.data(), n, H, KV, dh.data(), g("attn_v.weight"),
                     b ? g("attn_v.bias") : nullptr);
-    dx = dmid;
-    rmsnorm_backward(x.data(), w(l, "attn_norm.weight"), dh.data(), n, H, eps, dx.data(), g("attn_norm.weight"));
+    // d x_in = d xmid (the residual) + the norms' share; in a parallel block d xmid = d x_out, and dx
+    // already holds the MLP norm's share.
+    if (!cfg_.parallel_block) dx = dmid;
+    norm_backward(layer_name(l, "attn_norm"), x.data(), dh.data(), n, dx.data(), grad);
   }
   if (lowest == 0)
     if (float* de = grad("token_embd.weight")) embed_backward(ids.data(), n, H, dx.data(), de);
@@ -348,7 +389,7 @@ std::vector<double> ModelGradients::attention_distortion(std::span<const int32_t
                        dq.data(), dk.data(), dv.data());
     rope_.apply_inverse(dk.data(), n, hkv, d, wk.pos.data());
     hook.backward(l, n, dk.data(), dv.data());
-    mlp_forward_half(l, wk, &next);
+    mlp_forward_half(l, x.data(), wk, &next);
     x.swap(next);
   }
   return out;

@@ -9,6 +9,7 @@
 // chunks of tokens, so the logits never exist for the whole sequence at once. For the default model
 // at 4K tokens that is ~0.3 GB of checkpoints and ~0.2 GB of per-layer work besides the weights.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -86,7 +87,15 @@ class ModelGradients {
   // Layer l's forward from its input x (n tokens): the attention half, and the MLP half (writing the
   // layer's output to next unless null).
   void attention_forward_half(int l, const float* x, Work& w, KvTrainHook* hook, bool recompute);
-  void mlp_forward_half(int l, Work& w, std::vector<float>* next);
+  // The MLP half of layer l (x: the layer's input, which a parallel block's MLP reads).
+  void mlp_forward_half(int l, const float* x, Work& w, std::vector<float>* next);
+  // The model's norm `name` (without .weight): RMSNorm, or LayerNorm with its bias.
+  void norm(const std::string& name, const float* x, int n, float* y) const;
+  // Its backward: dx += ..., the weight's (and bias's) gradients where grad(name) gives them.
+  using GradOf = std::function<float*(const std::string&)>;
+  void norm_backward(const std::string& name, const float* x, const float* dy, int n, float* dx,
+                     const GradOf& grad) const;
+  std::string mlp_norm_;  // the MLP's norm: attn_norm where the block shares it
 
   ModelConfig cfg_;
   std::map<std::string, Tensor> tensors_;

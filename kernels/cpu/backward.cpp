@@ -105,6 +105,92 @@ void rmsnorm_backward(const float* x, const float* w, const float* dy, int n, in
 // ---------------------------------------------------------------------------------------------------
 // SwiGLU
 
+void layernorm_backward_ref(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx,
+                            float* dw, float* db) {
+  std::vector<double> xh(static_cast<size_t>(dim));
+  for (int i = 0; i < n; ++i) {
+    const float* xi = x + size_t(i) * dim;
+    const float* gi = dy + size_t(i) * dim;
+    double mean = 0, var = 0;
+    for (int k = 0; k < dim; ++k) mean += xi[k];
+    mean /= dim;
+    for (int k = 0; k < dim; ++k) var += (xi[k] - mean) * (xi[k] - mean);
+    const double r = 1.0 / std::sqrt(var / dim + eps);
+    double mg = 0, mgx = 0;
+    for (int k = 0; k < dim; ++k) {
+      xh[k] = (xi[k] - mean) * r;
+      mg += double(w[k]) * gi[k];
+      mgx += double(w[k]) * gi[k] * xh[k];
+    }
+    mg /= dim;
+    mgx /= dim;
+    for (int k = 0; k < dim; ++k) {
+      dx[size_t(i) * dim + k] += static_cast<float>(r * (double(w[k]) * gi[k] - mg - xh[k] * mgx));
+      if (dw) dw[k] += static_cast<float>(gi[k] * xh[k]);
+      if (db) db[k] += gi[k];
+    }
+  }
+}
+
+void layernorm_backward(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx,
+                        float* dw, float* db) {
+#pragma omp parallel if (n > 4)
+  {
+    std::vector<float> dw_local(dw ? size_t(dim) : 0, 0.0f), db_local(db ? size_t(dim) : 0, 0.0f),
+        xh(static_cast<size_t>(dim));
+#pragma omp for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      const float* xi = x + size_t(i) * dim;
+      const float* gi = dy + size_t(i) * dim;
+      float* di = dx + size_t(i) * dim;
+      // The row statistics in double, as the forward kernel takes them.
+      double sum = 0, ss = 0;
+      for (int k = 0; k < dim; ++k) sum += xi[k];
+      const double mean = sum / dim;
+      for (int k = 0; k < dim; ++k) ss += (xi[k] - mean) * (xi[k] - mean);
+      const auto m = static_cast<float>(mean), r = static_cast<float>(1.0 / std::sqrt(ss / dim + eps));
+      float mg = 0, mgx = 0;
+      for (int k = 0; k < dim; ++k) {
+        xh[k] = (xi[k] - m) * r;
+        mg += w[k] * gi[k];
+        mgx += w[k] * gi[k] * xh[k];
+      }
+      mg /= static_cast<float>(dim);
+      mgx /= static_cast<float>(dim);
+      for (int k = 0; k < dim; ++k) di[k] += r * (w[k] * gi[k] - mg - xh[k] * mgx);
+      if (dw)
+        for (int k = 0; k < dim; ++k) dw_local[k] += gi[k] * xh[k];
+      if (db)
+        for (int k = 0; k < dim; ++k) db_local[k] += gi[k];
+    }
+#pragma omp critical
+    {
+      if (dw)
+        for (int k = 0; k < dim; ++k) dw[k] += dw_local[k];
+      if (db)
+        for (int k = 0; k < dim; ++k) db[k] += db_local[k];
+    }
+  }
+}
+
+void gelu_backward_ref(const float* x, const float* dout, size_t n, float* dx) {
+  const double inv_sqrt2 = 1.0 / std::sqrt(2.0), inv_sqrt2pi = 1.0 / std::sqrt(2.0 * M_PI);
+  for (size_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    dx[i] = static_cast<float>(dout[i] *
+                               (0.5 * (1.0 + std::erf(v * inv_sqrt2)) + v * std::exp(-0.5 * v * v) * inv_sqrt2pi));
+  }
+}
+
+void gelu_backward(const float* x, const float* dout, size_t n, float* dx) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (size_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    dx[i] = dout[i] * (0.5f * (1.0f + std::erf(v * kInvSqrt2)) + v * std::exp(-0.5f * v * v) * kInvSqrt2Pi);
+  }
+}
+
 void swiglu_backward_ref(const float* gate, const float* up, const float* dout, size_t n, float* dgate, float* dup) {
   for (size_t i = 0; i < n; ++i) {
     const double g = gate[i], s = 1.0 / (1.0 + std::exp(-g));

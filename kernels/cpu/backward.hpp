@@ -22,6 +22,18 @@ void rmsnorm_backward_ref(const float* x, const float* w, const float* dy, int n
                           float* dw);
 void rmsnorm_backward(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx, float* dw);
 
+// y = (x - mean) r w + b with r = 1 / sqrt(var + eps) per row (LayerNorm): with g = w dy and
+// xh = (x - mean) r, dx += r (g - mean(g) - xh mean(g xh)), dw += sum over rows of dy xh, db += sum of dy.
+// dw and db may be null.
+void layernorm_backward_ref(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx,
+                            float* dw, float* db);
+void layernorm_backward(const float* x, const float* w, const float* dy, int n, int dim, float eps, float* dx,
+                        float* dw, float* db);
+
+// out = gelu(x) = x Phi(x): overwrites dx = dout (Phi(x) + x phi(x)).
+void gelu_backward_ref(const float* x, const float* dout, size_t n, float* dx);
+void gelu_backward(const float* x, const float* dout, size_t n, float* dx);
+
 // out = silu(g) u: overwrites dgate = dout u silu'(g) and dup = dout silu(g).
 void swiglu_backward_ref(const float* gate, const float* up, const float* dout, size_t n, float* dgate, float* dup);
 void swiglu_backward(const float* gate, const float* up, const float* dout, size_t n, float* dgate, float* dup);

@@ -14,7 +14,10 @@ order depends on the variant. One model per variant kvbench reads:
 
 Each directory holds what save_pretrained wrote (config.json, model.safetensors,
 generation_config.json), `logits.bin` (every position's logits, little-endian float32,
-[positions, vocab]) and `reference.json` (ids, shape, versions). The first two are also written as
+[positions, vocab]), `reference.json` (ids, shape, versions) and `grads.json`: the mean next-token
+loss over the ids and its gradient for every weight by torch autograd in float64 (per tensor under
+kvbench's names, the fused query_key_value's split into attn_q/k/v as kvbench splits the weight: its
+norm, largest |entry| and 16 sampled entries). The first two are also written as
 GGUF files (`<name>.gguf`, F32) with llama.cpp's falcon names and keys: its converter reorders the
 grouped query_key_value into [Q; K; V] and names ln_mlp attn_norm_2.
 
@@ -54,6 +57,7 @@ def configs():
 
 
 GGUF_NAMES = {"input_layernorm": "attn_norm", "ln_attn": "attn_norm", "ln_mlp": "attn_norm_2",
+              "post_attention_layernorm": "ffn_norm",
               "self_attention.query_key_value": "attn_qkv", "self_attention.dense": "attn_output",
               "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
 
@@ -80,6 +84,45 @@ def contiguous_qkv(w, cfg):
     k = qkv[:, [-2]].reshape(-1, cfg.hidden_size)
     v = qkv[:, [-1]].reshape(-1, cfg.hidden_size)
     return torch.cat((q, k, v))
+
+
+def split_qkv(w, cfg):
+    """The fused rows as (Q, K, V) in the variant's layout."""
+    hq, d, H = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads, cfg.hidden_size
+    if cfg.new_decoder_architecture:
+        g = w.view(cfg.num_kv_heads, hq // cfg.num_kv_heads + 2, d, H)
+        return g[:, :-2].reshape(-1, H), g[:, -2].reshape(-1, H), g[:, -1].reshape(-1, H)
+    if cfg.multi_query:
+        return w[:hq * d], w[hq * d:(hq + 1) * d], w[(hq + 1) * d:]
+    g = w.view(hq, 3, d, H)
+    return g[:, 0].reshape(-1, H), g[:, 1].reshape(-1, H), g[:, 2].reshape(-1, H)
+
+
+def write_gradients(model_dir, ids, path):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
+    model.eval()
+    cfg = model.config
+    logits = model(ids[None, :], use_cache=False).logits[0]
+    loss = torch.nn.functional.cross_entropy(logits[:-1], ids[1:])
+    loss.backward()
+    rng = np.random.default_rng(3)
+    grads = {}
+    for name, p in model.named_parameters():
+        if name.endswith("query_key_value.weight"):
+            prefix = gguf_name(name).rsplit(".", 2)[0]
+            for part, g in zip(("attn_q", "attn_k", "attn_v"), split_qkv(p.grad, cfg)):
+                grads[f"{prefix}.{part}.weight"] = g
+        else:
+            grads[gguf_name(name)] = p.grad
+    tensors = {}
+    for name, g in grads.items():
+        g = g.detach().contiguous().numpy().reshape(-1)
+        idx = sorted(rng.choice(g.size, size=min(16, g.size), replace=False).tolist())
+        tensors[name] = {"norm": float(np.linalg.norm(g)), "max_abs": float(np.abs(g).max()),
+                         "samples": [[i, float(g[i])] for i in idx]}
+    with open(path, "w") as f:
+        json.dump({"loss": loss.item(), "dtype": "float64", "ids": "reference.json", "tensors": tensors}, f, indent=1)
+        f.write("\n")
 
 
 def write_gguf(model, cfg, path):
@@ -138,6 +181,7 @@ def main():
         with open(os.path.join(out, "reference.json"), "w") as f:
             json.dump(ref, f, indent=1)
             f.write("\n")
+        write_gradients(out, ids, os.path.join(out, "grads.json"))
         if name != "falcon_sequential":  # llama.cpp's falcon graph is always the parallel block
             write_gguf(model, model.config, os.path.join(args.outdir, name + ".gguf"))
         print(f"{name}: {len(ids)} positions, max |logit| {ref['max_abs_logit']:.3f}; wrote {out}")
