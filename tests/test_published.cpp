@@ -141,6 +141,10 @@ TEST_CASE("report --coverage: printed cells per table, regenerable from the regi
   CHECK(kvmix.cells == 54);
   CHECK(kvmix.regenerable == 45);
   CHECK(kvmix.blockers == std::map<std::string, size_t>{{"method kvquant", 9}});
+  // KVmix Table 1: five rows x 9 cells on five models, Falcon-7B's included.
+  const auto kvmix_t1 = find("kvmix", "table1_longbench");
+  CHECK(kvmix_t1.cells == 180);
+  CHECK(kvmix_t1.regenerable == 180);
   // KVCrush Table 2: GSM8K strict and flexible for H2O and three KVCrush anchors on three models, with
   // page-level eviction; Phi-3 is not an architecture kvbench runs.
   const auto gsm = find("kvcrush", "table2_gsm8k");
