@@ -194,7 +194,7 @@ TEST_CASE("Qwen3: the backward pass through the q/k norms equals torch autograd"
 
 TEST_CASE("Falcon: LayerNorm, GELU, parallel blocks and fused query_key_value give transformers' logits",
           "[hf_config][falcon]") {
-  // tools/reference/falcon_parity.py: Falcon-7B's layout (multi-query, one norm), Falcon-40B's
+  // tools/reference/fused_arch_parity.py: Falcon-7B's layout (multi-query, one norm), Falcon-40B's
   // (grouped rows, ln_attn and ln_mlp) and the sequential block (per-head rows), each from the
   // safetensors transformers saved and, for the first two, from the GGUF llama.cpp's converter writes.
   struct Variant {
@@ -252,4 +252,30 @@ TEST_CASE("Falcon: the backward pass through LayerNorm, GELU and the parallel bl
     const double worst = gradient_error(test::fixture(std::string("hf_config/") + name));
     WARN(name << " gradients: largest sampled difference " << worst << " of the tensor's largest entry");
   }
+}
+
+TEST_CASE("Phi-3: fused qkv_proj and gate_up_proj split as transformers reads them, from safetensors and GGUF",
+          "[hf_config][phi3]") {
+  const fs::path dir = test::fixture("hf_config/phi3_fused");
+  const Reference ref = load_reference(dir);
+  for (const std::string& file : {dir.string(), test::fixture("hf_config/phi3_fused.gguf")}) {
+    INFO(file);
+    {
+      auto m = ModelFile::open(file);
+      const ModelConfig& c = m->config();
+      CHECK(c.arch == Arch::Phi3);
+      CHECK(c.n_kv_heads == 2);
+      CHECK(c.sliding_window == 200);
+      CHECK(m->tensor("blk.1.ffn_gate.weight").ne == std::vector<uint64_t>{64, 96});
+      CHECK(m->find("blk.0.attn_qkv.weight") == nullptr);
+    }
+    const double err = relative_error(file, ref);
+    CHECK(err < 1e-5);
+    WARN("phi3" << (fs::is_directory(file) ? " (safetensors)" : " (GGUF)") << ": relative error " << err);
+    // Past the sliding window the model's attention would differ from a full one: refused.
+    Engine e(*ModelFile::open(file));
+    test::require_error([&] { e.prefill(std::vector<int32_t>(201, 3)); }, {"sliding attention window (200 tokens)"});
+  }
+  const double worst = gradient_error(dir);
+  WARN("phi3 gradients: largest sampled difference " << worst << " of the tensor's largest entry");
 }

@@ -24,6 +24,7 @@ int to_int(uint64_t v, const std::string& file, std::string_view key) {
 }
 
 void set_falcon_block(ModelConfig& c) {
+  c.fused_attn_qkv = true;
   c.layer_norm = true;
   c.gated_mlp = false;
   c.parallel_block = true;
@@ -42,11 +43,13 @@ std::string arch_name(Arch a) {
       return "qwen3";
     case Arch::Falcon:
       return "falcon";
+    case Arch::Phi3:
+      return "phi3";
   }
   return "?";
 }
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names{"llama", "mistral", "qwen2", "qwen3", "falcon"};
+  static const std::vector<std::string> names{"llama", "mistral", "qwen2", "qwen3", "falcon", "phi3"};
   return names;
 }
 std::string rope_layout_name(RopeLayout l) { return l == RopeLayout::Interleaved ? "interleaved" : "neox"; }
@@ -105,9 +108,13 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
     // llama.cpp's converter stores Falcon-40B's second norm as attn_norm_2 and every fused
     // query_key_value as [Q; K; V].
     c.mlp_norm = f.find_tensor("blk.0.attn_norm_2.weight") != nullptr;
+  } else if (c.arch_name == "phi3") {
+    c.arch = Arch::Phi3;
+    c.rope_layout = RopeLayout::NeoX;
+    c.fused_attn_qkv = c.fused_gate_up = true;
   } else {
-    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2', 'qwen3' or 'falcon')", file,
-         c.arch_name);
+    fail("{}: general.architecture = '{}' is not supported (expected 'llama', 'qwen2', 'qwen3', 'falcon' or 'phi3')",
+         file, c.arch_name);
   }
   c.name = f.get_string_opt("general.name").value_or("");
   const std::string a = c.arch_name + ".";
@@ -128,6 +135,7 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
         "are not supported",
         file, a, u("rope.dimension_count"), c.head_dim);
   c.rope_theta = f.get_float_opt(a + "rope.freq_base").value_or(10000.0);
+  if (f.has(a + "attention.sliding_window")) c.sliding_window = u("attention.sliding_window");
   c.norm_eps = f.get_float(a + (c.layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"));
   if (f.has(a + "vocab_size")) {
     c.vocab_size = u("vocab_size");
@@ -275,7 +283,7 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& file) {
 // only with use_sliding_window; transformers 5 also names each layer's attention in layer_types.
 int sliding_window(const json& j, const ModelConfig& c, const std::string& file) {
   bool sliding = present(j, "sliding_window");
-  if (c.arch != Arch::Llama) sliding = sliding && j.value("use_sliding_window", false);  // Qwen2, Qwen3
+  if (c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3) sliding = sliding && j.value("use_sliding_window", false);
   if (present(j, "layer_types") && j["layer_types"].is_array()) {
     bool any = false;
     for (const auto& t : j["layer_types"]) any = any || t == "sliding_attention";
@@ -363,6 +371,9 @@ ModelConfig parse_hf_config(const std::string& file) {
     c.qk_norm = true;
   } else if (c.arch_name == "falcon") {
     return parse_falcon(j, file);
+  } else if (c.arch_name == "phi3") {
+    c.arch = Arch::Phi3;
+    c.fused_attn_qkv = c.fused_gate_up = true;
   } else {
     fail("{}: model_type '{}' is not supported (expected one of {})", file, c.arch_name,
          fmt::join(supported_architectures(), ", "));

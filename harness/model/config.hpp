@@ -10,7 +10,7 @@ namespace kvb {
 
 class GGUFFile;
 
-enum class Arch { Llama, Qwen2, Qwen3, Falcon };
+enum class Arch { Llama, Qwen2, Qwen3, Falcon, Phi3 };
 
 // Which dimensions RoPE rotates together. GGUF llama files store Q/K rows permuted for adjacent pairs
 // (2i, 2i+1); Hugging Face checkpoints and GGUF qwen2 use the half-split pairs (i, i + d/2).
@@ -56,6 +56,10 @@ struct ModelConfig {
   // (new_decoder_architecture), or per head [q; k; v].
   enum class FusedQkv { Blocks, PerKvGroup, PerHead };
   FusedQkv fused_qkv = FusedQkv::Blocks;
+  // Which fused matrices the file holds and the loader splits (names as llama.cpp's): attn_qkv.weight
+  // (Falcon, Phi-3) and ffn_up.weight of 2 x intermediate rows, gate then up (Phi-3's gate_up_proj).
+  bool fused_attn_qkv = false;
+  bool fused_gate_up = false;
   bool tied_embeddings = false;
   bool qkv_bias = false;
   // Qwen3: an RMSNorm over each head's query and key (weights [head_dim], shared by the heads) after

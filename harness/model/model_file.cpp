@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 #include "harness/model/gguf.hpp"
 #include "harness/model/safetensors.hpp"
@@ -31,13 +32,23 @@ std::optional<std::string> canonical_tensor_name(const std::string& hf) {
   for (const auto& [from, to] : global)
     if (hf == from) return std::string(to);
   static const std::pair<const char*, const char*> per_layer[] = {
-      {"input_layernorm.weight", "attn_norm.weight"},    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},      {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},      {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"self_attn.q_proj.bias", "attn_q.bias"},          {"self_attn.k_proj.bias", "attn_k.bias"},
-      {"self_attn.v_proj.bias", "attn_v.bias"},          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-      {"self_attn.k_norm.weight", "attn_k_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},           {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+      // Phi-3's fused projections, split after loading.
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"},
   };
   // Falcon's, with llama.cpp's names: the fused query_key_value is split after loading.
   static const std::pair<const char*, const char*> falcon_layer[] = {
@@ -91,72 +102,77 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
             [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
   if (m->st_) m->config_.tied_embeddings = m->find("output.weight") == nullptr;
   m->config_.fingerprint = model_fingerprint(path);
-  if (m->config_.arch == Arch::Falcon) m->split_fused_qkv();
+  m->split_fused();
   return m;
 }
 
-// Each attn_qkv.weight [(hq + 2 hkv) d rows, H] becomes attn_q/k/v.weight. A part that is one run of rows
-// is a view of the file; one scattered over the rows (grouped or per-head layouts) is gathered once.
-void ModelFile::split_fused_qkv() {
+// Each attn_qkv.weight [(hq + 2 hkv) d rows, H] becomes attn_q/k/v.weight, each fused ffn_up.weight
+// [2F rows, H] ffn_gate.weight then ffn_up.weight. A part that is one run of rows is a view of the file;
+// one scattered over the rows (grouped or per-head layouts) is gathered once.
+void ModelFile::split_fused() {
   const ModelConfig& c = config_;
   const int d = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads, group = hq / hkv;
-  // The head-row blocks (of d rows) that make up Q, K and V, in order.
-  std::vector<int> blocks[3];
-  for (int g = 0; g < hkv; ++g)
-    for (int j = 0; j < group; ++j) {
-      const int h = g * group + j;
-      switch (c.fused_qkv) {
-        case ModelConfig::FusedQkv::Blocks:
-          blocks[0].push_back(h);
-          if (j == 0) {
-            blocks[1].push_back(hq + g);
-            blocks[2].push_back(hq + hkv + g);
-          }
-          break;
-        case ModelConfig::FusedQkv::PerKvGroup:
-          blocks[0].push_back(g * (group + 2) + j);
-          if (j == 0) {
-            blocks[1].push_back(g * (group + 2) + group);
-            blocks[2].push_back(g * (group + 2) + group + 1);
-          }
-          break;
-        case ModelConfig::FusedQkv::PerHead:  // hq == hkv
-          blocks[0].push_back(3 * h);
-          blocks[1].push_back(3 * h + 1);
-          blocks[2].push_back(3 * h + 2);
-          break;
-      }
-    }
-  const uint64_t H = static_cast<uint64_t>(c.hidden), rows = static_cast<uint64_t>(hq + 2 * hkv) * d;
+  const auto H = static_cast<uint64_t>(c.hidden);
   std::vector<TensorRef> parts;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string name = fmt::format("blk.{}.attn_qkv.weight", l);
+  std::set<std::string> fused;
+  // Splits layer l's `what` ([unit x units rows, H]) into parts made of the listed units, in order.
+  auto split = [&](int l, const std::string& what, int unit, int units, const std::string& layout,
+                   const std::vector<std::pair<std::string, std::vector<int>>>& want) {
+    const std::string prefix = fmt::format("blk.{}.", l), name = prefix + what;
     const TensorRef& t = tensor(name);
+    const uint64_t rows = uint64_t(unit) * units;
     if (t.ne != std::vector<uint64_t>{H, rows})
-      fail("{}: tensor '{}' has shape [{}], expected [{}, {}] ({} query and {} KV heads of {})", path_, name,
-           fmt::join(t.ne, ", "), H, rows, hq, hkv, d);
+      fail("{}: tensor '{}' has shape [{}], expected [{}, {}] ({})", path_, name, fmt::join(t.ne, ", "), H, rows,
+           layout);
     const DTypeInfo& info = dtype_info(t.type);
     if (H % info.block_elems != 0)
       fail("{}: tensor '{}': rows of {} elements do not hold whole {} blocks", path_, name, H, dtype_name(t.type));
-    const size_t block_bytes = H / info.block_elems * info.block_bytes * size_t(d);
-    const char* part_names[3] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"};
-    for (int p = 0; p < 3; ++p) {
-      const auto& b = blocks[p];
-      TensorRef r{fmt::format("blk.{}.{}", l, part_names[p]), t.type, {H, uint64_t(b.size()) * d}, {}};
-      const bool contiguous = b.back() - b.front() + 1 == static_cast<int>(b.size());
-      if (contiguous) {
-        r.data = t.data.subspan(size_t(b.front()) * block_bytes, b.size() * block_bytes);
+    const size_t unit_bytes = H / info.block_elems * info.block_bytes * size_t(unit);
+    for (const auto& [part, b] : want) {
+      TensorRef r{prefix + part, t.type, {H, uint64_t(b.size()) * unit}, {}};
+      if (b.back() - b.front() + 1 == static_cast<int>(b.size())) {
+        r.data = t.data.subspan(size_t(b.front()) * unit_bytes, b.size() * unit_bytes);
       } else {
-        auto& own = owned_.emplace_back(b.size() * block_bytes);
+        auto& own = owned_.emplace_back(b.size() * unit_bytes);
         for (size_t i = 0; i < b.size(); ++i)
-          std::copy_n(t.data.data() + size_t(b[i]) * block_bytes, block_bytes, own.data() + i * block_bytes);
+          std::copy_n(t.data.data() + size_t(b[i]) * unit_bytes, unit_bytes, own.data() + i * unit_bytes);
         r.data = own;
       }
       parts.push_back(std::move(r));
     }
+    fused.insert(name);
+  };
+  if (c.fused_attn_qkv) {
+    // The head-row blocks (of d rows) that make up Q, K and V, in order.
+    std::vector<int> q, k, v;
+    for (int g = 0; g < hkv; ++g)
+      for (int j = 0; j < group; ++j) {
+        const int h = g * group + j;
+        switch (c.fused_qkv) {
+          case ModelConfig::FusedQkv::Blocks:
+            q.push_back(h);
+            if (j == 0) k.push_back(hq + g), v.push_back(hq + hkv + g);
+            break;
+          case ModelConfig::FusedQkv::PerKvGroup:
+            q.push_back(g * (group + 2) + j);
+            if (j == 0) k.push_back(g * (group + 2) + group), v.push_back(g * (group + 2) + group + 1);
+            break;
+          case ModelConfig::FusedQkv::PerHead:  // hq == hkv
+            q.push_back(3 * h), k.push_back(3 * h + 1), v.push_back(3 * h + 2);
+            break;
+        }
+      }
+    const std::string layout = fmt::format("{} query and {} KV heads of {}", hq, hkv, d);
+    for (int l = 0; l < c.n_layers; ++l)
+      split(l, "attn_qkv.weight", d, hq + 2 * hkv, layout,
+            {{"attn_q.weight", q}, {"attn_k.weight", k}, {"attn_v.weight", v}});
   }
-  // The views stay valid without the fused entry: the file's mapping owns the bytes.
-  std::erase_if(tensors_, [](const TensorRef& t) { return t.name.ends_with(".attn_qkv.weight"); });
+  if (c.fused_gate_up)
+    for (int l = 0; l < c.n_layers; ++l)
+      split(l, "ffn_up.weight", c.intermediate, 2, "gate and up, each of the intermediate size",
+            {{"ffn_gate.weight", {0}}, {"ffn_up.weight", {1}}});
+  // The views stay valid without the fused entries: the file's mapping owns the bytes.
+  std::erase_if(tensors_, [&](const TensorRef& t) { return fused.count(t.name) > 0; });
   for (auto& p : parts) tensors_.push_back(std::move(p));
   std::sort(tensors_.begin(), tensors_.end(), [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
 }

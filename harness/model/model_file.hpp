@@ -55,7 +55,7 @@ class ModelFile {
   // Rows gathered out of a fused tensor whose parts are not contiguous in it (Falcon's grouped
   // query_key_value); tensors_ points into them.
   std::vector<std::vector<uint8_t>> owned_;
-  void split_fused_qkv();
+  void split_fused();
 };
 
 // Size and hash of the first and last MiB (a directory: its files' names and sizes): cheap, and
