@@ -332,6 +332,26 @@ TEST_CASE("CUDA engine: random-weight Llama-3-8B-shaped layers match the CPU", "
   }
 }
 
+TEST_CASE("CUDA engine: random-weight Falcon-7B-shaped layers (LayerNorm, GELU, parallel block, MQA) match the CPU",
+          "[cuda]") {
+  if (!have_gpu()) return;
+  ModelShape s = model_shape("falcon-7b");
+  s.layers = 2;
+  s.vocab = 4096;
+  const TempDir dir("random_falcon");
+  const std::string path = (dir / "kvbench_random_falcon_2l.gguf").string();
+  write_random_model(path, s, DType::BF16, 13);
+  auto m = ModelFile::open(path);
+  std::mt19937 rng(4);
+  std::vector<int32_t> prompt(700);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % 4096);
+  const Run cpu = run_model(*m, "cpu", prompt, 4), gpu = run_model(*m, "cuda", prompt, 4);
+  for (size_t i = 0; i < cpu.logits.size(); ++i) {
+    INFO("step " << i);
+    check_close(gpu.logits[i], cpu.logits[i], 2e-2f);
+  }
+}
+
 TEST_CASE("CUDA engine: the default model's greedy continuations equal the CPU's", "[cuda]") {
   if (!have_gpu()) return;
   const auto path = model_file(kDefaultModel);

@@ -262,6 +262,39 @@ TEST_CASE("gguf weights of a Q4_K_M-type model: K-quant blocks multiplied as the
                       {"token_embd.weight", "not whole Q4_K blocks of 256"});
 }
 
+TEST_CASE("random Falcon- and Phi-3-shaped models: fused matrices split (K-quant blocks too), decode continues prefill",
+          "[engine][model]") {
+  for (const char* name : {"falcon-7b", "phi3-mini-4k"}) {
+    INFO(name);
+    ModelShape s = model_shape(name);  // the architecture, shrunk
+    s.layers = 2;
+    s.hidden = 256;
+    s.heads = 4;
+    s.kv_heads = s.arch == "falcon" ? 1 : 4;
+    s.ffn = 512;
+    s.vocab = 512;
+    s.context = 512;
+    const test::TempDir dir("fused_random");
+    const std::string path = (dir / "m.gguf").string();
+    write_random_model(path, s, DType::Q4_K, 5);
+    auto m = ModelFile::open(path);
+    CHECK(arch_name(m->config().arch) == s.arch);
+    CHECK(m->find("blk.0.attn_qkv.weight") == nullptr);
+    CHECK(m->tensor("blk.1.attn_k.weight").type == DType::Q4_K);
+    Engine fp32(*m), gguf(*m, {.weights = WeightFormat::GGUF});
+    std::mt19937 rng(9);
+    std::vector<int32_t> ids(40);
+    for (auto& t : ids) t = static_cast<int32_t>(rng() % 512);
+    const auto whole = fp32.prefill(ids);
+    fp32.prefill(std::span(ids).first(30));
+    std::vector<float> stepped;
+    for (size_t i = 30; i < ids.size(); ++i) stepped = fp32.decode(ids[i]);
+    CHECK(test::max_abs_diff(stepped, whole) < 1e-4f * test::max_abs(whole));
+    // The split views of the file's Q4_K/Q6_K blocks, multiplied as they are.
+    CHECK(test::max_abs_diff(gguf.prefill(ids), whole) < 0.03f * test::max_abs(whole));
+  }
+}
+
 TEST_CASE("gguf weights: products on the file's blocks, logits near fp32's on the parity prompts",
           "[engine][model][reference]") {
   Loaded* L = default_engine();

@@ -24,6 +24,8 @@ const std::vector<ModelShape>& known_model_shapes() {
       {"qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 151936, 40960, 1000000.0, 1e-6f, true, 128},
       {"qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 151936, 40960, 1000000.0, 1e-6f, false},
       {"qwen3-14b", "qwen3", 40, 5120, 40, 8, 17408, 151936, 40960, 1000000.0, 1e-6f, false},
+      {"falcon-7b", "falcon", 32, 4544, 71, 1, 18176, 65024, 2048, 10000.0, 1e-5f, true},
+      {"phi3-mini-4k", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096, 10000.0, 1e-5f, false},
   };
   return shapes;
 }
@@ -58,20 +60,30 @@ std::vector<TensorPlan> plan(const ModelShape& s) {
                  KV = s.kv_heads * hd;
   // Uniform(-a, a) has variance a^2 / 3: a = sqrt(3 / fan_in) keeps unit-variance activations.
   auto mat = [](uint64_t in) { return static_cast<float>(std::sqrt(3.0 / static_cast<double>(in))); };
+  const bool falcon = s.arch == "falcon", phi3 = s.arch == "phi3";
   std::vector<TensorPlan> p;
+  // A norm's weight (ones), and Falcon's LayerNorm bias.
+  auto norm = [&](const std::string& name) {
+    p.push_back({name + ".weight", {H}, 0.0f});
+    if (falcon) p.push_back({name + ".bias", {H}, 0.1f});
+  };
   p.push_back({"token_embd.weight", {H, V}, 1.0f});
-  p.push_back({"output_norm.weight", {H}, 0.0f});
+  norm("output_norm");
   if (!s.tied_embeddings) p.push_back({"output.weight", {H, V}, mat(H)});
   for (int l = 0; l < s.layers; ++l) {
     const std::string b = fmt::format("blk.{}.", l);
-    p.push_back({b + "attn_norm.weight", {H}, 0.0f});
-    p.push_back({b + "ffn_norm.weight", {H}, 0.0f});
-    p.push_back({b + "attn_q.weight", {H, Q}, mat(H)});
-    p.push_back({b + "attn_k.weight", {H, KV}, mat(H)});
-    p.push_back({b + "attn_v.weight", {H, KV}, mat(H)});
+    norm(b + "attn_norm");
+    if (!falcon) norm(b + "ffn_norm");
+    if (falcon || phi3) {  // fused as llama.cpp stores them: [Q; K; V], and [gate; up] for Phi-3
+      p.push_back({b + "attn_qkv.weight", {H, Q + 2 * KV}, mat(H)});
+    } else {
+      p.push_back({b + "attn_q.weight", {H, Q}, mat(H)});
+      p.push_back({b + "attn_k.weight", {H, KV}, mat(H)});
+      p.push_back({b + "attn_v.weight", {H, KV}, mat(H)});
+    }
     p.push_back({b + "attn_output.weight", {Q, H}, mat(Q)});
-    p.push_back({b + "ffn_gate.weight", {H, F}, mat(H)});
-    p.push_back({b + "ffn_up.weight", {H, F}, mat(H)});
+    if (!falcon && !phi3) p.push_back({b + "ffn_gate.weight", {H, F}, mat(H)});
+    p.push_back({b + "ffn_up.weight", {H, phi3 ? 2 * F : F}, mat(H)});
     p.push_back({b + "ffn_down.weight", {F, H}, mat(F)});
     if (s.arch == "qwen2") {
       p.push_back({b + "attn_q.bias", {Q}, 0.1f});
@@ -123,7 +135,8 @@ void write_random_model(const std::string& path, const ModelShape& s, DType type
     w.add_uint32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim));
   }
   w.add_float32(a + "rope.freq_base", static_cast<float>(s.rope_theta));
-  w.add_float32(a + "attention.layer_norm_rms_epsilon", s.rms_eps);
+  w.add_float32(a + (s.arch == "falcon" ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"),
+                s.rms_eps);
   // No tokenizer: llama.cpp then loads the file too (its "no_vocab" models), for speed comparisons.
   w.add_string("tokenizer.ggml.model", "no_vocab");
   const auto tensors = plan(s);

@@ -12,7 +12,9 @@ namespace kvb {
 
 struct ModelShape {
   std::string name;
-  std::string arch = "llama";  // llama, qwen2 (q/k/v bias) or qwen3 (q/k norms)
+  // llama, qwen2 (q/k/v bias), qwen3 (q/k norms), falcon (LayerNorm with bias, GELU MLP, parallel
+  // block, fused attn_qkv) or phi3 (fused attn_qkv and gate/up)
+  std::string arch = "llama";
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, context = 0;
   double rope_theta = 10000.0;
   float rms_eps = 1e-5f;
@@ -20,7 +22,8 @@ struct ModelShape {
   int head_dim = 0;  // 0: hidden / heads (Qwen3-0.6B's is 128 with 16 heads over 1024)
 };
 
-// Llama-3.1-8B, Mistral-7B-v0.2, Qwen2-7B, Qwen3-0.6B/8B/14B and SmolLM2-135M shapes.
+// Llama-3.1-8B, Mistral-7B-v0.2, Qwen2-7B, Qwen3-0.6B/8B/14B, SmolLM2-135M, Falcon-7B and
+// Phi-3-mini-4k shapes.
 const std::vector<ModelShape>& known_model_shapes();
 // Error listing the known names if absent.
 const ModelShape& model_shape(const std::string& name);
