@@ -170,6 +170,33 @@ TEST_CASE(
       [&] { return 0.25 * cross_entropy_ref(logits.data(), targets.data(), rows, vocab, 1.0f, scratch.data()); }, d1,
       17);
 
+  // Distillation: the fast kernel against the reference, in place, against finite differences, and
+  // with no KL weight the cross-entropy itself.
+  const auto teacher = randn(logits.size(), 18, 3.0f);
+  std::vector<float> k1(logits.size());
+  const auto [ce1, kl1] =
+      distill_loss_ref(logits.data(), teacher.data(), targets.data(), rows, vocab, 0.75f, 0.2f, k1.data());
+  auto k2 = logits;
+  const auto [ce2, kl2] = distill_loss(k2.data(), teacher.data(), targets.data(), rows, vocab, 0.75f, 0.2f, k2.data());
+  CHECK(ce2 == Approx(ce1).epsilon(1e-6));
+  CHECK(kl2 == Approx(kl1).epsilon(1e-5));
+  CHECK(ce1 == Approx(l1).epsilon(1e-9));
+  CHECK(kl1 > 0);
+  check_close(k2, k1, 1e-6);
+  check_fd(
+      logits,
+      [&] {
+        const auto [c, k] =
+            distill_loss_ref(logits.data(), teacher.data(), targets.data(), rows, vocab, 1.0f, 1.0f, scratch.data());
+        return 0.75 * c + 0.2 * k;
+      },
+      k1, 19);
+  const auto self =
+      distill_loss(teacher.data(), teacher.data(), targets.data(), rows, vocab, 0.0f, 1.0f, scratch.data());
+  CHECK(std::abs(self.second) < 1e-5);  // KL of a distribution to itself
+  distill_loss(logits.data(), teacher.data(), targets.data(), rows, vocab, 0.25f, 0.0f, scratch.data());
+  check_close(scratch, d1, 1e-6);
+
   std::vector<float> table(4 * 3, 0.0f);
   const std::vector<int32_t> ids = {2, 0, 2};
   const std::vector<float> g = {1, 2, 3, 4, 5, 6, 7, 8, 9};

@@ -22,11 +22,13 @@ LowRankSegment::LowRankSegment(std::shared_ptr<const LowRankBasis> basis, int k_
 }
 
 std::string LowRankSegment::format() const {
-  return fmt::format("lowrank(k{},v{}{})", rk_, rv_, rope_ ? ",pre-rope" : "");
+  return fmt::format("lowrank(k{},v{}{}{})", rk_, rv_, rope_ ? ",pre-rope" : "",
+                     basis_->v_mean.empty() ? "" : ",centred");
 }
 
 size_t LowRankSegment::bytes() const {
-  const size_t values = ck_.size() + cv_.size() + (charge_basis_ ? basis_->k.size() + basis_->v.size() : 0);
+  const size_t values =
+      ck_.size() + cv_.size() + (charge_basis_ ? basis_->k.size() + basis_->v.size() + basis_->v_mean.size() : 0);
   return values * kv_dtype_bytes(dtype_);
 }
 
@@ -59,7 +61,13 @@ void LowRankSegment::append(const float* k, const float* v, int32_t pos) {
   ck_.resize(ck_.size() + rk_);
   cv_.resize(cv_.size() + rv_);
   project(k, basis_->k, d, R, rk_, ck_.data() + ck_.size() - rk_);
-  project(v, basis_->v, d, R, rv_, cv_.data() + cv_.size() - rv_);
+  if (basis_->v_mean.empty()) {
+    project(v, basis_->v, d, R, rv_, cv_.data() + cv_.size() - rv_);
+  } else {
+    std::vector<float> centred(v, v + d);
+    for (int i = 0; i < d; ++i) centred[size_t(i)] -= basis_->v_mean[size_t(i)];
+    project(centred.data(), basis_->v, d, R, rv_, cv_.data() + cv_.size() - rv_);
+  }
   for (auto it = ck_.end() - rk_; it != ck_.end(); ++it) *it = kv_round(dtype_, *it);
   for (auto it = cv_.end() - rv_; it != cv_.end(); ++it) *it = kv_round(dtype_, *it);
   pos_.push_back(pos);
@@ -73,6 +81,8 @@ void LowRankSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) c
   for (size_t t = 0; t < n; ++t) {
     expand(ck_.data() + t * rk_, basis_->k, d, R, rk_, k.data() + t * d);
     expand(cv_.data() + t * rv_, basis_->v, d, R, rv_, v.data() + t * d);
+    if (!basis_->v_mean.empty())
+      for (int i = 0; i < d; ++i) v[t * d + size_t(i)] += basis_->v_mean[size_t(i)];
     if (rope_) rope_->apply(k.data() + t * d, 1, 1, d, &pos_[t]);
   }
 }
@@ -103,6 +113,12 @@ void LowRankSegment::accumulate(const float* p, float* acc) const {
   for (size_t t = 0; t < size(); ++t)
     for (int j = 0; j < rv_; ++j) c[j] += p[t] * cv_[t * rv_ + j];
   expand(c.data(), basis_->v, d, R, rv_, acc);
+  if (!basis_->v_mean.empty()) {
+    // Each token's value is the centre plus its projection: the centre weighs sum_t p_t.
+    double mass = 0;
+    for (size_t t = 0; t < size(); ++t) mass += p[t];
+    for (int i = 0; i < d; ++i) acc[i] += static_cast<float>(mass) * basis_->v_mean[size_t(i)];
+  }
 }
 
 namespace {
@@ -216,6 +232,7 @@ LowRankBasis pca_basis_ref(const float* k, const float* v, int n, int d, int ran
 }
 
 bool LowRankSegment::device_form(DeviceUploader& up, cuda::DecodeSegment& d) const {
+  if (!basis_->v_mean.empty()) return false;  // the device kernel reads uncentred values
   d.kind = rope_ ? cuda::kLowRankPreRope : cuda::kLowRank;
   if (rope_) up.check_rope(*rope_);
   d.pos = up.upload(positions());

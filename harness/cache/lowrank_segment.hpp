@@ -12,12 +12,14 @@
 
 namespace kvb {
 
-// Orthonormal columns, row-major [head_dim, rank].
+// Orthonormal columns, row-major [head_dim, rank]. Values may have a centre: v ~ v_mean + c_v P_v^T
+// with c_v = (v - v_mean) P_v (MatryoshkaKV's trained mean); empty: uncentred.
 struct LowRankBasis {
   int head_dim = 0;
   int rank = 0;
   std::vector<float> k, v;
-  size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
+  std::vector<float> v_mean;
+  size_t bytes() const { return (k.size() + v.size() + v_mean.size()) * sizeof(float); }
 };
 
 class LowRankSegment final : public Segment {
@@ -39,6 +41,14 @@ class LowRankSegment final : public Segment {
 
   // Projects and appends a token: k (post- or pre-RoPE as configured) and v at full head dimension.
   void append(const float* k, const float* v, int32_t pos);
+  // Decoded tokens are projected into this segment too (a model whose every K/V is projected), instead
+  // of going to a dense tail.
+  void take_decoded_tokens() { takes_decoded_ = true; }
+  bool append_token(const float* k, const float* v, int32_t pos) override {
+    if (!takes_decoded_) return false;
+    append(k, v, pos);
+    return true;
+  }
   // Dense keys (post-RoPE) and values as attention sees them: the reference for the fast paths.
   void reconstruct(std::vector<float>& k, std::vector<float>& v) const;
 
@@ -55,6 +65,7 @@ class LowRankSegment final : public Segment {
   std::shared_ptr<const LowRankBasis> basis_;
   int rk_, rv_;
   bool charge_basis_;
+  bool takes_decoded_ = false;
   KvDtype dtype_ = KvDtype::F32;
   std::shared_ptr<const RopeTable> rope_;
   std::vector<float> ck_, cv_;  // [n, rk], [n, rv]

@@ -280,10 +280,12 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
 
     norm(L.attn_norm, x, n1, h);
     project_qkv(L, h, n1, q, k, v);
-    if (transform_) transform(l, k, v, n1, new_pos);
+    const bool late = transform_ && transform_->after_rope();
+    if (transform_ && !late) transform(l, k, v, n1, new_pos);
     if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre + kv_old, kv_new});
     b.rope(q, n1, hq, d, new_pos);
     b.rope(k, n1, hkv, d, new_pos);
+    if (late) transform(l, k, v, n1, new_pos);
     std::vector<float>* colsum = observer && needs.attn_colsum ? &st.colsum : nullptr;
     if (past)
       b.attention_prefill_continued(q, k, v, {past->k[l].data(), past->v[l].data(), n0}, n1, hq, hkv, d, attn, colsum);
@@ -448,9 +450,12 @@ std::vector<float> Engine::decode(int32_t token) {
     LayerCache& cache = caches_[l];
     norm(L.attn_norm, x, 1, h);
     project_qkv(L, h, 1, q, k, v);
-    if (transform_) transform(l, k, v, 1, std::span<const int32_t>(&p, 1));
-    b.rope(q, 1, hq, d, std::span<const int32_t>(&p, 1));
-    b.rope(k, 1, hkv, d, std::span<const int32_t>(&p, 1));
+    const std::span<const int32_t> at(&p, 1);
+    const bool late = transform_ && transform_->after_rope();
+    if (transform_ && !late) transform(l, k, v, 1, at);
+    b.rope(q, 1, hq, d, at);
+    b.rope(k, 1, hkv, d, at);
+    if (late) transform(l, k, v, 1, at);
     if (defer && b.append_on_device(cache, k, v, hkv)) {
       deferred[l] = true;
       b.download_async(k, {staged + size_t(2 * l) * KV, size_t(KV)});

@@ -165,9 +165,11 @@ void ModelGradients::attention_forward_half(int l, const float* x, Work& wk, KvT
     rmsnorm(wk.q_raw.data(), w("attn_q_norm.weight"), n * hq, d, eps, wk.q.data());
     rmsnorm(wk.k_raw.data(), w("attn_k_norm.weight"), n * hkv, d, eps, wk.k.data());
   }
-  if (hook) hook->forward(l, n, wk.k.data(), wk.v.data(), recompute);
+  const bool late = hook && hook->after_rope();
+  if (hook && !late) hook->forward(l, n, wk.k.data(), wk.v.data(), recompute);
   rope_.apply(wk.q.data(), n, hq, d, wk.pos.data());
   rope_.apply(wk.k.data(), n, hkv, d, wk.pos.data());
+  if (late) hook->forward(l, n, wk.k.data(), wk.v.data(), recompute);
   attention_forward(wk.q.data(), wk.k.data(), wk.v.data(), n, hq, hkv, d, wk.att.data(), wk.lse.data());
   linear(wk.att.data(), w("attn_output.weight"), nullptr, n, Q, H, wk.xmid.data());
   for (size_t i = 0; i < size_t(n) * H; ++i) wk.xmid[i] += x[i];
@@ -193,7 +195,7 @@ void ModelGradients::mlp_forward_half(int l, const float* x, Work& wk, std::vect
 }
 
 LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::set<std::string>& want,
-                                      KvTrainHook* hook) {
+                                      KvTrainHook* hook, const LossOptions& options) {
   check_ids(ids);
   const int n = static_cast<int>(ids.size());
   for (const auto& name : want) (void)find(name);
@@ -244,22 +246,39 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     float* d_head = grad(head_name);
     out.n_targets = n - 1;
     const float scale = 1.0f / static_cast<float>(out.n_targets);
+    const bool distill = !options.teacher_logits.empty();
+    if (distill && options.teacher_logits.size() != size_t(n) * V)
+      fail("gradients: teacher logits of {} numbers for {} tokens x {} vocabulary", options.teacher_logits.size(), n,
+           V);
+    const double kl_w = options.kl_weight;
+    if (options.logits_out) options.logits_out->resize(size_t(n) * V);
     std::vector<float> hn(size_t(n) * H), dhn(backward ? size_t(n) * H : 0, 0.0f);
     norm("output_norm", xL.data(), n, hn.data());
     const int chunk = std::max(1, loss_chunk_);
     std::vector<float> logits(size_t(std::min(n, chunk)) * V);
     std::vector<int32_t> targets(static_cast<size_t>(n));
     for (int t = 0; t < n; ++t) targets[t] = t + 1 < n ? ids[t + 1] : -1;
-    double total = 0;
+    double total = 0, kl = 0;
     for (int t0 = 0; t0 < n; t0 += chunk) {
       const int rows = std::min(chunk, n - t0);
       linear(hn.data() + size_t(t0) * H, head, nullptr, rows, H, V, logits.data());
-      total += cross_entropy(logits.data(), targets.data() + t0, rows, V, scale, logits.data());
+      if (options.logits_out) std::copy_n(logits.data(), size_t(rows) * V, options.logits_out->data() + size_t(t0) * V);
+      if (distill) {
+        const auto [c, k] =
+            distill_loss(logits.data(), options.teacher_logits.data() + size_t(t0) * V, targets.data() + t0, rows, V,
+                         static_cast<float>((1 - kl_w) * scale), static_cast<float>(kl_w / n), logits.data());
+        total += c;
+        kl += k;
+      } else {
+        total += cross_entropy(logits.data(), targets.data() + t0, rows, V, scale, logits.data());
+      }
       if (backward)
         linear_backward(hn.data() + size_t(t0) * H, head, logits.data(), rows, H, V, dhn.data() + size_t(t0) * H,
                         d_head, nullptr);
     }
-    out.loss = total / out.n_targets;
+    out.ce = total / out.n_targets;
+    out.kl = kl / n;
+    out.loss = distill ? (1 - kl_w) * out.ce + kl_w * out.kl : out.ce;
     if (backward) norm_backward("output_norm", xL.data(), dhn.data(), n, dx.data(), grad);
   }
   if (!backward) return out;
@@ -303,10 +322,13 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
                     nullptr);
     attention_backward(q.data(), k.data(), v.data(), att.data(), lse.data(), datt.data(), n, hq, hkv, d, dq.data(),
                        dk.data(), dv.data());
-    // RoPE is a rotation: its backward is the inverse rotation.
+    // RoPE is a rotation: its backward is the inverse rotation. A hook acts on the side of RoPE it
+    // acted on in the forward.
+    const bool hooked = hook && hook->trainable();
+    if (hooked && hook->after_rope()) hook->backward(l, n, dk.data(), dv.data());
     rope_.apply_inverse(dq.data(), n, hq, d, pos.data());
     rope_.apply_inverse(dk.data(), n, hkv, d, pos.data());
-    if (hook && hook->trainable()) hook->backward(l, n, dk.data(), dv.data());
+    if (hooked && !hook->after_rope()) hook->backward(l, n, dk.data(), dv.data());
     // Qwen3: through the per-head q/k norms to the projections.
     float* dq_in = dq.data();
     float* dk_in = dk.data();
@@ -339,6 +361,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
 }
 
 std::vector<double> ModelGradients::attention_distortion(std::span<const int32_t> ids, KvTrainHook& hook, double eps) {
+  if (hook.after_rope()) fail("gradients: the layer-local distortion takes hooks on pre-RoPE keys only");
   check_ids(ids);
   const int n = static_cast<int>(ids.size());
   const int H = cfg_.hidden, d = cfg_.head_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;

@@ -23,8 +23,9 @@ namespace kvb {
 
 class ModelFile;
 
-// A trainable change of every layer's keys and values before attention (DynaKV's maps). forward
-// replaces a layer's pre-RoPE k and v [n, n_kv_heads x head_dim] by what attention reads; backward
+// A trainable change of every layer's keys and values before attention (DynaKV's maps, MatryoshkaKV's
+// projections). forward replaces a layer's k and v [n, n_kv_heads x head_dim] (keys pre-RoPE, or
+// post-RoPE when after_rope()) by what attention reads; backward
 // receives d loss / d (what forward returned) and overwrites it with d loss / d (forward's input),
 // adding the gradients of the hook's own parameters. The backward pass recomputes each layer's
 // forward just before that layer's backward (recompute = true), so a hook need keep only its latest
@@ -36,10 +37,22 @@ class KvTrainHook {
   virtual void backward(int layer, int n, float* dk, float* dv) = 0;
   // False for a hook only applied (evaluation): compute() then runs no backward for it.
   virtual bool trainable() const { return true; }
+  virtual bool after_rope() const { return false; }
+};
+
+// What compute() minimises besides plain next-token cross-entropy. With teacher logits [n, vocab] the
+// loss is (1 - kl_weight) CE + kl_weight KL, KL(teacher || model) per position averaged over all n
+// positions as MatryoshkaKV's trainer averages it (CE over the n - 1 with a next token).
+struct LossOptions {
+  std::span<const float> teacher_logits = {};
+  double kl_weight = 0;
+  std::vector<float>* logits_out = nullptr;  // receives the model's logits [n, vocab]
 };
 
 struct LossGradients {
   double loss = 0;    // mean over the targets, natural log
+  double ce = 0;      // the cross-entropy part (mean over the targets)
+  double kl = 0;      // with teacher logits: KL(teacher || model), mean over the positions
   int n_targets = 0;  // positions with a next token
   // Gradient of each requested weight, in the weight's own layout (GGUF naming; matrices [rows, cols]
   // row-major as the engine holds them: [out, in]).
@@ -61,7 +74,8 @@ class ModelGradients {
   // Loss of predicting ids[t + 1] from ids[0..t] for every t, and the gradients of the weights named
   // in `want` (empty: the loss alone). The backward stops at the lowest layer anything asks for. With
   // a hook, every layer's keys and values pass through it and the backward runs down to layer 0.
-  LossGradients compute(std::span<const int32_t> ids, const std::set<std::string>& want, KvTrainHook* hook = nullptr);
+  LossGradients compute(std::span<const int32_t> ids, const std::set<std::string>& want, KvTrainHook* hook = nullptr,
+                        const LossOptions& options = {});
   double loss(std::span<const int32_t> ids) { return compute(ids, {}).loss; }
 
   // Layer-local distortion (DynaKV-LL, teacher forcing): the frozen model runs uncompressed; in each

@@ -47,13 +47,15 @@ struct PrefillNeeds {
 };
 
 // A change of the model's keys and values before attention (DynaKV's learned maps). The engine hands
-// it every layer's pre-RoPE k and v [n, n_kv_heads x head_dim] of positions pos, in prefill (all
-// prompt tokens; pos[0] = 0 starts a sequence) and at each decode step, and attention then reads what
-// it left there. The caches it fills are the observer's business.
+// it every layer's k and v [n, n_kv_heads x head_dim] of positions pos, in prefill (all prompt tokens;
+// pos[0] = 0 starts a sequence) and at each decode step, and attention then reads what it left there.
+// Keys are pre-RoPE, or post-RoPE for a transform that acts after the rotation (MatryoshkaKV's
+// projections). The caches it fills are the observer's business.
 class KvTransform {
  public:
   virtual ~KvTransform() = default;
   virtual void apply(int layer, int n, const int32_t* pos, float* k, float* v) = 0;
+  virtual bool after_rope() const { return false; }
 };
 
 class PrefillObserver {

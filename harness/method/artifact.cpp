@@ -1,10 +1,12 @@
 #include "harness/method/artifact.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include "harness/util/base64.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/hash.hpp"
 
@@ -83,6 +85,15 @@ void write_artifact(const std::string& path, const nlohmann::json& body) {
     if (!out.flush()) fail("{}: write failed", tmp);
   }
   fs::rename(tmp, path);
+}
+
+std::vector<float> artifact_floats(const nlohmann::json& j, const char* key, size_t n, const std::string& where) {
+  if (!j.contains(key) || !j[key].is_string()) fail("{}: field '{}' missing (expected base64 float32)", where, key);
+  auto x = floats_from_base64(j[key].get<std::string>(), where + "." + key);
+  if (x.size() != n) fail("{}.{}: {} numbers, expected {}", where, key, x.size(), n);
+  for (float v : x)
+    if (!std::isfinite(v)) fail("{}.{}: holds a non-finite number", where, key);
+  return x;
 }
 
 }  // namespace kvb

@@ -5,6 +5,7 @@
 // $KVBENCH_ARTIFACTS or the working directory; a method parameter may name a file instead.
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "harness/model/config.hpp"
 
@@ -30,6 +31,9 @@ struct LoadedArtifact {
 // kind, is an error naming both fingerprints. Files without our header are accepted as they are.
 LoadedArtifact load_artifact(const std::string& kind, const std::string& path, const ModelConfig& model,
                              const std::string& make_command);
+
+// The base64 float32 array at j[key] of exactly n finite numbers; errors name `where` and the field.
+std::vector<float> artifact_floats(const nlohmann::json& j, const char* key, size_t n, const std::string& where);
 
 // Writes atomically (temporary file, then rename), creating directories.
 void write_artifact(const std::string& path, const nlohmann::json& body);

@@ -1,7 +1,10 @@
 #include "harness/method/calibration.hpp"
 
+#include <filesystem>
+
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/text_files.hpp"
 
 namespace kvb {
 
@@ -36,6 +39,30 @@ SplitDocuments split_held_out(const std::vector<std::string>& docs, long every, 
     fail("{}: {} document(s) cannot be split into fitting and held-out text (every {}th is held out); {}", command,
          docs.size(), every, hint);
   return s;
+}
+
+CalibrationText calibration_text(const std::string& text, const std::string& data_dir, const std::string& command,
+                                 const std::string& paper_note) {
+  CalibrationText c;
+  std::vector<std::string> all;
+  if (!text.empty()) {
+    c.described = text;
+    all = read_text_files(text, "text");
+  } else {
+    const auto dir = std::filesystem::path(data_dir) / "python-docs";
+    if (!std::filesystem::is_directory(dir))
+      fail("{}: no --text given and {} is missing (scripts/setup.sh fetches it)", command, dir.string());
+    c.described = "the Python 3 documentation's tutorial, HOWTOs, FAQ and What's New pages (" + dir.string() +
+                  ", PSF License); " + paper_note;
+    all = read_text_files(dir.string(), "text");
+  }
+  c.split = split_held_out(all, 10, command, "give more files");
+  return c;
+}
+
+std::vector<ParamSpec> calibration_text_options() {
+  return {ParamSpec::text("text", "", "text files or directories (default: set-up's data/python-docs)"),
+          ParamSpec::integer("seq_len", 512, 16, 1 << 20, "tokens per sequence (BOS + text)")};
 }
 
 }  // namespace kvb

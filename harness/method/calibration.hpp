@@ -39,4 +39,16 @@ struct SplitDocuments {
 SplitDocuments split_held_out(const std::vector<std::string>& docs, long every, const std::string& command,
                               const std::string& hint);
 
+// The text an offline step fits on: the files or directories of `text`, or, when it is empty, set-up's
+// Python documentation (<data_dir>/python-docs), every tenth document held out. `described` says which
+// text it was for the artifact's header, with `paper_note` (what the paper used) after the default.
+struct CalibrationText {
+  SplitDocuments split;
+  std::string described;
+};
+CalibrationText calibration_text(const std::string& text, const std::string& data_dir, const std::string& command,
+                                 const std::string& paper_note);
+// The options that choose it: `text` (files or directories) and `seq_len` (tokens per sequence).
+std::vector<ParamSpec> calibration_text_options();
+
 }  // namespace kvb

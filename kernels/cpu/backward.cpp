@@ -441,6 +441,69 @@ double cross_entropy(const float* logits, const int32_t* targets, int n, int voc
   return total;
 }
 
+std::pair<double, double> distill_loss_ref(const float* logits, const float* teacher, const int32_t* targets, int n,
+                                           int vocab, float ce_scale, float kl_scale, float* dlogits) {
+  double ce = 0, kl = 0;
+  std::vector<double> p(static_cast<size_t>(vocab)), pt(static_cast<size_t>(vocab));
+  auto log_softmax = [&](const float* x, std::vector<double>& out) {
+    double m = -INFINITY, sum = 0;
+    for (int j = 0; j < vocab; ++j) m = std::max(m, double(x[j]));
+    for (int j = 0; j < vocab; ++j) sum += std::exp(x[j] - m);
+    for (int j = 0; j < vocab; ++j) out[size_t(j)] = x[j] - m - std::log(sum);
+  };
+  for (int i = 0; i < n; ++i) {
+    const float* x = logits + size_t(i) * vocab;
+    float* g = dlogits + size_t(i) * vocab;
+    log_softmax(x, p);
+    log_softmax(teacher + size_t(i) * vocab, pt);
+    const int t = targets[i];
+    if (t >= 0) ce -= p[size_t(t)];
+    for (int j = 0; j < vocab; ++j) kl += std::exp(pt[size_t(j)]) * (pt[size_t(j)] - p[size_t(j)]);
+    for (int j = 0; j < vocab; ++j) {
+      const double q = std::exp(p[size_t(j)]);
+      double d = kl_scale * (q - std::exp(pt[size_t(j)]));
+      if (t >= 0) d += ce_scale * (q - (j == t));
+      g[j] = static_cast<float>(d);
+    }
+  }
+  return {ce, kl};
+}
+
+std::pair<double, double> distill_loss(const float* logits, const float* teacher, const int32_t* targets, int n,
+                                       int vocab, float ce_scale, float kl_scale, float* dlogits) {
+  double ce = 0, kl = 0;
+#pragma omp parallel reduction(+ : ce, kl)
+  {
+    std::vector<float> pt(static_cast<size_t>(vocab));
+#pragma omp for schedule(static)
+    for (int i = 0; i < n; ++i) {
+      const float* x = logits + size_t(i) * vocab;
+      const float* y = teacher + size_t(i) * vocab;
+      float* g = dlogits + size_t(i) * vocab;
+      const int t = targets[i];
+      const float m = *std::max_element(x, x + vocab), mt = *std::max_element(y, y + vocab);
+      const float xt = t >= 0 ? x[t] : 0.0f;
+      // log p_j = x_j - lse, log p_t,j = y_j - lse_t; KL = sum p_t,j (y_j - lse_t - x_j + lse).
+      std::copy_n(y, vocab, pt.data());
+      const double st = exp_shifted(pt.data(), vocab, mt);
+      const double lse_t = double(mt) + std::log(st);
+      double cross = 0;  // sum p_t,j (y_j - x_j)
+      for (int j = 0; j < vocab; ++j) cross += double(pt[size_t(j)]) * (double(y[j]) - x[j]);
+      cross /= st;
+      if (g != x) std::memcpy(g, x, sizeof(float) * vocab);
+      const double s = exp_shifted(g, vocab, m);
+      const double lse = double(m) + std::log(s);
+      if (t >= 0) ce += lse - xt;
+      kl += cross - lse_t + lse;
+      const auto a = static_cast<float>((ce_scale * (t >= 0 ? 1.0 : 0.0) + kl_scale) / s);
+      const auto b = static_cast<float>(kl_scale / st);
+      for (int j = 0; j < vocab; ++j) g[j] = g[j] * a - pt[size_t(j)] * b;
+      if (t >= 0) g[t] -= ce_scale;
+    }
+  }
+  return {ce, kl};
+}
+
 void embed_backward(const int32_t* ids, int n, int dim, const float* dout, float* dtable) {
   for (int i = 0; i < n; ++i)
     for (int k = 0; k < dim; ++k) dtable[size_t(ids[i]) * dim + k] += dout[size_t(i) * dim + k];

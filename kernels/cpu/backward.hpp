@@ -7,6 +7,7 @@
 // contributions (q/k/v into one input gradient, chunks of tokens into one weight gradient).
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 namespace kvb {
 
@@ -58,6 +59,16 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
 double cross_entropy_ref(const float* logits, const int32_t* targets, int n, int vocab, float grad_scale,
                          float* dlogits);
 double cross_entropy(const float* logits, const int32_t* targets, int n, int vocab, float grad_scale, float* dlogits);
+
+// Distillation (MatryoshkaKV's objective) of logits[n, vocab] towards a teacher's logits: with p the
+// softmax of a row and p_t the teacher's, the row's cross-entropy ce = lse - logits[target] (rows with
+// target >= 0) and kl = KL(p_t || p) = sum p_t (log p_t - log p). Returns {sum ce, sum kl} and
+// overwrites dlogits = ce_scale (p - onehot) + kl_scale (p - p_t) (no ce term for ignored targets).
+// dlogits may alias logits.
+std::pair<double, double> distill_loss_ref(const float* logits, const float* teacher, const int32_t* targets, int n,
+                                           int vocab, float ce_scale, float kl_scale, float* dlogits);
+std::pair<double, double> distill_loss(const float* logits, const float* teacher, const int32_t* targets, int n,
+                                       int vocab, float ce_scale, float kl_scale, float* dlogits);
 
 // Embedding lookup out[t] = table[ids[t]]: dtable[ids[t]] += dout[t] (a scatter-add; rows repeat).
 void embed_backward(const int32_t* ids, int n, int dim, const float* dout, float* dtable);

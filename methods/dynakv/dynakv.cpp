@@ -35,38 +35,13 @@
 #include "harness/util/error.hpp"
 #include "harness/util/linalg.hpp"
 #include "harness/util/progress.hpp"
-#include "harness/util/text_files.hpp"
 #include "methods/dynakv/maps.hpp"
 #include "methods/dynakv/train_hook.hpp"
 
 namespace kvb {
 namespace {
 
-constexpr int kHeldOutEvery = 10;
-
-// The documents of `text` (or set-up's Python documentation), split into fitting and held-out ones.
-struct Documents {
-  SplitDocuments split;
-  std::string described;
-};
-
-Documents read_documents(const std::string& spec, const std::string& data_dir, const std::string& command) {
-  Documents d;
-  std::vector<std::string> all;
-  if (!spec.empty()) {
-    d.described = spec;
-    all = read_text_files(spec, "text");
-  } else {
-    const auto dir = std::filesystem::path(data_dir) / "python-docs";
-    if (!std::filesystem::is_directory(dir))
-      fail("{}: no --text given and {} is missing (scripts/setup.sh fetches it)", command, dir.string());
-    d.described = "the Python 3 documentation's tutorial, HOWTOs, FAQ and What's New pages (" + dir.string() +
-                  ", PSF License); the paper uses RedPajama-V2 and reports rates on WikiText-2";
-    all = read_text_files(dir.string(), "text");
-  }
-  d.split = split_held_out(all, kHeldOutEvery, command, "give more files");
-  return d;
-}
+constexpr const char* kPaperText = "the paper uses RedPajama-V2 and reports rates on WikiText-2";
 
 // Accumulates X^T X of every layer's pre-RoPE K and V rows (all KV heads jointly) in double.
 class MomentTap final : public PrefillObserver {
@@ -113,7 +88,8 @@ class MomentTap final : public PrefillObserver {
 void calibrate_pca(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
   const Params& o = ctx.options;
-  const Documents docs = read_documents(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca");
+  const CalibrationText docs =
+      calibration_text(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca", kPaperText);
   const auto seqs =
       token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
   size_t total = 0;
@@ -164,7 +140,7 @@ void train(CalibrationContext& ctx) {
 
   const LoadedArtifact pa = load_artifact(kDynaKvPcaKind, o.get("pca"), cfg, "kvbench calibrate dynakv-pca MODEL");
   DynaKvWeights weights = dynakv_init(dynakv_pca_from(pa, cfg), t.init_rate, t.tau);
-  const Documents docs = read_documents(o.get("text"), ctx.data_dir, "kvbench train dynakv");
+  const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, "kvbench train dynakv", kPaperText);
   const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
   const auto held =
       token_sequences(ctx.tokenizer, docs.split.held, t.seq_len, static_cast<size_t>(o.get_int("held_tokens")));
@@ -199,19 +175,14 @@ void train(CalibrationContext& ctx) {
       training["train_tokens"].get<size_t>(), training["seconds"].get<double>());
 }
 
-std::vector<ParamSpec> text_options() {
-  return {ParamSpec::text("text", "", "text files or directories (default: set-up's data/python-docs)"),
-          ParamSpec::integer("seq_len", 512, 16, 1 << 20, "tokens per sequence (BOS + text)")};
-}
-
 std::vector<ParamSpec> pca_options() {
-  auto p = text_options();
+  auto p = calibration_text_options();
   p.push_back(ParamSpec::integer("tokens", 262144, 1, 1L << 40, "calibration tokens (the spec recommends >= 1M)"));
   return p;
 }
 
 std::vector<ParamSpec> train_options() {
-  auto p = text_options();
+  auto p = calibration_text_options();
   p.push_back(ParamSpec::choice("mode", "e2e", {"e2e", "ll"},
                                 "e2e: CE + alpha R^2 through the model (the paper); ll: layer-local distortion + alpha "
                                 "R_l (DynaKV-LL)"));

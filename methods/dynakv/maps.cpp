@@ -321,15 +321,6 @@ constexpr const char* kKindNames[2] = {"K", "V"};
 
 int expected_d(const ModelConfig& m) { return m.n_kv_heads * m.head_dim; }
 
-std::vector<float> read_array(const nlohmann::json& j, const char* key, size_t n, const std::string& where) {
-  if (!j.contains(key) || !j[key].is_string()) fail("{}: field '{}' missing (expected base64 float32)", where, key);
-  auto x = floats_from_base64(j[key].get<std::string>(), where + "." + key);
-  if (x.size() != n) fail("{}.{}: {} numbers, expected {}", where, key, x.size(), n);
-  for (float v : x)
-    if (!std::isfinite(v)) fail("{}.{}: holds a non-finite number", where, key);
-  return x;
-}
-
 const nlohmann::json& layers_of(const LoadedArtifact& a, const ModelConfig& model) {
   const auto& body = a.body;
   if (!body.contains("d") || !body["d"].is_number_integer())
@@ -372,7 +363,7 @@ DynaKvPca dynakv_pca_from(const LoadedArtifact& a, const ModelConfig& model) {
         pca.basis.emplace_back();
         pca.eigenvalues.emplace_back();
       }
-      pca.basis.back()[size_t(z)] = read_array(e, "U", dd, where);
+      pca.basis.back()[size_t(z)] = artifact_floats(e, "U", dd, where);
       if (!e.contains("eigenvalues") || !e["eigenvalues"].is_array() ||
           static_cast<int>(e["eigenvalues"].size()) != pca.d)
         fail("{}.eigenvalues: expected {} numbers", where, pca.d);
@@ -413,10 +404,10 @@ DynaKvWeights dynakv_weights_from(const LoadedArtifact& a, const ModelConfig& mo
       const auto& e = layers[size_t(l)][kKindNames[z]];
       DynaKvMap& m = maps[size_t(z)];
       m.d = w.d;
-      m.U = read_array(e, "U", dd, where);
-      m.U_inv = read_array(e, "U_inv", dd, where);
-      m.W = read_array(e, "W", dd, where);
-      m.b = read_array(e, "b", size_t(w.d), where);
+      m.U = artifact_floats(e, "U", dd, where);
+      m.U_inv = artifact_floats(e, "U_inv", dd, where);
+      m.W = artifact_floats(e, "W", dd, where);
+      m.b = artifact_floats(e, "b", size_t(w.d), where);
       const double err = inverse_error(m);
       if (!(err < 1e-3))
         fail(

@@ -58,7 +58,6 @@ Usage (from the repo root; needs torch, transformers 5.x, gguf, numpy):
         [--n 128] [--fixture methods/dynakv/fixtures/dynakv_e2e_128_f64.json]
 """
 
-import argparse
 import json
 import os
 import resource
@@ -69,7 +68,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "reference"))
 import grad_reference as gr  # noqa: E402  (model loading, checks, float64 mode, JSON writing)
-from hf_logits import sha256_file  # noqa: E402
 
 ALPHA = 0.5
 KINDS = ("K", "V")
@@ -211,30 +209,13 @@ def sample_indices(param):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", default=os.path.join(gr.REPO_ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--ids", default=os.path.join(gr.REPO_ROOT, "tests/fixtures/engine/grad_ids_256.json"))
-    ap.add_argument("--n", type=int, default=128, help="use the first N ids")
-    ap.add_argument("--fixture", default=os.path.join(gr.REPO_ROOT,
-                                                      "methods/dynakv/fixtures/dynakv_e2e_128_f64.json"))
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-
-    with open(args.ids, encoding="utf-8") as f:
-        ids = [int(i) for i in json.load(f)][:args.n]
-    assert len(ids) == args.n >= 2
+    args, ids = gr.method_reference_args(__doc__.split("\n")[0], "methods/dynakv/fixtures/dynakv_e2e_128_f64.json")
 
     import torch
 
     t0 = time.perf_counter()
-    model_sha = sha256_file(args.gguf)
-    gg = gr.read_gguf_tensors(args.gguf)
-    model = gr.load_model(args.gguf, args.threads)
+    model, gg, model_sha = gr.frozen_float64_model(args.gguf, args.threads)
     cfg = model.config
-    names = gr.check_model(model, gg)
-    gr.to_float64(model, gg, names, exact_rope=False, checkpointing=False)
-    for p in model.parameters():
-        p.requires_grad_(False)
     L = cfg.num_hidden_layers
     hd = cfg.hidden_size // cfg.num_attention_heads
     d = cfg.num_key_value_heads * hd

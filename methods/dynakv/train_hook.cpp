@@ -4,12 +4,9 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <numbers>
 
 #include "harness/method/artifact.hpp"
+#include "harness/method/optimizer.hpp"
 #include "harness/util/base64.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/progress.hpp"
@@ -179,40 +176,11 @@ DynaKvValidation dynakv_validate(ModelGradients& mg, DynaKvWeights& weights, Dyn
 
 namespace {
 
-// AdamW state of one tensor.
-struct Moments {
-  std::vector<float> m, v;
-};
-
 struct Optimizer {
   // [layer][K/V][U, W, b]
   std::vector<std::array<std::array<Moments, 3>, 2>> state;
   int step = 0;
 };
-
-double learning_scale(int step, int steps) {
-  const int warm = std::max(1, static_cast<int>(std::lround(0.02 * steps)));
-  if (step < warm) return double(step + 1) / warm;
-  const double progress = double(step - warm) / std::max(1, steps - warm);
-  return 0.5 * (1 + std::cos(std::numbers::pi * progress));
-}
-
-void adamw(std::vector<float>& p, const std::vector<float>& g, Moments& s, double lr, double decay, double gscale,
-           int step) {
-  constexpr double b1 = 0.9, b2 = 0.999, eps = 1e-8;
-  if (s.m.empty()) {
-    s.m.assign(p.size(), 0.0f);
-    s.v.assign(p.size(), 0.0f);
-  }
-  const double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double gi = double(g[i]) * gscale;
-    s.m[i] = static_cast<float>(b1 * s.m[i] + (1 - b1) * gi);
-    s.v[i] = static_cast<float>(b2 * s.v[i] + (1 - b2) * gi * gi);
-    const double upd = (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + eps);
-    p[i] = static_cast<float>(p[i] * (1 - lr * decay) - lr * upd);
-  }
-}
 
 nlohmann::json moments_json(const Optimizer& opt) {
   nlohmann::json layers = nlohmann::json::array();
@@ -258,17 +226,7 @@ nlohmann::json train_dynakv(ModelGradients& mg, DynaKvWeights& weights, const Dy
   double seconds = 0;
 
   const nlohmann::json described = o.describe();
-  if (!checkpoint.empty() && std::filesystem::exists(checkpoint)) {
-    std::ifstream in(checkpoint);
-    nlohmann::json ck;
-    try {
-      ck = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: checkpoint is not valid JSON ({}); delete it to start over", checkpoint, e.what());
-    }
-    if (ck.value("options", nlohmann::json()) != described)
-      fail("{}: checkpoint made with options {}, not {}; delete it to start over or give the same options", checkpoint,
-           ck.value("options", nlohmann::json()).dump(), described.dump());
+  if (const nlohmann::json ck = read_checkpoint(checkpoint, described); !ck.is_null()) {
     weights = dynakv_weights_from(LoadedArtifact{checkpoint, ck.at("weights"), false, ""}, mg.config());
     weights.tau = o.tau;
     moments_from(ck.at("optimizer"), opt, checkpoint);
@@ -325,7 +283,7 @@ nlohmann::json train_dynakv(ModelGradients& mg, DynaKvWeights& weights, const Dy
     const double norm = std::sqrt(sq);
     const double gscale = (1.0 / o.batch) * (norm > o.clip ? o.clip / norm : 1.0);
     ++opt.step;
-    const double scale = learning_scale(opt.step - 1, o.steps);
+    const double scale = learning_scale(opt.step - 1, o.steps, static_cast<int>(std::lround(0.02 * o.steps)));
     for (int l = 0; l < L; ++l)
       for (int z = 0; z < 2; ++z) {
         DynaKvMap& map = weights.layers[size_t(l)][size_t(z)];

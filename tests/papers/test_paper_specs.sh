@@ -41,6 +41,8 @@ for spec in experiments/papers/*/*.yaml; do
     echo "ok   $spec: refused, DynaKV weights are not trained for this model"
   elif grep -q "no field 'key_maps'" <<< "$out" && grep -q "approximate: keys" "$spec"; then
     echo "ok   $spec: refused, the model's VECTOR maps predate the key maps (kvbench calibrate vector)"
+  elif grep -q "no such matryoshkakv artifact" <<< "$out" && grep -q "name: matryoshkakv" "$spec"; then
+    echo "ok   $spec: refused, MatryoshkaKV projections are not trained for this model"
   elif grep -q "no such palu basis" <<< "$out" && grep -q "name: palu" "$spec"; then
     echo "ok   $spec: refused, no Palu basis calibrated for this model (kvbench calibrate palu)"
   else

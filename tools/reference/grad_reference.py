@@ -470,6 +470,35 @@ def to_float64(model, gg, names, exact_rope, checkpointing):
         model.train()
 
 
+def frozen_float64_model(gguf_path, threads):
+    """The method references' model: loaded from the GGUF, checked against its tensors, converted to
+    float64 (float32 RoPE angles) and frozen. Returns (model, gguf tensors, the file's sha256)."""
+    from hf_logits import sha256_file
+    model_sha = sha256_file(gguf_path)
+    gg = read_gguf_tensors(gguf_path)
+    model = load_model(gguf_path, threads)
+    names = check_model(model, gg)
+    to_float64(model, gg, names, exact_rope=False, checkpointing=False)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, gg, model_sha
+
+
+def method_reference_args(description, fixture):
+    """The command line the method references share: the model, the ids and how many, the fixture."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--gguf", default=os.path.join(REPO_ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--ids", default=os.path.join(REPO_ROOT, "tests/fixtures/engine/grad_ids_256.json"))
+    ap.add_argument("--n", type=int, default=128, help="use the first N ids")
+    ap.add_argument("--fixture", default=os.path.join(REPO_ROOT, fixture))
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    with open(args.ids, encoding="utf-8") as f:
+        ids = [int(i) for i in json.load(f)][:args.n]
+    assert len(ids) == args.n >= 2
+    return args, ids
+
+
 def check_float64_calls(cfg, checkpointing):
     """Every RMSNorm, attention and rotary call of the last forward (and recompute) went through
     the float64 versions."""

@@ -1,0 +1,53 @@
+#include "harness/method/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <numbers>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+double learning_scale(int step, int steps, int warmup) {
+  const int warm = std::max(1, warmup);
+  if (step < warm) return double(step + 1) / warm;
+  const double progress = double(step - warm) / std::max(1, steps - warm);
+  return 0.5 * (1 + std::cos(std::numbers::pi * progress));
+}
+
+void adamw(std::vector<float>& p, const std::vector<float>& g, Moments& s, double lr, double decay, double gscale,
+           int step) {
+  constexpr double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  if (s.m.empty()) {
+    s.m.assign(p.size(), 0.0f);
+    s.v.assign(p.size(), 0.0f);
+  }
+  const double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double gi = double(g[i]) * gscale;
+    s.m[i] = static_cast<float>(b1 * s.m[i] + (1 - b1) * gi);
+    s.v[i] = static_cast<float>(b2 * s.v[i] + (1 - b2) * gi * gi);
+    const double upd = (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + eps);
+    p[i] = static_cast<float>(p[i] * (1 - lr * decay) - lr * upd);
+  }
+}
+
+nlohmann::json read_checkpoint(const std::string& path, const nlohmann::json& options) {
+  if (path.empty() || !std::filesystem::exists(path)) return nullptr;
+  std::ifstream in(path);
+  nlohmann::json ck;
+  try {
+    ck = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: checkpoint is not valid JSON ({}); delete it to start over", path, e.what());
+  }
+  if (!ck.is_object() || ck.value("options", nlohmann::json()) != options)
+    fail("{}: checkpoint made with options {}, not {}; delete it to start over or give the same options", path,
+         ck.is_object() ? ck.value("options", nlohmann::json()).dump() : std::string("(none)"), options.dump());
+  return ck;
+}
+
+}  // namespace kvb
