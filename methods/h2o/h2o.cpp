@@ -4,7 +4,8 @@
 // whose causal mask covered only the last w x w block, so earlier queries also saw future keys
 // (README.md §2). With decode_eviction=true, also the original decode-time policy: scores
 // keep accumulating each new token's attention, and when a head holds more than T tokens the
-// lowest-scoring one outside the recent window is evicted.
+// lowest-scoring one outside the recent window is evicted. With paging=P, page-level eviction
+// (harness/method/paging.hpp; README.md §4): the paged H2O of the KVCrush paper's Table 2.
 #include <cblas.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <numeric>
 
+#include "harness/method/paging.hpp"
 #include "harness/method/parts.hpp"
 #include "harness/method/scorer.hpp"
 #include "harness/util/error.hpp"
@@ -34,12 +36,44 @@ HeadScores accumulated_attention_scores(const PrefillView& v, int w) {
 
 class H2O final : public ScorerMethod {
  public:
+  void setup() override {
+    if (paged() && (legacy() || params().get_bool("decode_eviction")))
+      fail(
+          "h2o: paging evicts during decoding by itself and scores with the causal mask; drop decode_eviction and "
+          "mask=legacy_window_only");
+  }
   PrefillNeeds needs() const override {
     // The legacy scoring recomputes attention from every query; the causal one reuses the prefill's.
     if (legacy()) return {.window = std::numeric_limits<int>::max()};
     return {.attn_colsum = true};
   }
-  bool acts_on_decode() const override { return params().get_bool("decode_eviction"); }
+  bool acts_on_decode() const override { return paged() || params().get_bool("decode_eviction"); }
+  // Paged, the KV size is the evictable middle: the start, the recent pages and the filling page come on top.
+  bool may_exceed_budget() const override { return paged(); }
+
+  LayerCache compress(const PrefillView& v, const Budget& b) override {
+    if (!paged()) return ScorerMethod::compress(v, b);
+    const PagingConfig c = paging(b.tokens);
+    // Each slot's score: the attention every prompt row gave it, summed over the layer's query heads.
+    const int S = v.n_tokens;
+    if (!v.attn_colsum) fail("internal: the prefill did not gather accumulated attention");
+    PageScores& ps = pages(v.layer);
+    ps.score.assign(size_t(S), 0.0);
+    ps.rows.resize(size_t(S));
+    for (int h = 0; h < v.n_heads; ++h)
+      for (int t = 0; t < S; ++t) ps.score[size_t(t)] += v.attn_colsum[size_t(h) * S + t];
+    for (int t = 0; t < S; ++t) ps.rows[size_t(t)] = S - t;
+    const auto gone = ps.to_evict(c);
+    std::vector<int32_t> keep;
+    for (int t = 0, g = 0; t < S; ++t) {
+      while (g < static_cast<int>(gone.size()) && (gone[size_t(g)] + 1) * c.page <= t) ++g;
+      if (g < static_cast<int>(gone.size()) && gone[size_t(g)] * c.page <= t) continue;
+      keep.push_back(t);
+    }
+    ps.erase_pages(gone, c.page);
+    const int stored = gqa() == GqaMode::Repeat ? v.n_heads : v.n_kv_heads;
+    return gather(v, gqa(), std::vector<std::vector<int32_t>>(size_t(stored), keep));
+  }
 
   std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
     Selection sel = *ScorerMethod::select(v, b);
@@ -55,6 +89,7 @@ class H2O final : public ScorerMethod {
   }
 
   void on_decode(LayerCache& cache, const DecodeView& dv) override {
+    if (paged()) return paged_decode(cache, dv);
     const int w = window();
     const int d = cache.head_dim(), group = cache.n_query_heads() / cache.n_cache_heads();
     auto& layer = running(dv.layer);
@@ -85,6 +120,55 @@ class H2O final : public ScorerMethod {
 
  private:
   bool legacy() const { return params().get("mask") == "legacy_window_only"; }
+  bool paged() const { return params().integer("paging") > 0; }
+  PagingConfig paging(int budget) const {
+    PagingConfig c{.page = params().integer("paging"),
+                   .start = params().integer("start"),
+                   .recent = window(),
+                   .middle = budget,
+                   .norm_sum = params().get("page_scores") == "norm_sum"};
+    c.check("h2o paging");
+    return c;
+  }
+  PageScores& pages(int layer) {
+    if (static_cast<int>(pages_.size()) <= layer) pages_.resize(size_t(layer) + 1);
+    return pages_[size_t(layer)];
+  }
+
+  // A decode step of the paged cache: the new token's attention over every slot, summed over the query
+  // heads, joins the slots' scores, then the layer evicts pages if it has outgrown its limit.
+  void paged_decode(LayerCache& cache, const DecodeView& dv) {
+    const PagingConfig c = paging(dv.budget_tokens);
+    const int d = cache.head_dim(), group = cache.n_query_heads() / cache.n_cache_heads();
+    PageScores& ps = pages(dv.layer);
+    std::vector<DenseSegment*> heads;
+    for (int s = 0; s < cache.n_cache_heads(); ++s) {
+      auto& segs = cache.segments(s);
+      if (segs.size() != 1 || segs[0]->format() != "dense")
+        fail("h2o paging needs a single dense segment per head, found {}", segs.size());
+      heads.push_back(static_cast<DenseSegment*>(segs[0].get()));
+      if (heads.back()->size() != heads[0]->size()) fail("internal: h2o paging heads of different lengths");
+    }
+    const size_t n = heads[0]->size();
+    ps.score.resize(n, 0.0);  // the new token
+    ps.rows.resize(n, 0.0);
+    for (double& r : ps.rows) r += 1.0;
+    std::vector<float> logits(n);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (int s = 0; s < cache.n_cache_heads(); ++s)
+      for (int i = 0; i < group; ++i) {
+        heads[size_t(s)]->logits(dv.q + size_t(s * group + i) * d, logits.data());
+        for (auto& x : logits) x *= scale;
+        softmax_inplace(logits.data(), static_cast<int>(n));
+        for (size_t t = 0; t < n; ++t) ps.score[t] += logits[t];
+      }
+    const auto gone = ps.to_evict(c);
+    if (gone.empty()) return;
+    for (auto it = gone.rbegin(); it != gone.rend(); ++it)
+      for (DenseSegment* seg : heads)
+        for (int i = c.page - 1; i >= 0; --i) seg->erase(size_t(*it) * c.page + i);
+    ps.erase_pages(gone, c.page);
+  }
   HeadScores score(const PrefillView& v) override { return scores(v, window()); }
 
   HeadScores scores(const PrefillView& v, int w) const {
@@ -122,18 +206,25 @@ class H2O final : public ScorerMethod {
     return running_[layer];
   }
   std::vector<std::vector<std::vector<float>>> running_;  // [layer][stored head][token]
+  std::vector<PageScores> pages_;                         // [layer], paged
 };
 
-const bool registered = register_method(
-    {.name = "h2o",
-     .summary = "heavy hitters by accumulated attention + recent window",
-     .params = {ParamSpec::integer("window", 32, 0, 4096, "recent tokens always kept"),
-                ParamSpec::boolean("decode_eviction", false,
-                                   "keep evicting during decoding so each head holds at most T (not with a wrapper)"),
-                ParamSpec::choice("mask", "causal", {"causal", "legacy_window_only"},
-                                  "causal scoring, or the paper-era code's mask covering only the last w rows")},
-     .make = [] { return std::make_unique<H2O>(); },
-     .composition = Composition::Selector});
+std::vector<ParamSpec> params() {
+  std::vector<ParamSpec> p = {
+      ParamSpec::integer("window", 32, 0, 4096, "recent tokens always kept (with paging: the recent area)"),
+      ParamSpec::boolean("decode_eviction", false,
+                         "keep evicting during decoding so each head holds at most T (not with a wrapper)"),
+      ParamSpec::choice("mask", "causal", {"causal", "legacy_window_only"},
+                        "causal scoring, or the paper-era code's mask covering only the last w rows")};
+  for (auto& q : paging_params()) p.push_back(std::move(q));
+  return p;
+}
+
+const bool registered = register_method({.name = "h2o",
+                                         .summary = "heavy hitters by accumulated attention + recent window",
+                                         .params = params(),
+                                         .make = [] { return std::make_unique<H2O>(); },
+                                         .composition = Composition::Selector});
 
 }  // namespace
 }  // namespace kvb

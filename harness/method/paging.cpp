@@ -1,0 +1,93 @@
+#include "harness/method/paging.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "harness/util/error.hpp"
+
+namespace kvb {
+
+void PagingConfig::check(const std::string& who) const {
+  if (page <= 0) fail("{}: page size {} (expected > 0)", who, page);
+  for (const auto& [name, v] : {std::pair{"start", start}, {"recent (window)", recent}, {"middle (KV size)", middle}})
+    if (v < 0 || v % page != 0) fail("{}: {} = {} tokens must be a multiple of the page size {}", who, name, v, page);
+  if (middle == 0) fail("{}: the evictable area (KV size) must hold at least one page of {} tokens", who, page);
+}
+
+namespace {
+
+// [first, last) pages of the evictable range of L slots, and how many of them must go.
+struct Range {
+  int first = 0, last = 0, evict = 0;
+};
+Range evictable(size_t L, const PagingConfig& c) {
+  Range r;
+  const int P = c.page;
+  // OpenVINO's trigger: nothing happens while L <= max_cache_size + P - 1.
+  if (L + 1 <= size_t(c.start + c.middle + c.recent + P)) return r;
+  r.first = c.start / P;
+  r.last = static_cast<int>(L / size_t(P)) - c.recent / P;
+  r.evict = std::max(0, r.last - r.first - c.middle / P);
+  return r;
+}
+
+double page_score(const PageScores& s, int page, int P, bool norm) {
+  double sum = 0;
+  for (int i = 0; i < P; ++i) {
+    const size_t t = size_t(page) * P + i;
+    sum += norm ? s.score[t] / std::max(1.0, s.rows[t]) : s.score[t];
+  }
+  return sum;
+}
+
+}  // namespace
+
+std::vector<int> PageScores::to_evict(const PagingConfig& c) const {
+  const Range r = evictable(score.size(), c);
+  if (r.evict == 0) return {};
+  std::vector<std::pair<double, int>> pages;
+  for (int p = r.first; p < r.last; ++p) pages.emplace_back(page_score(*this, p, c.page, c.norm_sum), p);
+  // The lowest scores go; ties: the lower page first.
+  std::nth_element(pages.begin(), pages.begin() + (r.evict - 1), pages.end());
+  std::vector<int> out;
+  const auto cut = pages[size_t(r.evict - 1)];
+  for (const auto& e : pages)
+    if (e < cut) out.push_back(e.second);
+  out.push_back(cut.second);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int> pages_to_evict_ref(const PageScores& s, const PagingConfig& c) {
+  const Range r = evictable(s.score.size(), c);
+  std::vector<int> pages(static_cast<size_t>(std::max(0, r.last - r.first)));
+  std::iota(pages.begin(), pages.end(), r.first);
+  std::stable_sort(pages.begin(), pages.end(), [&](int a, int b) {
+    return page_score(s, a, c.page, c.norm_sum) < page_score(s, b, c.page, c.norm_sum);
+  });
+  pages.resize(size_t(r.evict));
+  std::sort(pages.begin(), pages.end());
+  return pages;
+}
+
+void PageScores::erase_pages(std::span<const int> pages, int page) {
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+    const auto b = static_cast<std::ptrdiff_t>(*it) * page;
+    score.erase(score.begin() + b, score.begin() + b + page);
+    rows.erase(rows.begin() + b, rows.begin() + b + page);
+  }
+}
+
+std::vector<ParamSpec> paging_params() {
+  return {ParamSpec::integer("paging", 0, 0, 4096,
+                             "page size P in tokens: evict whole pages, layer-wide, during prefill and decoding "
+                             "(0: token level); the KV size is then the evictable middle area")
+              .added_later(),
+          ParamSpec::integer("start", 32, 0, 1 << 20, "with paging: the first tokens, never evicted").added_later(),
+          ParamSpec::choice("page_scores", "sum", {"sum", "norm_sum"},
+                            "with paging: a page's score is the sum of its slots' accumulated attention, or of "
+                            "each divided by the query rows that scored it (OpenVINO's default)")
+              .added_later()};
+}
+
+}  // namespace kvb

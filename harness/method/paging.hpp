@@ -1,0 +1,48 @@
+#pragma once
+// Page-level eviction as the KVCrush paper's paged setting and OpenVINO GenAI's cache eviction
+// (continuous_batching/cache/cache_eviction.cpp) run it. A layer's cache slots form pages of P tokens;
+// the first `start` tokens and the `recent` newest full pages are never evicted, nor the last, partly
+// filled page. Every slot carries a score: the attention it has received, summed over all query heads of
+// the layer (one score per slot, so all heads of a layer evict the same pages) and over every query
+// row since it entered the cache. When the layer holds start + middle + recent + P tokens or more, the
+// lowest-scoring full pages of the evictable range go until `middle` tokens of it remain: the cache then
+// holds at most start + middle + recent + P - 1 tokens.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness/util/params.hpp"
+
+namespace kvb {
+
+struct PagingConfig {
+  int page = 0;    // P; 0: no paging
+  int start = 32;  // tokens, a multiple of P
+  int recent = 128;
+  int middle = 512;
+  // A page's score: the sum of its slots' scores, or (norm_sum, OpenVINO's default) of each slot's score
+  // divided by the number of query rows that scored it.
+  bool norm_sum = false;
+  // Error naming `who` unless start, recent and middle are multiples of P.
+  void check(const std::string& who) const;
+};
+
+// The running scores of one layer's slots.
+struct PageScores {
+  std::vector<double> score;  // per slot
+  std::vector<double> rows;   // per slot: query rows that scored it
+  // The pages (ascending page indices) to evict now, empty when the layer is within its limit.
+  std::vector<int> to_evict(const PagingConfig& c) const;
+  // Drops the slots of the given pages (ascending).
+  void erase_pages(std::span<const int> pages, int page);
+};
+
+// Reference of PageScores::to_evict: the same rule by sorting every candidate page.
+std::vector<int> pages_to_evict_ref(const PageScores& s, const PagingConfig& c);
+
+// The parameters a paged method declares: `paging` (P, 0 = off), `start` and `page_scores`; the recent
+// area is the method's window.
+std::vector<ParamSpec> paging_params();
+
+}  // namespace kvb
