@@ -123,3 +123,90 @@ TEST_CASE("paged H2O during decoding: whole pages, layer-wide, within start + T 
       }
     }
 }
+
+TEST_CASE("paged KVCrush: H2O's share by page score, representative pages among the rest", "[paging][kvcrush]") {
+  SyntheticLayer L(64, 4, 2, 8, 64, 3, 0.0f);
+  std::vector<float> col(size_t(4) * 64, 0.01f);
+  for (int t = 16; t < 24; ++t) col[size_t(0) * 64 + t] = 1.0f;  // page 2: H2O's best
+  for (int t = 32; t < 40; ++t) col[size_t(3) * 64 + t] = 0.9f;  // page 4: second
+  L.view.attn_colsum = col.data();
+  auto kept = [&](const char* ratio) {
+    auto m = MethodRegistry::get().create(
+        "kvcrush",
+        {{"base", "h2o"}, {"base.window", "16"}, {"paging", "8"}, {"start", "8"}, {"ratio", ratio}, {"anchor", "mean"}},
+        L.cfg);
+    MethodRunner r(*m, 16);
+    LayerCache c(4, 2, 8);
+    r.on_layer(L.view, c);
+    const auto p0 = c.segments(0)[0]->positions(), p1 = c.segments(1)[0]->positions();
+    CHECK(std::vector<int32_t>(p0.begin(), p0.end()) == std::vector<int32_t>(p1.begin(), p1.end()));
+    return std::vector<int32_t>(p0.begin(), p0.end());
+  };
+  // ratio 0: paged H2O's pages 2 and 4; ratio 0.5: page 2 by score and one representative of pages
+  // {1, 3, 4, 5}.
+  const auto h2o = kept("0");
+  CHECK(h2o.size() == 8 + 16 + 16);
+  CHECK(std::count(h2o.begin(), h2o.end(), 16) == 1);
+  CHECK(std::count(h2o.begin(), h2o.end(), 32) == 1);
+  const auto crush = kept("0.5");
+  CHECK(crush.size() == 8 + 16 + 16);
+  CHECK(std::count(crush.begin(), crush.end(), 16) == 1);
+  int reps = 0;
+  for (int pg : {1, 3, 4, 5}) reps += static_cast<int>(std::count(crush.begin(), crush.end(), pg * 8));
+  CHECK(reps == 1);
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create("kvcrush", {{"base", "snapkv"}, {"paging", "8"}}, L.cfg);
+      },
+      {"kvcrush paging", "base=h2o", "snapkv"});
+}
+
+TEST_CASE("paged KVCrush during decoding: ratio 0 is paged H2O, whole pages within the limit", "[paging][kvcrush]") {
+  const test::TempDir dir("paging_kvcrush");
+  auto model = ModelFile::open(test::tiny_random_model(dir, "llama", 2));
+  Engine e(*model);
+  std::vector<int32_t> ids(150);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((7 * i + 3) % 300);
+  const int P = 8, T = 32;
+  auto run = [&](const std::string& method, std::map<std::string, std::string> params) {
+    auto m = MethodRegistry::get().create(method, params, e.config());
+    MethodRunner runner(*m, T);
+    e.prefill(ids, &runner);
+    std::vector<std::vector<int32_t>> trace;
+    for (int step = 0; step < 30; ++step) {
+      e.decode((step * 11) % 300);
+      for (const auto& c : e.caches()) {
+        const auto p = c.segments(0)[0]->positions();
+        trace.emplace_back(p.begin(), p.end());
+        REQUIRE(p.size() <= size_t(8 + T + 16 + P - 1));
+        for (int h = 1; h < c.n_cache_heads(); ++h) {
+          const auto q = c.segments(h)[0]->positions();
+          REQUIRE(std::vector<int32_t>(q.begin(), q.end()) == trace.back());
+        }
+        for (size_t b = 0; b + P <= p.size(); b += P) CHECK(p[b + P - 1] - p[b] == P - 1);
+      }
+    }
+    return trace;
+  };
+  // A prompt within the KV size still starts the scores: decoding then evicts by them.
+  for (const char* method : {"h2o", "kvcrush"}) {
+    INFO(method);
+    std::map<std::string, std::string> p = {{"paging", "8"}, {"start", "8"}};
+    if (std::string(method) == "h2o")
+      p["window"] = "16";
+    else
+      p.insert({{"base", "h2o"}, {"base.window", "16"}, {"ratio", "0.5"}});
+    auto m = MethodRegistry::get().create(method, p, e.config());
+    MethodRunner runner(*m, T);
+    e.prefill(std::span<const int32_t>(ids.data(), 20), &runner);
+    for (int step = 0; step < 60; ++step) e.decode(step % 300);
+    for (const auto& c : e.caches()) CHECK(c.segments(0)[0]->size() <= size_t(8 + T + 16 + P - 1));
+  }
+  const auto h2o = run("h2o", {{"window", "16"}, {"paging", "8"}, {"start", "8"}});
+  const auto zero =
+      run("kvcrush", {{"base", "h2o"}, {"base.window", "16"}, {"paging", "8"}, {"start", "8"}, {"ratio", "0"}});
+  CHECK(zero == h2o);
+  const auto crush =
+      run("kvcrush", {{"base", "h2o"}, {"base.window", "16"}, {"paging", "8"}, {"start", "8"}, {"ratio", "0.75"}});
+  CHECK(crush != h2o);
+}

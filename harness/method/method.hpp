@@ -104,6 +104,9 @@ class Method {
   // True only for settings that reproduce a reference's known overshoot (PyramidKV's floored
   // schedule); the runner then reports the bytes instead of refusing them.
   virtual bool may_exceed_budget() const { return false; }
+  // True for a method that must see every prompt, even one within its KV size (paged eviction: the
+  // prompt's attention is the start of the scores decoding evicts by, and its limit is not T).
+  virtual bool sees_every_prompt() const { return false; }
   // False for a method registered with changes_model = true: a sweep gives its cells their own prefill
   // instead of the full-attention one shared by the others.
   bool shares_prefill() const { return !changes_model_; }

@@ -1,9 +1,11 @@
 #include "harness/method/paging.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "harness/util/error.hpp"
+#include "kernels/cpu/ops.hpp"
 
 namespace kvb {
 
@@ -76,6 +78,82 @@ void PageScores::erase_pages(std::span<const int> pages, int page) {
     score.erase(score.begin() + b, score.begin() + b + page);
     rows.erase(rows.begin() + b, rows.begin() + b + page);
   }
+}
+
+PageScores prefill_page_scores(const PrefillView& v, HeadSlotScores* per_head) {
+  if (!v.attn_colsum) fail("internal: the prefill did not gather accumulated attention");
+  const int S = v.n_tokens;
+  PageScores ps;
+  ps.score.assign(size_t(S), 0.0);
+  ps.rows.resize(size_t(S));
+  if (per_head) per_head->assign(size_t(v.n_heads), std::vector<double>(size_t(S), 0.0));
+  for (int h = 0; h < v.n_heads; ++h)
+    for (int t = 0; t < S; ++t) {
+      const double a = v.attn_colsum[size_t(h) * S + t];
+      ps.score[size_t(t)] += a;
+      if (per_head) (*per_head)[size_t(h)][size_t(t)] = a;
+    }
+  for (int t = 0; t < S; ++t) ps.rows[size_t(t)] = S - t;
+  return ps;
+}
+
+std::vector<std::vector<int32_t>> keep_outside_pages(std::span<const int> pages, int page, int S, int stored_heads) {
+  std::vector<int32_t> keep;
+  size_t g = 0;
+  for (int t = 0; t < S; ++t) {
+    while (g < pages.size() && (pages[g] + 1) * page <= t) ++g;
+    if (g < pages.size() && pages[g] * page <= t) continue;
+    keep.push_back(t);
+  }
+  return std::vector<std::vector<int32_t>>(size_t(stored_heads), keep);
+}
+
+std::vector<DenseSegment*> paged_heads(LayerCache& cache, const std::string& who) {
+  std::vector<DenseSegment*> heads;
+  for (int s = 0; s < cache.n_cache_heads(); ++s) {
+    auto& segs = cache.segments(s);
+    if (segs.size() != 1 || segs[0]->format() != "dense")
+      fail("{} needs a single dense segment per head, found {}", who, segs.size());
+    heads.push_back(static_cast<DenseSegment*>(segs[0].get()));
+    if (heads.back()->size() != heads[0]->size()) fail("internal: {}: heads of different lengths", who);
+  }
+  return heads;
+}
+
+void add_decode_attention(const std::vector<DenseSegment*>& heads, int n_query_heads, const float* q, PageScores& ps,
+                          HeadSlotScores* per_head) {
+  const size_t n = heads[0]->size();
+  const int d = heads[0]->head_dim(), group = n_query_heads / static_cast<int>(heads.size());
+  ps.score.resize(n, 0.0);  // the new token
+  ps.rows.resize(n, 0.0);
+  for (double& r : ps.rows) r += 1.0;
+  if (per_head)
+    for (auto& h : *per_head) h.resize(n, 0.0);
+  std::vector<float> logits(n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int h = 0; h < n_query_heads; ++h) {
+    heads[size_t(h / group)]->logits(q + size_t(h) * d, logits.data());
+    for (auto& x : logits) x *= scale;
+    softmax_inplace(logits.data(), static_cast<int>(n));
+    for (size_t t = 0; t < n; ++t) {
+      ps.score[t] += logits[t];
+      if (per_head) (*per_head)[size_t(h)][t] += logits[t];
+    }
+  }
+}
+
+void evict_pages(const std::vector<DenseSegment*>& heads, std::span<const int> pages, int page, PageScores& ps,
+                 HeadSlotScores* per_head) {
+  for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
+    for (DenseSegment* seg : heads)
+      for (int i = page - 1; i >= 0; --i) seg->erase(size_t(*it) * page + i);
+    if (per_head)
+      for (auto& h : *per_head) {
+        const auto b = static_cast<std::ptrdiff_t>(*it) * page;
+        h.erase(h.begin() + b, h.begin() + b + page);
+      }
+  }
+  ps.erase_pages(pages, page);
 }
 
 std::vector<ParamSpec> paging_params() {

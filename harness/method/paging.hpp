@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/cache/layer_cache.hpp"
+#include "harness/engine/prefill_view.hpp"
 #include "harness/util/params.hpp"
 
 namespace kvb {
@@ -37,6 +39,25 @@ struct PageScores {
   // Drops the slots of the given pages (ascending).
   void erase_pages(std::span<const int> pages, int page);
 };
+
+// Per query head, the attention each slot has received (the paged KVCrush's fingerprints): [head][slot].
+using HeadSlotScores = std::vector<std::vector<double>>;
+
+// The prompt's scores from the prefill's column sums: every row that saw a slot, summed over the query
+// heads (and per head into `per_head` when given).
+PageScores prefill_page_scores(const PrefillView& v, HeadSlotScores* per_head);
+// The positions [0, S) outside the given pages (ascending), for every stored head of the layer.
+std::vector<std::vector<int32_t>> keep_outside_pages(std::span<const int> pages, int page, int S, int stored_heads);
+// The layer's single dense segment per stored head, all of one length; Error naming `who` otherwise.
+std::vector<DenseSegment*> paged_heads(LayerCache& cache, const std::string& who);
+// One decode step (its token already appended): the attention of every query head (q: [n_heads, d],
+// post-RoPE) over the slots joins ps (summed over the heads) and per_head when given; every slot's row
+// count grows by one.
+void add_decode_attention(const std::vector<DenseSegment*>& heads, int n_query_heads, const float* q, PageScores& ps,
+                          HeadSlotScores* per_head);
+// Drops the pages (ascending) from every head's segment, from ps and from per_head.
+void evict_pages(const std::vector<DenseSegment*>& heads, std::span<const int> pages, int page, PageScores& ps,
+                 HeadSlotScores* per_head);
 
 // Reference of PageScores::to_evict: the same rule by sorting every candidate page.
 std::vector<int> pages_to_evict_ref(const PageScores& s, const PagingConfig& c);

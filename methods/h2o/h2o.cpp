@@ -50,29 +50,16 @@ class H2O final : public ScorerMethod {
   bool acts_on_decode() const override { return paged() || params().get_bool("decode_eviction"); }
   // Paged, the KV size is the evictable middle: the start, the recent pages and the filling page come on top.
   bool may_exceed_budget() const override { return paged(); }
+  bool sees_every_prompt() const override { return paged(); }
 
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     if (!paged()) return ScorerMethod::compress(v, b);
     const PagingConfig c = paging(b.tokens);
-    // Each slot's score: the attention every prompt row gave it, summed over the layer's query heads.
-    const int S = v.n_tokens;
-    if (!v.attn_colsum) fail("internal: the prefill did not gather accumulated attention");
     PageScores& ps = pages(v.layer);
-    ps.score.assign(size_t(S), 0.0);
-    ps.rows.resize(size_t(S));
-    for (int h = 0; h < v.n_heads; ++h)
-      for (int t = 0; t < S; ++t) ps.score[size_t(t)] += v.attn_colsum[size_t(h) * S + t];
-    for (int t = 0; t < S; ++t) ps.rows[size_t(t)] = S - t;
+    ps = prefill_page_scores(v, nullptr);
     const auto gone = ps.to_evict(c);
-    std::vector<int32_t> keep;
-    for (int t = 0, g = 0; t < S; ++t) {
-      while (g < static_cast<int>(gone.size()) && (gone[size_t(g)] + 1) * c.page <= t) ++g;
-      if (g < static_cast<int>(gone.size()) && gone[size_t(g)] * c.page <= t) continue;
-      keep.push_back(t);
-    }
     ps.erase_pages(gone, c.page);
-    const int stored = gqa() == GqaMode::Repeat ? v.n_heads : v.n_kv_heads;
-    return gather(v, gqa(), std::vector<std::vector<int32_t>>(size_t(stored), keep));
+    return gather(v, gqa(), keep_outside_pages(gone, c.page, v.n_tokens, stored_heads()));
   }
 
   std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
@@ -139,35 +126,10 @@ class H2O final : public ScorerMethod {
   // heads, joins the slots' scores, then the layer evicts pages if it has outgrown its limit.
   void paged_decode(LayerCache& cache, const DecodeView& dv) {
     const PagingConfig c = paging(dv.budget_tokens);
-    const int d = cache.head_dim(), group = cache.n_query_heads() / cache.n_cache_heads();
     PageScores& ps = pages(dv.layer);
-    std::vector<DenseSegment*> heads;
-    for (int s = 0; s < cache.n_cache_heads(); ++s) {
-      auto& segs = cache.segments(s);
-      if (segs.size() != 1 || segs[0]->format() != "dense")
-        fail("h2o paging needs a single dense segment per head, found {}", segs.size());
-      heads.push_back(static_cast<DenseSegment*>(segs[0].get()));
-      if (heads.back()->size() != heads[0]->size()) fail("internal: h2o paging heads of different lengths");
-    }
-    const size_t n = heads[0]->size();
-    ps.score.resize(n, 0.0);  // the new token
-    ps.rows.resize(n, 0.0);
-    for (double& r : ps.rows) r += 1.0;
-    std::vector<float> logits(n);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    for (int s = 0; s < cache.n_cache_heads(); ++s)
-      for (int i = 0; i < group; ++i) {
-        heads[size_t(s)]->logits(dv.q + size_t(s * group + i) * d, logits.data());
-        for (auto& x : logits) x *= scale;
-        softmax_inplace(logits.data(), static_cast<int>(n));
-        for (size_t t = 0; t < n; ++t) ps.score[t] += logits[t];
-      }
-    const auto gone = ps.to_evict(c);
-    if (gone.empty()) return;
-    for (auto it = gone.rbegin(); it != gone.rend(); ++it)
-      for (DenseSegment* seg : heads)
-        for (int i = c.page - 1; i >= 0; --i) seg->erase(size_t(*it) * c.page + i);
-    ps.erase_pages(gone, c.page);
+    const auto heads = paged_heads(cache, "h2o paging");
+    add_decode_attention(heads, cache.n_query_heads(), dv.q, ps, nullptr);
+    evict_pages(heads, ps.to_evict(c), c.page, ps, nullptr);
   }
   HeadScores score(const PrefillView& v) override { return scores(v, window()); }
 
