@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "harness/util/error.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -16,6 +17,20 @@ void PagingConfig::check(const std::string& who) const {
   if (middle == 0) fail("{}: the evictable area (KV size) must hold at least one page of {} tokens", who, page);
 }
 
+PagingConfig PagingConfig::from(const Params& p, int recent, int middle, const std::string& who) {
+  PagingConfig c{.page = p.integer("paging"),
+                 .start = p.integer("start"),
+                 .recent = recent,
+                 .middle = middle,
+                 .norm_sum = p.get("page_scores") == "norm_sum"};
+  c.check(who);
+  return c;
+}
+
+std::pair<int, int> PagingConfig::evictable_pages(size_t L) const {
+  return {start / page, static_cast<int>(L / size_t(page)) - recent / page};
+}
+
 namespace {
 
 // [first, last) pages of the evictable range of L slots, and how many of them must go.
@@ -24,12 +39,10 @@ struct Range {
 };
 Range evictable(size_t L, const PagingConfig& c) {
   Range r;
-  const int P = c.page;
   // OpenVINO's trigger: nothing happens while L <= max_cache_size + P - 1.
-  if (L + 1 <= size_t(c.start + c.middle + c.recent + P)) return r;
-  r.first = c.start / P;
-  r.last = static_cast<int>(L / size_t(P)) - c.recent / P;
-  r.evict = std::max(0, r.last - r.first - c.middle / P);
+  if (!c.over_limit(L)) return r;
+  std::tie(r.first, r.last) = c.evictable_pages(L);
+  r.evict = std::max(0, r.last - r.first - c.middle / c.page);
   return r;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/cache/layer_cache.hpp"
@@ -28,6 +29,13 @@ struct PagingConfig {
   bool norm_sum = false;
   // Error naming `who` unless start, recent and middle are multiples of P.
   void check(const std::string& who) const;
+  // From the parameters paging_params() declares, the method's recent area and the KV size; checked.
+  static PagingConfig from(const Params& p, int recent, int middle, const std::string& who);
+  // Whether a layer of L slots has outgrown start + middle + recent + P - 1 (then pages go).
+  bool over_limit(size_t L) const { return L + 1 > size_t(start + middle + recent + page); }
+  // The evictable pages [first, last) of a layer of L slots: after the start area, before the recent
+  // full pages and the filling page.
+  std::pair<int, int> evictable_pages(size_t L) const;
 };
 
 // The running scores of one layer's slots.

@@ -108,15 +108,7 @@ class H2O final : public ScorerMethod {
  private:
   bool legacy() const { return params().get("mask") == "legacy_window_only"; }
   bool paged() const { return params().integer("paging") > 0; }
-  PagingConfig paging(int budget) const {
-    PagingConfig c{.page = params().integer("paging"),
-                   .start = params().integer("start"),
-                   .recent = window(),
-                   .middle = budget,
-                   .norm_sum = params().get("page_scores") == "norm_sum"};
-    c.check("h2o paging");
-    return c;
-  }
+  PagingConfig paging(int budget) const { return PagingConfig::from(params(), window(), budget, "h2o paging"); }
   PageScores& pages(int layer) {
     if (static_cast<int>(pages_.size()) <= layer) pages_.resize(size_t(layer) + 1);
     return pages_[size_t(layer)];

@@ -92,13 +92,7 @@ class KVCrush final : public WrapperMethod {
   };
   bool paged() const { return params().integer("paging") > 0; }
   PagingConfig paging_config(int budget) const {
-    PagingConfig c{.page = params().integer("paging"),
-                   .start = params().integer("start"),
-                   .recent = recent_,
-                   .middle = budget,
-                   .norm_sum = params().get("page_scores") == "norm_sum"};
-    c.check("kvcrush paging");
-    return c;
+    return PagingConfig::from(params(), recent_, budget, "kvcrush paging");
   }
   Paged& paged_layer(int layer) {
     if (static_cast<int>(paged_.size()) <= layer) paged_.resize(size_t(layer) + 1);
@@ -111,8 +105,7 @@ class KVCrush final : public WrapperMethod {
     const auto gone = choose_evicted(v.layer, b.tokens);
     const int P = paging_config(b.tokens).page;
     evict_pages({}, gone, P, p.scores, &p.per_head);
-    const int stored = gqa() == GqaMode::Repeat ? v.n_heads : v.n_kv_heads;
-    return gather(v, gqa(), keep_outside_pages(gone, P, v.n_tokens, stored));
+    return gather(v, gqa(), keep_outside_pages(gone, P, v.n_tokens, stored_heads()));
   }
 
   // The pages to evict now (ascending): none while the layer is within start + T + recent + P - 1;
@@ -121,15 +114,21 @@ class KVCrush final : public WrapperMethod {
   std::vector<int> choose_evicted(int layer, int budget) {
     const PagingConfig c = paging_config(budget);
     Paged& p = paged_layer(layer);
-    if (p.scores.to_evict(c).empty()) return {};
+    if (!c.over_limit(p.scores.score.size())) return {};
     const int pages = c.middle / c.page;
     const int reps = std::min(pages, static_cast<int>(std::nearbyint(params().get_float("ratio") * pages)));
     PagingConfig h2o = c;
     h2o.middle = (pages - reps) * c.page;
-    const auto cand = h2o.middle > 0 ? p.scores.to_evict(h2o) : all_evictable(c, p.scores.score.size());
+    const auto [first_page, last_page] = c.evictable_pages(p.scores.score.size());
+    std::vector<int> cand;
+    if (h2o.middle > 0) {
+      cand = p.scores.to_evict(h2o);
+    } else {
+      for (int pg = first_page; pg < last_page; ++pg) cand.push_back(pg);
+    }
     if (reps == 0) return cand;
     // Per head, the top `bits` share of the evictable range's slots by that head's accumulated score.
-    const int P = c.page, first = c.start, last = static_cast<int>(p.scores.score.size() / size_t(P)) * P - c.recent;
+    const int P = c.page, first = first_page * P, last = last_page * P;
     const int hq = static_cast<int>(p.per_head.size()), N = last - first;
     HeadScores range(static_cast<size_t>(hq), std::vector<float>(static_cast<size_t>(N)));
     for (int h = 0; h < hq; ++h)
@@ -154,14 +153,6 @@ class KVCrush final : public WrapperMethod {
       if (std::find(kept.begin(), kept.end(), pg) == kept.end()) gone.push_back(pg);
     return gone;
   }
-  // Every page of the evictable range (no H2O share).
-  static std::vector<int> all_evictable(const PagingConfig& c, size_t L) {
-    std::vector<int> out;
-    for (int pg = c.start / c.page; pg < static_cast<int>(L / size_t(c.page)) - c.recent / c.page; ++pg)
-      out.push_back(pg);
-    return out;
-  }
-
   std::vector<Paged> paged_;
   int recent_ = 0;  // paged: the base's window, the recent area
 
