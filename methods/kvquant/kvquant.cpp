@@ -216,16 +216,16 @@ class FisherHook final : public KvTrainHook {
       const float* k = keys_.data() + t * channels;
       const float* v = values_.data() + t * channels;
       for (size_t c = 0; c < channels; ++c) {
-        const double x = (double(half_round(k[c])) - (hi[c] + lo[c]) / 2) / ((hi[c] - lo[c]) / 2);
+        const double x = (double(kvquant_fp16(k[c])) - (hi[c] + lo[c]) / 2) / ((hi[c] - lo[c]) / 2);
         if (std::abs(x) <= 1) k_[size_t(layer)].add(float(x), double(dk[t * channels + c]) * dk[t * channels + c]);
       }
       // Values: the reference's thresholds are per token, over the layer's row.
-      for (size_t c = 0; c < channels; ++c) sorted[c] = half_round(v[c]);
+      for (size_t c = 0; c < channels; ++c) sorted[c] = kvquant_fp16(v[c]);
       std::sort(sorted.begin(), sorted.end());
       const double up = percentile_sorted(sorted, p_ * 100.0 / 100.0);
       const double down = percentile_sorted(sorted, (1.0 - p_) * 100.0 / 100.0);
       for (size_t c = 0; c < channels; ++c) {
-        const double x = (double(half_round(v[c])) - (up + down) / 2) / ((up - down) / 2);
+        const double x = (double(kvquant_fp16(v[c])) - (up + down) / 2) / ((up - down) / 2);
         if (std::abs(x) <= 1) v_[size_t(layer)].add(float(x), double(dv[t * channels + c]) * dv[t * channels + c]);
       }
     }
@@ -234,7 +234,6 @@ class FisherHook final : public KvTrainHook {
   const WeightedHistogram& values(int l) const { return v_[size_t(l)]; }
 
  private:
-  static float half_round(float x) { return half_to_float(float_to_half(x)); }
   std::vector<std::vector<double>> k_upper_, k_lower_;
   double p_;
   std::vector<WeightedHistogram> k_, v_;

@@ -12,8 +12,6 @@
 namespace kvb {
 namespace {
 
-float round_half(float x) { return half_to_float(float_to_half(x)); }
-
 // The reference's round_to_nearest_pole_sim: the first signpost at the least float32 distance. A
 // non-finite input lands on the first, as torch's argmin over NaN distances does.
 int nearest(std::span<const float> cb, float s) {
@@ -43,15 +41,15 @@ int quantize_channel(std::span<const float> cb, float x, bool outlier, float off
   const float centred = x - offset;
   const float inp = centred - (outlier ? centred : 0.0f);
   const int code = nearest(cb, inp / range);
-  out = round_half(reconstruct(cb, code, outlier, centred, offset, range));
+  out = kvquant_fp16(reconstruct(cb, code, outlier, centred, offset, range));
   return code;
 }
 
 // The keys' fp16 offset and range: the reference adds and halves its fp16 thresholds in fp16.
 void key_scale(const KvquantLayer& q, int c, float& offset, float& range) {
   const float u = half_to_float(q.k_upper[size_t(c)]), l = half_to_float(q.k_lower[size_t(c)]);
-  offset = round_half(round_half(u + l) / 2.0f);
-  range = round_half(round_half(u - l) / 2.0f);
+  offset = kvquant_fp16(kvquant_fp16(u + l) / 2.0f);
+  range = kvquant_fp16(kvquant_fp16(u - l) / 2.0f);
 }
 
 void check_layer(const KvquantLayer& q, int channels) {
@@ -66,6 +64,8 @@ void start_row(KvquantRow* row, int channels) {
 }
 
 }  // namespace
+
+float kvquant_fp16(float x) { return half_to_float(float_to_half(x)); }
 
 double kvquant_upper_fraction(double share) { return 1.0 - (1.0 - (1.0 - share)) / 2.0; }
 
@@ -119,7 +119,7 @@ void decode(std::span<const float> cb, const KvquantRow& row, int c0, int n, flo
   for (int c = c0; c < c0 + n; ++c) {
     float offset, range;
     scale(c, offset, range);
-    out[c - c0] = round_half(reconstruct(cb, row.codes[size_t(c)], false, 0.0f, offset, range));
+    out[c - c0] = kvquant_fp16(reconstruct(cb, row.codes[size_t(c)], false, 0.0f, offset, range));
   }
   for (const KvquantOutlier& o : row.outliers)
     if (o.channel >= c0 && o.channel < c0 + n) out[o.channel - c0] = half_to_float(o.value);

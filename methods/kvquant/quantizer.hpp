@@ -45,6 +45,9 @@ void kvquant_values(const KvquantLayer& q, double share, const float* x, int cha
 void kvquant_decode_keys(const KvquantLayer& q, const KvquantRow& row, int c0, int n, float* out);
 void kvquant_decode_values(const KvquantLayer& q, const KvquantRow& row, int c0, int n, float* out);
 
+// x rounded to fp16 and widened back: where the reference's fp16 model or casts hold a number.
+float kvquant_fp16(float x);
+
 // numpy's default (linear) percentile of sorted float32 values at fraction p in [0, 1], as
 // np.percentile computes it for a scalar percentage (float32 arithmetic).
 float percentile_sorted(std::span<const float> sorted, double p);
