@@ -265,6 +265,7 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
       out << rec("fullkv", 0, full);
       out << rec("snapkv", 128, full - 0.1 + (i % 2 ? 0.05 : -0.05));  // 10 points worse, every sample
       out << rec("h2o", 128, full + (i % 2 ? 0.1 : -0.1));             // no better nor worse on average
+      out << rec("streamingllm", 128, full);                           // the same score on every sample
     }
   }
   const std::string rep = (dir / "rep").string();
@@ -274,10 +275,11 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
   INFO(t);
   CHECK(t.find("| h2o | +0.00 [") != std::string::npos);
   CHECK(t.find("| snapkv | -10.00 [") != std::string::npos);
-  CHECK(t.find("] * (n=30) |") != std::string::npos);  // snapkv's interval excludes 0
-  CHECK(t.find("] (n=30) |") != std::string::npos);    // h2o's does not
+  CHECK(t.find("] * (n=30) |") != std::string::npos);                               // snapkv's interval excludes 0
+  CHECK(t.find("] (n=30) |") != std::string::npos);                                 // h2o's does not
+  CHECK(t.find("| streamingllm | +0.00 (n=30, constant) |") != std::string::npos);  // no zero-width interval
   require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "pyramidkv", rep, {"md"}); },
-                {"--baseline pyramidkv", "recorded: fullkv, h2o, snapkv"});
+                {"--baseline pyramidkv", "recorded: fullkv, h2o, snapkv, streamingllm"});
   require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "snapkv:window=8", rep, {"md"}); },
                 {"no recorded setting"});
   // Against snapkv at its own KV size: the full cache has no KV size 128, so only h2o pairs.

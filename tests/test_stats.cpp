@@ -102,4 +102,6 @@ TEST_CASE("no zero-width intervals: constant 0/1 scores get Wilson's, constant o
   const auto flat = score_interval({{0.5, 0.5, 0.5}});
   CHECK_FALSE(flat.has_interval());
   CHECK(interval_text(flat) == "50.00");
+  CHECK_FALSE(bootstrap_interval({{0.25, 0.25}, {-0.5, -0.5, -0.5}}, Average::Strata).has_interval());
+  CHECK(bootstrap_interval({{0.25, 0.25}, {-0.5, 0.5}}, Average::Strata).has_interval());
 }

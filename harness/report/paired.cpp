@@ -145,21 +145,22 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
         for (const auto& [variant, d] : it->second) strata.push_back(d);
         const MeanInterval ci = bootstrap_interval(strata);
         const char* mark = ci.low > 0 || ci.high < 0 ? " *" : "";
+        const char* no_spread = ci.n > 1 ? ", constant" : "";
         // A difference of mean NLLs over the same windows is the log of the perplexities' ratio.
         if (perplexity)
           row.push_back(ci.has_interval() ? fmt::format("x{:.4f} [x{:.4f}, x{:.4f}]{} (n={})", std::exp(ci.mean),
                                                         std::exp(ci.low), std::exp(ci.high), mark, ci.n)
-                                          : fmt::format("x{:.4f} (n={})", std::exp(ci.mean), ci.n));
+                                          : fmt::format("x{:.4f} (n={}{})", std::exp(ci.mean), ci.n, no_spread));
         else
           row.push_back(ci.has_interval() ? fmt::format("{:+.2f} [{:+.2f}, {:+.2f}]{} (n={})", 100 * ci.mean,
                                                         100 * ci.low, 100 * ci.high, mark, ci.n)
-                                          : fmt::format("{:+.2f} (n={})", 100 * ci.mean, ci.n));
+                                          : fmt::format("{:+.2f} (n={}{})", 100 * ci.mean, ci.n, no_spread));
       }
       t.blocks[0].rows.push_back(row);
     }
     t.note =
         "Percentile bootstrap of the mean paired difference (4,000 resamples, within each RULER task or "
-        "LongBench dataset); one pair gives no interval.";
+        "LongBench dataset); one pair, or a difference constant within every task, gives no interval.";
     write_table(t, fmt::format("{}/{}-vs-{}", dir, task, file_name), formats);
     fmt::print("{}\n", to_markdown(t));
   }

@@ -47,9 +47,11 @@ MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, 
   for (size_t k = 0; k < strata.size(); ++k)
     for (double x : strata[k]) sums[k] += x;
   m.mean = statistic(sums);
+  // One sample per stratum, or every stratum constant (a paired difference of identical scores):
+  // every resample gives the mean, and a zero-width interval would claim a certainty the data lacks.
   bool varies = false;
-  for (const auto& s : strata) varies = varies || s.size() > 1;
-  if (!varies) {  // one sample per stratum: nothing to resample
+  for (const auto& s : strata) varies = varies || std::any_of(s.begin(), s.end(), [&](double x) { return x != s[0]; });
+  if (!varies) {
     m.low = m.high = std::nan("");
     return m;
   }
@@ -91,12 +93,7 @@ MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Aver
       ++n;
     }
   if (binary && n > 0) return wilson_interval(k, n);
-  MeanInterval m = bootstrap_interval(strata, average);
-  if (m.has_interval() && m.low == m.high) {  // every stratum constant: the bootstrap cannot say
-    m.low = m.high = std::nan("");
-    m.method = "none";
-  }
-  return m;
+  return bootstrap_interval(strata, average);
 }
 
 double scaled(double v, Scale s) { return s == Scale::Perplexity ? std::exp(v) : 100 * v; }

@@ -27,7 +27,8 @@ enum class Average { Samples, Strata };
 
 // The percentile bootstrap of the mean: each stratum (a RULER task, a LongBench dataset) is resampled
 // within itself, `resamples` times, from a fixed seed; a single stratum is the plain bootstrap over
-// samples. [low, high] are the (1-level)/2 and (1+level)/2 quantiles (numpy's linear interpolation).
+// samples. [low, high] are the (1-level)/2 and (1+level)/2 quantiles (numpy's linear interpolation);
+// none where no stratum varies.
 MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
                                 double level = 0.95, int resamples = 4000, uint64_t seed = 20261127);
 // A cell's interval: Wilson's when the scores are 0/1 (NIAH's exact match, RULER's single-needle
