@@ -88,6 +88,32 @@ TEST_CASE("KV rows: fast products equal their references at every dtype and widt
   force_portable_kernels(false);
 }
 
+TEST_CASE("KV rows: a GQA group's products equal each query's own, bit for bit", "[kv_dtype]") {
+  force_portable_kernels(GENERATE(false, true));
+  INFO("vector path: " << (cpu_has_avx2() ? "AVX2/F16C" : "portable"));
+  for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
+    for (int d : {64, 72, 13})
+      for (size_t n : {size_t(1), size_t(37)})
+        for (int g : {2, 3, 4, 7}) {
+          INFO(kv_dtype_name(t) << " d " << d << " n " << n << " g " << g);
+          const auto rows = encoded(t, randn(n * d, uint32_t(d + n)));
+          const auto q = randn(size_t(g) * d, 5);
+          auto p = randn(size_t(g) * n, 6);
+          for (size_t i = 0; i < p.size(); i += 3) p[i] = 0.0f;  // rows skipped by some queries only
+          std::vector<float> group(size_t(g) * n), one(n);
+          kv_rows_dot(t, rows.data(), n, d, q.data(), group.data(), g);
+          std::vector<float> acc_group = randn(size_t(g) * d, 9), acc_one = acc_group;
+          kv_rows_axpy(t, rows.data(), n, d, p.data(), acc_group.data(), g);
+          for (int j = 0; j < g; ++j) {
+            kv_rows_dot(t, rows.data(), n, d, q.data() + size_t(j) * d, one.data());
+            for (size_t i = 0; i < n; ++i) REQUIRE(group[size_t(j) * n + i] == one[i]);
+            kv_rows_axpy(t, rows.data(), n, d, p.data() + size_t(j) * n, acc_one.data() + size_t(j) * d);
+          }
+          REQUIRE(acc_group == acc_one);
+        }
+  force_portable_kernels(false);
+}
+
 TEST_CASE("dense segments at 16 bits: half the bytes, the rounded numbers, erase and store_as", "[kv_dtype]") {
   const int d = 64, n = 40;
   const auto k = randn(size_t(n) * d, 11), v = randn(size_t(n) * d, 12), q = randn(d, 13), p = randn(n, 14);

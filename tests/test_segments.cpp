@@ -140,6 +140,23 @@ TEST_CASE("fused quantized products equal their dequantize-then-dot references",
       quant_values_axpy(vv, p.data(), af.data());
       quant_values_axpy_ref(vv, p.data(), ar.data());
       for (int c = 0; c < d; ++c) REQUIRE(af[size_t(c)] == Approx(ar[size_t(c)]).epsilon(1e-4).margin(1e-3));
+      // A GQA group's queries at once: each query's numbers are those it gets alone, bit for bit.
+      for (int g : {2, 3, 4, 5, 8}) {
+        INFO("group " << g);
+        std::vector<float> qg(size_t(g) * d), pg(size_t(g) * n);
+        for (auto* x : {&qg, &pg})
+          for (auto& e : *x) e = nd(rng);
+        for (size_t i = 0; i < pg.size(); i += 4) pg[i] = 0.0f;
+        std::vector<float> sg(size_t(g) * n), s1(static_cast<size_t>(n)), ag(size_t(g) * d, 0.5f), a1(ag);
+        quant_keys_dot(kv, qg.data(), sg.data(), g);
+        quant_values_axpy(vv, pg.data(), ag.data(), g);
+        for (int j = 0; j < g; ++j) {
+          quant_keys_dot(kv, qg.data() + size_t(j) * d, s1.data());
+          for (int t = 0; t < n; ++t) REQUIRE(sg[size_t(j) * n + t] == s1[size_t(t)]);
+          quant_values_axpy(vv, pg.data() + size_t(j) * n, a1.data() + size_t(j) * d);
+        }
+        REQUIRE(ag == a1);
+      }
     }
   force_portable_kernels(false);
 }

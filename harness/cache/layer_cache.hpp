@@ -32,6 +32,11 @@ class Segment {
   virtual void logits(const float* q, float* scores) const = 0;
   // acc[0..d) += sum_t p[t] v_t.
   virtual void accumulate(const float* p, float* acc) const = 0;
+  // The same for the g query heads of a GQA group that read this head (q and acc [g, d], scores and p
+  // [g, size()]), each head's numbers as it gets them alone. A format whose reading costs more than its
+  // arithmetic (16-bit rows widened, codes unpacked) overrides them to read itself once for the group.
+  virtual void logits_group(const float* q, int g, int d, float* scores) const;
+  virtual void accumulate_group(const float* p, int g, int d, float* acc) const;
   // A segment that keeps taking decoded tokens (the dense tail; KVmix's store, which quantizes as its
   // full-precision buffer fills) appends one here and returns true; others return false.
   virtual bool append_token(const float* /*k*/, const float* /*v*/, int32_t /*pos*/) { return false; }
@@ -61,8 +66,9 @@ class RowStore {
   // Rows t0 .. t0+n as fp32.
   void read(size_t t0, size_t n, float* out) const;
   // out[t] = q . row_t and acc += sum_t p[t] row_t over all rows.
-  void dot(const float* q, float* out) const { kv_rows_dot(dtype_, data_.data(), rows(), d_, q, out); }
-  void axpy(const float* p, float* acc) const { kv_rows_axpy(dtype_, data_.data(), rows(), d_, p, acc); }
+  // With g > 1, for g queries or weight vectors at once (kv_rows_dot, kv_rows_axpy).
+  void dot(const float* q, float* out, int g = 1) const { kv_rows_dot(dtype_, data_.data(), rows(), d_, q, out, g); }
+  void axpy(const float* p, float* acc, int g = 1) const { kv_rows_axpy(dtype_, data_.data(), rows(), d_, p, acc, g); }
   void store_as(KvDtype t);
 
  private:
@@ -83,6 +89,8 @@ class DenseSegment final : public Segment {
   size_t bytes() const override { return k_.bytes() + v_.bytes(); }
   void logits(const float* q, float* scores) const override { k_.dot(q, scores); }
   void accumulate(const float* p, float* acc) const override { v_.axpy(p, acc); }
+  void logits_group(const float* q, int g, int, float* scores) const override { k_.dot(q, scores, g); }
+  void accumulate_group(const float* p, int g, int, float* acc) const override { v_.axpy(p, acc, g); }
   void store_as(KvDtype t) override {
     k_.store_as(t);
     v_.store_as(t);

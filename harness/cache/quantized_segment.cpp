@@ -52,8 +52,8 @@ void QuantizedKeys::reconstruct(float* k) const {
     }
 }
 
-void QuantizedKeys::logits(const float* q, float* scores) const {
-  quant_keys_dot({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, q, scores);
+void QuantizedKeys::logits(const float* q, float* scores, int g) const {
+  quant_keys_dot({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, q, scores, g);
 }
 
 QuantizedValues::QuantizedValues(int head_dim, int bits, int group) : d_(head_dim), bits_(bits), group_(group) {
@@ -98,8 +98,8 @@ void QuantizedValues::reconstruct(float* v) const {
     }
 }
 
-void QuantizedValues::accumulate(const float* p, float* acc) const {
-  quant_values_axpy({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, p, acc);
+void QuantizedValues::accumulate(const float* p, float* acc, int g) const {
+  quant_values_axpy({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, p, acc, g);
 }
 
 QuantizedSegment::QuantizedSegment(int head_dim, int k_bits, int v_bits, int k_group, int v_group)

@@ -19,8 +19,9 @@ class QuantizedKeys {
   size_t bytes() const;
   // Quantizes n tokens k[n, head_dim] (row stride `stride` floats); n a multiple of the group.
   void append(const float* k, int n, size_t stride);
-  // scores[t] = q . k^_t, fused: q is folded into each channel's scale and minimum per group.
-  void logits(const float* q, float* scores) const;
+  // scores[t] = q . k^_t, fused: q is folded into each channel's scale and minimum per group; with
+  // g > 1, for g queries at once (q [g, head_dim], scores [g, size]), the codes unpacked once.
+  void logits(const float* q, float* scores, int g = 1) const;
   void reconstruct(float* k) const;  // [size, head_dim]
   int bits() const { return bits_; }
   int group() const { return group_; }
@@ -42,8 +43,9 @@ class QuantizedValues {
   size_t size() const { return tokens_; }
   size_t bytes() const;
   void append(const float* v, int n, size_t stride);
-  // acc[0..d) += sum_t p[t] v^_t, fused: each token's probability is folded into its scales.
-  void accumulate(const float* p, float* acc) const;
+  // acc[0..d) += sum_t p[t] v^_t, fused: each token's probability is folded into its scales; with
+  // g > 1, for g weight vectors at once (p [g, size], acc [g, head_dim]).
+  void accumulate(const float* p, float* acc, int g = 1) const;
   void reconstruct(float* v) const;  // [size, head_dim]
   int bits() const { return bits_; }
   int group() const { return group_; }
@@ -68,6 +70,8 @@ class QuantizedSegment final : public Segment {
   size_t bytes() const override { return keys_.bytes() + values_.bytes(); }
   void logits(const float* q, float* scores) const override { keys_.logits(q, scores); }
   void accumulate(const float* p, float* acc) const override { values_.accumulate(p, acc); }
+  void logits_group(const float* q, int g, int, float* scores) const override { keys_.logits(q, scores, g); }
+  void accumulate_group(const float* p, int g, int, float* acc) const override { values_.accumulate(p, acc, g); }
   bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
   // Codes and fp16 scales only: nothing stored at the cache's full precision.
   void store_as(KvDtype) override {}

@@ -149,33 +149,40 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 codes8(uint32_t word, __m
       _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask));
 }
 
+// G queries (q [G, d], scores [G, tokens]); the codes of each word are extracted once for all of them.
+template <int G>
 __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores) {
   const int b = k.bits, d = k.d;
   const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  std::vector<float> qs(static_cast<size_t>(d));
+  std::vector<float> qs(static_cast<size_t>(G * d));  // [channel][query]: a channel's G factors side by side
+  alignas(32) float lanes[8];
   for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
     const uint16_t* sc = k.scale + g * d;
     const uint16_t* mn = k.min + g * d;
-    // q folded into the scales; the minimums give one bias per token group.
-    float bias = 0;
-    int c = 0;
-    __m256 vb = _mm256_setzero_ps();
-    for (; c + 8 <= d; c += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + c);
-      _mm256_storeu_ps(qs.data() + c,
-                       _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
-      vb = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c))), vb);
+    // q folded into the scales; the minimums give one bias per query and token group.
+    __m256 vbias[G];
+    for (int j = 0; j < G; ++j) {
+      const float* qj = q + size_t(j) * d;
+      float bias = 0;
+      int c = 0;
+      __m256 vb = _mm256_setzero_ps();
+      for (; c + 8 <= d; c += 8) {
+        const __m256 qv = _mm256_loadu_ps(qj + c);
+        _mm256_store_ps(lanes,
+                        _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
+        for (int l = 0; l < 8; ++l) qs[size_t(c + l) * G + j] = lanes[l];
+        vb = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c))), vb);
+      }
+      _mm256_store_ps(lanes, vb);
+      for (float x : lanes) bias += x;
+      for (; c < d; ++c) {
+        qs[size_t(c) * G + j] = qj[c] * half_to_float(sc[c]);
+        bias += qj[c] * half_to_float(mn[c]);
+      }
+      vbias[j] = _mm256_set1_ps(bias);
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vb);
-    for (float x : lanes) bias += x;
-    for (; c < d; ++c) {
-      qs[size_t(c)] = q[c] * half_to_float(sc[c]);
-      bias += q[c] * half_to_float(mn[c]);
-    }
-    const __m256 vbias = _mm256_set1_ps(bias);
-    float* sg = scores + g * k.group;
+    const size_t s0 = g * k.group;
     const uint32_t* wg = k.words + g * size_t(d) * (b == 3 ? size_t(k.group / 11) : size_t(k.group * b / 32));
     if (b == 3) {
       // 11 tokens per word: lanes 0-7 from slots 0-7, lanes 8-10 from slots 8-10 (slot 10: bits 30-31).
@@ -183,16 +190,23 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
       const __m256i sh0 = _mm256_mullo_epi32(lane, _mm256_set1_epi32(3));
       const __m256i sh1 = _mm256_add_epi32(sh0, _mm256_set1_epi32(24));
       for (int w = 0; w < wpg; ++w) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a0[G], a1[G];
+        for (int j = 0; j < G; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
         for (int ch = 0; ch < d; ++ch) {
           const uint32_t word = wg[size_t(ch) * wpg + w];
-          const __m256 qc = _mm256_set1_ps(qs[size_t(ch)]);
-          a0 = _mm256_fmadd_ps(qc, codes8(word, sh0, mask), a0);
-          a1 = _mm256_fmadd_ps(qc, codes8(word, sh1, mask), a1);
+          const __m256 c0 = codes8(word, sh0, mask), c1 = codes8(word, sh1, mask);
+          for (int j = 0; j < G; ++j) {
+            const __m256 qc = _mm256_set1_ps(qs[size_t(ch) * G + j]);
+            a0[j] = _mm256_fmadd_ps(qc, c0, a0[j]);
+            a1[j] = _mm256_fmadd_ps(qc, c1, a1[j]);
+          }
         }
-        _mm256_storeu_ps(sg + w * 11, _mm256_add_ps(a0, vbias));
-        _mm256_store_ps(lanes, _mm256_add_ps(a1, vbias));
-        std::copy(lanes, lanes + 3, sg + w * 11 + 8);
+        for (int j = 0; j < G; ++j) {
+          float* sg = scores + size_t(j) * k.tokens + s0 + w * 11;
+          _mm256_storeu_ps(sg, _mm256_add_ps(a0[j], vbias[j]));
+          _mm256_store_ps(lanes, _mm256_add_ps(a1[j], vbias[j]));
+          std::copy(lanes, lanes + 3, sg + 8);
+        }
       }
       continue;
     }
@@ -201,69 +215,116 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
     for (int t0 = 0; t0 < k.group; t0 += 8) {
       const int wi = t0 / per;
       const __m256i sh = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(t0 % per)), _mm256_set1_epi32(b));
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-      int ch = 0;
-      for (; ch + 2 <= d; ch += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch)]), codes8(wg[size_t(ch) * wpg + wi], sh, mask), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch + 1)]), codes8(wg[size_t(ch + 1) * wpg + wi], sh, mask), a1);
+      __m256 a[G][2];  // even and odd channels
+      for (auto& aj : a) aj[0] = aj[1] = _mm256_setzero_ps();
+      for (int ch = 0; ch < d; ++ch) {
+        const __m256 codes = codes8(wg[size_t(ch) * wpg + wi], sh, mask);
+        // Even channels in one sum and odd ones in the other, as a single query's kernel always summed them.
+        const int parity = ch % 2 == 1 ? 1 : 0;
+        for (int j = 0; j < G; ++j)
+          a[j][parity] = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch) * G + j]), codes, a[j][parity]);
       }
-      for (; ch < d; ++ch)
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch)]), codes8(wg[size_t(ch) * wpg + wi], sh, mask), a0);
-      _mm256_storeu_ps(sg + t0, _mm256_add_ps(_mm256_add_ps(a0, a1), vbias));
+      for (int j = 0; j < G; ++j)
+        _mm256_storeu_ps(scores + size_t(j) * k.tokens + s0 + t0,
+                         _mm256_add_ps(_mm256_add_ps(a[j][0], a[j][1]), vbias[j]));
     }
   }
 }
 
+// G weight vectors (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
+template <int G>
 __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValuesView& v, const float* p, float* acc) {
   const int b = v.bits, d = v.d, per = 32 / b, groups = d / v.group, wpt = d / per;
+  // Blocks of 8 * CB channels held in registers across all tokens (G * CB accumulators).
+  constexpr int CB = G <= 2 ? 4 : 2;
   const __m256i mask = _mm256_set1_epi32((1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  // The minimums' share, sum_t p_t m_tg, is one number per channel group.
-  std::vector<float> pm(static_cast<size_t>(groups), 0.0f);
-  // Blocks of 32 channels held in registers across all tokens.
-  for (int c0 = 0; c0 < d; c0 += 32) {
-    const int nb = std::min(32, d - c0) / 8;
-    __m256 a[4];
-    __m256i sh[4];
-    int wi[4], gi[4];
-    for (int j = 0; j < nb; ++j) {
-      const int c = c0 + 8 * j;
-      a[j] = _mm256_loadu_ps(acc + c);
-      sh[j] = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(c % per)), _mm256_set1_epi32(b));
-      wi[j] = c / per;
-      gi[j] = c / v.group;
+  for (int c0 = 0; c0 < d; c0 += 8 * CB) {
+    const int nb = std::min(8 * CB, d - c0) / 8;
+    __m256 a[G][CB];
+    __m256i sh[CB];
+    int wi[CB], gi[CB];
+    for (int u = 0; u < nb; ++u) {
+      const int c = c0 + 8 * u;
+      for (int j = 0; j < G; ++j) a[j][u] = _mm256_loadu_ps(acc + size_t(j) * d + c);
+      sh[u] = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(c % per)), _mm256_set1_epi32(b));
+      wi[u] = c / per;
+      gi[u] = c / v.group;
     }
     for (size_t t = 0; t < v.tokens; ++t) {
-      const float pt = p[t];
-      if (pt == 0.0f) continue;
+      float pt[G];
+      bool any = false;
+      for (int j = 0; j < G; ++j) {
+        pt[j] = p[size_t(j) * v.tokens + t];
+        any = any || pt[j] != 0.0f;
+      }
+      if (!any) continue;
       const uint32_t* wt = v.words + t * size_t(wpt);
       const uint16_t* st = v.scale + t * size_t(groups);
-      for (int j = 0; j < nb; ++j) {
-        const __m256 ps = _mm256_set1_ps(pt * _cvtsh_ss(st[gi[j]]));
-        a[j] = _mm256_fmadd_ps(ps, codes8(wt[wi[j]], sh[j], mask), a[j]);
+      for (int u = 0; u < nb; ++u) {
+        const __m256 codes = codes8(wt[wi[u]], sh[u], mask);
+        const float s = _cvtsh_ss(st[gi[u]]);
+        for (int j = 0; j < G; ++j) a[j][u] = _mm256_fmadd_ps(_mm256_set1_ps(pt[j] * s), codes, a[j][u]);
       }
     }
-    for (int j = 0; j < nb; ++j) _mm256_storeu_ps(acc + c0 + 8 * j, a[j]);
+    for (int j = 0; j < G; ++j)
+      for (int u = 0; u < nb; ++u) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * u, a[j][u]);
   }
-  for (size_t t = 0; t < v.tokens; ++t) {
-    if (p[t] == 0.0f) continue;
-    for (int g = 0; g < groups; ++g) pm[size_t(g)] += p[t] * half_to_float(v.min[t * groups + g]);
+  // The minimums' share, sum_t p_t m_tg, is one number per query and channel group.
+  std::vector<float> pm(static_cast<size_t>(groups));
+  for (int j = 0; j < G; ++j) {
+    const float* pj = p + size_t(j) * v.tokens;
+    std::fill(pm.begin(), pm.end(), 0.0f);
+    for (size_t t = 0; t < v.tokens; ++t) {
+      if (pj[t] == 0.0f) continue;
+      for (int g = 0; g < groups; ++g) pm[size_t(g)] += pj[t] * half_to_float(v.min[t * groups + g]);
+    }
+    for (int c = 0; c < d; ++c) acc[size_t(j) * d + c] += pm[size_t(c / v.group)];
   }
-  for (int c = 0; c < d; ++c) acc[c] += pm[size_t(c / v.group)];
 }
+
+// Runs kernel<G> over the g queries in chunks of at most four, the most whose accumulators stay in registers.
+template <template <int> class K, class View>
+void in_chunks(const View& x, const float* in, size_t in_row, float* out, size_t out_row, int g) {
+  for (int j = 0; j < g; j += 4) {
+    const float* i = in + size_t(j) * in_row;
+    float* o = out + size_t(j) * out_row;
+    switch (std::min(4, g - j)) {
+      case 1:
+        K<1>::run(x, i, o);
+        break;
+      case 2:
+        K<2>::run(x, i, o);
+        break;
+      case 3:
+        K<3>::run(x, i, o);
+        break;
+      default:
+        K<4>::run(x, i, o);
+    }
+  }
+}
+template <int G>
+struct KeysDot {
+  static void run(const QuantKeysView& k, const float* q, float* s) { keys_dot_avx2<G>(k, q, s); }
+};
+template <int G>
+struct ValuesAxpy {
+  static void run(const QuantValuesView& v, const float* p, float* a) { values_axpy_avx2<G>(v, p, a); }
+};
 
 }  // namespace
 
-void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores) {
+void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g) {
   if (k.tokens == 0) return;
-  if (cpu_has_avx2()) return keys_dot_avx2(k, q, scores);
-  keys_dot_portable(k, q, scores);
+  if (cpu_has_avx2()) return in_chunks<KeysDot>(k, q, size_t(k.d), scores, k.tokens, g);
+  for (int j = 0; j < g; ++j) keys_dot_portable(k, q + size_t(j) * k.d, scores + size_t(j) * k.tokens);
 }
 
-void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc) {
+void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int g) {
   if (v.tokens == 0) return;
-  if (cpu_has_avx2() && v.bits != 3) return values_axpy_avx2(v, p, acc);
-  values_axpy_portable(v, p, acc);
+  if (cpu_has_avx2() && v.bits != 3) return in_chunks<ValuesAxpy>(v, p, v.tokens, acc, size_t(v.d), g);
+  for (int j = 0; j < g; ++j) values_axpy_portable(v, p + size_t(j) * v.tokens, acc + size_t(j) * v.d);
 }
 
 }  // namespace kvb

@@ -90,58 +90,81 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128 hsum4(__m256 v0, __m256 v
   return _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
 }
 
+// G queries (q [G, d]) against each row: out[j * n + i] = q_j . row_i, each row widened once for them.
+template <int G>
 __attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
                                                          const float* q, float* out) {
   const int d8 = d / 8 * 8;
   size_t i = 0;
   if (d8 == d) {
-    // Four rows per pass: q is loaded once for them, and their sums are reduced together.
+    // Four rows per pass: each query column is loaded once for them, and their sums are reduced together.
     for (; i + 4 <= n; i += 4) {
       const uint16_t* r = rows + i * size_t(d);
-      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      __m256 a[G][4];
+      for (auto& aj : a)
+        for (auto& x : aj) x = _mm256_setzero_ps();
       for (int c = 0; c < d; c += 8) {
-        const __m256 qc = _mm256_loadu_ps(q + c);
-        a0 = _mm256_fmadd_ps(load8(t, r + c), qc, a0);
-        a1 = _mm256_fmadd_ps(load8(t, r + size_t(d) + c), qc, a1);
-        a2 = _mm256_fmadd_ps(load8(t, r + 2 * size_t(d) + c), qc, a2);
-        a3 = _mm256_fmadd_ps(load8(t, r + 3 * size_t(d) + c), qc, a3);
+        const __m256 r0 = load8(t, r + c), r1 = load8(t, r + size_t(d) + c), r2 = load8(t, r + 2 * size_t(d) + c),
+                     r3 = load8(t, r + 3 * size_t(d) + c);
+        for (int j = 0; j < G; ++j) {
+          const __m256 qc = _mm256_loadu_ps(q + size_t(j) * d + c);
+          a[j][0] = _mm256_fmadd_ps(r0, qc, a[j][0]);
+          a[j][1] = _mm256_fmadd_ps(r1, qc, a[j][1]);
+          a[j][2] = _mm256_fmadd_ps(r2, qc, a[j][2]);
+          a[j][3] = _mm256_fmadd_ps(r3, qc, a[j][3]);
+        }
       }
-      _mm_storeu_ps(out + i, hsum4(a0, a1, a2, a3));
+      for (int j = 0; j < G; ++j) _mm_storeu_ps(out + size_t(j) * n + i, hsum4(a[j][0], a[j][1], a[j][2], a[j][3]));
     }
   }
   for (; i < n; ++i) {
     const uint16_t* r = rows + i * size_t(d);
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int c = 0;
-    for (; c + 16 <= d8; c += 16) {
-      a0 = _mm256_fmadd_ps(load8(t, r + c), _mm256_loadu_ps(q + c), a0);
-      a1 = _mm256_fmadd_ps(load8(t, r + c + 8), _mm256_loadu_ps(q + c + 8), a1);
+    __m256 a[G][2];  // even and odd blocks of 8 channels
+    for (auto& aj : a) aj[0] = aj[1] = _mm256_setzero_ps();
+    for (int c = 0; c < d8; c += 8) {
+      const __m256 rc = load8(t, r + c);
+      for (int j = 0; j < G; ++j)
+        a[j][c / 8 % 2] = _mm256_fmadd_ps(rc, _mm256_loadu_ps(q + size_t(j) * d + c), a[j][c / 8 % 2]);
     }
-    for (; c < d8; c += 8) a0 = _mm256_fmadd_ps(load8(t, r + c), _mm256_loadu_ps(q + c), a0);
-    float s = hsum(_mm256_add_ps(a0, a1));
-    for (; c < d; ++c) s += widen(t, r[c]) * q[c];
-    out[i] = s;
+    for (int j = 0; j < G; ++j) {
+      float s = hsum(_mm256_add_ps(a[j][0], a[j][1]));
+      for (int c = d8; c < d; ++c) s += widen(t, r[c]) * q[size_t(j) * d + c];
+      out[size_t(j) * n + i] = s;
+    }
   }
 }
 
+// acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them.
+template <int G>
 __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
                                                           const float* p, float* acc) {
   const int d8 = d / 8 * 8;
   // Accumulate in registers over blocks of 32 channels, rows inner, so acc is read and written once.
   for (int c0 = 0; c0 < d8; c0 += 32) {
     const int w = std::min(32, d8 - c0) / 8;
-    __m256 a[4];
-    for (int j = 0; j < w; ++j) a[j] = _mm256_loadu_ps(acc + c0 + 8 * j);
+    __m256 a[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int v = 0; v < w; ++v) a[j][v] = _mm256_loadu_ps(acc + size_t(j) * d + c0 + 8 * v);
     for (size_t i = 0; i < n; ++i) {
-      if (p[i] == 0.0f) continue;
-      const __m256 pi = _mm256_set1_ps(p[i]);
+      __m256 pi[G];
+      bool any = false;
+      for (int j = 0; j < G; ++j) {
+        any = any || p[size_t(j) * n + i] != 0.0f;
+        pi[j] = _mm256_set1_ps(p[size_t(j) * n + i]);
+      }
+      if (!any) continue;
       const uint16_t* r = rows + i * size_t(d) + c0;
-      for (int j = 0; j < w; ++j) a[j] = _mm256_fmadd_ps(pi, load8(t, r + 8 * j), a[j]);
+      for (int v = 0; v < w; ++v) {
+        const __m256 rv = load8(t, r + 8 * v);
+        for (int j = 0; j < G; ++j) a[j][v] = _mm256_fmadd_ps(pi[j], rv, a[j][v]);
+      }
     }
-    for (int j = 0; j < w; ++j) _mm256_storeu_ps(acc + c0 + 8 * j, a[j]);
+    for (int j = 0; j < G; ++j)
+      for (int v = 0; v < w; ++v) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * v, a[j][v]);
   }
-  for (int c = d8; c < d; ++c)
-    for (size_t i = 0; i < n; ++i) acc[c] += p[i] * widen(t, rows[i * size_t(d) + c]);
+  for (int j = 0; j < G; ++j)
+    for (int c = d8; c < d; ++c)
+      for (size_t i = 0; i < n; ++i) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, rows[i * size_t(d) + c]);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void encode_f16_avx2(const float* src, size_t n, uint16_t* dst) {
@@ -195,33 +218,54 @@ void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float*
   for (int c = 0; c < d; ++c) acc[c] = static_cast<float>(sum[size_t(c)]);
 }
 
-void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out) {
+void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out, int g) {
   if (n == 0) return;
+  // fp32 rows need no widening: one BLAS product per query, whose sums are those of a single query.
   if (t == KvDtype::F32) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d, q, 1,
-                0.0f, out, 1);
+    for (int j = 0; j < g; ++j)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d,
+                  q + size_t(j) * d, 1, 0.0f, out + size_t(j) * n, 1);
     return;
   }
   const auto* r = static_cast<const uint16_t*>(rows);
-  if (cpu_has_avx2()) return dot16_avx2(t, r, n, d, q, out);
-  for (size_t i = 0; i < n; ++i) {
-    float s = 0;
-    for (int c = 0; c < d; ++c) s += widen(t, r[i * size_t(d) + c]) * q[c];
-    out[i] = s;
+  // Pairs of queries: four rows, two queries and their eight sums fill the sixteen vector registers.
+  for (int j = 0; j < g; j += 2, q += 2 * size_t(d), out += 2 * n) {
+    if (!cpu_has_avx2()) {
+      for (int jj = j; jj < std::min(g, j + 2); ++jj)
+        for (size_t i = 0; i < n; ++i) {
+          float s = 0;
+          for (int c = 0; c < d; ++c) s += widen(t, r[i * size_t(d) + c]) * q[size_t(jj - j) * d + c];
+          out[size_t(jj - j) * n + i] = s;
+        }
+    } else if (j + 2 <= g) {
+      dot16_avx2<2>(t, r, n, d, q, out);
+    } else {
+      dot16_avx2<1>(t, r, n, d, q, out);
+    }
   }
 }
 
-void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc) {
+void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g) {
   if (n == 0) return;
   if (t == KvDtype::F32) {
-    cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d, p, 1, 1.0f,
-                acc, 1);
+    for (int j = 0; j < g; ++j)
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d,
+                  p + size_t(j) * n, 1, 1.0f, acc + size_t(j) * d, 1);
     return;
   }
   const auto* r = static_cast<const uint16_t*>(rows);
-  if (cpu_has_avx2()) return axpy16_avx2(t, r, n, d, p, acc);
-  for (size_t i = 0; i < n; ++i)
-    for (int c = 0; c < d; ++c) acc[c] += p[i] * widen(t, r[i * size_t(d) + c]);
+  for (int j = 0; j < g; j += 2, p += 2 * n, acc += 2 * size_t(d)) {
+    if (!cpu_has_avx2()) {
+      for (int jj = j; jj < std::min(g, j + 2); ++jj)
+        for (size_t i = 0; i < n; ++i)
+          for (int c = 0; c < d; ++c)
+            acc[size_t(jj - j) * d + c] += p[size_t(jj - j) * n + i] * widen(t, r[i * size_t(d) + c]);
+    } else if (j + 2 <= g) {
+      axpy16_avx2<2>(t, r, n, d, p, acc);
+    } else {
+      axpy16_avx2<1>(t, r, n, d, p, acc);
+    }
+  }
 }
 
 }  // namespace kvb

@@ -26,11 +26,12 @@ void kv_decode(KvDtype t, const void* src, size_t n, float* dst);
 // x rounded to dtype t and widened back (x itself for fp32).
 float kv_round(KvDtype t, float x);
 
-// out[i] = q . row_i for n rows of d elements.
-void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out);
+// out[i] = q . row_i for n rows of d elements. With g > 1, for g queries at once (q [g, d], out [g, n]:
+// the query heads of a GQA group), each row read and widened once for all of them.
+void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out, int g = 1);
 void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out);
-// acc[0..d) += sum_i p[i] row_i.
-void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
+// acc[0..d) += sum_i p[i] row_i; with g > 1, for g weight vectors at once (p [g, n], acc [g, d]).
+void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g = 1);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
 // Whether the hand-written AVX2 kernels run (KV rows, quantized KV, weight GEMVs, prefill attention's

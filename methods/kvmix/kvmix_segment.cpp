@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -103,6 +104,32 @@ void KvmixSegment::accumulate(const float* p, float* acc) const {
       for (int c = 0; c < d_; ++c) acc[c] += p[t] * v[t * d_ + c];
   }
   vf_.axpy(p + nq, acc);
+}
+
+// The store and the buffer each read once for the group; their rows of scores and weights are cut
+// apart and joined, which costs O(g size) beside the products' O(g size d).
+void KvmixSegment::logits_group(const float* q, int g, int d, float* scores) const {
+  if (!layout_.fused) return Segment::logits_group(q, g, d, scores);
+  const size_t n = size(), nq = keys_.size(), nf = n - nq;
+  std::vector<float> sq(size_t(g) * nq), sf(size_t(g) * nf);
+  keys_.logits(q, sq.data(), g);
+  kf_.dot(q, sf.data(), g);
+  for (int j = 0; j < g; ++j) {
+    std::copy_n(sq.data() + size_t(j) * nq, nq, scores + size_t(j) * n);
+    std::copy_n(sf.data() + size_t(j) * nf, nf, scores + size_t(j) * n + nq);
+  }
+}
+
+void KvmixSegment::accumulate_group(const float* p, int g, int d, float* acc) const {
+  if (!layout_.fused) return Segment::accumulate_group(p, g, d, acc);
+  const size_t n = size(), nq = values_.size(), nf = n - nq;
+  std::vector<float> pq(size_t(g) * nq), pf(size_t(g) * nf);
+  for (int j = 0; j < g; ++j) {
+    std::copy_n(p + size_t(j) * n, nq, pq.data() + size_t(j) * nq);
+    std::copy_n(p + size_t(j) * n + nq, nf, pf.data() + size_t(j) * nf);
+  }
+  values_.accumulate(pq.data(), acc, g);
+  vf_.axpy(pf.data(), acc, g);
 }
 
 void KvmixSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {

@@ -42,6 +42,8 @@ class KvmixSegment final : public Segment {
   }
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
+  void logits_group(const float* q, int g, int d, float* scores) const override;
+  void accumulate_group(const float* p, int g, int d, float* acc) const override;
   bool append_token(const float* k, const float* v, int32_t pos) override;
 
   // Appends n tokens (rows of k and v `stride` floats apart), then applies the update rule once.
