@@ -572,3 +572,30 @@ TEST_CASE("a cell that fails is logged beside the results and retried, the other
   CHECK(again.already == 4);
   CHECK(again.failed == 4);
 }
+
+TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed-up its bytes promise",
+          "[experiment][bench]") {
+  const TempDir dir("bench_bytes");
+  const std::string model = tiny_random_model(dir);
+  const std::string cmd = fmt::format(
+      "{} bench {} -c 96 --decode-tokens 4 --method snapkv --budget 32 --format json 2>&1", KVBENCH_CLI, model);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
+  INFO(out);
+  REQUIRE(pclose(pipe) == 0);
+  const auto rows = nlohmann::json::parse(out.substr(out.find('{')))["rows"];
+  REQUIRE(rows.size() == 2);
+  const auto& full = rows[0];
+  const auto& snap = rows[1];
+  const size_t weights = full["decode_step_bytes"].get<size_t>() - full["kv_bytes"].get<size_t>();
+  CHECK(snap["decode_step_bytes"].get<size_t>() == weights + snap["kv_bytes"].get<size_t>());
+  CHECK(snap["kv_bytes"].get<size_t>() < full["kv_bytes"].get<size_t>());
+  CHECK(snap["decode_bytes_ratio_vs_full"].get<double>() ==
+        Approx(double(full["decode_step_bytes"].get<size_t>()) / double(snap["decode_step_bytes"].get<size_t>())));
+  CHECK(snap["decode_bytes_ratio_vs_full"].get<double>() > 1.0);
+  CHECK(full["decode_bytes_ratio_vs_full"].get<double>() == 0.0);  // the full cache is the reference
+  CHECK(snap["decode_speedup_vs_full"].get<double>() > 0.0);
+}

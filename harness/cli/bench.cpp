@@ -45,7 +45,9 @@ struct Row {
   double compress_share = 0;   // compression time / prefill time
   double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
-  double decode_gemv_eff = 0;  // weight bytes / time of the decode step's matrix products, vs bandwidth
+  size_t decode_step_bytes = 0;  // what a decode step reads: the weights it multiplies and the whole cache
+  double bytes_ratio = 0;        // the full cache's step bytes over this row's: the speed-up its bytes promise
+  double decode_gemv_eff = 0;    // weight bytes / time of the decode step's matrix products, vs bandwidth
   size_t peak_memory = 0, kv_bytes = 0;
 };
 
@@ -141,6 +143,8 @@ class Table {
                                            "decode / bound",
                                            "decode GEMV / bandwidth",
                                            "decode vs full",
+                                           "step MiB",
+                                           "bytes promise",
                                            "decode transform share",
                                            "KV MiB",
                                            "peak memory MiB"};
@@ -149,15 +153,27 @@ class Table {
   }
   void row(const Row& r) const {
     const bool dec = r.decode_bound_tps > 0;
-    line({std::to_string(r.context), r.cache, tps(r.prefill_tps), fmt::format("{:.3f}", r.prefill_tflops),
-          fmt::format("{:.3f}", r.linear_tflops), pct(r.linear_eff), pct(r.linear_share),
-          fmt::format("{:.3f}", r.attention_tflops), pct(r.attention_eff), pct(r.attention_share),
-          r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share), dec ? tps(r.decode_tps) : "n/a",
-          dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a", dec ? pct(r.decode_eff) : "n/a",
+    line({std::to_string(r.context),
+          r.cache,
+          tps(r.prefill_tps),
+          fmt::format("{:.3f}", r.prefill_tflops),
+          fmt::format("{:.3f}", r.linear_tflops),
+          pct(r.linear_eff),
+          pct(r.linear_share),
+          fmt::format("{:.3f}", r.attention_tflops),
+          pct(r.attention_eff),
+          pct(r.attention_share),
+          r.cache == "full" ? "-" : fmt::format("{:.1f}%", 100 * r.compress_share),
+          dec ? tps(r.decode_tps) : "n/a",
+          dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a",
+          dec ? pct(r.decode_eff) : "n/a",
           r.decode_gemv_eff > 0 ? pct(r.decode_gemv_eff) : "n/a",
           r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-",
+          dec ? fmt::format("{:.1f}", mib(r.decode_step_bytes)) : "n/a",
+          r.bytes_ratio > 0 ? fmt::format("{:.2f}x", r.bytes_ratio) : "-",
           r.transform_share > 0 ? fmt::format("{:.1f}%", 100 * r.transform_share) : "-",
-          fmt::format("{:.1f}", mib(r.kv_bytes)), fmt::format("{:.0f}", mib(r.peak_memory))});
+          fmt::format("{:.1f}", mib(r.kv_bytes)),
+          fmt::format("{:.0f}", mib(r.peak_memory))});
     std::fflush(stdout);  // rows of long runs appear as they finish
   }
 
@@ -186,6 +202,8 @@ nlohmann::json row_json(const Row& r) {
           {"decode_efficiency", r.decode_eff},
           {"decode_gemv_bandwidth_fraction", r.decode_gemv_eff},
           {"decode_speedup_vs_full", r.decode_speedup},
+          {"decode_step_bytes", r.decode_step_bytes},
+          {"decode_bytes_ratio_vs_full", r.bytes_ratio},
           {"kv_bytes", r.kv_bytes},
           {"peak_memory_bytes", r.peak_memory}};
 }
@@ -230,9 +248,10 @@ class Bench {
   }
 
   // One configuration at one context: `make_observer` gives the prefill observer of each run.
-  // full_decode_tps: decode speed of the full cache at this context, for the speed-up column.
+  // full: the full cache's row at this context (null for the full cache itself), for the speed-up and
+  // the bytes ratio.
   template <typename MakeObserver>
-  Row measure(int ctx, const std::string& label, double full_decode_tps, MakeObserver make_observer) {
+  Row measure(int ctx, const std::string& label, const Row* full, MakeObserver make_observer) {
     Row row;
     row.context = ctx;
     row.cache = label;
@@ -258,10 +277,14 @@ class Bench {
     row.attention_eff = row.attention_tflops * 1e3 / limits_.gemm_gflops;
     if (!d_tps.empty()) {
       row.decode_tps = spread(d_tps);
-      row.decode_bound_tps = limits_.bandwidth_gbs * 1e9 / static_cast<double>(weights_read_ + row.kv_bytes);
+      row.decode_step_bytes = weights_read_ + row.kv_bytes;
+      row.decode_bound_tps = limits_.bandwidth_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
       row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
+      if (full && full->decode_step_bytes > 0) {
+        row.decode_speedup = row.decode_tps.median / full->decode_tps.median;
+        row.bytes_ratio = static_cast<double>(full->decode_step_bytes) / static_cast<double>(row.decode_step_bytes);
+      }
     }
-    if (full_decode_tps > 0) row.decode_speedup = row.decode_tps.median / full_decode_tps;
     return row;
   }
 
@@ -289,7 +312,7 @@ class Bench {
   double time_decode(int ctx, Row& row) {
     const int steps = std::min(a_.decode_tokens, cfg_.context_length - ctx);
     if (steps <= 0) return 0;
-    const auto tok = static_cast<int32_t>(rng_() % 1000);
+    const auto tok = static_cast<int32_t>(rng_() % static_cast<uint32_t>(std::min(1000, cfg_.vocab_size)));
     engine_.decode(tok);  // the first step sends the cache to a device; not timed
     b_.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
@@ -340,8 +363,8 @@ void run_bench(const BenchArgs& a) {
   const bool json = a.format == "json";
   if (!json) table.header(bench.title());
   std::vector<Row> rows;
-  auto measure = [&](int ctx, const std::string& label, double full_tps, auto make_observer) {
-    rows.push_back(bench.measure(ctx, label, full_tps, make_observer));
+  auto measure = [&](int ctx, const std::string& label, const Row* full, auto make_observer) {
+    rows.push_back(bench.measure(ctx, label, full, make_observer));
     if (!json) table.row(rows.back());
     return rows.back();
   };
@@ -356,12 +379,12 @@ void run_bench(const BenchArgs& a) {
     return h;
   };
   for (int ctx : a.contexts) {
-    const double full = measure(ctx, "full", 0.0, [] { return Observer{}; }).decode_tps.median;
-    if (!budgeted) measure(ctx, a.method, full, [&] { return compressed(KvBudget{}, 0); });
+    const Row full = measure(ctx, "full", nullptr, [] { return Observer{}; });
+    if (!budgeted) measure(ctx, a.method, &full, [&] { return compressed(KvBudget{}, 0); });
     for (int T : a.budgets) {
-      measure(ctx, fmt::format("{} T={}", a.method, T), full, [&] { return compressed(T, 0); });
+      measure(ctx, fmt::format("{} T={}", a.method, T), &full, [&] { return compressed(T, 0); });
       if (a.lowrank)
-        measure(ctx, fmt::format("{} T={} lowrank r={}", a.method, T, a.lowrank), full,
+        measure(ctx, fmt::format("{} T={} lowrank r={}", a.method, T, a.lowrank), &full,
                 [&] { return compressed(T, a.lowrank); });
     }
   }
