@@ -228,20 +228,21 @@ void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, f
     return;
   }
   const auto* r = static_cast<const uint16_t*>(rows);
+  if (!cpu_has_avx2()) {
+    for (int j = 0; j < g; ++j)
+      for (size_t i = 0; i < n; ++i) {
+        float s = 0;
+        for (int c = 0; c < d; ++c) s += widen(t, r[i * size_t(d) + c]) * q[size_t(j) * d + c];
+        out[size_t(j) * n + i] = s;
+      }
+    return;
+  }
   // Pairs of queries: four rows, two queries and their eight sums fill the sixteen vector registers.
   for (int j = 0; j < g; j += 2, q += 2 * size_t(d), out += 2 * n) {
-    if (!cpu_has_avx2()) {
-      for (int jj = j; jj < std::min(g, j + 2); ++jj)
-        for (size_t i = 0; i < n; ++i) {
-          float s = 0;
-          for (int c = 0; c < d; ++c) s += widen(t, r[i * size_t(d) + c]) * q[size_t(jj - j) * d + c];
-          out[size_t(jj - j) * n + i] = s;
-        }
-    } else if (j + 2 <= g) {
+    if (j + 2 <= g)
       dot16_avx2<2>(t, r, n, d, q, out);
-    } else {
+    else
       dot16_avx2<1>(t, r, n, d, q, out);
-    }
   }
 }
 
@@ -254,17 +255,17 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
     return;
   }
   const auto* r = static_cast<const uint16_t*>(rows);
+  if (!cpu_has_avx2()) {
+    for (int j = 0; j < g; ++j)
+      for (size_t i = 0; i < n; ++i)
+        for (int c = 0; c < d; ++c) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, r[i * size_t(d) + c]);
+    return;
+  }
   for (int j = 0; j < g; j += 2, p += 2 * n, acc += 2 * size_t(d)) {
-    if (!cpu_has_avx2()) {
-      for (int jj = j; jj < std::min(g, j + 2); ++jj)
-        for (size_t i = 0; i < n; ++i)
-          for (int c = 0; c < d; ++c)
-            acc[size_t(jj - j) * d + c] += p[size_t(jj - j) * n + i] * widen(t, r[i * size_t(d) + c]);
-    } else if (j + 2 <= g) {
+    if (j + 2 <= g)
       axpy16_avx2<2>(t, r, n, d, p, acc);
-    } else {
+    else
       axpy16_avx2<1>(t, r, n, d, p, acc);
-    }
   }
 }
 
