@@ -577,8 +577,9 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
           "[experiment][bench]") {
   const TempDir dir("bench_bytes");
   const std::string model = tiny_random_model(dir);
-  const std::string cmd = fmt::format(
-      "{} bench {} -c 96 --decode-tokens 4 --method snapkv --budget 32 --format json 2>&1", KVBENCH_CLI, model);
+  const std::string cmd =
+      fmt::format("{} bench {} -c 96 --decode-tokens 4 --method snapkv --budget 32 -b 1 -b 3 --format json 2>&1",
+                  KVBENCH_CLI, model);
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
@@ -587,9 +588,15 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
   INFO(out);
   REQUIRE(pclose(pipe) == 0);
   const auto rows = nlohmann::json::parse(out.substr(out.find('{')))["rows"];
-  REQUIRE(rows.size() == 2);
+  REQUIRE(rows.size() == 4);  // full and SnapKV at batch 1, then at batch 3
   const auto& full = rows[0];
   const auto& snap = rows[1];
+  CHECK(full["batch"] == 1);
+  CHECK(rows[2]["batch"] == 3);
+  CHECK(rows[3]["cache"] == "snapkv T=32");
+  // Three sequences' caches, each of one prompt's size (the prompts differ, the kept sizes do not).
+  CHECK(rows[2]["kv_bytes"].get<size_t>() == 3 * full["kv_bytes"].get<size_t>());
+  CHECK(rows[3]["kv_bytes"].get<size_t>() == 3 * snap["kv_bytes"].get<size_t>());
   const size_t weights = full["decode_step_bytes"].get<size_t>() - full["kv_bytes"].get<size_t>();
   CHECK(snap["decode_step_bytes"].get<size_t>() == weights + snap["kv_bytes"].get<size_t>());
   CHECK(snap["kv_bytes"].get<size_t>() < full["kv_bytes"].get<size_t>());

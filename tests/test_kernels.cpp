@@ -33,6 +33,24 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
 
 }  // namespace
 
+namespace {
+
+// Batched decoding's products: n tokens of n sequences through `tokens(x, n, y)` give each row bit for
+// bit what the token alone (n = 1) gives.
+template <typename Tokens>
+void check_tokens_apart(const std::vector<float>& x, int n, int in, int out, Tokens tokens) {
+  std::vector<float> together(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()),
+      alone(static_cast<size_t>(out));
+  tokens(x.data(), n, together.data());
+  for (int b = 0; b < n; ++b) {
+    tokens(x.data() + size_t(b) * in, 1, alone.data());
+    INFO("token " << b << " of " << n);
+    CHECK(std::equal(alone.begin(), alone.end(), together.begin() + size_t(b) * out));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
   std::mt19937 rng(1);
   for (auto [n, in, out] : {std::tuple{1, 64, 96}, {7, 576, 192}, {33, 100, 3}, {128, 64, 64}}) {
@@ -41,6 +59,9 @@ TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
     linear_ref(x.data(), w.data(), bias.data(), n, in, out, ref.data());
     linear(x.data(), w.data(), bias.data(), n, in, out, fast.data());
     CHECK(max_abs_diff(ref, fast) < 1e-4f);
+    check_tokens_apart(x, n, in, out, [&](const float* xs, int m, float* y) {
+      linear_tokens(xs, w.data(), bias.data(), m, in, out, y);
+    });
   }
 }
 
@@ -67,6 +88,9 @@ TEST_CASE("linear over bf16 weights equals the reference, vector and portable GE
     linear_bf16_ref(x.data(), w.data(), bias.data(), n, in, out, ref.data());
     linear_bf16(x.data(), w.data(), bias.data(), n, in, out, fast.data());
     CHECK(max_abs_diff(ref, fast) < 1e-4f);
+    check_tokens_apart(x, n, in, out, [&](const float* xs, int m, float* y) {
+      linear_bf16_tokens(xs, w.data(), bias.data(), m, in, out, y);
+    });
   }
   force_portable_kernels(false);
 }
@@ -129,6 +153,9 @@ void check_quant_products(DType t, const std::vector<size_t>& scales_at, float s
   } else {
     linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
     CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
+    check_tokens_apart(x, n, in, out, [&](const float* xs, int m, float* y) {
+      linear_quant_tokens(t, w.data(), bias.data(), xs, m, in, out, y);
+    });
   }
 }
 

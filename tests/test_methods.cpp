@@ -445,3 +445,75 @@ TEST_CASE("every registered method dumps its prefill views and gives logits unde
                       {"Model.logits", "takes no budget"});
   test::require_error([&] { choose_method("", {}, 16, e.config(), "--method"); }, {"need a method"});
 }
+
+TEST_CASE("every registered method decodes in a batch exactly as alone, in every weight format", "[methods][engine]") {
+  const auto [type, weights, kv] =
+      GENERATE(table<DType, WeightFormat, KvDtype>({{DType::F32, WeightFormat::F32, KvDtype::F32},
+                                                    {DType::F32, WeightFormat::BF16, KvDtype::F16},
+                                                    {DType::Q4_K, WeightFormat::GGUF, KvDtype::F16}}));
+  INFO(weight_format_name(weights) << " weights");
+  const test::TempDir dir("method_batch");
+  ModelShape shape;
+  shape.name = "tiny";
+  shape.layers = 2;
+  const bool kquant = type == DType::Q4_K;  // blocks of 256
+  shape.hidden = kquant ? 256 : 64;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.ffn = kquant ? 512 : 96;  // not a multiple of the vectors' 64 bytes
+  shape.vocab = 64;
+  shape.context = 256;
+  const std::string path = (dir / "tiny.gguf").string();
+  write_random_model(path, shape, type, 29);
+  auto model = ModelFile::open(path);
+  Engine e(*model, {.kv_dtype = kv, .weights = weights});
+  constexpr int kSteps = 3;
+
+  const auto& reg = MethodRegistry::get();
+  std::vector<std::string> names;
+  for (const auto& name : reg.names())
+    if (name != "kvzip") names.push_back(name);  // it needs a tokenizer the tiny model lacks
+  // Prompts of different lengths, each method alone on its own prompt with its own fed tokens.
+  auto prompt = [](size_t i) {
+    std::vector<int32_t> ids(70 + 3 * i);
+    for (size_t t = 0; t < ids.size(); ++t) ids[t] = int32_t((5 * t + 7 * i + 1) % 64);
+    return ids;
+  };
+  auto fed = [](size_t i) { return std::vector<int32_t>{int32_t(i % 64), int32_t((3 * i + 1) % 64), 63}; };
+  auto choose = [&](size_t i) {
+    return choose_method(names[i], runnable_params(names[i], *model, dir.path()), reg.info(names[i]).budgeted ? 40 : 0,
+                         e.config(), names[i]);
+  };
+  std::vector<StepLogits> alone;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto c = choose(i);
+    alone.push_back(step_logits(e, prompt(i), kSteps, fed(i), c.runner.get()));
+  }
+
+  std::vector<MethodChoice> methods;
+  std::vector<Sequence> seqs;
+  for (size_t i = 0; i < names.size(); ++i) {
+    methods.push_back(choose(i));
+    CHECK(e.prefill(prompt(i), methods.back().runner.get()) == alone[i].logits[0]);
+    seqs.push_back(e.detach());
+  }
+  CHECK(e.position() == 0);
+  std::vector<Sequence*> batch;
+  for (auto& sq : seqs) batch.push_back(&sq);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < names.size(); ++i) tokens.push_back(fed(i)[size_t(step)]);
+    const auto logits = e.decode_batch(batch, tokens);
+    REQUIRE(logits.size() == names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      INFO(names[i] << " step " << step);
+      CHECK(logits[i] == alone[i].logits[size_t(step) + 1]);  // bit for bit
+      CHECK(seqs[i].position() == int(prompt(i).size()) + step + 1);
+    }
+  }
+  const int32_t two[2] = {1, 2};
+  test::require_error([&] { e.decode_batch(std::span(batch).first(2), std::span(two).first(1)); },
+                      {"2 sequences and 1 tokens"});
+  Sequence* twice[2] = {batch[0], batch[0]};
+  test::require_error([&] { e.decode_batch(twice, two); }, {"sequence 1 is in the batch twice"});
+}

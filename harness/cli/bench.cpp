@@ -1,7 +1,8 @@
 // kvbench bench: prefill and decode speed at several context lengths, each figure also given as a
 // fraction of the backend's own hardware limits measured in the same run (GEMM rate, memory
 // bandwidth); optionally decode speed with compressed caches (a method at several KV sizes, and the
-// same kept tokens stored as low-rank segments) against full attention.
+// same kept tokens stored as low-rank segments) against full attention; and at several batch sizes,
+// B sequences (each its own prompt and cache) decoding together.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -38,6 +39,7 @@ Spread spread(std::vector<double> v) {
 struct Row {
   int context = 0;
   std::string cache = "full";
+  int batch = 1;  // sequences decoding together; decode tok/s counts the tokens of all of them
   Spread prefill_tps, decode_tps;
   double prefill_tflops = 0, linear_tflops = 0, attention_tflops = 0, linear_eff = 0, linear_share = 0;
   double attention_eff = 0;    // attention flops rate / the GEMM peak
@@ -45,10 +47,10 @@ struct Row {
   double compress_share = 0;   // compression time / prefill time
   double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
-  size_t decode_step_bytes = 0;  // what a decode step reads: the weights it multiplies and the whole cache
-  double bytes_ratio = 0;        // the full cache's step bytes over this row's: the speed-up its bytes promise
-  double decode_gemv_eff = 0;    // weight bytes / time of the decode step's matrix products, vs bandwidth
-  size_t peak_memory = 0, kv_bytes = 0;
+  size_t decode_step_bytes = 0;          // what a decode step reads: the weights it multiplies and every cache
+  double bytes_ratio = 0;                // the full cache's step bytes over this row's: the speed-up its bytes promise
+  double decode_gemv_eff = 0;            // weight bytes / time of the decode step's matrix products, vs bandwidth
+  size_t peak_memory = 0, kv_bytes = 0;  // kv_bytes: all the batch's caches
 };
 
 // Replaces each head's dense tokens, after the wrapped observer has chosen them, by low-rank
@@ -106,7 +108,7 @@ class LowRankStore final : public PrefillObserver {
 
 struct BenchArgs : EngineArgs {
   std::string model, format = "md", method;
-  std::vector<int> contexts = {512, 2048}, budgets;
+  std::vector<int> contexts = {512, 2048}, budgets, batches = {1};
   std::vector<std::string> params;
   int repeat = 3, decode_tokens = 32, lowrank = 0;
 };
@@ -129,6 +131,7 @@ class Table {
     if (md_) fmt::print("{}\n\n", title);
     const std::vector<std::string> head = {"context",
                                            "cache",
+                                           "batch",
                                            "prefill tok/s",
                                            "prefill TFLOP/s",
                                            "linear TFLOP/s",
@@ -155,6 +158,7 @@ class Table {
     const bool dec = r.decode_bound_tps > 0;
     line({std::to_string(r.context),
           r.cache,
+          std::to_string(r.batch),
           tps(r.prefill_tps),
           fmt::format("{:.3f}", r.prefill_tflops),
           fmt::format("{:.3f}", r.linear_tflops),
@@ -187,6 +191,7 @@ class Table {
 nlohmann::json row_json(const Row& r) {
   return {{"context", r.context},
           {"cache", r.cache},
+          {"batch", r.batch},
           {"prefill_tokens_per_s", {r.prefill_tps.median, r.prefill_tps.min, r.prefill_tps.max}},
           {"prefill_tflops", r.prefill_tflops},
           {"linear_tflops", r.linear_tflops},
@@ -247,29 +252,36 @@ class Bench {
     return j;
   }
 
-  // One configuration at one context: `make_observer` gives the prefill observer of each run.
-  // full: the full cache's row at this context (null for the full cache itself), for the speed-up and
-  // the bytes ratio.
+  // One configuration at one context and batch size: `make_observer` gives the prefill observer of
+  // each sequence. full: the full cache's row at this context and batch (null for the full cache
+  // itself), for the speed-up and the bytes ratio.
   template <typename MakeObserver>
-  Row measure(int ctx, const std::string& label, const Row* full, MakeObserver make_observer) {
+  Row measure(int ctx, int batch, const std::string& label, const Row* full, MakeObserver make_observer) {
     Row row;
     row.context = ctx;
     row.cache = label;
+    row.batch = batch;
     std::vector<double> p_tps, d_tps;
     b_.reset_peak_memory();
     for (int r = 0; r < a_.repeat; ++r) {
-      std::vector<int32_t> ids(ctx);
-      for (auto& id : ids) id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(cfg_.vocab_size));
-      if (r == 0) profile_prefill(ids, make_observer(), row);
-      auto holder = make_observer();
-      const auto t0 = std::chrono::steady_clock::now();
-      engine_.prefill(ids, holder.observer);
-      b_.synchronize();
-      const double pre_s = seconds_since(t0);
-      p_tps.push_back(ctx / pre_s);
-      row.prefill_tflops = flops_ / pre_s / 1e12;
-      if (const double d = time_decode(ctx, row); d > 0) d_tps.push_back(d);
-      row.kv_bytes = engine_.kv_bytes();
+      std::vector<Observer> holders;
+      std::vector<Sequence> seqs;
+      for (int s = 0; s < batch; ++s) {
+        std::vector<int32_t> ids(ctx);
+        for (auto& id : ids) id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(cfg_.vocab_size));
+        if (r == 0 && s == 0) profile_prefill(ids, make_observer(), row);
+        holders.push_back(make_observer());
+        const auto t0 = std::chrono::steady_clock::now();
+        engine_.prefill(ids, holders.back().observer);
+        b_.synchronize();
+        const double pre_s = seconds_since(t0);
+        p_tps.push_back(ctx / pre_s);
+        row.prefill_tflops = flops_ / pre_s / 1e12;
+        seqs.push_back(engine_.detach());
+      }
+      if (const double d = time_decode(ctx, row, seqs); d > 0) d_tps.push_back(d);
+      row.kv_bytes = 0;
+      for (const auto& sq : seqs) row.kv_bytes += sq.kv_bytes();
     }
     row.peak_memory = b_.peak_memory_bytes();
     row.prefill_tps = spread(p_tps);
@@ -278,7 +290,7 @@ class Bench {
     if (!d_tps.empty()) {
       row.decode_tps = spread(d_tps);
       row.decode_step_bytes = weights_read_ + row.kv_bytes;
-      row.decode_bound_tps = limits_.bandwidth_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
+      row.decode_bound_tps = batch * limits_.bandwidth_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
       row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
       if (full && full->decode_step_bytes > 0) {
         row.decode_speedup = row.decode_tps.median / full->decode_tps.median;
@@ -308,16 +320,23 @@ class Bench {
     row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
   }
 
-  // Decodes after a prefill of `ctx` tokens; returns tokens per second (0 when too few steps fit).
-  double time_decode(int ctx, Row& row) {
+  // Decodes the sequences together after their prefills of `ctx` tokens; returns tokens per second
+  // over the batch (0 when too few steps fit).
+  double time_decode(int ctx, Row& row, std::vector<Sequence>& seqs) {
     const int steps = std::min(a_.decode_tokens, cfg_.context_length - ctx);
     if (steps <= 0) return 0;
-    const auto tok = static_cast<int32_t>(rng_() % static_cast<uint32_t>(std::min(1000, cfg_.vocab_size)));
-    engine_.decode(tok);  // the first step sends the cache to a device; not timed
+    std::vector<Sequence*> batch;
+    std::vector<int32_t> toks;
+    for (auto& sq : seqs) {
+      batch.push_back(&sq);
+      toks.push_back(static_cast<int32_t>(rng_() % static_cast<uint32_t>(std::min(1000, cfg_.vocab_size))));
+    }
+    auto step = [&] { engine_.decode_batch(batch, toks); };
+    step();  // the first step sends the caches to a device; not timed
     b_.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     const double tr0 = engine_.transform_seconds();
-    for (int s = 1; s < steps; ++s) engine_.decode(tok);
+    for (int s = 1; s < steps; ++s) step();
     b_.synchronize();
     const double dec_s = seconds_since(t0);
     row.transform_share = (engine_.transform_seconds() - tr0) / dec_s;
@@ -325,12 +344,12 @@ class Bench {
     if (const int prof = std::min(4, cfg_.context_length - ctx - steps); prof > 0) {
       b_.set_profiling(true);
       b_.reset_stats();
-      for (int s = 0; s < prof; ++s) engine_.decode(tok);
+      for (int s = 0; s < prof; ++s) step();
       b_.set_profiling(false);
       row.decode_gemv_eff =
           static_cast<double>(weights_read_) * prof / b_.stats().linear_seconds / 1e9 / limits_.bandwidth_gbs;
     }
-    return steps > 1 ? (steps - 1) / dec_s : 0;
+    return steps > 1 ? double(steps - 1) * double(seqs.size()) / dec_s : 0;
   }
 
   const BenchArgs& a_;
@@ -357,14 +376,16 @@ void run_bench(const BenchArgs& a) {
   if (!budgeted && !a.budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a.method);
   if (a.lowrank < 0 || a.lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a.lowrank, cfg.head_dim);
   if (a.lowrank && a.method.empty()) fail("--lowrank needs --method and --budget");
+  for (int B : a.batches)
+    if (B < 1) fail("--batch {}: must be at least 1", B);
 
   Bench bench(a, *m);
   const Table table(a.format == "md");
   const bool json = a.format == "json";
   if (!json) table.header(bench.title());
   std::vector<Row> rows;
-  auto measure = [&](int ctx, const std::string& label, const Row* full, auto make_observer) {
-    rows.push_back(bench.measure(ctx, label, full, make_observer));
+  auto measure = [&](int ctx, int batch, const std::string& label, const Row* full, auto make_observer) {
+    rows.push_back(bench.measure(ctx, batch, label, full, make_observer));
     if (!json) table.row(rows.back());
     return rows.back();
   };
@@ -378,16 +399,17 @@ void run_bench(const BenchArgs& a) {
     }
     return h;
   };
-  for (int ctx : a.contexts) {
-    const Row full = measure(ctx, "full", nullptr, [] { return Observer{}; });
-    if (!budgeted) measure(ctx, a.method, &full, [&] { return compressed(KvBudget{}, 0); });
-    for (int T : a.budgets) {
-      measure(ctx, fmt::format("{} T={}", a.method, T), &full, [&] { return compressed(T, 0); });
-      if (a.lowrank)
-        measure(ctx, fmt::format("{} T={} lowrank r={}", a.method, T, a.lowrank), &full,
-                [&] { return compressed(T, a.lowrank); });
+  for (int ctx : a.contexts)
+    for (int B : a.batches) {
+      const Row full = measure(ctx, B, "full", nullptr, [] { return Observer{}; });
+      if (!budgeted) measure(ctx, B, a.method, &full, [&] { return compressed(KvBudget{}, 0); });
+      for (int T : a.budgets) {
+        measure(ctx, B, fmt::format("{} T={}", a.method, T), &full, [&] { return compressed(T, 0); });
+        if (a.lowrank)
+          measure(ctx, B, fmt::format("{} T={} lowrank r={}", a.method, T, a.lowrank), &full,
+                  [&] { return compressed(T, a.lowrank); });
+      }
     }
-  }
   if (json) fmt::print("{}\n", bench.json(rows).dump(2));
 }
 
@@ -404,6 +426,8 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--method", a->method, "Also decode with caches compressed by this method");
   cmd->add_option("--budget", a->budgets, "KV sizes T for --method (repeatable)");
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
+  cmd->add_option("--batch,-b", a->batches,
+                  "Sequences decoding together, each with its own prompt and cache (repeatable; default 1)");
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   add_engine_options(cmd, *a);

@@ -29,6 +29,10 @@ Weight::Weight(Backend& b, std::span<const float> w, int rows, int cols) : backe
 void* Backend::upload_weight_blocks(DType type, std::span<const uint8_t>, int, int, size_t&) {
   fail("internal: backend {} keeps no {} blocks", name(), dtype_name(type));
 }
+void Backend::linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) {
+  if (n != 1) fail("the {} backend decodes one sequence at a time, not a batch of {}", name(), n);
+  linear(x, w, bias, 1, in, out, y);
+}
 void Backend::attention_prefill_continued(const Buffer&, const Buffer&, const Buffer&, const PastKV&, int, int, int,
                                           int, Buffer&, std::vector<float>*) {
   fail("the {} backend cannot continue a prefill from kept keys and values", name());

@@ -126,6 +126,11 @@ class Backend {
                          size_t x_offset = 0) = 0;
   // y[n, out] = x[n, in] W[out, in]^T (+ bias).
   virtual void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) = 0;
+  // The same for n tokens of n different sequences decoded together: row b of y is exactly what
+  // linear gives token b alone (n == 1), bit for bit, while the weights are read once for all n where
+  // decodes_batches() holds. Elsewhere only n == 1 is accepted.
+  virtual void linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y);
+  virtual bool decodes_batches() const { return false; }
   virtual void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) = 0;
   virtual void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) = 0;
   // out = x Phi(x) (erf GELU), elementwise.
@@ -150,8 +155,8 @@ class Backend {
   virtual bool continues_prefill() const { return false; }
   virtual void attention_prefill_continued(const Buffer& q, const Buffer& k, const Buffer& v, const PastKV& past, int n,
                                            int hq, int hkv, int d, Buffer& out, std::vector<float>* colsum);
-  // One query token q[hq, d] over a KV cache -> out[hq, d].
-  virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) = 0;
+  // One query token, row `row` of q[*, hq, d], over a KV cache -> the same row of out[*, hq, d].
+  virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out, size_t row = 0) = 0;
   // A new sequence begins: device copies of earlier caches may be dropped.
   virtual void forget_caches() {}
   // Decoding fast path: appends one token's k/v ([n_kv_heads, d], post-RoPE, still in backend memory)

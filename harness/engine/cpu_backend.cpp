@@ -126,16 +126,13 @@ class CpuBackend final : public Backend {
   }
 
   void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) override {
-    OpTimer t(*this, profiling_, stats_.linear_seconds);
-    stats_.linear_flops += 2.0 * n * in * out;
-    const float* b = bias ? bias->data() : nullptr;
-    if (w.blocks() != DType::F32)
-      kvb::linear_quant(w.blocks(), static_cast<const uint8_t*>(w.data()), b, x.data(), n, in, out, y.data());
-    else if (format_ != WeightFormat::F32)
-      kvb::linear_bf16(x.data(), static_cast<const uint16_t*>(w.data()), b, n, in, out, y.data());
-    else
-      kvb::linear(x.data(), static_cast<const float*>(w.data()), b, n, in, out, y.data());
+    multiply(x, w, bias, n, in, out, y, false);
   }
+
+  void linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) override {
+    multiply(x, w, bias, n, in, out, y, true);
+  }
+  bool decodes_batches() const override { return true; }
 
   void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {
     OpTimer t(*this, profiling_, stats_.other_seconds);
@@ -189,13 +186,38 @@ class CpuBackend final : public Backend {
                             colsum ? colsum->data() : nullptr, past.n);
   }
 
-  void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
+  void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out, size_t row) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
     stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
-    attend(cache, q.data(), out.data());
+    const size_t at = row * size_t(cache.n_query_heads()) * size_t(cache.head_dim());
+    attend(cache, q.data() + at, out.data() + at);
   }
 
  private:
+  // Prefill's products (GEMM for n tokens of one sequence) or `apart` n tokens of n sequences.
+  void multiply(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y, bool apart) {
+    OpTimer t(*this, profiling_, stats_.linear_seconds);
+    stats_.linear_flops += 2.0 * n * in * out;
+    const float* b = bias ? bias->data() : nullptr;
+    if (w.blocks() != DType::F32) {
+      const auto* blocks = static_cast<const uint8_t*>(w.data());
+      if (apart)
+        kvb::linear_quant_tokens(w.blocks(), blocks, b, x.data(), n, in, out, y.data());
+      else
+        kvb::linear_quant(w.blocks(), blocks, b, x.data(), n, in, out, y.data());
+    } else if (format_ != WeightFormat::F32) {
+      const auto* bf = static_cast<const uint16_t*>(w.data());
+      if (apart)
+        kvb::linear_bf16_tokens(x.data(), bf, b, n, in, out, y.data());
+      else
+        kvb::linear_bf16(x.data(), bf, b, n, in, out, y.data());
+    } else if (apart) {
+      kvb::linear_tokens(x.data(), static_cast<const float*>(w.data()), b, n, in, out, y.data());
+    } else {
+      kvb::linear(x.data(), static_cast<const float*>(w.data()), b, n, in, out, y.data());
+    }
+  }
+
   WeightFormat format_ = WeightFormat::F32;
   std::unique_ptr<RopeTable> rope_;
   std::vector<std::vector<float>> stages_;

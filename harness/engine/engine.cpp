@@ -79,8 +79,7 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
       L.k_norm = load(b, model, p + "attn_k_norm.weight", weight_bytes_);
     }
   }
-  for (int l = 0; l < cfg_.n_layers; ++l)
-    caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
+  reset_caches();
 }
 
 Engine::~Engine() = default;
@@ -96,25 +95,34 @@ void Engine::norm(const Norm& w, const Buffer& x, int n, Buffer& y, size_t x_row
 
 const Engine::Norm& Engine::mlp_norm(const Layer& L) const { return cfg_.mlp_norm ? L.ffn_norm : L.attn_norm; }
 
-void Engine::mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out) {
+void Engine::linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y,
+                    bool apart) {
+  if (apart)
+    backend_->linear_tokens(x, w, bias, n, in, out, y);
+  else
+    backend_->linear(x, w, bias, n, in, out, y);
+}
+
+void Engine::mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out,
+                 bool apart) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate;
-  b.linear(in, L.w_up, nullptr, n, H, F, up);
+  linear(in, L.w_up, nullptr, n, H, F, up, apart);
   if (cfg_.gated_mlp) {
-    b.linear(in, L.w_gate, nullptr, n, H, F, gate);
+    linear(in, L.w_gate, nullptr, n, H, F, gate, apart);
     b.swiglu(gate, up, size_t(n) * F, act);
   } else {
     b.gelu(up, size_t(n) * F, act);
   }
-  b.linear(act, L.w_down, nullptr, n, F, H, out);
+  linear(act, L.w_down, nullptr, n, F, H, out, apart);
 }
 
-void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v) {
+void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, d = cfg_.head_dim, Q = cfg_.n_heads * d, KV = cfg_.n_kv_heads * d;
-  b.linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q);
-  b.linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k);
-  b.linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v);
+  linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q, apart);
+  linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k, apart);
+  linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v, apart);
   if (cfg_.qk_norm) {  // each head's row normalised in place (rmsnorm reads a row before writing it)
     const auto eps = static_cast<float>(cfg_.norm_eps);
     b.rmsnorm(q, L.q_norm, n * cfg_.n_heads, d, eps, q);
@@ -122,11 +130,13 @@ void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buff
   }
 }
 
-size_t Engine::kv_bytes() const {
+size_t Sequence::kv_bytes() const {
   size_t b = 0;
   for (const auto& c : caches_) b += c.bytes();
   return b;
 }
+
+size_t Engine::kv_bytes() const { return seq_.kv_bytes(); }
 
 size_t Engine::full_kv_bytes(size_t tokens) const {
   return tokens * size_t(cfg_.n_layers) * cfg_.n_kv_heads * cfg_.head_dim * 2 * kv_dtype_bytes(opt_.kv_dtype);
@@ -140,6 +150,17 @@ std::vector<float> Engine::logits_of_last(const Buffer& x, int n) {
   b.linear(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, 1, H, V, logits);
   std::vector<float> out(V);
   b.download(logits, out);
+  return out;
+}
+
+std::vector<std::vector<float>> Engine::logits_of_rows(const Buffer& x, int n) {
+  Backend& b = *backend_;
+  const int H = cfg_.hidden, V = cfg_.vocab_size;
+  Buffer h(b, size_t(n) * H), logits(b, size_t(n) * V);
+  norm(*out_norm_, x, n, h);
+  b.linear_tokens(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, n, H, V, logits);
+  std::vector<std::vector<float>> out(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(V)));
+  for (int r = 0; r < n; ++r) b.download(logits, out[size_t(r)], size_t(r) * V);
   return out;
 }
 
@@ -212,7 +233,8 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
 
   reset_caches();
   b.forget_caches();
-  transform_ = observer ? observer->kv_transform() : nullptr;
+  seq_.transform_ = observer ? observer->kv_transform() : nullptr;
+  KvTransform* const transforms[1] = {seq_.transform_};
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
   const std::span<const int32_t> new_pos = std::span<const int32_t>(pos).subspan(size_t(n0));
@@ -235,7 +257,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
     Staged& st = staged[l % 2];
     b.wait(l % 2);
     if (!observer) {
-      caches_[l].append_many(st.k, st.v, n, pos.data());
+      seq_.caches_[l].append_many(st.k, st.v, n, pos.data());
       return;
     }
     if (past && needs.attn_colsum)  // the past queries' share of each past key's sum
@@ -255,9 +277,9 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
     view.window = window;
     view.q_window = window > 0 ? st.q_win : nullptr;
     view.kv_dtype = opt_.kv_dtype;
-    observer->on_layer(view, caches_[l]);
+    observer->on_layer(view, seq_.caches_[l]);
     // Whatever the observer built follows the run's dtype (a MethodRunner has stored it already).
-    caches_[l].store_as(opt_.kv_dtype);
+    seq_.caches_[l].store_as(opt_.kv_dtype);
   };
 
   const size_t kv_elems = size_t(n) * KV, kv_old = size_t(n0) * KV, kv_new = size_t(n1) * KV;
@@ -280,12 +302,11 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
 
     norm(L.attn_norm, x, n1, h);
     project_qkv(L, h, n1, q, k, v);
-    const bool late = transform_ && transform_->after_rope();
-    if (transform_ && !late) transform(l, k, v, n1, new_pos);
+    transform(l, k, v, new_pos, transforms, false);
     if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre + kv_old, kv_new});
     b.rope(q, n1, hq, d, new_pos);
     b.rope(k, n1, hkv, d, new_pos);
-    if (late) transform(l, k, v, n1, new_pos);
+    transform(l, k, v, new_pos, transforms, true);
     std::vector<float>* colsum = observer && needs.attn_colsum ? &st.colsum : nullptr;
     if (past)
       b.attention_prefill_continued(q, k, v, {past->k[l].data(), past->v[l].data(), n0}, n1, hq, hkv, d, attn, colsum);
@@ -311,8 +332,8 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
     if (l > 0) finish_layer(l - 1);
   }
   finish_layer(cfg_.n_layers - 1);
-  pos_ = n;
-  decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
+  seq_.pos_ = n;
+  seq_.observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
   if (next_logprobs) *next_logprobs = next_token_logprobs(x, ids);
   return logits_of_last(x, n1);
 }
@@ -345,14 +366,21 @@ class Capturer final : public PrefillObserver {
 
 }  // namespace
 
-void Engine::transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos) {
+void Engine::transform(int l, Buffer& k, Buffer& v, std::span<const int32_t> pos,
+                       std::span<KvTransform* const> transforms, bool after_rope) {
+  auto applies = [&](const KvTransform* t) { return t && t->after_rope() == after_rope; };
+  if (std::none_of(transforms.begin(), transforms.end(), applies)) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const size_t kv = size_t(n) * cfg_.n_kv_heads * cfg_.head_dim;
+  const size_t row = size_t(cfg_.n_kv_heads) * cfg_.head_dim, kv = pos.size() * row;
+  const size_t rows = pos.size() / transforms.size();
   tk_.resize(kv);
   tv_.resize(kv);
   backend_->download(k, tk_);
   backend_->download(v, tv_);
-  transform_->apply(l, n, pos.data(), tk_.data(), tv_.data());
+  for (size_t s = 0; s < transforms.size(); ++s)
+    if (applies(transforms[s]))
+      transforms[s]->apply(l, static_cast<int>(rows), pos.data() + s * rows, tk_.data() + s * rows * row,
+                           tv_.data() + s * rows * row);
   backend_->upload(k, tk_);
   backend_->upload(v, tv_);
   transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -362,7 +390,9 @@ void Engine::reset_caches() {
   // A new sequence starts from the model's layout: a method may have left a cache of another shape
   // (one head per query head in GQA repeat mode), and appending the model's KV rows to it would read
   // past them.
-  for (auto& c : caches_) c = LayerCache(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
+  seq_.caches_.clear();
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    seq_.caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
 }
 
 PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
@@ -375,7 +405,7 @@ PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const Prefi
   std::iota(c.positions.begin(), c.positions.end(), 0);
   Capturer cap(c, cfg_.n_layers);
   c.logits = run_prefill(ids, &cap, next_logprobs, prefix);
-  pos_ = 0;  // the capture holds no cache to decode from
+  seq_.pos_ = 0;  // the capture holds no cache to decode from
   return c;
 }
 
@@ -383,7 +413,7 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
   const PrefillNeeds want = observer ? observer->needs() : PrefillNeeds{};
   if (observer && observer->kv_transform())
     fail("resume: the method changes the model's keys and values; it needs a prefill of its own, not a capture");
-  transform_ = nullptr;
+  seq_.transform_ = nullptr;
   // A capture keeps at most every prompt row (window = min(wanted, n)), which serves any larger want.
   if (std::min(want.window, c.n_tokens) > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) ||
       (want.attn_colsum && !c.needs.attn_colsum))
@@ -394,7 +424,7 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
   reset_caches();
   for (int l = 0; l < cfg_.n_layers; ++l) {
     if (!observer) {
-      caches_[l].append_many(c.k[l].data(), c.v[l].data(), c.n_tokens, c.positions.data());
+      seq_.caches_[l].append_many(c.k[l].data(), c.v[l].data(), c.n_tokens, c.positions.data());
       continue;
     }
     PrefillView view;
@@ -411,80 +441,107 @@ std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* obse
     view.window = c.window;
     view.q_window = c.window > 0 ? c.q_window[l].data() : nullptr;
     view.kv_dtype = opt_.kv_dtype;
-    observer->on_layer(view, caches_[l]);
+    observer->on_layer(view, seq_.caches_[l]);
     // Whatever the observer built follows the run's dtype (a MethodRunner has stored it already).
-    caches_[l].store_as(opt_.kv_dtype);
+    seq_.caches_[l].store_as(opt_.kv_dtype);
   }
-  pos_ = c.n_tokens;
-  decode_observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
+  seq_.pos_ = c.n_tokens;
+  seq_.observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
   return c.logits;
 }
 
 std::vector<float> Engine::decode(int32_t token) {
-  if (pos_ == 0) fail("decode: no sequence; call prefill first");
-  if (pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);
-  if (cfg_.sliding_window > 0 && pos_ >= cfg_.sliding_window)
-    fail(
-        "decode: position {} is past the model's sliding attention window ({} tokens), which kvbench does not "
-        "implement",
-        pos_, cfg_.sliding_window);
-  if (token < 0 || token >= cfg_.vocab_size) fail("decode: token id {} outside the vocabulary", token);
+  Sequence* const seq[1] = {&seq_};
+  return std::move(decode_batch(seq, {&token, 1})[0]);
+}
+
+Sequence Engine::detach() {
+  Sequence s = std::move(seq_);
+  seq_ = Sequence{};
+  reset_caches();
+  backend_->forget_caches();
+  return s;
+}
+
+std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> seqs, std::span<const int32_t> tokens) {
+  const size_t n = seqs.size();
+  const int B = static_cast<int>(n);
+  if (B == 0 || tokens.size() != seqs.size())
+    fail("decode_batch: {} sequences and {} tokens; one token per sequence is needed", seqs.size(), tokens.size());
+  if (B > 1 && !backend_->decodes_batches())
+    fail("the {} backend decodes one sequence at a time, not a batch of {}", backend_->name(), B);
+  std::vector<int32_t> pos(n);
+  std::vector<KvTransform*> transforms(n);
+  for (int s = 0; s < B; ++s) {
+    const Sequence& sq = *seqs[size_t(s)];
+    if (std::find(seqs.begin(), seqs.begin() + s, seqs[size_t(s)]) != seqs.begin() + s)
+      fail("decode_batch: sequence {} is in the batch twice", s);
+    if (sq.pos_ == 0) fail("decode: no sequence; call prefill first");
+    if (sq.pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);
+    if (cfg_.sliding_window > 0 && sq.pos_ >= cfg_.sliding_window)
+      fail(
+          "decode: position {} is past the model's sliding attention window ({} tokens), which kvbench does not "
+          "implement",
+          sq.pos_, cfg_.sliding_window);
+    if (tokens[size_t(s)] < 0 || tokens[size_t(s)] >= cfg_.vocab_size)
+      fail("decode: token id {} outside the vocabulary", tokens[size_t(s)]);
+    pos[size_t(s)] = sq.pos_;
+    transforms[size_t(s)] = sq.transform_;
+  }
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
-  const int32_t p = pos_;
-  const int32_t ids[1] = {token};
 
-  Buffer x(b, H), h(b, H), q(b, Q), k(b, KV), v(b, KV), attn(b, Q), proj(b, H), mlp_out(b, H), gate(b, F), up(b, F),
-      act(b, F);
-  b.embed(tok_embd_, ids, H, x);
-  // Without a decode observer the host caches may lag one step: the backend appends to its own copy
-  // and the host copies arrive with the step's last download.
-  const bool defer = decode_observer_ == nullptr && transform_ == nullptr;
+  Buffer x(b, n * H), h(b, n * H), q(b, n * Q), k(b, n * KV), v(b, n * KV), attn(b, n * Q), proj(b, n * H),
+      mlp_out(b, n * H), gate(b, n * F), up(b, n * F), act(b, n * F);
+  b.embed(tok_embd_, tokens, H, x);
+  // One sequence without a method acting on decoding lets the host caches lag one step: the backend
+  // appends to its own copy and the host copies arrive with the step's last download.
+  const bool defer = B == 1 && seqs[0]->observer_ == nullptr && seqs[0]->transform_ == nullptr;
+  const bool observed = std::any_of(seqs.begin(), seqs.end(), [](const Sequence* sq) { return sq->observer_; });
   constexpr int kDecodeSlot = 2;
   float* staged = defer ? b.stage(kDecodeSlot, size_t(cfg_.n_layers) * 2 * KV) : nullptr;
   std::vector<bool> deferred(cfg_.n_layers, false);
-  std::vector<float> hk(KV), hv(KV);
+  std::vector<float> hk(n * KV), hv(n * KV), hq_rows(observed ? n * Q : 0);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
-    LayerCache& cache = caches_[l];
-    norm(L.attn_norm, x, 1, h);
-    project_qkv(L, h, 1, q, k, v);
-    const std::span<const int32_t> at(&p, 1);
-    const bool late = transform_ && transform_->after_rope();
-    if (transform_ && !late) transform(l, k, v, 1, at);
-    b.rope(q, 1, hq, d, at);
-    b.rope(k, 1, hkv, d, at);
-    if (late) transform(l, k, v, 1, at);
-    if (defer && b.append_on_device(cache, k, v, hkv)) {
+    norm(L.attn_norm, x, B, h);
+    project_qkv(L, h, B, q, k, v, true);
+    transform(l, k, v, pos, transforms, false);
+    b.rope(q, B, hq, d, pos);
+    b.rope(k, B, hkv, d, pos);
+    transform(l, k, v, pos, transforms, true);
+    if (defer && b.append_on_device(seqs[0]->caches_[l], k, v, hkv)) {
       deferred[l] = true;
       b.download_async(k, {staged + size_t(2 * l) * KV, size_t(KV)});
       b.download_async(v, {staged + size_t(2 * l + 1) * KV, size_t(KV)});
     } else {
       b.download(k, hk);
       b.download(v, hv);
-      append_token(cache, hk.data(), hv.data(), p);
+      for (size_t s = 0; s < n; ++s) append_token(seqs[s]->caches_[l], hk.data() + s * KV, hv.data() + s * KV, pos[s]);
     }
-    b.attention_decode(cache, q, attn);
-    if (decode_observer_) {
-      std::vector<float> hq_row(Q);
-      b.download(q, hq_row);
-      decode_observer_->on_decode(l, cache, hq_row.data(), p);
+    for (size_t s = 0; s < n; ++s) b.attention_decode(seqs[s]->caches_[l], q, attn, s);
+    if (observed) {
+      b.download(q, hq_rows);
+      for (size_t s = 0; s < n; ++s)
+        if (PrefillObserver* o = seqs[s]->observer_)
+          o->on_decode(l, seqs[s]->caches_[l], hq_rows.data() + s * Q, pos[s]);
     }
-    b.linear(attn, L.wo, nullptr, 1, Q, H, proj);
-    if (!cfg_.parallel_block) b.add(x, proj, H);
-    norm(mlp_norm(L), x, 1, h);
-    mlp(L, h, 1, gate, up, act, mlp_out);
-    b.add(x, mlp_out, H);
-    if (cfg_.parallel_block) b.add(x, proj, H);
+    linear(attn, L.wo, nullptr, B, Q, H, proj, true);
+    if (!cfg_.parallel_block) b.add(x, proj, n * H);
+    norm(mlp_norm(L), x, B, h);
+    mlp(L, h, B, gate, up, act, mlp_out, true);
+    b.add(x, mlp_out, n * H);
+    if (cfg_.parallel_block) b.add(x, proj, n * H);
   }
-  ++pos_;
-  auto logits = logits_of_last(x, 1);
+  for (Sequence* sq : seqs) ++sq->pos_;
+  auto logits = logits_of_rows(x, B);
   if (defer) {
     b.fence(kDecodeSlot);
     b.wait(kDecodeSlot);
     for (int l = 0; l < cfg_.n_layers; ++l)
-      if (deferred[l]) append_token(caches_[l], staged + size_t(2 * l) * KV, staged + size_t(2 * l + 1) * KV, p);
+      if (deferred[l])
+        append_token(seqs[0]->caches_[l], staged + size_t(2 * l) * KV, staged + size_t(2 * l + 1) * KV, pos[0]);
   }
   return logits;
 }

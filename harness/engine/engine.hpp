@@ -44,6 +44,23 @@ struct EngineOptions {
   std::optional<WeightFormat> weights = std::nullopt;
 };
 
+// One sequence's decoding state: its caches, its position and the method acting on its decoding
+// (which must outlive it). The engine decodes its current sequence, the one prefill and resume start;
+// Engine::detach hands that one out so that several sequences can decode together (decode_batch).
+class Sequence {
+ public:
+  int position() const { return pos_; }
+  const std::vector<LayerCache>& caches() const { return caches_; }
+  size_t kv_bytes() const;
+
+ private:
+  friend class Engine;
+  std::vector<LayerCache> caches_;
+  int pos_ = 0;
+  PrefillObserver* observer_ = nullptr;  // the method, if it acts on decoding
+  KvTransform* transform_ = nullptr;     // the method's, if it changes the model's K/V
+};
+
 class Engine {
  public:
   Engine(const ModelFile& model, const EngineOptions& opt = {});
@@ -67,6 +84,13 @@ class Engine {
                              std::vector<double>* next_logprobs = nullptr);
   // Appends one token and returns its logits.
   std::vector<float> decode(int32_t token);
+  // Hands out the current sequence (as prefill or resume left it); the engine then holds none.
+  Sequence detach();
+  // One decode step of several sequences at once: tokens[b] is appended to seqs[b] (each its own
+  // cache, method and position), returning each one's logits, bit for bit those that decode() gives
+  // the sequence alone, while each weight matrix is read once for the whole batch. More than one
+  // sequence needs a backend that decodes batches (the CPU's); the sequences must be distinct.
+  std::vector<std::vector<float>> decode_batch(std::span<Sequence* const> seqs, std::span<const int32_t> tokens);
 
   // A prefill whose per-layer views (as much as `needs` asks) are kept instead of filling caches.
   // Given a capture of a prefix of `ids` (with what `needs` asks; see continues_prefill), only the rest
@@ -81,12 +105,12 @@ class Engine {
   // full cache) fills each layer's cache from the captured views; returns the last token's logits.
   std::vector<float> resume(const PrefillCapture& capture, PrefillObserver* observer = nullptr);
 
-  int position() const { return pos_; }
+  int position() const { return seq_.pos_; }
   // Seconds spent so far in observers' KV transforms (DynaKV's gates and reconstructions), host copies
   // included: the cost of a method that changes the model.
   double transform_seconds() const { return transform_seconds_; }
-  const std::vector<LayerCache>& caches() const { return caches_; }
-  std::vector<LayerCache>& caches() { return caches_; }
+  const std::vector<LayerCache>& caches() const { return seq_.caches_; }
+  std::vector<LayerCache>& caches() { return seq_.caches_; }
   size_t kv_bytes() const;
   // Bytes of the uncompressed cache for `tokens` tokens (K and V of every KV head and layer, at the
   // cache's dtype).
@@ -101,18 +125,24 @@ class Engine {
   std::vector<float> run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
                                  std::vector<double>* next_logprobs, const PrefillCapture* past);
   std::vector<float> logits_of_last(const Buffer& x, int n);
+  // The output head over each of n rows of x, tokens of n sequences (Backend::linear_tokens).
+  std::vector<std::vector<float>> logits_of_rows(const Buffer& x, int n);
   // The output head over every row of x but the last, in chunks: log p(ids[t + 1]) for t < n - 1.
   std::vector<double> next_token_logprobs(const Buffer& x, std::span<const int32_t> ids);
   // q, k, v of n rows of normed hidden states h: the projections (with bias), then Qwen3's per-head
   // q/k RMSNorm.
-  void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v);
+  // `apart`: the n rows are tokens of n sequences (decoding), multiplied by Backend::linear_tokens.
+  void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart = false);
   // The model's norm (RMSNorm, or LayerNorm with its bias) of n rows of x from row x_row.
   struct Norm;
   void norm(const Norm& w, const Buffer& x, int n, Buffer& y, size_t x_row = 0);
   // The norm in front of the MLP (the attention's own in Falcon-7B's parallel block).
   const Norm& mlp_norm(const Layer& L) const;
   // out = down(swiglu(gate(in), up(in))) or down(gelu(up(in))) for n rows; gate/up/act hold n x F.
-  void mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out);
+  void mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out,
+           bool apart = false);
+  // y = x W^T for n rows: one sequence's tokens (prefill) or, `apart`, one token of each of n sequences.
+  void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y, bool apart);
   void append_token(LayerCache& cache, const float* k, const float* v, int32_t pos);
 
   const ModelFile& model_;
@@ -122,13 +152,13 @@ class Engine {
   Weight tok_embd_, output_;
   std::unique_ptr<Norm> out_norm_;
   std::vector<Layer> layers_;
-  std::vector<LayerCache> caches_;
-  int pos_ = 0;
+  Sequence seq_;  // the current sequence
   size_t weight_bytes_ = 0;
-  PrefillObserver* decode_observer_ = nullptr;
-  KvTransform* transform_ = nullptr;  // of the current sequence's observer
-  // Applies transform_ to layer l's k and v in backend memory (a round trip through the host).
-  void transform(int l, Buffer& k, Buffer& v, int n, std::span<const int32_t> pos);
+  // Applies the sequences' transforms (those applied `after_rope` or before it) to layer l's rows of k
+  // and v in backend memory, a round trip through the host. The rows (one per position) are split
+  // evenly among the sequences: one sequence's prompt, or one token of each; null ones are left alone.
+  void transform(int l, Buffer& k, Buffer& v, std::span<const int32_t> pos, std::span<KvTransform* const> transforms,
+                 bool after_rope);
   void reset_caches();
   std::vector<float> tk_, tv_;
   double transform_seconds_ = 0;

@@ -13,5 +13,8 @@ void linear_bf16_ref(const float* x, const uint16_t* w, const float* bias, int n
 // One token (n == 1): a GEMV that streams W once (AVX2 where the processor has it). More tokens:
 // W converted to fp32 a block of rows at a time for BLAS sgemm.
 void linear_bf16(const float* x, const uint16_t* w, const float* bias, int n, int in, int out, float* y);
+// n tokens decoded apart (a batch of sequences): row b of y exactly what linear_bf16 gives token b
+// alone, each weight row read from memory once for all n.
+void linear_bf16_tokens(const float* x, const uint16_t* w, const float* bias, int n, int in, int out, float* y);
 
 }  // namespace kvb

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "kernels/cpu/avx2.hpp"
 #include "kernels/cpu/dequant.hpp"
@@ -126,10 +127,13 @@ __attribute__((target("avx2,fma,f16c"))) float dot_row_avx2(const uint8_t* row, 
   return hsum_avx2(_mm256_add_ps(acc[0], acc[1])) + extra;
 }
 
+// Each weight row against every token's activations while it is in cache: y[b, o] for n tokens.
 template <DType T>
-void gemv_rows_avx2(const uint8_t* w, size_t row_bytes, const Q8Row& x, int blocks, int out, float* y) {
+void gemv_rows_avx2(const uint8_t* w, size_t row_bytes, std::span<const Q8Row> xs, int blocks, int out, float* y) {
 #pragma omp parallel for schedule(static)
-  for (int o = 0; o < out; ++o) y[o] = dot_row_avx2<T>(w + size_t(o) * row_bytes, x, blocks);
+  for (int o = 0; o < out; ++o)
+    for (size_t b = 0; b < xs.size(); ++b)
+      y[b * size_t(out) + o] = dot_row_avx2<T>(w + size_t(o) * row_bytes, xs[b], blocks);
 }
 
 // ---- K-quants: blocks of 256 against Q8_K activations ----
@@ -277,14 +281,16 @@ __attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, 
   return hsum_avx2(acc) - 32.0f * hsum_avx2(offset);
 }
 
-void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, const Q8KRow& x, int blocks, int out, float* y) {
+void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8KRow> xs, int blocks, int out,
+                 float* y) {
   const bool avx2 = cpu_has_avx2();
 #pragma omp parallel for schedule(static)
   for (int o = 0; o < out; ++o) {
     const uint8_t* row = w + size_t(o) * row_bytes;
-    y[o] = !avx2              ? kquant_dot_portable(t, row, x, blocks)
-           : t == DType::Q4_K ? q4k_dot_avx2(row, x, blocks)
-                              : q6k_dot_avx2(row, x, blocks);
+    for (size_t b = 0; b < xs.size(); ++b)
+      y[b * size_t(out) + o] = !avx2              ? kquant_dot_portable(t, row, xs[b], blocks)
+                               : t == DType::Q4_K ? q4k_dot_avx2(row, xs[b], blocks)
+                                                  : q6k_dot_avx2(row, xs[b], blocks);
   }
 }
 
@@ -384,44 +390,50 @@ void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, 
   }
 }
 
-void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y) {
+void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
+                         float* y) {
   const size_t row_bytes = size_t(in) / size_t(dtype_info(t).block_elems) * block_bytes(t);
-  const int blocks = in / QK;
-  if (n == 1 && is_kquant(t)) {
-    Q8KRow xq;
-    quantize_row_q8_k(x, in, xq);
-    kquant_gemv(t, w, size_t(in / QKK) * block_bytes(t), xq, in / QKK, out, y);
-    if (bias) add_bias(y, bias, 1, out);
-  } else if (n == 1) {
-    Q8Row xq;
-    quantize_row_q8(x, in, xq);
+  if (is_kquant(t)) {
+    std::vector<Q8KRow> xs(static_cast<size_t>(n));
+    for (int b = 0; b < n; ++b) quantize_row_q8_k(x + size_t(b) * in, in, xs[size_t(b)]);
+    kquant_gemv(t, w, row_bytes, xs, in / QKK, out, y);
+  } else {
+    std::vector<Q8Row> xs(static_cast<size_t>(n));
+    for (int b = 0; b < n; ++b) quantize_row_q8(x + size_t(b) * in, in, xs[size_t(b)]);
+    const int blocks = in / QK;
     if (!cpu_has_avx2()) {
 #pragma omp parallel for schedule(static)
-      for (int o = 0; o < out; ++o) y[o] = dot_row_portable(t, w + size_t(o) * row_bytes, xq, blocks);
+      for (int o = 0; o < out; ++o)
+        for (int b = 0; b < n; ++b)
+          y[size_t(b) * out + o] = dot_row_portable(t, w + size_t(o) * row_bytes, xs[size_t(b)], blocks);
     } else {
       switch (t) {
         case DType::Q4_1:
-          gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xq, blocks, out, y);
+          gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xs, blocks, out, y);
           break;
         case DType::Q5_0:
-          gemv_rows_avx2<DType::Q5_0>(w, row_bytes, xq, blocks, out, y);
+          gemv_rows_avx2<DType::Q5_0>(w, row_bytes, xs, blocks, out, y);
           break;
         case DType::Q5_1:
-          gemv_rows_avx2<DType::Q5_1>(w, row_bytes, xq, blocks, out, y);
+          gemv_rows_avx2<DType::Q5_1>(w, row_bytes, xs, blocks, out, y);
           break;
         case DType::Q8_0:
-          gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xq, blocks, out, y);
+          gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xs, blocks, out, y);
           break;
         default:
-          gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xq, blocks, out, y);
+          gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xs, blocks, out, y);
       }
     }
-    if (bias) add_bias(y, bias, 1, out);
-  } else {
-    linear_widened(x, bias, n, in, out, y, [&](int o0, int rows, float* dst) {
-      dequantize(t, w + size_t(o0) * row_bytes, dst, size_t(rows) * in);
-    });
   }
+  if (bias) add_bias(y, bias, n, out);
+}
+
+void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y) {
+  if (n == 1) return linear_quant_tokens(t, w, bias, x, 1, in, out, y);
+  const size_t row_bytes = size_t(in) / size_t(dtype_info(t).block_elems) * block_bytes(t);
+  linear_widened(x, bias, n, in, out, y, [&](int o0, int rows, float* dst) {
+    dequantize(t, w + size_t(o0) * row_bytes, dst, size_t(rows) * in);
+  });
 }
 
 }  // namespace kvb

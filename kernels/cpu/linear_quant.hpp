@@ -43,5 +43,10 @@ void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out
 // (AVX2 where the processor has it). More tokens (prefill): W dequantized a block of rows at a time
 // for BLAS sgemm, as ggml hands large batches to BLAS.
 void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y);
+// n tokens decoded apart (a batch of sequences): row b of y is exactly what linear_quant gives token b
+// alone (its own quantized activations, the same block products), and each weight row is read from
+// memory once for all n.
+void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
+                         float* y);
 
 }  // namespace kvb

@@ -36,6 +36,10 @@ void linear(const float* x, const float* w, const float* bias, int n, int in, in
   if (bias) add_bias(y, bias, n, out);
 }
 
+void linear_tokens(const float* x, const float* w, const float* bias, int n, int in, int out, float* y) {
+  for (int b = 0; b < n; ++b) linear(x + size_t(b) * in, w, bias, 1, in, out, y + size_t(b) * out);
+}
+
 void linear_widened(const float* x, const float* bias, int n, int in, int out, float* y,
                     const std::function<void(int, int, float*)>& widen) {
   // Widening a block costs `in` operations per row against 2 n `in` for its products.

@@ -13,6 +13,9 @@ namespace kvb {
 // y[n, out] = x[n, in] W[out, in]^T (+ bias[out]).
 void linear_ref(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
 void linear(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
+// n tokens decoded apart: row b exactly what linear gives token b alone (one BLAS sgemv each, whose
+// rounding is BLAS's own: fp32 weights are the format that matches other tools, not the fast one).
+void linear_tokens(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
 
 // y[n, out] = x[n, in] W^T (+ bias) for W stored in another format (bf16, quantized blocks):
 // `widen(o0, rows, dst)` writes rows [o0, o0 + rows) of W as fp32 into dst; blocks of rows are

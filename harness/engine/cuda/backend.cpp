@@ -203,10 +203,11 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out) override {
+  void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out, size_t row) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
     stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
-    cuda::attention_decode(caches_.layout(cache), q.data(), out.data(), stream_);
+    const size_t at = row * size_t(cache.n_query_heads()) * size_t(cache.head_dim());
+    cuda::attention_decode(caches_.layout(cache), q.data() + at, out.data() + at, stream_);
   }
 
   DeviceLimits measure_limits() override {
