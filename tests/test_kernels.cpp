@@ -51,7 +51,10 @@ void check_tokens_apart(const std::vector<float>& x, int n, int in, int out, Tok
 
 }  // namespace
 
-TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
+TEST_CASE("linear (our GEMV, BLAS sgemm) equals the reference, vector and portable", "[kernels]") {
+  const bool portable = GENERATE(false, true);
+  force_portable_kernels(portable);
+  INFO((portable ? "portable" : "vector") << " kernels");
   std::mt19937 rng(1);
   for (auto [n, in, out] : {std::tuple{1, 64, 96}, {7, 576, 192}, {33, 100, 3}, {128, 64, 64}}) {
     auto x = randn(size_t(n) * in, rng), w = randn(size_t(out) * in, rng, 0.1f), bias = randn(out, rng);
@@ -63,6 +66,7 @@ TEST_CASE("linear (BLAS) equals the reference", "[kernels]") {
       linear_tokens(xs, w.data(), bias.data(), m, in, out, y);
     });
   }
+  force_portable_kernels(false);
 }
 
 TEST_CASE("linear over bf16 weights equals the reference, vector and portable GEMV", "[kernels]") {

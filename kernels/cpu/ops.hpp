@@ -13,8 +13,10 @@ namespace kvb {
 // y[n, out] = x[n, in] W[out, in]^T (+ bias[out]).
 void linear_ref(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
 void linear(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
-// n tokens decoded apart: row b exactly what linear gives token b alone (one BLAS sgemv each, whose
-// rounding is BLAS's own: fp32 weights are the format that matches other tools, not the fast one).
+// One token: a GEMV of our own (AVX2 where the processor has it) rather than BLAS sgemv, whose
+// per-row rounding depends on how it splits the rows over threads. More tokens: BLAS sgemm.
+// linear_tokens: n tokens decoded apart (a batch of sequences), row b exactly what linear gives
+// token b alone, each weight row read from memory once for all n.
 void linear_tokens(const float* x, const float* w, const float* bias, int n, int in, int out, float* y);
 
 // y[n, out] = x[n, in] W^T (+ bias) for W stored in another format (bf16, quantized blocks):
