@@ -577,16 +577,20 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
           "[experiment][bench]") {
   const TempDir dir("bench_bytes");
   const std::string model = tiny_random_model(dir);
-  const std::string cmd =
-      fmt::format("{} bench {} -c 96 --decode-tokens 4 --method snapkv --budget 32 -b 1 -b 3 --format json 2>&1",
-                  KVBENCH_CLI, model);
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t got; (got = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
+  // The command's output and exit status.
+  auto bench = [&](const std::string& args) {
+    const std::string cmd =
+        fmt::format("{} bench {} -c 96 --decode-tokens 4 --format json {} 2>&1", KVBENCH_CLI, model, args);
+    FILE* pipe = popen(cmd.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t got; (got = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
+    return std::pair{out, pclose(pipe)};
+  };
+  const auto [out, status] = bench("--method snapkv --budget 32 -b 1 -b 3");
   INFO(out);
-  REQUIRE(pclose(pipe) == 0);
+  REQUIRE(status == 0);
   const auto rows = nlohmann::json::parse(out.substr(out.find('{')))["rows"];
   REQUIRE(rows.size() == 4);  // full and SnapKV at batch 1, then at batch 3
   const auto& full = rows[0];
@@ -605,4 +609,20 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
   CHECK(snap["decode_bytes_ratio_vs_full"].get<double>() > 1.0);
   CHECK(full["decode_bytes_ratio_vs_full"].get<double>() == 0.0);  // the full cache is the reference
   CHECK(snap["decode_speedup_vs_full"].get<double>() > 0.0);
+
+  // Under a memory cap each configuration decodes at the largest batch whose weights, caches and decode
+  // buffers fit: about 3.5 times what one full-cache sequence needs holds three, SnapKV's more.
+  const double one = full["accounted_bytes"].get<double>(), cap = 3.5 * one;
+  const auto [capped, capped_status] =
+      bench(fmt::format("--method snapkv --budget 32 --memory-cap {:.9f}", cap / 1073741824.0));
+  INFO(capped);
+  REQUIRE(capped_status == 0);
+  const auto fit = nlohmann::json::parse(capped.substr(capped.find('{')))["rows"];
+  REQUIRE(fit.size() == 2);
+  CHECK(fit[0]["batch"].get<int>() >= 3);
+  CHECK(fit[1]["batch"].get<int>() > fit[0]["batch"].get<int>());
+  for (const auto& r : fit) CHECK(r["accounted_bytes"].get<double>() <= cap);
+  const auto [refused, refused_status] = bench(fmt::format("--memory-cap {:.9f}", 0.5 * one / 1073741824.0));
+  CHECK(refused_status != 0);
+  CHECK_THAT(refused, Catch::Matchers::Contains("is below what one sequence needs"));
 }

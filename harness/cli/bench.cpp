@@ -2,7 +2,8 @@
 // fraction of the backend's own hardware limits measured in the same run (GEMM rate, memory
 // bandwidth); optionally decode speed with compressed caches (a method at several KV sizes, and the
 // same kept tokens stored as low-rank segments) against full attention; and at several batch sizes,
-// B sequences (each its own prompt and cache) decoding together.
+// B sequences (each its own prompt and cache) decoding together, or at the largest batch that fits
+// a memory cap (KVmix's throughput protocol: 688 prompt tokens, 1,024 new).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 
 #include "harness/cache/lowrank_segment.hpp"
@@ -51,6 +53,7 @@ struct Row {
   double bytes_ratio = 0;                // the full cache's step bytes over this row's: the speed-up its bytes promise
   double decode_gemv_eff = 0;            // weight bytes / time of the decode step's matrix products, vs bandwidth
   size_t peak_memory = 0, kv_bytes = 0;  // kv_bytes: all the batch's caches
+  size_t accounted = 0;                  // weights + every cache + the batch's decode buffers
 };
 
 // Replaces each head's dense tokens, after the wrapped observer has chosen them, by low-rank
@@ -111,6 +114,7 @@ struct BenchArgs : EngineArgs {
   std::vector<int> contexts = {512, 2048}, budgets, batches = {1};
   std::vector<std::string> params;
   int repeat = 3, decode_tokens = 32, lowrank = 0;
+  double memory_cap_gib = 0;  // > 0: each configuration at the largest batch that fits
 };
 
 // The observer of one measured prefill (none: the full cache), and the runner inside it.
@@ -150,6 +154,7 @@ class Table {
                                            "bytes promise",
                                            "decode transform share",
                                            "KV MiB",
+                                           "accounted MiB",
                                            "peak memory MiB"};
     line(head);
     if (md_) line(std::vector<std::string>(head.size(), "---"));
@@ -177,6 +182,7 @@ class Table {
           r.bytes_ratio > 0 ? fmt::format("{:.2f}x", r.bytes_ratio) : "-",
           r.transform_share > 0 ? fmt::format("{:.1f}%", 100 * r.transform_share) : "-",
           fmt::format("{:.1f}", mib(r.kv_bytes)),
+          fmt::format("{:.0f}", mib(r.accounted)),
           fmt::format("{:.0f}", mib(r.peak_memory))});
     std::fflush(stdout);  // rows of long runs appear as they finish
   }
@@ -210,6 +216,7 @@ nlohmann::json row_json(const Row& r) {
           {"decode_step_bytes", r.decode_step_bytes},
           {"decode_bytes_ratio_vs_full", r.bytes_ratio},
           {"kv_bytes", r.kv_bytes},
+          {"accounted_bytes", r.accounted},
           {"peak_memory_bytes", r.peak_memory}};
 }
 
@@ -255,8 +262,8 @@ class Bench {
   // One configuration at one context and batch size: `make_observer` gives the prefill observer of
   // each sequence. full: the full cache's row at this context and batch (null for the full cache
   // itself), for the speed-up and the bytes ratio.
-  template <typename MakeObserver>
-  Row measure(int ctx, int batch, const std::string& label, const Row* full, MakeObserver make_observer) {
+  Row measure(int ctx, int batch, const std::string& label, const Row* full,
+              const std::function<Observer()>& make_observer) {
     Row row;
     row.context = ctx;
     row.cache = label;
@@ -284,6 +291,7 @@ class Bench {
       for (const auto& sq : seqs) row.kv_bytes += sq.kv_bytes();
     }
     row.peak_memory = b_.peak_memory_bytes();
+    row.accounted = engine_.weight_bytes() + row.kv_bytes + size_t(batch) * engine_.decode_buffer_bytes();
     row.prefill_tps = spread(p_tps);
     row.linear_eff = row.linear_tflops * 1e3 / limits_.gemm_gflops;
     row.attention_eff = row.attention_tflops * 1e3 / limits_.gemm_gflops;
@@ -298,6 +306,29 @@ class Bench {
       }
     }
     return row;
+  }
+
+  // The largest batch whose weights, caches and decode buffers fit in `cap` bytes: one sequence of the
+  // configuration runs the whole protocol (its prompt, then every decode step) for its cache's final
+  // size.
+  int fit_batch(int ctx, const std::function<Observer()>& make_observer, size_t cap) {
+    const int steps = timed_steps(ctx) + profiled_steps(ctx);
+    std::vector<int32_t> ids(ctx);
+    for (auto& id : ids) id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(cfg_.vocab_size));
+    auto holder = make_observer();
+    engine_.prefill(ids, holder.observer);
+    const auto tok = static_cast<int32_t>(rng_() % static_cast<uint32_t>(std::min(1000, cfg_.vocab_size)));
+    for (int s = 0; s < steps; ++s) engine_.decode(tok);
+    const size_t weights = engine_.weight_bytes(), cache = engine_.kv_bytes(), buffers = engine_.decode_buffer_bytes();
+    if (weights + cache + buffers > cap)
+      fail(
+          "--memory-cap {:.3f} GiB ({} bytes) is below what one sequence needs: {} bytes ({:.1f} MiB of weights, "
+          "{:.1f} MiB of cache after {} prompt and {} decoded tokens, {:.1f} MiB of decode buffers)",
+          a_.memory_cap_gib, cap, weights + cache + buffers, mib(weights), mib(cache), ctx, steps, mib(buffers));
+    const int batch = static_cast<int>((cap - weights) / (cache + buffers));
+    fmt::print(stderr, "{:.1f} MiB of weights, {:.2f} MiB per sequence: batch {} fits {:.3f} GiB\n", mib(weights),
+               mib(cache + buffers), batch, a_.memory_cap_gib);
+    return batch;
   }
 
  private:
@@ -320,10 +351,15 @@ class Bench {
     row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
   }
 
+  // Decode steps after a prompt of `ctx` tokens: those timed (the first of them untimed, as it sends
+  // the caches to a device), then a few with per-operation timing.
+  int timed_steps(int ctx) const { return std::min(a_.decode_tokens, cfg_.context_length - ctx); }
+  int profiled_steps(int ctx) const { return std::max(0, std::min(4, cfg_.context_length - ctx - timed_steps(ctx))); }
+
   // Decodes the sequences together after their prefills of `ctx` tokens; returns tokens per second
   // over the batch (0 when too few steps fit).
   double time_decode(int ctx, Row& row, std::vector<Sequence>& seqs) {
-    const int steps = std::min(a_.decode_tokens, cfg_.context_length - ctx);
+    const int steps = timed_steps(ctx);
     if (steps <= 0) return 0;
     std::vector<Sequence*> batch;
     std::vector<int32_t> toks;
@@ -341,7 +377,7 @@ class Bench {
     const double dec_s = seconds_since(t0);
     row.transform_share = (engine_.transform_seconds() - tr0) / dec_s;
     // A few more steps with per-operation timing (it synchronises, so not in the speed).
-    if (const int prof = std::min(4, cfg_.context_length - ctx - steps); prof > 0) {
+    if (const int prof = profiled_steps(ctx); prof > 0) {
       b_.set_profiling(true);
       b_.reset_stats();
       for (int s = 0; s < prof; ++s) step();
@@ -378,13 +414,18 @@ void run_bench(const BenchArgs& a) {
   if (a.lowrank && a.method.empty()) fail("--lowrank needs --method and --budget");
   for (int B : a.batches)
     if (B < 1) fail("--batch {}: must be at least 1", B);
+  if (a.memory_cap_gib < 0) fail("--memory-cap {}: must be positive", a.memory_cap_gib);
+  const auto cap = static_cast<size_t>(a.memory_cap_gib * 1073741824.0);
 
   Bench bench(a, *m);
   const Table table(a.format == "md");
   const bool json = a.format == "json";
   if (!json) table.header(bench.title());
   std::vector<Row> rows;
-  auto measure = [&](int ctx, int batch, const std::string& label, const Row* full, auto make_observer) {
+  // Under a memory cap each configuration runs at its own largest batch (`batch` is then ignored).
+  auto measure = [&](int ctx, int batch, const std::string& label, const Row* full,
+                     const std::function<Observer()>& make_observer) {
+    if (cap) batch = bench.fit_batch(ctx, make_observer, cap);
     rows.push_back(bench.measure(ctx, batch, label, full, make_observer));
     if (!json) table.row(rows.back());
     return rows.back();
@@ -400,7 +441,7 @@ void run_bench(const BenchArgs& a) {
     return h;
   };
   for (int ctx : a.contexts)
-    for (int B : a.batches) {
+    for (int B : cap ? std::vector<int>{0} : a.batches) {
       const Row full = measure(ctx, B, "full", nullptr, [] { return Observer{}; });
       if (!budgeted) measure(ctx, B, a.method, &full, [&] { return compressed(KvBudget{}, 0); });
       for (int T : a.budgets) {
@@ -428,6 +469,9 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--batch,-b", a->batches,
                   "Sequences decoding together, each with its own prompt and cache (repeatable; default 1)");
+  cmd->add_option("--memory-cap", a->memory_cap_gib,
+                  "GiB for weights, caches and decode buffers: each configuration decodes at the largest batch that "
+                  "fits (throughput at a memory cap; --batch is then ignored)");
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   add_engine_options(cmd, *a);

@@ -138,6 +138,14 @@ size_t Sequence::kv_bytes() const {
 
 size_t Engine::kv_bytes() const { return seq_.kv_bytes(); }
 
+size_t Engine::decode_buffer_bytes() const {
+  const size_t H = cfg_.hidden, F = cfg_.intermediate, Q = size_t(cfg_.n_heads) * cfg_.head_dim,
+               KV = size_t(cfg_.n_kv_heads) * cfg_.head_dim, V = cfg_.vocab_size;
+  // x, h, proj, mlp_out and the head's norm; q, attn and the observer's host copy; k, v and their host
+  // copies; gate, up, act; the logits in backend memory and on the host.
+  return sizeof(float) * (5 * H + 3 * Q + 4 * KV + 3 * F + 2 * V);
+}
+
 size_t Engine::full_kv_bytes(size_t tokens) const {
   return tokens * size_t(cfg_.n_layers) * cfg_.n_kv_heads * cfg_.head_dim * 2 * kv_dtype_bytes(opt_.kv_dtype);
 }

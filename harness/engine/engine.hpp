@@ -116,6 +116,8 @@ class Engine {
   // cache's dtype).
   size_t full_kv_bytes(size_t tokens) const;
   size_t weight_bytes() const { return weight_bytes_; }
+  // Working memory decode_batch allocates per sequence of a batch (activations, logits, host copies).
+  size_t decode_buffer_bytes() const;
   // Weight bytes one decode step reads: all of them but the embedding table, of which it reads one
   // row (unless the table is also the output head).
   size_t decode_weight_bytes() const { return weight_bytes_ - (cfg_.tied_embeddings ? 0 : tok_embd_.bytes()); }
