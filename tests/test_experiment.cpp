@@ -588,9 +588,18 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
     for (size_t got; (got = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
     return std::pair{out, pclose(pipe)};
   };
-  const auto [out, status] = bench("--method snapkv --budget 32 -b 1 -b 3");
+  const std::string plot = (dir / "throughput").string();
+  const auto [out, status] = bench("--method snapkv --budget 32 -b 1 -b 3 --plot " + plot);
   INFO(out);
   REQUIRE(status == 0);
+  for (const char* ext : {".png", ".svg"}) CHECK(std::filesystem::file_size(plot + ext) > 1000);
+  std::ifstream csv(plot + ".csv");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(csv, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 5);  // the header, two configurations at two batch sizes
+  CHECK(lines[0] == "cache,batch,decode_tokens_per_s");
+  CHECK(lines[2].rfind("\"full\",3,", 0) == 0);
+  CHECK(lines[4].rfind("\"snapkv T=32\",3,", 0) == 0);
   const auto rows = nlohmann::json::parse(out.substr(out.find('{')))["rows"];
   REQUIRE(rows.size() == 4);  // full and SnapKV at batch 1, then at batch 3
   const auto& full = rows[0];

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <random>
 
@@ -19,6 +20,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/throughput_plot.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/params.hpp"
 
@@ -110,7 +112,7 @@ class LowRankStore final : public PrefillObserver {
 };
 
 struct BenchArgs : EngineArgs {
-  std::string model, format = "md", method;
+  std::string model, format = "md", method, plot;
   std::vector<int> contexts = {512, 2048}, budgets, batches = {1};
   std::vector<std::string> params;
   int repeat = 3, decode_tokens = 32, lowrank = 0;
@@ -220,6 +222,21 @@ nlohmann::json row_json(const Row& r) {
           {"peak_memory_bytes", r.peak_memory}};
 }
 
+// Decode tokens/s against batch size, one series per cache configuration (and context, given several).
+ThroughputPlot throughput_plot(const std::vector<Row>& rows, const std::string& title, bool by_context) {
+  ThroughputPlot p;
+  p.title = title;
+  for (const auto& r : rows) {
+    if (r.decode_tps.median <= 0) continue;
+    const std::string label = by_context ? fmt::format("{}, context {}", r.cache, r.context) : r.cache;
+    auto it = std::find_if(p.series.begin(), p.series.end(), [&](const auto& s) { return s.label == label; });
+    if (it == p.series.end()) it = p.series.insert(p.series.end(), {label, {}});
+    it->points.push_back({r.batch, r.decode_tps.median});
+  }
+  if (p.series.empty()) fail("--plot: no row decoded (--decode-tokens 0, or no room in the context)");
+  return p;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -243,6 +260,11 @@ class Bench {
         limits_.gemm_gflops < 1000 ? fmt::format("{:.0f} GFLOP/s", limits_.gemm_gflops)
                                    : fmt::format("{:.1f} TFLOP/s", limits_.gemm_gflops / 1e3),
         limits_.bandwidth_gbs, mib(weights_read_), weight_format_name(engine_.weight_format()), a_.kv_dtype, a_.repeat);
+  }
+
+  std::string plot_title() const {
+    return fmt::format("{}, {} weights, {} cache, {} backend", std::filesystem::path(a_.model).filename().string(),
+                       weight_format_name(engine_.weight_format()), a_.kv_dtype, b_.name());
   }
 
   nlohmann::json json(const std::vector<Row>& rows) const {
@@ -451,6 +473,10 @@ void run_bench(const BenchArgs& a) {
                   [&] { return compressed(T, a.lowrank); });
       }
     }
+  if (!a.plot.empty()) {
+    write_throughput_plot(throughput_plot(rows, bench.plot_title(), a.contexts.size() > 1), a.plot);
+    fmt::print(stderr, "throughput against batch size: {}.png, .svg, .csv\n", a.plot);
+  }
   if (json) fmt::print("{}\n", bench.json(rows).dump(2));
 }
 
@@ -472,6 +498,8 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--memory-cap", a->memory_cap_gib,
                   "GiB for weights, caches and decode buffers: each configuration decodes at the largest batch that "
                   "fits (throughput at a memory cap; --batch is then ignored)");
+  cmd->add_option("--plot", a->plot,
+                  "Also write decode tokens/s against batch size per configuration as STEM.png, .svg and .csv");
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   add_engine_options(cmd, *a);

@@ -2,6 +2,7 @@
 
 #include <cairo-svg.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "harness/util/error.hpp"
@@ -49,6 +50,30 @@ void figure_legend_entry(cairo_t* cr, double x, double top, size_t i, const std:
   cairo_fill(cr);
   cairo_set_source_rgb(cr, 0, 0, 0);
   figure_text(cr, x + 10, y, label, 10);
+}
+
+void figure_series(cairo_t* cr, size_t i, std::vector<ChartPoint> points, const std::function<double(double)>& px,
+                   const std::function<double(double)>& py, double legend_x, double top, const std::string& label) {
+  std::sort(points.begin(), points.end(), [](const auto& l, const auto& r) { return l.x < r.x; });
+  figure_colour(cr, i);
+  cairo_set_line_width(cr, 1.5);
+  for (size_t j = 0; j < points.size(); ++j) (j ? cairo_line_to : cairo_move_to)(cr, px(points[j].x), py(points[j].y));
+  cairo_stroke(cr);
+  for (const auto& pt : points) {
+    const double x = px(pt.x);
+    cairo_arc(cr, x, py(pt.y), 3.5, 0, 2 * M_PI);
+    cairo_fill(cr);
+    if (std::isnan(pt.low)) continue;
+    cairo_set_line_width(cr, 1.0);  // with short caps
+    cairo_move_to(cr, x, py(pt.low));
+    cairo_line_to(cr, x, py(pt.high));
+    for (double end : {pt.low, pt.high}) {
+      cairo_move_to(cr, x - 3, py(end));
+      cairo_line_to(cr, x + 3, py(end));
+    }
+    cairo_stroke(cr);
+  }
+  figure_legend_entry(cr, legend_x, top, i, label);
 }
 
 void write_figure(const std::string& stem, double width, double height, const std::function<void(cairo_t*)>& draw) {

@@ -64,32 +64,6 @@ void draw_frame(cairo_t* cr, const Axes& a, const std::string& title) {
   figure_frame(cr, kLeft, kTop, kPlotW, kPlotH, "KV memory, % of a full fp16 cache (log scale)", "Score", title);
 }
 
-// Series i: a line through its points by memory, a dot and the 95% interval at each, its legend entry.
-void draw_series(cairo_t* cr, const Axes& a, size_t i, const MemorySeries& series) {
-  auto pts = series.points;
-  std::sort(pts.begin(), pts.end(), [](const auto& l, const auto& r) { return l.memory < r.memory; });
-  figure_colour(cr, i);
-  cairo_set_line_width(cr, 1.5);
-  for (size_t j = 0; j < pts.size(); ++j)
-    (j ? cairo_line_to : cairo_move_to)(cr, a.x(pts[j].memory), a.y(pts[j].score));
-  cairo_stroke(cr);
-  for (const auto& pt : pts) {
-    const double x = a.x(pt.memory);
-    cairo_arc(cr, x, a.y(pt.score), 3.5, 0, 2 * M_PI);
-    cairo_fill(cr);
-    if (std::isnan(pt.low)) continue;
-    cairo_set_line_width(cr, 1.0);  // with short caps
-    cairo_move_to(cr, x, a.y(pt.low));
-    cairo_line_to(cr, x, a.y(pt.high));
-    for (double end : {pt.low, pt.high}) {
-      cairo_move_to(cr, x - 3, a.y(end));
-      cairo_line_to(cr, x + 3, a.y(end));
-    }
-    cairo_stroke(cr);
-  }
-  figure_legend_entry(cr, kLeft + kPlotW + 30, kTop, i, series.label);
-}
-
 void write_points_csv(const MemoryPlot& p, const std::string& path) {
   std::ofstream csv(path);
   csv << "method,memory_fp16_share,score,ci_low,ci_high,n\n";
@@ -111,7 +85,13 @@ void write_memory_plot(const MemoryPlot& p, const std::string& stem) {
   const double height = std::max(kTop + kPlotH + kBottom, kTop + 18.0 * double(p.series.size()) + 20);
   write_figure(stem, width, height, [&](cairo_t* cr) {
     draw_frame(cr, axes, p.title);
-    for (size_t i = 0; i < p.series.size(); ++i) draw_series(cr, axes, i, p.series[i]);
+    for (size_t i = 0; i < p.series.size(); ++i) {
+      std::vector<ChartPoint> pts;
+      for (const auto& pt : p.series[i].points) pts.push_back({pt.memory, pt.score, pt.low, pt.high});
+      figure_series(
+          cr, i, pts, [&](double m) { return axes.x(m); }, [&](double v) { return axes.y(v); }, kLeft + kPlotW + 30,
+          kTop, p.series[i].label);
+    }
   });
   write_points_csv(p, stem + ".csv");
 }
