@@ -95,45 +95,82 @@ __attribute__((target("avx2,fma"))) inline __m256i fifth_bits(const uint8_t* qh)
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// One weight row against the quantized x; the block type is a template argument so that each
-// loop is straight-line code, and two accumulators keep the FMA chain short.
-template <DType T>
-__attribute__((target("avx2,fma,f16c"))) float dot_row_avx2(const uint8_t* row, const Q8Row& x, int blocks) {
+// One weight row against NT tokens' quantized activations: each block is unpacked once and its
+// scale read once for all of them. The block type is a template argument so that each loop is
+// straight-line code; two accumulators per token keep the FMA chains short. A token's integer sums
+// and the float operations on them are the same whatever NT, so its result is too.
+template <DType T, int NT>
+__attribute__((target("avx2,fma,f16c"))) void dot_rows_avx2(const uint8_t* row, const Q8Row* const* xs, int blocks,
+                                                            float* out) {
   constexpr size_t bb = T == DType::Q8_0 ? 34 : qs_offset(T) + QK / 2;
   const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
   // Q4_0 and Q5_0 values are unsigned minus 8 or 16: (u - off) q = u q - off q
   const __m256i off = _mm256_set1_epi8(T == DType::Q5_0 ? 16 : 8);
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  float extra = 0;  // blocks with a min: sum of m x s
+  __m256 acc[NT][2];
+  float extra[NT];  // blocks with a min: sum of m x s
+  for (int t = 0; t < NT; ++t) {
+    acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    extra[t] = 0;
+  }
   for (int i = 0; i < blocks; ++i) {
     const uint8_t* b = row + i * bb;
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + size_t(i) * QK));
-    __m256i isum;
+    const float dw = rdh_f16c(b);
+    __m256i u, w_abs = _mm256_setzero_si256(), w = _mm256_setzero_si256();
     if constexpr (T == DType::Q8_0) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-      // signed x signed through the unsigned x signed instruction: |w| x (q with w's sign)
-      isum = dot_us8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w), ones16);
+      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      w_abs = _mm256_sign_epi8(w, w);
     } else {
-      __m256i u = nibbles(b + qs_offset(T), low4);
+      u = nibbles(b + qs_offset(T), low4);
       if constexpr (has_fifth_bit(T)) u = _mm256_or_si256(u, fifth_bits(b + qh_offset(T)));
-      isum = dot_us8(u, q, ones16);
-      if constexpr (has_min(T))
-        extra += rdh_f16c(b + 2) * x.s[i];
-      else
-        isum = _mm256_sub_epi32(isum, dot_us8(off, q, ones16));
     }
-    acc[i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(rdh_f16c(b) * x.d[i]), acc[i & 1]);
+    for (int t = 0; t < NT; ++t) {
+      const Q8Row& x = *xs[t];
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + size_t(i) * QK));
+      __m256i isum;
+      if constexpr (T == DType::Q8_0) {
+        // signed x signed through the unsigned x signed instruction: |w| x (q with w's sign)
+        isum = dot_us8(w_abs, _mm256_sign_epi8(q, w), ones16);
+      } else {
+        isum = dot_us8(u, q, ones16);
+        if constexpr (has_min(T))
+          extra[t] += rdh_f16c(b + 2) * x.s[i];
+        else
+          isum = _mm256_sub_epi32(isum, dot_us8(off, q, ones16));
+      }
+      acc[t][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * x.d[i]), acc[t][i & 1]);
+    }
   }
-  return hsum_avx2(_mm256_add_ps(acc[0], acc[1])) + extra;
+  for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(_mm256_add_ps(acc[t][0], acc[t][1])) + extra[t];
 }
 
-// Each weight row against every token's activations while it is in cache: y[b, o] for n tokens.
+// Each weight row against every token while it is in cache, four tokens at a time: y[b, o].
 template <DType T>
 void gemv_rows_avx2(const uint8_t* w, size_t row_bytes, std::span<const Q8Row> xs, int blocks, int out, float* y) {
+  const int n = static_cast<int>(xs.size());
 #pragma omp parallel for schedule(static)
-  for (int o = 0; o < out; ++o)
-    for (size_t b = 0; b < xs.size(); ++b)
-      y[b * size_t(out) + o] = dot_row_avx2<T>(w + size_t(o) * row_bytes, xs[b], blocks);
+  for (int o = 0; o < out; ++o) {
+    const uint8_t* row = w + size_t(o) * row_bytes;
+    for (int b = 0; b < n; b += 4) {
+      const Q8Row* group[4] = {};
+      float r[4];
+      const int nt = std::min(4, n - b);
+      for (int t = 0; t < nt; ++t) group[t] = &xs[size_t(b + t)];
+      switch (nt) {
+        case 4:
+          dot_rows_avx2<T, 4>(row, group, blocks, r);
+          break;
+        case 3:
+          dot_rows_avx2<T, 3>(row, group, blocks, r);
+          break;
+        case 2:
+          dot_rows_avx2<T, 2>(row, group, blocks, r);
+          break;
+        default:
+          dot_rows_avx2<T, 1>(row, group, blocks, r);
+      }
+      for (int t = 0; t < nt; ++t) y[size_t(b + t) * out + o] = r[t];
+    }
+  }
 }
 
 // ---- K-quants: blocks of 256 against Q8_K activations ----
