@@ -30,54 +30,41 @@ void add_bias(float* y, const float* bias, int n, int out) {
 namespace {
 
 // Each token's product with a weight row in one fixed order whatever the batch: four accumulators
-// over blocks of 32 inputs, then the tail. Tokens go in pairs so that each weight vector loaded feeds
-// two of them (eight accumulators, four weight registers); the row stays in L1 for the next pair.
-__attribute__((target("avx2,fma"))) void gemv_f32_avx2(const float* x, const float* w, int n, int in, int out,
-                                                       float* y) {
+// over blocks of 32 inputs, then the tail. T tokens (1 or 2) share each weight vector loaded (eight
+// accumulators and four weight registers for a pair); the row stays in L1 for the next pair.
+template <int T>
+__attribute__((target("avx2,fma"))) inline void gemv_f32_row(const float* row, const float* x, int in, int out, int o,
+                                                             int b, float* y) {
   const int k32 = in / 32 * 32;
   constexpr int kPrefetch = 512;  // weights ahead
-  auto tail = [&](const float* xb, const float* row) {
-    float s = 0;
-    for (int k = k32; k < in; ++k) s += xb[k] * row[k];
-    return s;
-  };
+  __m256 a[T][4];
+  for (auto& acc : a)
+    for (auto& v : acc) v = _mm256_setzero_ps();
+  for (int k = 0; k < k32; k += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + k + kPrefetch), _MM_HINT_T0);
+    __m256 wv[4];
+    for (int j = 0; j < 4; ++j) wv[j] = _mm256_loadu_ps(row + k + 8 * j);
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < 4; ++j)
+        a[t][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + size_t(b + t) * in + k + 8 * j), wv[j], a[t][j]);
+  }
+  for (int t = 0; t < T; ++t) {
+    const float* xt = x + size_t(b + t) * in;
+    float tail = 0;
+    for (int k = k32; k < in; ++k) tail += xt[k] * row[k];
+    y[size_t(b + t) * out + o] =
+        hsum_avx2(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3]))) + tail;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void gemv_f32_avx2(const float* x, const float* w, int n, int in, int out,
+                                                       float* y) {
 #pragma omp parallel for schedule(static)
   for (int o = 0; o < out; ++o) {
     const float* row = w + size_t(o) * in;
     int b = 0;
-    for (; b + 2 <= n; b += 2) {
-      const float* x0 = x + size_t(b) * in;
-      const float* x1 = x0 + in;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-      for (int k = 0; k < k32; k += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(row + k + kPrefetch), _MM_HINT_T0);
-        const __m256 w0 = _mm256_loadu_ps(row + k), w1 = _mm256_loadu_ps(row + k + 8);
-        const __m256 w2 = _mm256_loadu_ps(row + k + 16), w3 = _mm256_loadu_ps(row + k + 24);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), w0, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k + 8), w1, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k + 16), w2, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k + 24), w3, a3);
-        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k), w0, c0);
-        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k + 8), w1, c1);
-        c2 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k + 16), w2, c2);
-        c3 = _mm256_fmadd_ps(_mm256_loadu_ps(x1 + k + 24), w3, c3);
-      }
-      y[size_t(b) * out + o] = hsum_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail(x0, row);
-      y[size_t(b + 1) * out + o] =
-          hsum_avx2(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3))) + tail(x1, row);
-    }
-    if (b < n) {
-      const float* x0 = x + size_t(b) * in;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int k = 0; k < k32; k += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(row + k + kPrefetch), _MM_HINT_T0);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k), _mm256_loadu_ps(row + k), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k + 8), _mm256_loadu_ps(row + k + 8), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k + 16), _mm256_loadu_ps(row + k + 16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + k + 24), _mm256_loadu_ps(row + k + 24), a3);
-      }
-      y[size_t(b) * out + o] = hsum_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail(x0, row);
-    }
+    for (; b + 2 <= n; b += 2) gemv_f32_row<2>(row, x, in, out, o, b, y);
+    if (b < n) gemv_f32_row<1>(row, x, in, out, o, b, y);
   }
 }
 
