@@ -33,8 +33,8 @@ namespace {
 // over blocks of 32 inputs, then the tail. T tokens (1 or 2) share each weight vector loaded (eight
 // accumulators and four weight registers for a pair); the row stays in L1 for the next pair.
 template <int T>
-__attribute__((target("avx2,fma"))) inline void gemv_f32_row(const float* row, const float* x, int in, int out, int o,
-                                                             int b, float* y) {
+__attribute__((target("avx2,fma"))) inline void gemv_f32_row_avx2(const float* row, const float* x, int in, int out,
+                                                                  int o, int b, float* y) {
   const int k32 = in / 32 * 32;
   constexpr int kPrefetch = 512;  // weights ahead
   __m256 a[T][4];
@@ -63,8 +63,8 @@ __attribute__((target("avx2,fma"))) void gemv_f32_avx2(const float* x, const flo
   for (int o = 0; o < out; ++o) {
     const float* row = w + size_t(o) * in;
     int b = 0;
-    for (; b + 2 <= n; b += 2) gemv_f32_row<2>(row, x, in, out, o, b, y);
-    if (b < n) gemv_f32_row<1>(row, x, in, out, o, b, y);
+    for (; b + 2 <= n; b += 2) gemv_f32_row_avx2<2>(row, x, in, out, o, b, y);
+    if (b < n) gemv_f32_row_avx2<1>(row, x, in, out, o, b, y);
   }
 }
 
