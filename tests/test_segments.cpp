@@ -111,9 +111,10 @@ TEST_CASE("attention over quantized + dense segments equals attention over the r
 TEST_CASE("fused quantized products equal their dequantize-then-dot references", "[segments]") {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0.0f, 1.5f);
-  const bool portable = GENERATE(false, true);
-  force_portable_kernels(portable);
-  INFO("vector path: " << (cpu_has_avx2() ? "AVX2" : "portable"));
+  const int level = GENERATE(2, 1, 0);  // as far as the processor goes: AVX-512, AVX2, portable
+  force_portable_kernels(level == 0);
+  cap_kernels_at_avx2(level == 1);
+  INFO("vector path: " << cpu_kernel_path());
   // Key bits x token groups, value bits x channel groups, head dims including one not a multiple of 32.
   for (auto [bits, kg, vg] :
        {std::tuple{1, 32, 32}, {2, 32, 32}, {2, 16, 16}, {2, 64, 32}, {3, 11, 32}, {3, 22, 32}, {4, 32, 32}, {4, 8, 8}})
@@ -159,6 +160,56 @@ TEST_CASE("fused quantized products equal their dequantize-then-dot references",
       }
     }
   force_portable_kernels(false);
+  cap_kernels_at_avx2(false);
+}
+
+TEST_CASE("AVX-512 quantized products equal the AVX2 ones bit for bit", "[segments]") {
+  if (!cpu_has_avx512()) {
+    WARN("skipped: this processor has no AVX-512 (or KVBENCH_KERNELS holds it back)");
+    return;
+  }
+  std::mt19937 rng(10);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  // Token and channel groups the 16-lane kernels take, and ones they leave to AVX2 (4-bit groups of 8).
+  for (auto [bits, kg, vg] : {std::tuple{1, 32, 32},
+                              {2, 32, 32},
+                              {2, 16, 16},
+                              {2, 64, 64},
+                              {3, 11, 32},
+                              {3, 33, 16},
+                              {4, 32, 32},
+                              {4, 16, 16},
+                              {4, 8, 8}})
+    for (int d : {64, 128, 48, 80}) {
+      if (d % vg != 0) continue;
+      const int vbits = bits == 3 ? 2 : bits, n = kg * 7;
+      INFO("bits " << bits << " key group " << kg << " value group " << vg << " d " << d);
+      std::vector<float> k(static_cast<size_t>(n * d)), v(k.size());
+      for (auto* x : {&k, &v})
+        for (auto& e : *x) e = nd(rng);
+      QuantizedKeys qk(d, bits, kg);
+      QuantizedValues qv(d, vbits, vg);
+      qk.append(k.data(), n, size_t(d));
+      qv.append(v.data(), n, size_t(d));
+      const QuantKeysView kv{qk.words().data(), qk.scales().data(), qk.mins().data(), qk.size(), d, bits, kg};
+      const QuantValuesView vv{qv.words().data(), qv.scales().data(), qv.mins().data(), qv.size(), d, vbits, vg};
+      for (int g : {1, 2, 3, 4, 7}) {
+        INFO("group " << g);
+        std::vector<float> q(size_t(g) * d), p(size_t(g) * n);
+        for (auto* x : {&q, &p})
+          for (auto& e : *x) e = nd(rng);
+        for (size_t i = 0; i < p.size(); i += 5) p[i] = 0.0f;
+        std::vector<float> s512(size_t(g) * n), s2(s512), a512(size_t(g) * d, 0.5f), a2(a512);
+        quant_keys_dot(kv, q.data(), s512.data(), g);
+        quant_values_axpy(vv, p.data(), a512.data(), g);
+        cap_kernels_at_avx2(true);
+        quant_keys_dot(kv, q.data(), s2.data(), g);
+        quant_values_axpy(vv, p.data(), a2.data(), g);
+        cap_kernels_at_avx2(false);
+        REQUIRE(s512 == s2);
+        REQUIRE(a512 == a2);
+      }
+    }
 }
 
 TEST_CASE("quantized segment bytes: codes plus fp16 scale and minimum per group", "[segments]") {

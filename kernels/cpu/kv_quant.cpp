@@ -149,6 +149,34 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 codes8(uint32_t word, __m
       _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask));
 }
 
+// The G queries folded into one token group's channel scales, qs [channel][query] (a channel's G factors
+// side by side), and the minimums' share of each query's scores, bias[j] = q_j . min.
+template <int G>
+__attribute__((target("avx2,fma,f16c"))) void fold_queries_avx2(const float* q, const uint16_t* sc, const uint16_t* mn,
+                                                                int d, float* qs, float* bias) {
+  alignas(32) float lanes[8];
+  for (int j = 0; j < G; ++j) {
+    const float* qj = q + size_t(j) * d;
+    float b = 0;
+    int c = 0;
+    __m256 vb = _mm256_setzero_ps();
+    for (; c + 8 <= d; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(qj + c);
+      _mm256_store_ps(lanes,
+                      _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
+      for (int l = 0; l < 8; ++l) qs[size_t(c + l) * G + j] = lanes[l];
+      vb = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c))), vb);
+    }
+    _mm256_store_ps(lanes, vb);
+    for (float x : lanes) b += x;
+    for (; c < d; ++c) {
+      qs[size_t(c) * G + j] = qj[c] * half_to_float(sc[c]);
+      b += qj[c] * half_to_float(mn[c]);
+    }
+    bias[j] = b;
+  }
+}
+
 // G queries (q [G, d], scores [G, tokens]); the codes of each word are extracted once for all of them.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores) {
@@ -158,30 +186,10 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   std::vector<float> qs(static_cast<size_t>(G * d));  // [channel][query]: a channel's G factors side by side
   alignas(32) float lanes[8];
   for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
-    const uint16_t* sc = k.scale + g * d;
-    const uint16_t* mn = k.min + g * d;
-    // q folded into the scales; the minimums give one bias per query and token group.
+    float bias[G];
+    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
     __m256 vbias[G];
-    for (int j = 0; j < G; ++j) {
-      const float* qj = q + size_t(j) * d;
-      float bias = 0;
-      int c = 0;
-      __m256 vb = _mm256_setzero_ps();
-      for (; c + 8 <= d; c += 8) {
-        const __m256 qv = _mm256_loadu_ps(qj + c);
-        _mm256_store_ps(lanes,
-                        _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
-        for (int l = 0; l < 8; ++l) qs[size_t(c + l) * G + j] = lanes[l];
-        vb = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c))), vb);
-      }
-      _mm256_store_ps(lanes, vb);
-      for (float x : lanes) bias += x;
-      for (; c < d; ++c) {
-        qs[size_t(c) * G + j] = qj[c] * half_to_float(sc[c]);
-        bias += qj[c] * half_to_float(mn[c]);
-      }
-      vbias[j] = _mm256_set1_ps(bias);
-    }
+    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(bias[j]);
     const size_t s0 = g * k.group;
     const uint32_t* wg = k.words + g * size_t(d) * (b == 3 ? size_t(k.group / 11) : size_t(k.group * b / 32));
     if (b == 3) {
@@ -231,6 +239,34 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   }
 }
 
+// The minimums' share of g weight vectors, sum_t p_t m_tg: one number per vector and channel group, the
+// vectors' and groups' sums side by side in the lanes of a vector, each summed over the tokens in order
+// (products rounded, then added, as a scalar loop would; a token of weight 0 adds a zero).
+__attribute__((target("avx2,fma,f16c"))) void add_minimums(const QuantValuesView& v, const float* p, float* acc,
+                                                           int g) {
+  const int groups = v.d / v.group, padded = (groups + 7) / 8 * 8;
+  std::vector<float> pm(size_t(g) * padded, 0.0f);
+  alignas(16) uint16_t tail[8] = {};
+  for (size_t t = 0; t < v.tokens; ++t) {
+    const uint16_t* mt = v.min + t * size_t(groups);
+    for (int c = 0; c < groups; c += 8) {
+      const uint16_t* src = mt + c;
+      if (groups - c < 8) {
+        std::copy(src, mt + groups, tail);
+        src = tail;
+      }
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      for (int j = 0; j < g; ++j) {
+        float* pj = pm.data() + size_t(j) * padded + c;
+        const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(p[size_t(j) * v.tokens + t]), m);
+        _mm256_storeu_ps(pj, _mm256_add_ps(_mm256_loadu_ps(pj), prod));
+      }
+    }
+  }
+  for (int j = 0; j < g; ++j)
+    for (int c = 0; c < v.d; ++c) acc[size_t(j) * v.d + c] += pm[size_t(j) * padded + size_t(c / v.group)];
+}
+
 // G weight vectors (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValuesView& v, const float* p, float* acc) {
@@ -270,18 +306,126 @@ __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValues
     for (int j = 0; j < G; ++j)
       for (int u = 0; u < nb; ++u) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * u, a[j][u]);
   }
-  // The minimums' share, sum_t p_t m_tg, is one number per query and channel group.
-  std::vector<float> pm(static_cast<size_t>(groups));
-  for (int j = 0; j < G; ++j) {
-    const float* pj = p + size_t(j) * v.tokens;
-    std::fill(pm.begin(), pm.end(), 0.0f);
-    for (size_t t = 0; t < v.tokens; ++t) {
-      if (pj[t] == 0.0f) continue;
-      for (int g = 0; g < groups; ++g) pm[size_t(g)] += pj[t] * half_to_float(v.min[t * groups + g]);
+  add_minimums(v, p, acc, G);
+}
+
+// GCC 12's AVX-512 intrinsics pass an undefined vector as the unused merge source, which its
+// -Wmaybe-uninitialized reports inside every caller (GCC PR105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// 16 codes as floats: lane l holds the code at bit offset shifts[l] of words[l].
+__attribute__((target("avx512f"))) inline __m512 codes16(__m512i words, __m512i shifts, __m512i mask) {
+  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(words, shifts), mask));
+}
+
+// The words of 16 consecutive codes starting at code `first` of a run of packed words: one word when it
+// holds 32 / b >= 16 codes, else (4 bits) two, lanes 0-7 from the first.
+__attribute__((target("avx512f"))) inline __m512i words16(const uint32_t* w, int first, int per) {
+  if (per >= 16) return _mm512_set1_epi32(static_cast<int>(w[first / per]));
+  const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  return _mm512_permutexvar_epi32(
+      half, _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + first / per))));
+}
+
+// The bit offsets of 16 consecutive codes starting at code `first` (its slot first % per in its word).
+__attribute__((target("avx512f"))) inline __m512i shifts16(int first, int per, int b) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i slot = per >= 16 ? _mm512_add_epi32(lane, _mm512_set1_epi32(first % per))
+                                 : _mm512_and_si512(lane, _mm512_set1_epi32(per - 1));
+  return _mm512_mullo_epi32(slot, _mm512_set1_epi32(b));
+}
+
+// keys_dot_avx2 16 tokens a vector (3 bits: a word's 11 tokens in one): each token's lane does the same
+// operations in the same order, even and odd channels summed apart, so the scores are equal bit for bit.
+// Token groups a multiple of 16 (or 3 bits).
+template <int G>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const QuantKeysView& k, const float* q,
+                                                                      float* scores) {
+  const int b = k.bits, d = k.d, per = b == 3 ? 11 : 32 / b, wpg = k.group / per;
+  const __m512i mask = _mm512_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
+  std::vector<float> qs(static_cast<size_t>(G * d));
+  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
+    float bias[G];
+    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
+    __m512 vbias[G];
+    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias[j]);
+    const size_t s0 = g * k.group;
+    const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
+    if (b == 3) {
+      const __m512i sh = shifts16(0, 16, 3);  // slot 10 at bits 30-31; lanes 11-15 shift out to 0
+      for (int w = 0; w < wpg; ++w) {
+        __m512 a[G];
+        for (auto& aj : a) aj = _mm512_setzero_ps();
+        for (int ch = 0; ch < d; ++ch) {
+          const __m512 codes = codes16(_mm512_set1_epi32(static_cast<int>(wg[size_t(ch) * wpg + w])), sh, mask);
+          for (int j = 0; j < G; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(qs[size_t(ch) * G + j]), codes, a[j]);
+        }
+        for (int j = 0; j < G; ++j)
+          _mm512_mask_storeu_ps(scores + size_t(j) * k.tokens + s0 + w * 11, 0x7FF, _mm512_add_ps(a[j], vbias[j]));
+      }
+      continue;
     }
-    for (int c = 0; c < d; ++c) acc[size_t(j) * d + c] += pm[size_t(c / v.group)];
+    for (int t0 = 0; t0 < k.group; t0 += 16) {
+      const __m512i sh = shifts16(t0, per, b);
+      __m512 a[G][2];  // even and odd channels
+      for (auto& aj : a) aj[0] = aj[1] = _mm512_setzero_ps();
+      for (int ch = 0; ch < d; ++ch) {
+        const __m512 codes = codes16(words16(wg + size_t(ch) * wpg, t0, per), sh, mask);
+        const int parity = ch % 2 == 1 ? 1 : 0;
+        for (int j = 0; j < G; ++j)
+          a[j][parity] = _mm512_fmadd_ps(_mm512_set1_ps(qs[size_t(ch) * G + j]), codes, a[j][parity]);
+      }
+      for (int j = 0; j < G; ++j)
+        _mm512_storeu_ps(scores + size_t(j) * k.tokens + s0 + t0,
+                         _mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), vbias[j]));
+    }
   }
 }
+
+// values_axpy_avx2 16 channels a vector, all 64 channels of a head of 64 in registers for up to four
+// weight vectors: each channel's lane does the same operations in the same order, so the sums are
+// equal bit for bit. Head dims and channel groups a multiple of 16.
+template <int G>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const QuantValuesView& v, const float* p,
+                                                                         float* acc) {
+  const int b = v.bits, d = v.d, per = 32 / b, groups = d / v.group, wpt = d / per;
+  constexpr int CB = 4;
+  const __m512i mask = _mm512_set1_epi32((1 << b) - 1);
+  for (int c0 = 0; c0 < d; c0 += 16 * CB) {
+    const int nb = std::min(16 * CB, d - c0) / 16;
+    __m512 a[G][CB];
+    __m512i sh[CB];
+    int gi[CB];
+    for (int u = 0; u < nb; ++u) {
+      const int c = c0 + 16 * u;
+      for (int j = 0; j < G; ++j) a[j][u] = _mm512_loadu_ps(acc + size_t(j) * d + c);
+      sh[u] = shifts16(c, per, b);
+      gi[u] = c / v.group;
+    }
+    for (size_t t = 0; t < v.tokens; ++t) {
+      float pt[G];
+      bool any = false;
+      for (int j = 0; j < G; ++j) {
+        pt[j] = p[size_t(j) * v.tokens + t];
+        any = any || pt[j] != 0.0f;
+      }
+      if (!any) continue;
+      const uint32_t* wt = v.words + t * size_t(wpt);
+      const uint16_t* st = v.scale + t * size_t(groups);
+      for (int u = 0; u < nb; ++u) {
+        const __m512 codes = codes16(words16(wt, c0 + 16 * u, per), sh[u], mask);
+        const float s = _cvtsh_ss(st[gi[u]]);
+        for (int j = 0; j < G; ++j) a[j][u] = _mm512_fmadd_ps(_mm512_set1_ps(pt[j] * s), codes, a[j][u]);
+      }
+    }
+    for (int j = 0; j < G; ++j)
+      for (int u = 0; u < nb; ++u) _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * u, a[j][u]);
+  }
+  add_minimums(v, p, acc, G);
+}
+
+#pragma GCC diagnostic pop
 
 // Runs kernel<G> over the g queries in chunks of at most four, the most whose accumulators stay in registers.
 template <template <int> class K, class View>
@@ -309,20 +453,32 @@ struct KeysDot {
   static void run(const QuantKeysView& k, const float* q, float* s) { keys_dot_avx2<G>(k, q, s); }
 };
 template <int G>
+struct KeysDot512 {
+  static void run(const QuantKeysView& k, const float* q, float* s) { keys_dot_avx512<G>(k, q, s); }
+};
+template <int G>
 struct ValuesAxpy {
   static void run(const QuantValuesView& v, const float* p, float* a) { values_axpy_avx2<G>(v, p, a); }
+};
+template <int G>
+struct ValuesAxpy512 {
+  static void run(const QuantValuesView& v, const float* p, float* a) { values_axpy_avx512<G>(v, p, a); }
 };
 
 }  // namespace
 
 void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g) {
   if (k.tokens == 0) return;
+  if (cpu_has_avx512() && (k.bits == 3 || k.group % 16 == 0))
+    return in_chunks<KeysDot512>(k, q, size_t(k.d), scores, k.tokens, g);
   if (cpu_has_avx2()) return in_chunks<KeysDot>(k, q, size_t(k.d), scores, k.tokens, g);
   for (int j = 0; j < g; ++j) keys_dot_portable(k, q + size_t(j) * k.d, scores + size_t(j) * k.tokens);
 }
 
 void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int g) {
   if (v.tokens == 0) return;
+  if (cpu_has_avx512() && v.bits != 3 && v.d % 16 == 0 && v.group % 16 == 0)
+    return in_chunks<ValuesAxpy512>(v, p, v.tokens, acc, size_t(v.d), g);
   if (cpu_has_avx2() && v.bits != 3) return in_chunks<ValuesAxpy>(v, p, v.tokens, acc, size_t(v.d), g);
   for (int j = 0; j < g; ++j) values_axpy_portable(v, p + size_t(j) * v.tokens, acc + size_t(j) * v.d);
 }

@@ -36,10 +36,24 @@ KvDtype parse_kv_dtype(const std::string& name, const std::string& where) {
 }
 
 namespace {
-std::atomic<bool> portable_forced{[] {
-  const char* k = std::getenv("KVBENCH_KERNELS");
-  return k != nullptr && std::string_view(k) == "portable";
-}()};
+// The highest hand-written kernel level allowed: 2 AVX-512, 1 AVX2, 0 the portable loops.
+// Read at the first kernel call rather than at load, so that a bad value is an error main reports.
+int level_from_env() {
+  static const int level = [] {
+    const char* k = std::getenv("KVBENCH_KERNELS");
+    const std::string_view v(k == nullptr ? "" : k);
+    if (v == "portable") return 0;
+    if (v == "avx2") return 1;
+    if (v == "avx512" || v.empty()) return 2;
+    fail("KVBENCH_KERNELS is '{}'; expected portable, avx2 or avx512 (the highest kernel level to use)", v);
+  }();
+  return level;
+}
+std::atomic<int> level_forced{-1};  // -1: the environment's level
+int level_cap() {
+  const int f = level_forced.load(std::memory_order_relaxed);
+  return f >= 0 ? f : level_from_env();
+}
 }  // namespace
 
 bool cpu_has_avx2() {
@@ -50,10 +64,19 @@ bool cpu_has_avx2() {
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
-  return yes && !portable_forced.load(std::memory_order_relaxed);
+  return yes && level_cap() >= 1;
 }
 
-void force_portable_kernels(bool on) { portable_forced.store(on); }
+bool cpu_has_avx512() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes && cpu_has_avx2() && level_cap() >= 2;
+}
+
+void force_portable_kernels(bool on) { level_forced.store(on ? 0 : -1); }
+void cap_kernels_at_avx2(bool on) { level_forced.store(on ? std::min(1, level_from_env()) : -1); }
 
 std::string cpu_kernel_path() {
   __builtin_cpu_init();
@@ -61,7 +84,8 @@ std::string cpu_kernel_path() {
   const char* clones = __builtin_cpu_supports("avx512f") ? "avx512f"
                        : __builtin_cpu_supports("avx2")  ? "avx2"
                                                          : "default";
-  return std::string(cpu_has_avx2() ? "avx2" : "portable") + ", clones " + clones;
+  const char* hand = cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "portable";
+  return std::string(hand) + ", clones " + clones;
 }
 
 namespace {

@@ -39,10 +39,15 @@ void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float*
 // force_portable_kernels (tests cover both paths on one machine) or by KVBENCH_KERNELS=portable in the
 // environment (a whole run on the portable loops, to compare records across processors).
 bool cpu_has_avx2();
+// Whether the AVX-512 kernels run where a kernel has them (quantized KV): the processor has AVX-512F
+// besides cpu_has_avx2, and neither KVBENCH_KERNELS=avx2 (or portable) nor cap_kernels_at_avx2 holds
+// the kernels back. Each AVX-512 kernel gives the numbers of its AVX2 twin bit for bit.
+bool cpu_has_avx512();
 void force_portable_kernels(bool on);
-// The kernel path a run takes, for its records: "avx2" or "portable" for the hand-written kernels, and
-// the variant the loader picked for the compiler-vectorised loops (target_clones: avx512f, avx2 or
-// default), e.g. "avx2, clones avx512f".
+void cap_kernels_at_avx2(bool on);
+// The kernel path a run takes, for its records: "avx512", "avx2" or "portable" for the hand-written
+// kernels, and the variant the loader picked for the compiler-vectorised loops (target_clones: avx512f,
+// avx2 or default), e.g. "avx512, clones avx512f".
 std::string cpu_kernel_path();
 
 }  // namespace kvb
