@@ -588,11 +588,17 @@ TEST_CASE("fast exp is within 2 ulp of std::exp and sums what it wrote", "[kerne
   force_portable_kernels(false);
 }
 
-TEST_CASE("the kernel path a record names follows the forced portable loops", "[kernels]") {
+TEST_CASE("the kernel path a record names follows the forced level", "[kernels]") {
   force_portable_kernels(true);
   CHECK(cpu_kernel_path().rfind("portable, clones ", 0) == 0);
-  force_portable_kernels(false);
+  cap_kernels_at_avx2(true);
   CHECK(cpu_kernel_path().rfind(cpu_has_avx2() ? "avx2, clones " : "portable, clones ", 0) == 0);
+  cap_kernels_at_avx2(false);
+  force_portable_kernels(false);
+  CHECK(cpu_kernel_path().rfind(cpu_has_avx512() ? "avx512, clones "
+                                : cpu_has_avx2() ? "avx2, clones "
+                                                 : "portable, clones ",
+                                0) == 0);
 }
 
 TEST_CASE("products with sign bits equal the reference on both paths", "[kernels]") {

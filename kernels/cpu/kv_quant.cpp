@@ -242,8 +242,8 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
 // The minimums' share of g weight vectors, sum_t p_t m_tg: one number per vector and channel group, the
 // vectors' and groups' sums side by side in the lanes of a vector, each summed over the tokens in order
 // (products rounded, then added, as a scalar loop would; a token of weight 0 adds a zero).
-__attribute__((target("avx2,fma,f16c"))) void add_minimums(const QuantValuesView& v, const float* p, float* acc,
-                                                           int g) {
+__attribute__((target("avx2,fma,f16c"))) void add_minimums_avx2(const QuantValuesView& v, const float* p, float* acc,
+                                                                int g) {
   const int groups = v.d / v.group, padded = (groups + 7) / 8 * 8;
   std::vector<float> pm(size_t(g) * padded, 0.0f);
   alignas(16) uint16_t tail[8] = {};
@@ -306,7 +306,7 @@ __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValues
     for (int j = 0; j < G; ++j)
       for (int u = 0; u < nb; ++u) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * u, a[j][u]);
   }
-  add_minimums(v, p, acc, G);
+  add_minimums_avx2(v, p, acc, G);
 }
 
 // GCC 12's AVX-512 intrinsics pass an undefined vector as the unused merge source, which its
@@ -422,7 +422,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const Q
     for (int j = 0; j < G; ++j)
       for (int u = 0; u < nb; ++u) _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * u, a[j][u]);
   }
-  add_minimums(v, p, acc, G);
+  add_minimums_avx2(v, p, acc, G);
 }
 
 #pragma GCC diagnostic pop
