@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "harness/util/error.hpp"
@@ -239,32 +240,47 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   }
 }
 
-// The minimums' share of g weight vectors, sum_t p_t m_tg: one number per vector and channel group, the
-// vectors' and groups' sums side by side in the lanes of a vector, each summed over the tokens in order
-// (products rounded, then added, as a scalar loop would; a token of weight 0 adds a zero).
-__attribute__((target("avx2,fma,f16c"))) void add_minimums_avx2(const QuantValuesView& v, const float* p, float* acc,
-                                                                int g) {
-  const int groups = v.d / v.group, padded = (groups + 7) / 8 * 8;
-  std::vector<float> pm(size_t(g) * padded, 0.0f);
-  alignas(16) uint16_t tail[8] = {};
-  for (size_t t = 0; t < v.tokens; ++t) {
-    const uint16_t* mt = v.min + t * size_t(groups);
-    for (int c = 0; c < groups; c += 8) {
-      const uint16_t* src = mt + c;
-      if (groups - c < 8) {
-        std::copy(src, mt + groups, tail);
-        src = tail;
-      }
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-      for (int j = 0; j < g; ++j) {
-        float* pj = pm.data() + size_t(j) * padded + c;
-        const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(p[size_t(j) * v.tokens + t]), m);
-        _mm256_storeu_ps(pj, _mm256_add_ps(_mm256_loadu_ps(pj), prod));
-      }
+// n <= 8 fp16 numbers widened, lanes n-7 zero.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_halves(const uint16_t* h, int n) {
+  switch (n) {
+    case 8:
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    case 4:
+      return _mm256_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
+    case 2: {
+      int32_t two;
+      std::memcpy(&two, h, sizeof two);
+      return _mm256_cvtph_ps(_mm_cvtsi32_si128(two));
+    }
+    default: {
+      alignas(16) uint16_t part[8] = {};
+      std::copy_n(h, n, part);
+      return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
     }
   }
-  for (int j = 0; j < g; ++j)
-    for (int c = 0; c < v.d; ++c) acc[size_t(j) * v.d + c] += pm[size_t(j) * padded + size_t(c / v.group)];
+}
+
+// The minimums' share of G weight vectors, sum_t p_t m_tg: one number per vector and channel group, the
+// groups side by side in the lanes of a register per vector, each summed over the tokens in order
+// (products rounded, then added, as a scalar loop would; a token of weight 0 adds a zero).
+template <int G>
+__attribute__((target("avx2,fma,f16c"))) void add_minimums_avx2(const QuantValuesView& v, const float* p, float* acc) {
+  const int groups = v.d / v.group;
+  alignas(32) float lanes[G][8];
+  for (int c = 0; c < groups; c += 8) {
+    const int n = std::min(8, groups - c);
+    __m256 pm[G];
+    for (auto& x : pm) x = _mm256_setzero_ps();
+    for (size_t t = 0; t < v.tokens; ++t) {
+      const __m256 m = load_halves(v.min + t * size_t(groups) + c, n);
+      for (int j = 0; j < G; ++j)
+        pm[j] = _mm256_add_ps(pm[j], _mm256_mul_ps(_mm256_set1_ps(p[size_t(j) * v.tokens + t]), m));
+    }
+    for (int j = 0; j < G; ++j) _mm256_store_ps(lanes[j], pm[j]);
+    for (int j = 0; j < G; ++j)
+      for (int ch = c * v.group; ch < std::min(v.d, (c + 8) * v.group); ++ch)
+        acc[size_t(j) * v.d + ch] += lanes[j][ch / v.group - c];
+  }
 }
 
 // G weight vectors (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
@@ -306,7 +322,7 @@ __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValues
     for (int j = 0; j < G; ++j)
       for (int u = 0; u < nb; ++u) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * u, a[j][u]);
   }
-  add_minimums_avx2(v, p, acc, G);
+  add_minimums_avx2<G>(v, p, acc);
 }
 
 // GCC 12's AVX-512 intrinsics pass an undefined vector as the unused merge source, which its
@@ -422,7 +438,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const Q
     for (int j = 0; j < G; ++j)
       for (int u = 0; u < nb; ++u) _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * u, a[j][u]);
   }
-  add_minimums_avx2(v, p, acc, G);
+  add_minimums_avx2<G>(v, p, acc);
 }
 
 #pragma GCC diagnostic pop
