@@ -325,6 +325,17 @@ TEST_CASE("approximated-value segments: affine fold and generic estimator equal 
   for (auto& x : c) x = nd(rng);
   std::vector<std::shared_ptr<const ValueEstimator>> ests = {std::make_shared<AffineValueEstimator>(d, w, c),
                                                              std::make_shared<SquareEstimator>(d)};
+  {
+    // W x as each row's plain dot product sums it, in order.
+    std::vector<float> x(d), y(d);
+    for (auto& e : x) e = nd(rng);
+    AffineValueEstimator(d, w, c).multiply(x.data(), y.data());
+    for (int i = 0; i < d; ++i) {
+      float s = 0;
+      for (int j = 0; j < d; ++j) s += w[size_t(i) * d + j] * x[j];
+      CHECK(y[i] == s);
+    }
+  }
   for (const auto& est : ests) {
     INFO(est->name());
     auto seg = std::make_unique<ApproxValueSegment>(d, est, rope, true);
@@ -344,6 +355,21 @@ TEST_CASE("approximated-value segments: affine fold and generic estimator equal 
       }
     }
     CHECK(seg->bytes() == 40 * d * sizeof(float) + est->bytes());
+    // A GQA group at once (each key rotated back once for all): each query's numbers are those it gets
+    // alone, bit for bit, tokens of weight 0 included.
+    const int g = 3;
+    std::vector<float> qg(size_t(g) * d), pg(size_t(g) * 40), sg(pg.size()), ag(size_t(g) * d, 0.25f), s1(40), a1(ag);
+    for (auto* x : {&qg, &pg})
+      for (auto& e : *x) e = nd(rng);
+    for (size_t i = 0; i < pg.size(); i += 3) pg[i] = 0.0f;
+    seg->logits_group(qg.data(), g, d, sg.data());
+    seg->accumulate_group(pg.data(), g, d, ag.data());
+    for (int j = 0; j < g; ++j) {
+      seg->logits(qg.data() + size_t(j) * d, s1.data());
+      CHECK(std::equal(s1.begin(), s1.end(), sg.begin() + j * 40));
+      seg->accumulate(pg.data() + size_t(j) * 40, a1.data() + size_t(j) * d);
+    }
+    CHECK(ag == a1);
     std::vector<float> rk, rv;
     seg->reconstruct(rk, rv);
     auto dense = std::make_unique<DenseSegment>(d);

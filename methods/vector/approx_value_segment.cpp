@@ -15,13 +15,18 @@ AffineValueEstimator::AffineValueEstimator(int d, std::vector<float> w, std::vec
     : d_(d), w_(std::move(w)), c_(std::move(c)) {
   if (w_.size() != size_t(d) * d || (!c_.empty() && c_.size() != size_t(d)))
     fail("affine value estimator: W must be {}x{} and c of length {} or empty", d, d, d);
+  wt_.resize(w_.size());
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < d; ++j) wt_[size_t(j) * d + i] = w_[size_t(i) * d + j];
 }
 
+// Column by column over W's transpose, so that the rows' sums advance side by side in vector lanes,
+// each in the order j = 0, 1, ... of its own dot product.
 void AffineValueEstimator::multiply(const float* x, float* y) const {
-  for (int i = 0; i < d_; ++i) {
-    float s = 0;
-    for (int j = 0; j < d_; ++j) s += w_[size_t(i) * d_ + j] * x[j];
-    y[i] = s;
+  std::fill(y, y + d_, 0.0f);
+  for (int j = 0; j < d_; ++j) {
+    const float* col = wt_.data() + size_t(j) * d_;
+    for (int i = 0; i < d_; ++i) y[i] += col[i] * x[j];
   }
 }
 
@@ -57,8 +62,16 @@ void ApproxValueSegment::append(const float* k, int32_t pos) {
   pos_.push_back(pos);
 }
 
-void ApproxValueSegment::logits(const float* q, float* scores) const {
-  for (size_t t = 0; t < size(); ++t) scores[t] = std::inner_product(q, q + d_, k_.data() + t * d_, 0.0f);
+void ApproxValueSegment::logits(const float* q, float* scores) const { logits_group(q, 1, d_, scores); }
+
+// Each query's products in the order of a plain dot product: the numbers VECTOR's cells were recorded with.
+void ApproxValueSegment::logits_group(const float* q, int g, int, float* scores) const {
+  const size_t n = size();
+  for (int j = 0; j < g; ++j) {
+    const float* qj = q + size_t(j) * d_;
+    for (size_t t = 0; t < n; ++t)
+      scores[size_t(j) * n + t] = std::inner_product(qj, qj + d_, k_.data() + t * d_, 0.0f);
+  }
 }
 
 void ApproxValueSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {
@@ -72,29 +85,58 @@ void ApproxValueSegment::reconstruct(std::vector<float>& k, std::vector<float>& 
   }
 }
 
-void ApproxValueSegment::accumulate(const float* p, float* acc) const {
-  std::vector<float> pre(d_), out(d_);
+void ApproxValueSegment::accumulate(const float* p, float* acc) const { accumulate_group(p, 1, d_, acc); }
+
+// Each weighted token's key rotated back to its pre-RoPE form once for the whole group, in one call; then
+// each weight vector sums over the tokens in order, as it would alone.
+void ApproxValueSegment::accumulate_group(const float* p, int g, int, float* acc) const {
+  const size_t n = size();
+  // Reused across calls: a decode step makes one call per layer and cache head.
+  thread_local std::vector<float> pre, out;
+  thread_local std::vector<int32_t> pos;
+  thread_local std::vector<size_t> token;
+  token.clear();
+  pos.clear();
+  for (size_t t = 0; t < n; ++t)
+    for (int j = 0; j < g; ++j)
+      if (p[size_t(j) * n + t] != 0.0f) {
+        token.push_back(t);
+        pos.push_back(pos_[t]);
+        break;
+      }
+  const size_t m = token.size();
+  pre.resize(m * d_);
+  for (size_t r = 0; r < m; ++r) std::copy_n(k_.data() + token[r] * d_, d_, pre.data() + r * d_);
+  rope_->apply_inverse(pre.data(), static_cast<int>(m), 1, d_, pos.data());
+  out.resize(d_);
   if (const auto* aff = dynamic_cast<const AffineValueEstimator*>(est_.get())) {
     // sum_t p_t (W k~_t + c) = W (sum_t p_t k~_t) + c sum_t p_t
-    std::vector<float> kbar(d_, 0.0f);
-    float psum = 0;
-    for (size_t t = 0; t < size(); ++t) {
-      if (p[t] == 0.0f) continue;
-      std::copy_n(k_.data() + t * d_, d_, pre.data());
-      rope_->apply_inverse(pre.data(), 1, 1, d_, &pos_[t]);
-      for (int i = 0; i < d_; ++i) kbar[i] += p[t] * pre[i];
-      psum += p[t];
+    std::vector<float> kbar(d_);
+    for (int j = 0; j < g; ++j) {
+      const float* pj = p + size_t(j) * n;
+      std::fill(kbar.begin(), kbar.end(), 0.0f);
+      float psum = 0;
+      for (size_t r = 0; r < m; ++r) {
+        const float w = pj[token[r]];
+        if (w == 0.0f) continue;
+        const float* k = pre.data() + r * d_;
+        for (int i = 0; i < d_; ++i) kbar[i] += w * k[i];
+        psum += w;
+      }
+      aff->multiply(kbar.data(), out.data());
+      float* aj = acc + size_t(j) * d_;
+      for (int i = 0; i < d_; ++i) aj[i] += out[i] + (aff->c().empty() ? 0.0f : aff->c()[i] * psum);
     }
-    aff->multiply(kbar.data(), out.data());
-    for (int i = 0; i < d_; ++i) acc[i] += out[i] + (aff->c().empty() ? 0.0f : aff->c()[i] * psum);
     return;
   }
-  for (size_t t = 0; t < size(); ++t) {
-    if (p[t] == 0.0f) continue;
-    std::copy_n(k_.data() + t * d_, d_, pre.data());
-    rope_->apply_inverse(pre.data(), 1, 1, d_, &pos_[t]);
-    est_->predict(pre.data(), out.data());
-    for (int i = 0; i < d_; ++i) acc[i] += p[t] * out[i];
+  for (size_t r = 0; r < m; ++r) {
+    est_->predict(pre.data() + r * d_, out.data());
+    for (int j = 0; j < g; ++j) {
+      const float w = p[size_t(j) * n + token[r]];
+      if (w == 0.0f) continue;
+      float* aj = acc + size_t(j) * d_;
+      for (int i = 0; i < d_; ++i) aj[i] += w * out[i];
+    }
   }
 }
 

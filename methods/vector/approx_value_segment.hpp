@@ -36,6 +36,7 @@ class AffineValueEstimator final : public ValueEstimator {
  private:
   int d_;
   std::vector<float> w_, c_;
+  std::vector<float> wt_;  // W transposed [d, d], for multiply
 };
 
 class ApproxValueSegment final : public Segment {
@@ -52,6 +53,8 @@ class ApproxValueSegment final : public Segment {
   void store_as(KvDtype t) override;
   void logits(const float* q, float* scores) const override;
   void accumulate(const float* p, float* acc) const override;
+  void logits_group(const float* q, int g, int d, float* scores) const override;
+  void accumulate_group(const float* p, int g, int d, float* acc) const override;
   bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
 
   void append(const float* k_post_rope, int32_t pos);
