@@ -283,6 +283,17 @@ __attribute__((target("avx2,fma,f16c"))) void add_minimums_avx2(const QuantValue
   }
 }
 
+// Token t's weights in the G vectors (p [G, tokens]); false when all are 0 (the token adds nothing).
+template <int G>
+inline bool token_weights(const float* p, size_t tokens, size_t t, float* pt) {
+  bool any = false;
+  for (int j = 0; j < G; ++j) {
+    pt[j] = p[size_t(j) * tokens + t];
+    any = any || pt[j] != 0.0f;
+  }
+  return any;
+}
+
 // G weight vectors (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValuesView& v, const float* p, float* acc) {
@@ -305,12 +316,7 @@ __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValues
     }
     for (size_t t = 0; t < v.tokens; ++t) {
       float pt[G];
-      bool any = false;
-      for (int j = 0; j < G; ++j) {
-        pt[j] = p[size_t(j) * v.tokens + t];
-        any = any || pt[j] != 0.0f;
-      }
-      if (!any) continue;
+      if (!token_weights<G>(p, v.tokens, t, pt)) continue;
       const uint32_t* wt = v.words + t * size_t(wpt);
       const uint16_t* st = v.scale + t * size_t(groups);
       for (int u = 0; u < nb; ++u) {
@@ -421,12 +427,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const Q
     }
     for (size_t t = 0; t < v.tokens; ++t) {
       float pt[G];
-      bool any = false;
-      for (int j = 0; j < G; ++j) {
-        pt[j] = p[size_t(j) * v.tokens + t];
-        any = any || pt[j] != 0.0f;
-      }
-      if (!any) continue;
+      if (!token_weights<G>(p, v.tokens, t, pt)) continue;
       const uint32_t* wt = v.words + t * size_t(wpt);
       const uint16_t* st = v.scale + t * size_t(groups);
       for (int u = 0; u < nb; ++u) {
