@@ -37,15 +37,21 @@ __attribute__((target("avx2,fma"))) inline __m256 clear_bits_sign(uint8_t byte) 
   return _mm256_and_ps(clear, _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u))));
 }
 
-// A clear bit flips the sign of x; two accumulators over alternate bytes.
+// A clear bit flips the sign of x; two accumulators over alternate bytes, bytes taken in pairs so that
+// both stay in registers (indexed by parity they lived on the stack).
 __attribute__((target("avx2,fma"))) void sign_dots_avx2(const uint8_t* codes, size_t tokens, size_t stride,
                                                         const float* x, int n, float* out) {
+  const int bytes = n / 8;
   for (size_t t = 0; t < tokens; ++t) {
     const uint8_t* c = codes + t * stride;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b = 0; b < n / 8; ++b)
-      acc[b & 1] = _mm256_add_ps(acc[b & 1], _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), clear_bits_sign(c[b])));
-    out[t] = hsum_avx2(_mm256_add_ps(acc[0], acc[1]));
+    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 1 < bytes; b += 2) {
+      even = _mm256_add_ps(even, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), clear_bits_sign(c[b])));
+      odd = _mm256_add_ps(odd, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b + 8), clear_bits_sign(c[b + 1])));
+    }
+    if (b < bytes) even = _mm256_add_ps(even, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), clear_bits_sign(c[b])));
+    out[t] = hsum_avx2(_mm256_add_ps(even, odd));
   }
 }
 
