@@ -126,18 +126,21 @@ class BlasProducts {
   int ld_, d_;
 };
 
-// AVX2 register tiles of 6 rows x 16 columns (12 accumulators, two loaded operands, one broadcast) over
-// keys and values packed once per attention call in panels of 16. BLAS packs its operands again on every
-// call and runs these thin products (depth 64) at 55-60% of its peak on one core; the register tiles
-// reach its peak (measured at 8K, SmolLM2 shapes). Head sizes that are multiples of 16.
-constexpr int kPanel = 16, kMicroRows = 6;
+// Register tiles of 6 rows x 16 columns with AVX2 (12 accumulators, two loaded operands, one
+// broadcast), 6 x 32 with AVX-512 (12 accumulators of 16 lanes), over keys and values packed once per
+// attention call in panels as wide as the tile. BLAS packs its operands again on every call and runs
+// these thin products (depth 64) at 55-60% of its peak on one core; the register tiles reach its peak
+// (measured at 8K, SmolLM2 shapes). Each output lane is a chain of FMAs over the depth in order, in
+// either width, so the AVX-512 tiles give the AVX2 tiles' numbers bit for bit. The two forms are
+// spelled out twice because a target-specific intrinsic only inlines into a function of that target.
+constexpr int kMicroRows = 6;
 
 // c[i] += sum_e a[i * lda + e] * b[16 e .. 16 e + 16) for the 6 rows i: both products of a tile are this,
 // the scores with a = queries and b = k^T panels, the output with a = exponentials and b = v panels.
 __attribute__((target("avx2,fma"))) inline void tile_6x16_avx2(const float* a, size_t lda, const float* b, int depth,
                                                                __m256 (&c)[kMicroRows][2]) {
   for (int e = 0; e < depth; ++e) {
-    const __m256 b0 = _mm256_loadu_ps(b + size_t(e) * kPanel), b1 = _mm256_loadu_ps(b + size_t(e) * kPanel + 8);
+    const __m256 b0 = _mm256_loadu_ps(b + size_t(e) * 16), b1 = _mm256_loadu_ps(b + size_t(e) * 16 + 8);
 #pragma GCC unroll 6
     for (int i = 0; i < kMicroRows; ++i) {
       const __m256 x = _mm256_broadcast_ss(a + size_t(i) * lda + e);
@@ -156,10 +159,10 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int rows, i
       __m256 c[kMicroRows][2];
 #pragma GCC unroll 6
       for (int i = 0; i < kMicroRows; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
-      tile_6x16_avx2(q + size_t(r0) * d, d, kt + size_t(p) * d * kPanel, d, c);
+      tile_6x16_avx2(q + size_t(r0) * d, d, kt + size_t(p) * d * 16, d, c);
 #pragma GCC unroll 6
       for (int i = 0; i < kMicroRows; ++i) {
-        float* dst = s + size_t(r0 + i) * lds + size_t(p) * kPanel;
+        float* dst = s + size_t(r0 + i) * lds + size_t(p) * 16;
         _mm256_storeu_ps(dst, c[i][0]);
         _mm256_storeu_ps(dst + 8, c[i][1]);
       }
@@ -171,7 +174,7 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, int rows, i
 // the row blocks.
 __attribute__((target("avx2,fma"))) void accumulate_avx2(const float* p, int lds, int rows, int cols, const float* vt,
                                                          size_t panel_stride, int d, float* acc) {
-  for (int c0 = 0; c0 < d; c0 += kPanel)
+  for (int c0 = 0; c0 < d; c0 += 16)
     for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
       __m256 c[kMicroRows][2];
       float* out = acc + size_t(r0) * d + c0;
@@ -180,7 +183,7 @@ __attribute__((target("avx2,fma"))) void accumulate_avx2(const float* p, int lds
         c[i][0] = _mm256_loadu_ps(out + size_t(i) * d);
         c[i][1] = _mm256_loadu_ps(out + size_t(i) * d + 8);
       }
-      tile_6x16_avx2(p + size_t(r0) * lds, lds, vt + size_t(c0 / kPanel) * panel_stride, cols, c);
+      tile_6x16_avx2(p + size_t(r0) * lds, lds, vt + size_t(c0 / 16) * panel_stride, cols, c);
 #pragma GCC unroll 6
       for (int i = 0; i < kMicroRows; ++i) {
         _mm256_storeu_ps(out + size_t(i) * d, c[i][0]);
@@ -189,38 +192,100 @@ __attribute__((target("avx2,fma"))) void accumulate_avx2(const float* p, int lds
     }
 }
 
-class Avx2Products {
+// The same three with panels of 32.
+__attribute__((target("avx512f"))) inline void tile_6x32_avx512(const float* a, size_t lda, const float* b, int depth,
+                                                                __m512 (&c)[kMicroRows][2]) {
+  for (int e = 0; e < depth; ++e) {
+    const __m512 b0 = _mm512_loadu_ps(b + size_t(e) * 32), b1 = _mm512_loadu_ps(b + size_t(e) * 32 + 16);
+#pragma GCC unroll 6
+    for (int i = 0; i < kMicroRows; ++i) {
+      const __m512 x = _mm512_set1_ps(a[size_t(i) * lda + e]);
+      c[i][0] = _mm512_fmadd_ps(x, b0, c[i][0]);
+      c[i][1] = _mm512_fmadd_ps(x, b1, c[i][1]);
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) void scores_avx512(const float* q, int rows, int d, const float* kt, int panels,
+                                                      float* s, int lds) {
+  for (int p = 0; p < panels; ++p)
+    for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
+      __m512 c[kMicroRows][2];
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+      tile_6x32_avx512(q + size_t(r0) * d, d, kt + size_t(p) * d * 32, d, c);
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) {
+        float* dst = s + size_t(r0 + i) * lds + size_t(p) * 32;
+        _mm512_storeu_ps(dst, c[i][0]);
+        _mm512_storeu_ps(dst + 16, c[i][1]);
+      }
+    }
+}
+
+__attribute__((target("avx512f"))) void accumulate_avx512(const float* p, int lds, int rows, int cols, const float* vt,
+                                                          size_t panel_stride, int d, float* acc) {
+  for (int c0 = 0; c0 < d; c0 += 32)
+    for (int r0 = 0; r0 < rows; r0 += kMicroRows) {
+      __m512 c[kMicroRows][2];
+      float* out = acc + size_t(r0) * d + c0;
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) {
+        c[i][0] = _mm512_loadu_ps(out + size_t(i) * d);
+        c[i][1] = _mm512_loadu_ps(out + size_t(i) * d + 16);
+      }
+      tile_6x32_avx512(p + size_t(r0) * lds, lds, vt + size_t(c0 / 32) * panel_stride, cols, c);
+#pragma GCC unroll 6
+      for (int i = 0; i < kMicroRows; ++i) {
+        _mm512_storeu_ps(out + size_t(i) * d, c[i][0]);
+        _mm512_storeu_ps(out + size_t(i) * d + 16, c[i][1]);
+      }
+    }
+}
+
+// Keys and values packed in panels of Panel (16: AVX2 tiles, 32: AVX-512 tiles); head sizes that are
+// multiples of the panel.
+template <int Panel>
+class PackedProducts {
  public:
   // 96 rows x 256 keys: the tile's scores (96 KiB) stay in L2, a V panel's slice in L1.
   static constexpr int kRows = 96, kKeys = 256, kRowMultiple = kMicroRows;
-  static bool usable(int d) { return d % kPanel == 0 && cpu_has_avx2(); }
-  // Both packed once per call (each as large as k or v), in 16-wide panels padded with zero keys:
-  // kt_[g][key panel][e][16 keys] and vt_[g][column panel][key][16 columns].
-  Avx2Products(const float* k, const float* v, int n, int hkv, int d)
-      : d_(d), keys_(round_up(n, kPanel)), kt_(size_t(hkv) * keys_ * d), vt_(kt_.size()) {
-    const int ld = hkv * d, panels = keys_ / kPanel;
+  static bool usable(int d) { return d % Panel == 0 && (Panel == 32 ? cpu_has_avx512() : cpu_has_avx2()); }
+  // Both packed once per call (each as large as k or v), in panels padded with zero keys:
+  // kt_[g][key panel][e][Panel keys] and vt_[g][column panel][key][Panel columns].
+  PackedProducts(const float* k, const float* v, int n, int hkv, int d)
+      : d_(d), keys_(round_up(n, Panel)), kt_(size_t(hkv) * keys_ * d), vt_(kt_.size()) {
+    const int ld = hkv * d, panels = keys_ / Panel;
 #pragma omp parallel for schedule(static)
     for (int task = 0; task < hkv * panels; ++task) {
       const int g = task / panels, p = task % panels;
-      float* kdst = kt_.data() + size_t(task) * d * kPanel;
-      for (int jj = 0; jj < kPanel; ++jj) {
-        const int key = p * kPanel + jj;
+      float* kdst = kt_.data() + size_t(task) * d * Panel;
+      for (int jj = 0; jj < Panel; ++jj) {
+        const int key = p * Panel + jj;
         const float* ks = k + size_t(key) * ld + size_t(g) * d;
         const float* vs = v + size_t(key) * ld + size_t(g) * d;
-        float* vdst = vt_.data() + size_t(g) * keys_ * d + size_t(key) * kPanel;
+        float* vdst = vt_.data() + size_t(g) * keys_ * d + size_t(key) * Panel;
         for (int e = 0; e < d; ++e) {
-          kdst[size_t(e) * kPanel + jj] = key < n ? ks[e] : 0.0f;
-          vdst[size_t(e / kPanel) * keys_ * kPanel + e % kPanel] = key < n ? vs[e] : 0.0f;
+          kdst[size_t(e) * Panel + jj] = key < n ? ks[e] : 0.0f;
+          vdst[size_t(e / Panel) * keys_ * Panel + e % Panel] = key < n ? vs[e] : 0.0f;
         }
       }
     }
   }
   void scores(const float* qt, int rows, int g, int k0, int cols, float* s) const {
-    scores_avx2(qt, rows, d_, kt_.data() + (size_t(g) * keys_ + k0) * d_, (cols + kPanel - 1) / kPanel, s, kKeys);
+    const float* kt = kt_.data() + (size_t(g) * keys_ + k0) * d_;
+    const int panels = (cols + Panel - 1) / Panel;
+    if constexpr (Panel == 32)
+      scores_avx512(qt, rows, d_, kt, panels, s, kKeys);
+    else
+      scores_avx2(qt, rows, d_, kt, panels, s, kKeys);
   }
   void accumulate(const float* p, int rows, int g, int k0, int cols, float* acc) const {
-    accumulate_avx2(p, kKeys, rows, cols, vt_.data() + size_t(g) * keys_ * d_ + size_t(k0) * kPanel,
-                    size_t(keys_) * kPanel, d_, acc);
+    const float* vt = vt_.data() + size_t(g) * keys_ * d_ + size_t(k0) * Panel;
+    if constexpr (Panel == 32)
+      accumulate_avx512(p, kKeys, rows, cols, vt, size_t(keys_) * Panel, d_, acc);
+    else
+      accumulate_avx2(p, kKeys, rows, cols, vt, size_t(keys_) * Panel, d_, acc);
   }
 
  private:
@@ -302,8 +367,10 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
 
 void attention_prefill_fused(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
                              float* colsum, int past) {
-  if (Avx2Products::usable(d))
-    attention_fused<Avx2Products>(q, k, v, n, hq, hkv, d, out, colsum, past);
+  if (PackedProducts<32>::usable(d))
+    attention_fused<PackedProducts<32>>(q, k, v, n, hq, hkv, d, out, colsum, past);
+  else if (PackedProducts<16>::usable(d))
+    attention_fused<PackedProducts<16>>(q, k, v, n, hq, hkv, d, out, colsum, past);
   else
     attention_fused<BlasProducts>(q, k, v, n, hq, hkv, d, out, colsum, past);
 }

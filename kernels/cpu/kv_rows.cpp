@@ -158,34 +158,53 @@ __attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16
   }
 }
 
-// acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them.
+// acc_j[c0, c0 + 8 W) += sum_i p_j[i] row_i[c0, c0 + 8 W): in registers, rows inner, so acc is read and
+// written once. W is a template argument so that the accumulators are registers (indexed by a run-time
+// count they lived on the stack, a load and a store around every FMA).
+template <int G, int W>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_block_avx2(KvDtype t, const uint16_t* rows,
+                                                                                      size_t n, int d, int c0,
+                                                                                      const float* p, float* acc) {
+  __m256 a[G][W];
+  for (int j = 0; j < G; ++j)
+    for (int v = 0; v < W; ++v) a[j][v] = _mm256_loadu_ps(acc + size_t(j) * d + c0 + 8 * v);
+  for (size_t i = 0; i < n; ++i) {
+    __m256 pi[G];
+    bool any = false;
+    for (int j = 0; j < G; ++j) {
+      any = any || p[size_t(j) * n + i] != 0.0f;
+      pi[j] = _mm256_set1_ps(p[size_t(j) * n + i]);
+    }
+    if (!any) continue;
+    const uint16_t* r = rows + i * size_t(d) + c0;
+    for (int v = 0; v < W; ++v) {
+      const __m256 rv = load8(t, r + 8 * v);
+      for (int j = 0; j < G; ++j) a[j][v] = _mm256_fmadd_ps(pi[j], rv, a[j][v]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int v = 0; v < W; ++v) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * v, a[j][v]);
+}
+
+// acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them,
+// over blocks of 32 channels.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
                                                           const float* p, float* acc) {
   const int d8 = d / 8 * 8;
-  // Accumulate in registers over blocks of 32 channels, rows inner, so acc is read and written once.
-  for (int c0 = 0; c0 < d8; c0 += 32) {
-    const int w = std::min(32, d8 - c0) / 8;
-    __m256 a[G][4];
-    for (int j = 0; j < G; ++j)
-      for (int v = 0; v < w; ++v) a[j][v] = _mm256_loadu_ps(acc + size_t(j) * d + c0 + 8 * v);
-    for (size_t i = 0; i < n; ++i) {
-      __m256 pi[G];
-      bool any = false;
-      for (int j = 0; j < G; ++j) {
-        any = any || p[size_t(j) * n + i] != 0.0f;
-        pi[j] = _mm256_set1_ps(p[size_t(j) * n + i]);
-      }
-      if (!any) continue;
-      const uint16_t* r = rows + i * size_t(d) + c0;
-      for (int v = 0; v < w; ++v) {
-        const __m256 rv = load8(t, r + 8 * v);
-        for (int j = 0; j < G; ++j) a[j][v] = _mm256_fmadd_ps(pi[j], rv, a[j][v]);
-      }
+  for (int c0 = 0; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
+      case 4:
+        axpy16_block_avx2<G, 4>(t, rows, n, d, c0, p, acc);
+        break;
+      case 3:
+        axpy16_block_avx2<G, 3>(t, rows, n, d, c0, p, acc);
+        break;
+      case 2:
+        axpy16_block_avx2<G, 2>(t, rows, n, d, c0, p, acc);
+        break;
+      default:
+        axpy16_block_avx2<G, 1>(t, rows, n, d, c0, p, acc);
     }
-    for (int j = 0; j < G; ++j)
-      for (int v = 0; v < w; ++v) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * v, a[j][v]);
-  }
   for (int j = 0; j < G; ++j)
     for (int c = d8; c < d; ++c)
       for (size_t i = 0; i < n; ++i) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, rows[i * size_t(d) + c]);
