@@ -421,9 +421,9 @@ TEST_CASE("fused prefill attention equals the blockwise kernel, with column sums
     std::vector<float> ref(size_t(n) * hq * d), fused(ref.size()), ref_cs(size_t(hq) * n), fused_cs(ref_cs.size());
     attention_prefill_blockwise(q.data(), k.data(), v.data(), n, hq, hkv, d, ref.data(), ref_cs.data());
     // AVX-512 and AVX2 register tiles where the CPU and head size allow them, and the portable BLAS
-    // products; the two tile widths give the same outputs bit for bit (the column sums add the threads'
-    // shares in the order they finish, so only the tolerance holds for them).
-    std::vector<float> wide;
+    // products; the two tile widths give the same outputs and column sums bit for bit, and so does a
+    // second run (the threads' shares of the column sums are added in a fixed order).
+    std::vector<float> wide, wide_cs;
     for (const char* level : {"native", "avx2", "portable"}) {
       INFO("kernels " << level);
       // each call sets the level outright, so the last one holds
@@ -436,10 +436,17 @@ TEST_CASE("fused prefill attention equals the blockwise kernel, with column sums
       std::vector<float> plain(ref.size());
       attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, plain.data(), nullptr);
       CHECK(plain == fused);
-      if (level == std::string("native"))
+      std::vector<float> again(ref.size()), again_cs(ref_cs.size());
+      attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, again.data(), again_cs.data());
+      CHECK(again == fused);
+      CHECK(again_cs == fused_cs);
+      if (level == std::string("native")) {
         wide = fused;
-      else if (level == std::string("avx2") && cpu_has_avx2())
+        wide_cs = fused_cs;
+      } else if (level == std::string("avx2") && cpu_has_avx2()) {
         CHECK(fused == wide);
+        CHECK(fused_cs == wide_cs);
+      }
     }
     force_portable_kernels(false);
     attention_prefill_fused(q.data(), k.data(), v.data(), n, hq, hkv, d, fused.data(), fused_cs.data());

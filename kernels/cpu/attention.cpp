@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -305,6 +306,7 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
   const int ldq = hq * d;
   const int tiles = (n + positions - 1) / positions;
   if (colsum) std::fill(colsum, colsum + size_t(hq) * nk, 0.0f);
+  std::vector<std::vector<float>> shares(colsum ? size_t(omp_get_max_threads()) : 0);
 #pragma omp parallel
   {
     const int max_rows = round_up(positions * group, Products::kRowMultiple);
@@ -314,9 +316,8 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
     std::vector<float> qt(size_t(max_rows) * d), s(size_t(max_rows) * kKeys * kept_tiles), acc(size_t(max_rows) * d),
         m(max_rows), l(max_rows), m_tiles(colsum ? size_t(max_rows) * kept_tiles : 0), cs(colsum ? size_t(hq) * nk : 0);
     std::vector<float*> cs_heads(group);
-#pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < hkv * tiles; ++task) {
-      // The last tiles (most keys) first, so the threads finish together.
+    // The last tiles (most keys) first, so the threads finish together.
+    const auto run = [&](int task) {
       const int g = task % hkv, p0 = (tiles - 1 - task / hkv) * positions;
       const int np = std::min(positions, n - p0), rows = np * group;
       const int padded = round_up(rows, Products::kRowMultiple);
@@ -348,19 +349,27 @@ void attention_fused(const float* q, const float* k, const float* v, int n, int 
           float* dst = out + size_t(p0 + p) * ldq + size_t(g * group + j) * d;
           for (int c = 0; c < d; ++c) dst[c] = acc[r * d + c] * inv;
         }
-      if (!colsum) continue;
+      if (!colsum) return;
       for (int k0 = 0, t = 0; k0 < keys; k0 += kKeys, ++t) {
         for (int j = 0; j < group; ++j) cs_heads[j] = cs.data() + size_t(g * group + j) * nk + k0;
         tile_column_sums(s.data() + size_t(t) * max_rows * kKeys, kKeys, rows, std::min(kKeys, keys - k0),
                          past + p0 - k0, m_tiles.data() + size_t(t) * max_rows, m.data(), l.data(), group,
                          cs_heads.data());
       }
-    }
+    };
     if (colsum) {
-#pragma omp critical
-      for (size_t i = 0; i < cs.size(); ++i) colsum[i] += cs[i];
+      // Column sums the same from run to run: each thread takes fixed tasks in a fixed order, and the
+      // threads' shares are added in thread order below (a thread count gives one set of sums).
+#pragma omp for schedule(static, 1)
+      for (int task = 0; task < hkv * tiles; ++task) run(task);
+      shares[size_t(omp_get_thread_num())] = std::move(cs);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int task = 0; task < hkv * tiles; ++task) run(task);
     }
   }
+  for (const auto& share : shares)
+    for (size_t i = 0; i < share.size(); ++i) colsum[i] += share[i];
 }
 
 }  // namespace
