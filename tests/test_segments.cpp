@@ -131,8 +131,8 @@ TEST_CASE("fused quantized products equal their dequantize-then-dot references",
       QuantizedValues qv(d, vbits, vg);
       qk.append(k.data(), n, size_t(d));
       qv.append(v.data(), n, size_t(d));
-      const QuantKeysView kv{qk.words().data(), qk.scales().data(), qk.mins().data(), qk.size(), d, bits, kg};
-      const QuantValuesView vv{qv.words().data(), qv.scales().data(), qv.mins().data(), qv.size(), d, vbits, vg};
+      const QuantKeysView kv = qk.view();
+      const QuantValuesView vv = qv.view();
       std::vector<float> fast(static_cast<size_t>(n)), ref(fast);
       quant_keys_dot(kv, q.data(), fast.data());
       quant_keys_dot_ref(kv, q.data(), ref.data());
@@ -191,8 +191,8 @@ TEST_CASE("AVX-512 quantized products equal the AVX2 ones bit for bit", "[segmen
       QuantizedValues qv(d, vbits, vg);
       qk.append(k.data(), n, size_t(d));
       qv.append(v.data(), n, size_t(d));
-      const QuantKeysView kv{qk.words().data(), qk.scales().data(), qk.mins().data(), qk.size(), d, bits, kg};
-      const QuantValuesView vv{qv.words().data(), qv.scales().data(), qv.mins().data(), qv.size(), d, vbits, vg};
+      const QuantKeysView kv = qk.view();
+      const QuantValuesView vv = qv.view();
       for (int g : {1, 2, 3, 4, 7}) {
         INFO("group " << g);
         std::vector<float> q(size_t(g) * d), p(size_t(g) * n);

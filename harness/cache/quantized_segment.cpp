@@ -52,9 +52,7 @@ void QuantizedKeys::reconstruct(float* k) const {
     }
 }
 
-void QuantizedKeys::logits(const float* q, float* scores, int g) const {
-  quant_keys_dot({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, q, scores, g);
-}
+void QuantizedKeys::logits(const float* q, float* scores, int g) const { quant_keys_dot(view(), q, scores, g); }
 
 QuantizedValues::QuantizedValues(int head_dim, int bits, int group) : d_(head_dim), bits_(bits), group_(group) {
   if (bits < 1 || bits > 4) fail("value bit width {} is outside 1-4", bits);
@@ -98,9 +96,7 @@ void QuantizedValues::reconstruct(float* v) const {
     }
 }
 
-void QuantizedValues::accumulate(const float* p, float* acc, int g) const {
-  quant_values_axpy({words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}, p, acc, g);
-}
+void QuantizedValues::accumulate(const float* p, float* acc, int g) const { quant_values_axpy(view(), p, acc, g); }
 
 QuantizedSegment::QuantizedSegment(int head_dim, int k_bits, int v_bits, int k_group, int v_group)
     : d_(head_dim), keys_(head_dim, k_bits, k_group), values_(head_dim, v_bits, v_group) {}

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harness/cache/layer_cache.hpp"
+#include "kernels/cpu/kv_quant.hpp"
 
 namespace kvb {
 
@@ -28,6 +29,8 @@ class QuantizedKeys {
   const std::vector<uint32_t>& words() const { return words_; }
   const std::vector<uint16_t>& scales() const { return scale_; }
   const std::vector<uint16_t>& mins() const { return min_; }
+  // What the fused kernels read (kernels/cpu/kv_quant.hpp).
+  QuantKeysView view() const { return {words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}; }
 
  private:
   int d_, bits_, group_, words_per_group_;
@@ -52,6 +55,7 @@ class QuantizedValues {
   const std::vector<uint32_t>& words() const { return words_; }
   const std::vector<uint16_t>& scales() const { return scale_; }
   const std::vector<uint16_t>& mins() const { return min_; }
+  QuantValuesView view() const { return {words_.data(), scale_.data(), min_.data(), tokens_, d_, bits_, group_}; }
 
  private:
   int d_, bits_, group_, words_per_token_;
