@@ -1,6 +1,7 @@
 // CPU backend: OpenBLAS for matrix products (linear layers and the tiles of attention), OpenMP for
 // the rest; fp32 throughout, except weights stored as bf16 when asked (WeightFormat).
 #include <cblas.h>
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -71,7 +72,9 @@ class CpuBackend final : public Backend {
   void release_weight(void* p) override { std::free(p); }
 
   DeviceLimits measure_limits() override {
-    return {"BLAS sgemm (fp32)", measure_sgemm_gflops(), measure_read_bandwidth_gbs()};
+    // OpenBLAS's kernels for this processor, or those OPENBLAS_CORETYPE names: its peak is theirs
+    return {fmt::format("OpenBLAS sgemm (fp32, {} kernels)", openblas_get_corename()), measure_sgemm_gflops(),
+            measure_read_bandwidth_gbs()};
   }
 
   size_t peak_memory_bytes() const override { return peak_rss_bytes(); }

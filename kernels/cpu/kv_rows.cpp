@@ -85,7 +85,8 @@ std::string cpu_kernel_path() {
                        : __builtin_cpu_supports("avx2")  ? "avx2"
                                                          : "default";
   const char* hand = cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "portable";
-  return std::string(hand) + ", clones " + clones;
+  // and the kernels OpenBLAS chose, whose sgemm sums in its own order
+  return std::string(hand) + ", clones " + clones + ", OpenBLAS " + openblas_get_corename();
 }
 
 namespace {
