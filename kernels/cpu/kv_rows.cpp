@@ -85,7 +85,7 @@ std::string cpu_kernel_path() {
                        : __builtin_cpu_supports("avx2")  ? "avx2"
                                                          : "default";
   const char* hand = cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "portable";
-  // and the kernels OpenBLAS chose, whose sgemm sums in its own order
+  // and the kernels OpenBLAS chose, which sum in their own order
   return std::string(hand) + ", clones " + clones + ", OpenBLAS " + openblas_get_corename();
 }
 
