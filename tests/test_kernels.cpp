@@ -3,12 +3,15 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string_view>
 
+#include <cblas.h>
 #include <omp.h>
 
 #include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/blas_core.hpp"
 #include "kernels/cpu/dequant.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
@@ -615,6 +618,21 @@ TEST_CASE("the kernel path a record names follows the forced level", "[kernels]"
                                 : cpu_has_avx2() ? "avx2, clones "
                                                  : "portable, clones ",
                                 0) == 0);
+}
+
+TEST_CASE("OpenBLAS's fallback kernels are replaced by those of the processor's instruction set", "[kernels]") {
+  CHECK(std::string_view(blas_core_choice("Prescott", false, true, true)) == "SkylakeX");
+  CHECK(std::string_view(blas_core_choice("Prescott", false, false, true)) == "Haswell");
+  CHECK(blas_core_choice("Prescott", false, false, false) == nullptr);  // a processor that old: its kernels
+  CHECK(blas_core_choice("Prescott", true, true, true) == nullptr);     // OPENBLAS_CORETYPE stands
+  CHECK(blas_core_choice("Haswell", false, true, true) == nullptr);     // OpenBLAS's own judgement stands
+  CHECK(blas_core_choice("Zen", false, true, true) == nullptr);
+  // This process went through main's re-exec: unless the user named a core, it is not on the fallback
+  // where the processor has AVX2.
+  const char* told = std::getenv("OPENBLAS_CORETYPE");
+  const char* ours = blas_core_choice("Prescott", false, cpu_has_avx512(), cpu_has_avx2());
+  if (ours != nullptr && (told == nullptr || std::string_view(told) == ours))
+    CHECK(std::string_view(openblas_get_corename()) != "Prescott");
 }
 
 TEST_CASE("products with sign bits equal the reference on both paths", "[kernels]") {

@@ -4,8 +4,10 @@
 #include "harness/cli/commands.hpp"
 #include "harness/experiment/experiment.hpp"
 #include "harness/util/error.hpp"
+#include "kernels/cpu/blas_core.hpp"
 
 int main(int argc, char** argv) {
+  kvb::use_processor_blas_kernels(argv);
   CLI::App app{"kvbench: KV-cache compression research harness"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("kvbench 0.1.0 (code {})", kvb::code_version()));

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "harness/util/error.hpp"
+#include "kernels/cpu/blas_core.hpp"
 #include "python/src/convert.hpp"
 
 PYBIND11_MODULE(_kvbench, m) {
@@ -26,6 +27,17 @@ PYBIND11_MODULE(_kvbench, m) {
           pybind11_version, np));
   }
 #endif
+  // The command line re-executes itself onto these kernels (kernels/cpu/blas_core.hpp); an interpreter
+  // cannot, and OpenBLAS has loaded by now.
+  if (const char* core = blas_core_for_processor())
+    if (PyErr_WarnEx(
+            PyExc_RuntimeWarning,
+            fmt::format("kvbench: OpenBLAS did not recognise this processor and runs its SSE3 (Prescott) kernels, "
+                        "several times slower in prefill; set OPENBLAS_CORETYPE={} before starting Python",
+                        core)
+                .c_str(),
+            1) < 0)
+      throw py::error_already_set();  // warnings made errors
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
 
   bind_methods(m);
