@@ -1,6 +1,6 @@
 #pragma once
 // OpenBLAS picks its kernels for the processor when it loads. The release Debian 12 ships (0.3.21)
-// does not know processors newer than it (Emerald Rapids, Zen 5) and falls back to its SSE3 kernels
+// does not know processors newer than it (Emerald Rapids, for one) and falls back to its SSE3 kernels
 // ("Prescott"), whose sgemm runs prefill's products at a fifth of the rate of the kernels it has for
 // the processor's instruction set. kvbench then asks for those kernels instead, through
 // OPENBLAS_CORETYPE, which OpenBLAS reads only when it loads: hence a re-exec.
