@@ -213,6 +213,34 @@ TEST_CASE("products on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks equal their refere
   force_portable_kernels(false);
 }
 
+TEST_CASE("products on GGUF blocks give the AVX2 numbers bit for bit with AVX-512 VNNI", "[kernels]") {
+  // Every byte value in the blocks (Q8_0's -128 included) against activations that reach +-127: the
+  // pair sums AVX2 saturates at 16 bits come closest to the limit here.
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
+    for (auto [n, in, out] : {std::tuple{1, 576, 37}, {3, 64, 9}, {4, 1536, 16}, {9, 576, 21}}) {
+      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
+      const auto& info = dtype_info(t);
+      std::vector<uint8_t> w(size_t(out) * in / info.block_elems * info.block_bytes);
+      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      for (size_t b = 0; b < w.size(); b += info.block_bytes)
+        for (size_t at : {size_t{0}, size_t{2}}) {
+          if (at == 2 && t != DType::Q4_1 && t != DType::Q5_1) continue;
+          const uint16_t h = float_to_half(0.01f * float(byte(rng) - 128) / 128.0f);
+          std::memcpy(&w[b + at], &h, 2);
+        }
+      auto x = randn(size_t(n) * in, rng);
+      for (size_t i = 0; i < x.size(); i += 32) x[i] = (i / 32) % 2 ? 4.0f : -4.0f;  // each block's extreme
+      std::vector<float> wide(size_t(n) * out), narrow(wide.size());
+      linear_quant_tokens(t, w.data(), nullptr, x.data(), n, in, out, wide.data());
+      cap_kernels_at_avx2(true);
+      linear_quant_tokens(t, w.data(), nullptr, x.data(), n, in, out, narrow.data());
+      cap_kernels_at_avx2(false);
+      CHECK(wide == narrow);
+    }
+}
+
 TEST_CASE("activations quantized per block of 256 as ggml's q8_K reference does", "[kernels]") {
   std::mt19937 rng(6);
   auto x = randn(768, rng, 2.0f);

@@ -95,94 +95,35 @@ __attribute__((target("avx2,fma"))) inline __m256i fifth_bits(const uint8_t* qh)
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// Block i of one weight row against NT tokens' quantized activations, added to acc (one of the two
-// accumulators: even blocks go to one, odd to the other, which keeps the FMA chains short). The block
-// is unpacked once and its scale read once for all tokens.
-template <DType T, int NT>
-__attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot_block_avx2(const uint8_t* b,
-                                                                                   const Q8Row* const* xs, int i,
-                                                                                   __m256 (&acc)[NT], float* extra) {
-  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
-  // Q4_0 and Q5_0 values are unsigned minus 8 or 16: (u - off) q = u q - off q
-  const __m256i off = _mm256_set1_epi8(T == DType::Q5_0 ? 16 : 8);
-  const float dw = rdh_f16c(b);
-  __m256i u, w_abs = _mm256_setzero_si256(), w = _mm256_setzero_si256();
-  if constexpr (T == DType::Q8_0) {
-    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    w_abs = _mm256_sign_epi8(w, w);
-  } else {
-    u = nibbles(b + qs_offset(T), low4);
-    if constexpr (has_fifth_bit(T)) u = _mm256_or_si256(u, fifth_bits(b + qh_offset(T)));
-  }
-  for (int t = 0; t < NT; ++t) {
-    const Q8Row& x = *xs[t];
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + size_t(i) * QK));
-    __m256i isum;
-    if constexpr (T == DType::Q8_0) {
-      // signed x signed through the unsigned x signed instruction: |w| x (q with w's sign)
-      isum = dot_us8(w_abs, _mm256_sign_epi8(q, w), ones16);
-    } else {
-      isum = dot_us8(u, q, ones16);
-      if constexpr (has_min(T))
-        extra[t] += rdh_f16c(b + 2) * x.s[i];
-      else
-        isum = _mm256_sub_epi32(isum, dot_us8(off, q, ones16));
-    }
-    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * x.d[i]), acc[t]);
-  }
-}
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace gemv_avx2 {
+#include "kernels/cpu/gemv_blocks.inc"
+}  // namespace gemv_avx2
+#pragma GCC pop_options
 
-// One weight row against NT tokens. The block type is a template argument so that each loop is
-// straight-line code. Blocks go in pairs so that both accumulators stay in registers (indexed by the
-// block's parity they lived on the stack, and each FMA waited on a store). A token's integer sums and
-// the float operations on them are the same whatever NT, so its result is too.
-template <DType T, int NT>
-__attribute__((target("avx2,fma,f16c"))) void dot_rows_avx2(const uint8_t* row, const Q8Row* const* xs, int blocks,
-                                                            float* out) {
-  constexpr size_t bb = T == DType::Q8_0 ? 34 : qs_offset(T) + QK / 2;
-  __m256 even[NT], odd[NT];
-  float extra[NT];  // blocks with a min: sum of m x s
-  for (int t = 0; t < NT; ++t) {
-    even[t] = odd[t] = _mm256_setzero_ps();
-    extra[t] = 0;
-  }
-  int i = 0;
-  for (; i + 1 < blocks; i += 2) {
-    dot_block_avx2<T, NT>(row + i * bb, xs, i, even, extra);
-    dot_block_avx2<T, NT>(row + (i + 1) * bb, xs, i + 1, odd, extra);
-  }
-  if (i < blocks) dot_block_avx2<T, NT>(row + i * bb, xs, i, even, extra);
-  for (int t = 0; t < NT; ++t) out[t] = hsum_avx2(_mm256_add_ps(even[t], odd[t])) + extra[t];
-}
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+#define KVB_GEMV_VNNI
+namespace gemv_avx512 {
+#include "kernels/cpu/gemv_blocks.inc"
+}  // namespace gemv_avx512
+#undef KVB_GEMV_VNNI
+#pragma GCC pop_options
 
-// Each weight row against every token while it is in cache, four tokens at a time: y[b, o].
+// The AVX-512 form where the processor has VNNI (and the AVX-512 kernels are not held back): the same
+// numbers, one instruction fewer per block and token.
 template <DType T>
 void gemv_rows_avx2(const uint8_t* w, size_t row_bytes, std::span<const Q8Row> xs, int blocks, int out, float* y) {
-  const int n = static_cast<int>(xs.size());
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < out; ++o) {
-    const uint8_t* row = w + size_t(o) * row_bytes;
-    for (int b = 0; b < n; b += 4) {
-      const Q8Row* group[4] = {};
-      float r[4];
-      const int nt = std::min(4, n - b);
-      for (int t = 0; t < nt; ++t) group[t] = &xs[size_t(b + t)];
-      switch (nt) {
-        case 4:
-          dot_rows_avx2<T, 4>(row, group, blocks, r);
-          break;
-        case 3:
-          dot_rows_avx2<T, 3>(row, group, blocks, r);
-          break;
-        case 2:
-          dot_rows_avx2<T, 2>(row, group, blocks, r);
-          break;
-        default:
-          dot_rows_avx2<T, 1>(row, group, blocks, r);
-      }
-      for (int t = 0; t < nt; ++t) y[size_t(b + t) * out + o] = r[t];
-    }
-  }
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  if (vnni && cpu_has_avx512())
+    gemv_avx512::gemv_rows<T>(w, row_bytes, xs, blocks, out, y);
+  else
+    gemv_avx2::gemv_rows<T>(w, row_bytes, xs, blocks, out, y);
 }
 
 // ---- K-quants: blocks of 256 against Q8_K activations ----
