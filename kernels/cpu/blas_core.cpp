@@ -25,6 +25,8 @@ const char* blas_core_for_processor() {
   return blas_core_choice(openblas_get_corename(), std::getenv("OPENBLAS_CORETYPE") != nullptr, avx512, avx2);
 }
 
+const char* blas_core_in_use() { return openblas_get_corename(); }
+
 void use_processor_blas_kernels(char** argv) {
   const char* core = blas_core_for_processor();
   if (core == nullptr) return;

@@ -16,6 +16,9 @@ const char* blas_core_choice(std::string_view detected, bool told, bool avx512, 
 // blas_core_choice for this process: OpenBLAS's choice, the environment and the processor.
 const char* blas_core_for_processor();
 
+// The core type OpenBLAS runs in this process ("SkylakeX", "Haswell", ...), as OPENBLAS_CORETYPE names it.
+const char* blas_core_in_use();
+
 // Where blas_core_for_processor names a core, sets OPENBLAS_CORETYPE and executes this program again
 // with the same arguments; returns only if it keeps the kernels (or the re-exec failed, which leaves
 // the run on OpenBLAS's fallback: slower, with records that name it).

@@ -38,6 +38,9 @@ PYBIND11_MODULE(_kvbench, m) {
                 .c_str(),
             1) < 0)
       throw py::error_already_set();  // warnings made errors
+  m.def(
+      "blas_kernels", [] { return std::string(blas_core_in_use()); },
+      "The kernels OpenBLAS runs in this process, as OPENBLAS_CORETYPE names them");
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
 
   bind_methods(m);
