@@ -114,7 +114,7 @@ namespace gemv_avx512 {
 // The AVX-512 form where the processor has VNNI (and the AVX-512 kernels are not held back): the same
 // numbers, one instruction fewer per block and token.
 template <DType T>
-void gemv_rows_avx2(const uint8_t* w, size_t row_bytes, std::span<const Q8Row> xs, int blocks, int out, float* y) {
+void gemv_rows_vector(const uint8_t* w, size_t row_bytes, std::span<const Q8Row> xs, int blocks, int out, float* y) {
   static const bool vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
@@ -399,19 +399,19 @@ void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const flo
     } else {
       switch (t) {
         case DType::Q4_1:
-          gemv_rows_avx2<DType::Q4_1>(w, row_bytes, xs, blocks, out, y);
+          gemv_rows_vector<DType::Q4_1>(w, row_bytes, xs, blocks, out, y);
           break;
         case DType::Q5_0:
-          gemv_rows_avx2<DType::Q5_0>(w, row_bytes, xs, blocks, out, y);
+          gemv_rows_vector<DType::Q5_0>(w, row_bytes, xs, blocks, out, y);
           break;
         case DType::Q5_1:
-          gemv_rows_avx2<DType::Q5_1>(w, row_bytes, xs, blocks, out, y);
+          gemv_rows_vector<DType::Q5_1>(w, row_bytes, xs, blocks, out, y);
           break;
         case DType::Q8_0:
-          gemv_rows_avx2<DType::Q8_0>(w, row_bytes, xs, blocks, out, y);
+          gemv_rows_vector<DType::Q8_0>(w, row_bytes, xs, blocks, out, y);
           break;
         default:
-          gemv_rows_avx2<DType::Q4_0>(w, row_bytes, xs, blocks, out, y);
+          gemv_rows_vector<DType::Q4_0>(w, row_bytes, xs, blocks, out, y);
       }
     }
   }
