@@ -334,6 +334,58 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
   }
 }
 
+TEST_CASE("cells decoded together give the records each gives alone; one that cannot begin fails alone",
+          "[experiment]") {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  auto m = ModelFile::open(*path);
+  auto tok = load_tokenizer(*m);
+  TaskContext ctx;
+  ctx.tokenizer = tok.get();
+  ctx.data_dir = fixture("longbench/data");
+  ctx.options = {{"dataset", "qasper"}};
+  auto task = TaskRegistry::get().create("longbench", ctx);
+  Sample s = task->sample(0);
+  s.max_new_tokens = 24;
+  Engine engine(*m);
+  // H2O acts on every decode step, so its batch row must reach its own method; the full cache is the
+  // longest sequence.
+  std::vector<std::unique_ptr<Method>> methods;
+  methods.push_back(nullptr);
+  for (const char* name : {"snapkv", "h2o", "streamingllm", "pyramidkv", "streamingllm"})
+    methods.push_back(MethodRegistry::get().create(name, {}, m->config()));
+  const std::vector<int> budgets = {0, 64, 96, 64, 128, 4};  // StreamingLLM cannot keep 4 sinks in 4
+  std::vector<nlohmann::json> configs;
+  std::vector<CellRun> cells;
+  PrefillNeeds needs;
+  for (size_t i = 0; i < methods.size(); ++i) {
+    if (methods[i]) needs.merge(methods[i]->needs());
+    configs.push_back(cell_config(*m, *path, "longbench", ctx.options, methods[i].get(), budgets[i]));
+  }
+  for (size_t i = 0; i < methods.size(); ++i) cells.push_back({methods[i].get(), budgets[i], &configs[i]});
+  const auto prompt = build_prompt(*m, *tok, s.prompt, s.chat);
+  const PrefillCapture cap = engine.prefill_capture(prompt, needs);
+  for (const PrefillCapture* capture : {&cap, static_cast<const PrefillCapture*>(nullptr)}) {
+    INFO((capture ? "from the shared prefill" : "each its own prefill"));
+    const std::vector<CellOutcome> together = run_cells(*m, *tok, engine, *task, s, cells, capture);
+    REQUIRE(together.size() == cells.size());
+    CHECK(together.back().error.find("must exceed the 4 sink tokens") != std::string::npos);
+    for (size_t i = 0; i + 1 < cells.size(); ++i) {
+      INFO((methods[i] ? methods[i]->name() : "fullkv"));
+      REQUIRE(together[i].error.empty());
+      const nlohmann::json alone =
+          run_cell(*m, *tok, engine, *task, s, methods[i].get(), budgets[i], configs[i], capture);
+      const nlohmann::json& rec = together[i].record;
+      for (const char* k :
+           {"key", "prediction", "score", "kv_bytes", "full_kv_bytes", "prompt_tokens", "prefill_shared"})
+        CHECK(rec[k] == alone[k]);
+      CHECK(rec["decode_batch"] == cells.size() - 1);
+      CHECK(together[i].seconds >= rec["decode_seconds"].get<double>());
+    }
+    CHECK(together[0].record["prediction"].get<std::string>().size() > 0);
+  }
+}
+
 TEST_CASE("shared prefills compute each shared prefix once and equal fresh prefills", "[experiment]") {
   const TempDir dir("shared_prefills");
   auto model = ModelFile::open(tiny_random_model(dir));
@@ -525,6 +577,26 @@ TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards
   REQUIRE(twice.configs.size() == 2);
   CHECK(Sweep(twice).run(false).run == 1);
   CHECK(lines_in(twice.out) == 1);
+  // Cells decoded together (batch) are the cells run one by one, times aside.
+  const ExperimentSpec batched = load_experiment(
+      sweep_spec(dir, *model, "sweep_batched", "fullkv, snapkv, streamingllm, h2o", (dir / "batched.jsonl").string()),
+      {"batch=3"});
+  REQUIRE(batched.batch == 3);
+  ExperimentSpec single = batched;
+  single.batch = 1;
+  single.out = (dir / "single.jsonl").string();
+  CHECK(Sweep(batched).run(false).run == 16);
+  CHECK(Sweep(single).run(false).run == 16);
+  const auto by_batch = records_by_key({batched.out}), one_by_one = records_by_key({single.out});
+  REQUIRE(by_batch.size() == 16);
+  for (const auto& [key, r] : one_by_one) {
+    INFO(key);
+    REQUIRE(by_batch.count(key));
+    for (const char* k : {"prediction", "score", "kv_bytes", "prompt_tokens"}) CHECK(by_batch.at(key)[k] == r[k]);
+    CHECK(by_batch.at(key).contains("decode_batch"));
+    CHECK_FALSE(r.contains("decode_batch"));
+  }
+  require_error([&] { load_experiment(spec_path, {"batch=0"}); }, {"'batch' must be at least 1"});
   require_error([] { parse_shard("2/2"); }, {"--shard 2/2", "0 <= i < N"});
   require_error([] { parse_shard("1/2x"); }, {"--shard 1/2x"});
 }

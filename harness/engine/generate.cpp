@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <optional>
 
 #include "harness/engine/engine.hpp"
 #include "harness/model/model_file.hpp"
@@ -67,47 +68,70 @@ int32_t argmax(std::span<const float> logits) {
 
 namespace {
 
+// One sequence's greedy choices under generate's stopping rules, a step at a time: the loop that
+// feeds the model is the caller's (one sequence, or a batch).
+class GreedyChoice {
+ public:
+  GreedyChoice(const Tokenizer& tok, const GenerateOptions& opt) : tok_(tok), opt_(opt) {
+    g_.stop_reason = "max_new_tokens";
+  }
+  // The token to feed after `logits` (which it may change: end-of-generation masked before
+  // min_new_tokens), or nothing when generation has ended; `position` is the sequence's.
+  std::optional<int32_t> next(std::vector<float>& logits, int position, int context_length) {
+    if (i_ >= opt_.max_new_tokens) return std::nullopt;
+    if (i_ < opt_.min_new_tokens)
+      for (int32_t id : tok_.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
+    const int32_t token = argmax(logits);
+    if (opt_.stop_at_eog && tok_.is_end_of_generation(token) && (i_ > 0 || opt_.first_token_can_stop)) {
+      g_.stop_reason = "eog";
+      return std::nullopt;
+    }
+    g_.tokens.push_back(token);
+    if (!opt_.stop.empty()) {
+      const std::string text = tok_.decode(g_.tokens);
+      size_t cut = std::string::npos;
+      for (const auto& s : opt_.stop)
+        if (!s.empty()) cut = std::min(cut, text.find(s));
+      if (cut != std::string::npos) {
+        g_.text = text.substr(0, cut);
+        g_.stop_reason = "stop_string";
+        return std::nullopt;
+      }
+    }
+    if (++i_ == opt_.max_new_tokens) return std::nullopt;
+    if (position >= context_length) {
+      g_.stop_reason = "context_full";
+      return std::nullopt;
+    }
+    return token;
+  }
+  Generation finish() {
+    if (g_.stop_reason != "stop_string") g_.text = tok_.decode(g_.tokens, true);
+    return std::move(g_);
+  }
+
+ private:
+  const Tokenizer& tok_;
+  const GenerateOptions& opt_;
+  Generation g_;
+  int i_ = 0;
+};
+
 // Greedy decoding after `start` has begun the sequence and returned the first logits.
 template <typename Start>
 Generation run(Engine& engine, const Tokenizer& tok, int prompt_tokens, const GenerateOptions& opt, Start&& start) {
   using clock = std::chrono::steady_clock;
-  Generation g;
-  g.prompt_tokens = prompt_tokens + static_cast<int>(opt.after_prefill.size());
   auto t0 = clock::now();
   std::vector<float> logits = start();
   for (int32_t id : opt.after_prefill) logits = engine.decode(id);
   auto t1 = clock::now();
+  GreedyChoice choice(tok, opt);
+  while (const auto token = choice.next(logits, engine.position(), engine.config().context_length))
+    logits = engine.decode(*token);
+  Generation g = choice.finish();
+  g.prompt_tokens = prompt_tokens + static_cast<int>(opt.after_prefill.size());
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-  g.stop_reason = "max_new_tokens";
-  for (int i = 0; i < opt.max_new_tokens; ++i) {
-    if (i < opt.min_new_tokens)
-      for (int32_t id : tok.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
-    const int32_t next = argmax(logits);
-    if (opt.stop_at_eog && tok.is_end_of_generation(next) && (i > 0 || opt.first_token_can_stop)) {
-      g.stop_reason = "eog";
-      break;
-    }
-    g.tokens.push_back(next);
-    if (!opt.stop.empty()) {
-      const std::string text = tok.decode(g.tokens);
-      size_t cut = std::string::npos;
-      for (const auto& s : opt.stop)
-        if (!s.empty()) cut = std::min(cut, text.find(s));
-      if (cut != std::string::npos) {
-        g.text = text.substr(0, cut);
-        g.stop_reason = "stop_string";
-        break;
-      }
-    }
-    if (i + 1 == opt.max_new_tokens) break;
-    if (engine.position() >= engine.config().context_length) {
-      g.stop_reason = "context_full";
-      break;
-    }
-    logits = engine.decode(next);
-  }
   g.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
-  if (g.stop_reason != "stop_string") g.text = tok.decode(g.tokens, true);
   return g;
 }
 
@@ -123,6 +147,52 @@ Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& 
   Generation g = run(engine, tok, capture.n_tokens, opt, [&] { return engine.resume(capture, observer); });
   g.prefill_seconds = 0;
   return g;
+}
+
+std::vector<Generation> generate_batch(Engine& engine, const Tokenizer& tok, std::span<Sequence> seqs,
+                                       std::vector<std::vector<float>> first, const GenerateOptions& opt) {
+  using clock = std::chrono::steady_clock;
+  if (first.size() != seqs.size())
+    fail("generate_batch: {} sequences and {} rows of first logits", seqs.size(), first.size());
+  const int context_length = engine.config().context_length;
+  std::vector<GreedyChoice> choices;
+  std::vector<double> seconds(seqs.size(), 0.0);
+  choices.reserve(seqs.size());
+  std::vector<Sequence*> batch;
+  std::vector<size_t> members;
+  std::vector<int32_t> tokens;
+  auto choose = [&](size_t b, std::vector<float>& logits) {
+    const auto t = clock::now();
+    if (const auto token = choices[b].next(logits, seqs[b].position(), context_length)) {
+      batch.push_back(&seqs[b]);
+      members.push_back(b);
+      tokens.push_back(*token);
+    }
+    seconds[b] += std::chrono::duration<double>(clock::now() - t).count();
+  };
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    choices.emplace_back(tok, opt);
+    choose(b, first[b]);
+  }
+  while (!batch.empty()) {
+    const auto t = clock::now();
+    std::vector<std::vector<float>> logits = engine.decode_batch(batch, tokens);
+    const double share = std::chrono::duration<double>(clock::now() - t).count() / double(batch.size());
+    const std::vector<size_t> stepped = std::move(members);
+    batch.clear();
+    members.clear();
+    tokens.clear();
+    for (size_t j = 0; j < stepped.size(); ++j) {
+      seconds[stepped[j]] += share;
+      choose(stepped[j], logits[j]);
+    }
+  }
+  std::vector<Generation> out;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    out.push_back(choices[b].finish());
+    out.back().decode_seconds = seconds[b];
+  }
+  return out;
 }
 
 std::vector<float> StepLogits::flat() const {

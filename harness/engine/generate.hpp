@@ -9,6 +9,7 @@
 namespace kvb {
 
 class Engine;
+class Sequence;
 class ModelFile;
 class Tokenizer;
 class PrefillObserver;
@@ -69,6 +70,15 @@ Generation generate(Engine& engine, const Tokenizer& tok, std::span<const int32_
 // The same from a shared prefill (prefill_seconds is then 0: the prefill was paid once for all).
 Generation generate(Engine& engine, const Tokenizer& tok, const PrefillCapture& capture, const GenerateOptions& opt,
                     PrefillObserver* observer = nullptr);
+
+// Greedy decoding of several sequences together, each begun already (a prefill or a resume, its
+// `after_prefill` tokens fed, Engine::detach), first[b] the logits sequence b ended on: every step
+// decodes the unfinished ones with one Engine::decode_batch, which gives each the logits it gets
+// alone, so each generation is the one generate() makes of it. Each one's decode_seconds is its share
+// of the steps it took part in (a step's time over the sequences in it); prompt_tokens and
+// prefill_seconds are the caller's. Needs a backend that decodes batches when there is more than one.
+std::vector<Generation> generate_batch(Engine& engine, const Tokenizer& tok, std::span<Sequence> seqs,
+                                       std::vector<std::vector<float>> first, const GenerateOptions& opt);
 
 // The logits a cache gives: those of the prompt's next token, then those of each of `steps` decode
 // steps over the cache the observer (a method) kept, fed `forced` tokens where given (teacher forcing:

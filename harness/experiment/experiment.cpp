@@ -168,8 +168,8 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
   for (const auto& set : sets) apply_set(path, root, set);
   expand_environment(path, root);
   check_keys(path, root,
-             {"name", "model", "backend", "kv_dtype", "weights", "threads", "task", "task_options", "data", "limit",
-              "max_new_tokens", "methods", "budgets", "ratios", "grid", "out", "published"},
+             {"name", "model", "backend", "kv_dtype", "weights", "threads", "batch", "task", "task_options", "data",
+              "limit", "max_new_tokens", "methods", "budgets", "ratios", "grid", "out", "published"},
              "the spec");
   ExperimentSpec s;
   s.path = path;
@@ -209,6 +209,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     }
   };
   if (root["threads"]) s.threads = static_cast<int>(integer("threads", 0));
+  if (root["batch"]) s.batch = static_cast<int>(integer("batch", 1));
   if (root["limit"]) s.limit = static_cast<size_t>(integer("limit", 0));
   if (root["max_new_tokens"]) s.max_new_tokens = static_cast<int>(integer("max_new_tokens", 1));
   // Beside the spec, like the table it belongs to.
@@ -555,6 +556,51 @@ nlohmann::json run_scored_text(const ModelFile& model, Engine& engine, const Sam
 
 }  // namespace
 
+namespace {
+
+// A generation sample's prompt and the options every cell of it generates with.
+struct GenerationSetup {
+  std::vector<int32_t> prompt;
+  GenerateOptions opt;
+};
+
+GenerationSetup generation_setup(const ModelFile& model, const Tokenizer& tok, const Sample& s) {
+  PromptIds ids = sample_prompt(model, tok, s);
+  GenerationSetup g{std::move(ids.prefill), {}};
+  g.opt.after_prefill = std::move(ids.after);
+  g.opt.first_token_can_stop = !s.split;  // a split sample runs kvpress's pipeline, quirks included
+  g.opt.max_new_tokens = s.max_new_tokens;
+  g.opt.min_new_tokens = s.min_new_tokens;
+  g.opt.stop = s.stop;
+  return g;
+}
+
+nlohmann::json generation_record(const ModelFile& model, Engine& engine, const Task& task, const Sample& s,
+                                 const nlohmann::json& config, const GenerationSetup& setup, const Generation& g,
+                                 const MethodRunner* runner, bool shared) {
+  const size_t full = engine.full_kv_bytes(setup.prompt.size());
+  const size_t kept = runner ? runner->prefill_kv_bytes() : full;
+  nlohmann::json rec = record_base(model.config(), engine, s, config, setup.prompt.size(), kept, full);
+  rec.update(nlohmann::json{{"protocol",
+                             {{"chat", s.chat},
+                              {"max_new_tokens", s.max_new_tokens},
+                              {"min_new_tokens", s.min_new_tokens},
+                              {"stop", s.stop},
+                              {"after_compression_tokens", setup.opt.after_prefill.size()}}},
+                            {"prediction", utf8_lossy(g.text)},
+                            {"answers", s.answers},
+                            {"score", task.score(s, g.text)},
+                            {"prompt_tokens", g.prompt_tokens},
+                            {"prefill_seconds", g.prefill_seconds},
+                            {"prefill_shared", shared},
+                            {"decode_seconds", g.decode_seconds},
+                            {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
+                            {"cache", runner ? runner->cache_profile() : nlohmann::json(nullptr)}});
+  return rec;
+}
+
+}  // namespace
+
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task, const Sample& s,
                         Method* method, KvBudget budget, const nlohmann::json& config, const PrefillCapture* capture) {
   if (s.choices || s.scored_text) {
@@ -562,38 +608,67 @@ nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& en
     return s.choices ? run_choices(model, tok, engine, s, method, budget, config)
                      : run_scored_text(model, engine, s, method, budget, config);
   }
-  PromptIds ids = sample_prompt(model, tok, s);
-  const auto& prompt = ids.prefill;
-  GenerateOptions opt;
-  opt.after_prefill = std::move(ids.after);
-  opt.first_token_can_stop = !s.split;  // a split sample runs kvpress's pipeline, quirks included
-  opt.max_new_tokens = s.max_new_tokens;
-  opt.min_new_tokens = s.min_new_tokens;
-  opt.stop = s.stop;
+  const GenerationSetup setup = generation_setup(model, tok, s);
   std::unique_ptr<MethodRunner> runner;
   if (method) runner = std::make_unique<MethodRunner>(*method, budget);
   engine.backend().reset_peak_memory();
-  const Generation g =
-      capture ? generate(engine, tok, *capture, opt, runner.get()) : generate(engine, tok, prompt, opt, runner.get());
-  const size_t full = engine.full_kv_bytes(prompt.size());
-  const size_t kept = runner ? runner->prefill_kv_bytes() : full;
-  nlohmann::json rec = record_base(model.config(), engine, s, config, prompt.size(), kept, full);
-  rec.update(nlohmann::json{{"protocol",
-                             {{"chat", s.chat},
-                              {"max_new_tokens", s.max_new_tokens},
-                              {"min_new_tokens", s.min_new_tokens},
-                              {"stop", s.stop},
-                              {"after_compression_tokens", opt.after_prefill.size()}}},
-                            {"prediction", utf8_lossy(g.text)},
-                            {"answers", s.answers},
-                            {"score", task.score(s, g.text)},
-                            {"prompt_tokens", g.prompt_tokens},
-                            {"prefill_seconds", g.prefill_seconds},
-                            {"prefill_shared", capture != nullptr},
-                            {"decode_seconds", g.decode_seconds},
-                            {"compress_seconds", runner ? runner->compress_seconds() : 0.0},
-                            {"cache", runner ? runner->cache_profile() : nlohmann::json(nullptr)}});
-  return rec;
+  const Generation g = capture ? generate(engine, tok, *capture, setup.opt, runner.get())
+                               : generate(engine, tok, setup.prompt, setup.opt, runner.get());
+  return generation_record(model, engine, task, s, config, setup, g, runner.get(), capture != nullptr);
+}
+
+std::vector<CellOutcome> run_cells(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
+                                   const Sample& s, std::span<const CellRun> cells, const PrefillCapture* capture) {
+  using clock = std::chrono::steady_clock;
+  if (s.choices || s.scored_text)
+    fail("sample {}: the cells of a multiple-choice or perplexity sample do not decode together", s.id);
+  const GenerationSetup setup = generation_setup(model, tok, s);
+  std::vector<CellOutcome> out(cells.size());
+  std::vector<std::unique_ptr<MethodRunner>> runners(cells.size());
+  std::vector<Sequence> seqs;
+  seqs.reserve(cells.size());  // decode_batch holds pointers into it
+  std::vector<std::vector<float>> first;
+  std::vector<size_t> started;
+  std::vector<double> start_seconds;
+  engine.backend().reset_peak_memory();
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const auto t = clock::now();
+    try {
+      if (cells[i].method) runners[i] = std::make_unique<MethodRunner>(*cells[i].method, cells[i].budget);
+      std::vector<float> logits =
+          capture ? engine.resume(*capture, runners[i].get()) : engine.prefill(setup.prompt, runners[i].get());
+      for (int32_t id : setup.opt.after_prefill) logits = engine.decode(id);
+      seqs.push_back(engine.detach());
+      first.push_back(std::move(logits));
+      started.push_back(i);
+      start_seconds.push_back(std::chrono::duration<double>(clock::now() - t).count());
+    } catch (const Error& e) {
+      out[i].error = e.what();
+    }
+  }
+  std::vector<Generation> gens;
+  try {
+    gens = generate_batch(engine, tok, seqs, std::move(first), setup.opt);
+  } catch (const Error& e) {
+    for (size_t i : started) out[i].error = e.what();
+    return out;
+  }
+  for (size_t j = 0; j < started.size(); ++j) {
+    const size_t i = started[j];
+    Generation& g = gens[j];
+    g.prompt_tokens = static_cast<int>(setup.prompt.size() + setup.opt.after_prefill.size());
+    g.prefill_seconds = capture ? 0.0 : start_seconds[j];
+    try {
+      out[i].record =
+          generation_record(model, engine, task, s, *cells[i].config, setup, g, runners[i].get(), capture != nullptr);
+    } catch (const Error& e) {
+      out[i].error = e.what();
+      continue;
+    }
+    out[i].record["decode_batch"] = seqs.size();
+    out[i].seconds = start_seconds[j] + g.decode_seconds;
+  }
+  return out;
 }
 
 KvBudget config_budget(const nlohmann::json& config) {

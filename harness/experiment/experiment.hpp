@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct ExperimentSpec {
   KvDtype kv_dtype = KvDtype::F32;                     // what the cache stores full-precision numbers as
   std::optional<WeightFormat> weights = std::nullopt;  // how weight matrices are stored; unset: the backend's own
   int threads = 0;
+  // Cells of a sample decoded together (run_cells): weights read once per step for up to this many. It
+  // moves times, not results, so it is not part of a cell's key.
+  int batch = 1;
   size_t limit = 0;
   int max_new_tokens = 0;  // > 0: caps every sample's generation (a smoke run's knob; part of the cell key)
   std::string published;   // a published.csv of the paper table the spec regenerates (path as resolved), or empty
@@ -89,6 +93,28 @@ PromptIds choice_ids(const Tokenizer& tok, const Choice& choice, bool bos);
 nlohmann::json run_cell(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
                         const Sample& sample, Method* method, KvBudget budget, const nlohmann::json& config,
                         const PrefillCapture* capture = nullptr);
+
+// A cell of a sample: its method (null: full cache), KV budget and configuration (its record's).
+struct CellRun {
+  Method* method;
+  KvBudget budget;
+  const nlohmann::json* config;
+};
+// What became of a cell run with others: its record, or the error that stopped it; the seconds it
+// took, its share of the steps decoded together included.
+struct CellOutcome {
+  nlohmann::json record;
+  std::string error;
+  double seconds = 0;
+};
+// The cells of one generation sample decoded together (generate_batch): each begins its sequence in
+// turn (from the capture, or its own prefill), then all decode in shared steps that read the weights
+// once. Each record is the one run_cell makes (its generation identical), with its share of the
+// decode time, the batch's peak memory and `decode_batch`, the number of cells that decoded together.
+// A cell that fails to begin fails alone; a failed step fails the batch.
+std::vector<CellOutcome> run_cells(const ModelFile& model, const Tokenizer& tok, Engine& engine, const Task& task,
+                                   const Sample& sample, std::span<const CellRun> cells,
+                                   const PrefillCapture* capture = nullptr);
 
 // The code version compiled in (git describe at configure time).
 const char* code_version();

@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <span>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -144,6 +146,9 @@ SweepOutcome Sweep::run(bool progress) {
   Engine engine(
       *model_,
       {.backend = spec_.backend, .threads = spec_.threads, .kv_dtype = spec_.kv_dtype, .weights = spec_.weights});
+  if (spec_.batch > 1 && !engine.backend().decodes_batches())
+    fail("{}: batch {}: the {} backend decodes one sequence at a time; set batch: 1", spec_.path, spec_.batch,
+         engine.backend().name());
   ResultsFile out(spec_.out);  // first: opening cuts a torn last line
   auto done = recorded_keys(spec_.out);
   SweepOutcome o;
@@ -238,31 +243,58 @@ SweepOutcome Sweep::run(bool progress) {
       if (!rescored(c)) own.push_back(c);
     // What a cell costs, its share of a shared prefill included: the rate status estimates from.
     double prefill_share = 0;
-    auto record = [&](size_t c, const PrefillCapture* capture) {
-      const auto t = std::chrono::steady_clock::now();
+    auto failed = [&](size_t c, const std::string& error) {
       const std::string& method = part.configs[c]["method"].get_ref<const std::string&>();
-      nlohmann::json rec;
-      try {
-        rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
-                       part.configs[c], capture);
-      } catch (const Error& e) {
-        if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
-        failures->append({{"key", cell_key(part.configs[c], s.id)},
-                          {"id", s.id},
-                          {"version", code_version()},
-                          {"config", part.configs[c]},
-                          {"error", e.what()}});
-        ++o.failed;
-        fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, e.what());
-        if (bar) bar->advance(1, fmt::format("{} failed", method));
-        return;
-      }
-      rec["wall_seconds"] =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() + (capture ? prefill_share : 0.0);
+      if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
+      failures->append({{"key", cell_key(part.configs[c], s.id)},
+                        {"id", s.id},
+                        {"version", code_version()},
+                        {"config", part.configs[c]},
+                        {"error", error}});
+      ++o.failed;
+      fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, error);
+      if (bar) bar->advance(1, fmt::format("{} failed", method));
+    };
+    auto save = [&](size_t c, nlohmann::json rec, double seconds) {
+      rec["wall_seconds"] = seconds;
       out.append(rec);
       if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
       ++o.run;
-      if (bar) bar->advance(1, fmt::format("{} {:.2f}", method, rec["score"].get<double>()));
+      if (bar)
+        bar->advance(
+            1, fmt::format("{} {:.2f}", part.configs[c]["method"].get<std::string>(), rec["score"].get<double>()));
+    };
+    // One at a time, or (batch > 1, a generation sample) in groups that decode together.
+    auto run_group = [&](const std::vector<size_t>& cells, const PrefillCapture* capture) {
+      const double share = capture ? prefill_share : 0.0;
+      if (spec_.batch <= 1 || s.choices || s.scored_text) {
+        for (size_t c : cells) {
+          const auto t = std::chrono::steady_clock::now();
+          nlohmann::json rec;
+          try {
+            rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
+                           part.configs[c], capture);
+          } catch (const Error& e) {
+            failed(c, e.what());
+            continue;
+          }
+          save(c, std::move(rec), std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() + share);
+        }
+        return;
+      }
+      for (size_t from = 0; from < cells.size(); from += size_t(spec_.batch)) {
+        const std::span<const size_t> group =
+            std::span(cells).subspan(from, std::min(cells.size() - from, size_t(spec_.batch)));
+        std::vector<CellRun> runs;
+        for (size_t c : group) runs.push_back({methods_[c].get(), spec_.configs[c].budget, &part.configs[c]});
+        std::vector<CellOutcome> outcomes = run_cells(*model_, *tok_, engine, *part.task, s, runs, capture);
+        for (size_t j = 0; j < group.size(); ++j) {
+          if (!outcomes[j].error.empty())
+            failed(group[j], outcomes[j].error);
+          else
+            save(group[j], std::move(outcomes[j].record), outcomes[j].seconds + share);
+        }
+      }
     };
     if (!shared.empty()) {
       const auto t = std::chrono::steady_clock::now();
@@ -270,11 +302,11 @@ SweepOutcome Sweep::run(bool progress) {
       const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
       o.prefill_seconds += prefill;
       prefill_share = prefill / double(shared.size());
-      for (size_t c : shared) record(c, capture.get());
+      run_group(shared, capture.get());
     } else if (!work[i].shared.empty()) {
       prefills.skip();
     }
-    for (size_t c : own) record(c, nullptr);
+    run_group(own, nullptr);
   }
   o.prompt_tokens = prefills.tokens_total();
   o.prefilled_tokens = prefills.tokens_prefilled();
