@@ -295,16 +295,39 @@ TEST_CASE("results files: appended records, a torn last line dropped on resume, 
   require_error([&] { for_each_record(path, [](const nlohmann::json&, int) {}); }, {"r.jsonl:4", "not a JSON record"});
 }
 
-TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[experiment]") {
-  const auto path = model_file(kDefaultModel);
-  if (!path) return;
-  auto m = ModelFile::open(*path);
-  auto tok = load_tokenizer(*m);
+namespace {
+
+// The default model over LongBench's qasper fixture: a long real prompt whose cells share a prefill.
+struct Qasper {
+  std::string path;
+  std::unique_ptr<ModelFile> m;
+  std::unique_ptr<Tokenizer> tok;
   TaskContext ctx;
-  ctx.tokenizer = tok.get();
-  ctx.data_dir = fixture("longbench/data");
-  ctx.options = {{"dataset", "qasper"}};
-  auto task = TaskRegistry::get().create("longbench", ctx);
+  std::unique_ptr<Task> task;
+};
+
+std::optional<Qasper> qasper() {
+  const auto path = model_file(kDefaultModel);
+  if (!path) return std::nullopt;
+  Qasper q{*path, ModelFile::open(*path), nullptr, {}, nullptr};
+  q.tok = load_tokenizer(*q.m);
+  q.ctx.tokenizer = q.tok.get();
+  q.ctx.data_dir = fixture("longbench/data");
+  q.ctx.options = {{"dataset", "qasper"}};
+  q.task = TaskRegistry::get().create("longbench", q.ctx);
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[experiment]") {
+  auto q = qasper();
+  if (!q) return;
+  const std::string& path = q->path;
+  auto& m = q->m;
+  auto& tok = q->tok;
+  const TaskContext& ctx = q->ctx;
+  auto& task = q->task;
   const Sample s = task->sample(0);
   Engine engine(*m);
   std::vector<std::unique_ptr<Method>> methods;
@@ -324,7 +347,7 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
   const PrefillCapture cap = engine.prefill_capture(prompt, needs);
   for (const auto& meth : methods) {
     INFO((meth ? meth->name() : "fullkv"));
-    const auto cfg = cell_config(*m, *path, "longbench", ctx.options, meth.get(), 64);
+    const auto cfg = cell_config(*m, path, "longbench", ctx.options, meth.get(), 64);
     auto shared = run_cell(*m, *tok, engine, *task, s, meth.get(), 64, cfg, &cap);
     auto alone = run_cell(*m, *tok, engine, *task, s, meth.get(), 64, cfg);
     CHECK(shared["prefill_shared"] == true);
@@ -336,15 +359,13 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
 
 TEST_CASE("cells decoded together give the records each gives alone; one that cannot begin fails alone",
           "[experiment]") {
-  const auto path = model_file(kDefaultModel);
-  if (!path) return;
-  auto m = ModelFile::open(*path);
-  auto tok = load_tokenizer(*m);
-  TaskContext ctx;
-  ctx.tokenizer = tok.get();
-  ctx.data_dir = fixture("longbench/data");
-  ctx.options = {{"dataset", "qasper"}};
-  auto task = TaskRegistry::get().create("longbench", ctx);
+  auto q = qasper();
+  if (!q) return;
+  const std::string& path = q->path;
+  auto& m = q->m;
+  auto& tok = q->tok;
+  const TaskContext& ctx = q->ctx;
+  auto& task = q->task;
   Sample s = task->sample(0);
   s.max_new_tokens = 24;
   Engine engine(*m);
@@ -360,7 +381,7 @@ TEST_CASE("cells decoded together give the records each gives alone; one that ca
   PrefillNeeds needs;
   for (size_t i = 0; i < methods.size(); ++i) {
     if (methods[i]) needs.merge(methods[i]->needs());
-    configs.push_back(cell_config(*m, *path, "longbench", ctx.options, methods[i].get(), budgets[i]));
+    configs.push_back(cell_config(*m, path, "longbench", ctx.options, methods[i].get(), budgets[i]));
   }
   for (size_t i = 0; i < methods.size(); ++i) cells.push_back({methods[i].get(), budgets[i], &configs[i]});
   const auto prompt = build_prompt(*m, *tok, s.prompt, s.chat);
