@@ -323,11 +323,7 @@ std::optional<Qasper> qasper() {
 TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[experiment]") {
   auto q = qasper();
   if (!q) return;
-  const std::string& path = q->path;
-  auto& m = q->m;
-  auto& tok = q->tok;
-  const TaskContext& ctx = q->ctx;
-  auto& task = q->task;
+  auto& [path, m, tok, ctx, task] = *q;
   const Sample s = task->sample(0);
   Engine engine(*m);
   std::vector<std::unique_ptr<Method>> methods;
@@ -361,11 +357,7 @@ TEST_CASE("cells decoded together give the records each gives alone; one that ca
           "[experiment]") {
   auto q = qasper();
   if (!q) return;
-  const std::string& path = q->path;
-  auto& m = q->m;
-  auto& tok = q->tok;
-  const TaskContext& ctx = q->ctx;
-  auto& task = q->task;
+  auto& [path, m, tok, ctx, task] = *q;
   Sample s = task->sample(0);
   s.max_new_tokens = 24;
   Engine engine(*m);
