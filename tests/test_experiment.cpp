@@ -353,7 +353,7 @@ TEST_CASE("a cell from the shared prefill equals the same cell run alone", "[exp
   }
 }
 
-TEST_CASE("cells decoded together give the records each gives alone; one that cannot begin fails alone",
+TEST_CASE("cells decoded together give the records each gives alone, and one that cannot begin fails alone",
           "[experiment]") {
   auto q = qasper();
   if (!q) return;
