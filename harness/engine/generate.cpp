@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <utility>
 
 #include "harness/engine/engine.hpp"
 #include "harness/model/model_file.hpp"
@@ -158,13 +159,11 @@ std::vector<Generation> generate_batch(Engine& engine, const Tokenizer& tok, std
   std::vector<GreedyChoice> choices;
   std::vector<double> seconds(seqs.size(), 0.0);
   choices.reserve(seqs.size());
-  std::vector<Sequence*> batch;
-  std::vector<size_t> members;
+  std::vector<size_t> members;  // the sequences of the next step, and their tokens
   std::vector<int32_t> tokens;
   auto choose = [&](size_t b, std::vector<float>& logits) {
     const auto t = clock::now();
     if (const auto token = choices[b].next(logits, seqs[b].position(), context_length)) {
-      batch.push_back(&seqs[b]);
       members.push_back(b);
       tokens.push_back(*token);
     }
@@ -174,13 +173,13 @@ std::vector<Generation> generate_batch(Engine& engine, const Tokenizer& tok, std
     choices.emplace_back(tok, opt);
     choose(b, first[b]);
   }
-  while (!batch.empty()) {
+  while (!members.empty()) {
+    std::vector<Sequence*> batch;
+    for (size_t b : members) batch.push_back(&seqs[b]);
     const auto t = clock::now();
     std::vector<std::vector<float>> logits = engine.decode_batch(batch, tokens);
     const double share = std::chrono::duration<double>(clock::now() - t).count() / double(batch.size());
-    const std::vector<size_t> stepped = std::move(members);
-    batch.clear();
-    members.clear();
+    const std::vector<size_t> stepped = std::exchange(members, {});
     tokens.clear();
     for (size_t j = 0; j < stepped.size(); ++j) {
       seconds[stepped[j]] += share;
