@@ -316,8 +316,8 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
     b.rope(k, n1, hkv, d, new_pos);
     transform(l, k, v, new_pos, transforms, true);
     std::vector<float>* colsum = observer && needs.attn_colsum ? &st.colsum : nullptr;
-    if (past)
-      b.attention_prefill_continued(q, k, v, {past->k[l].data(), past->v[l].data(), n0}, n1, hq, hkv, d, attn, colsum);
+    if (past)  // the staged copies of the past rows: page-locked memory a GPU reads without waiting
+      b.attention_prefill_continued(q, k, v, {st.k, st.v, n0}, n1, hq, hkv, d, attn, colsum);
     else
       b.attention_prefill(q, k, v, n1, hq, hkv, d, attn, colsum);
     b.download_async(k, {st.k + kv_old, kv_new});

@@ -1,6 +1,8 @@
 // Causal GQA prefill attention on bf16 tensor cores with fp32 accumulation and softmax: a
 // FlashAttention-2 kernel for the output and log-sum-exp, and a second pass that recomputes the
-// probabilities from the lse for H2O's column sums. Memory is O(tile), never n x n.
+// probabilities from the lse for H2O's column sums. Memory is O(tile), never n x n. The n queries sit
+// at positions past..past+n-1 and the keys at 0..past+n-1 (past = 0: a whole prompt; past > 0: a
+// prefill continued after a prefix whose keys come first), so query row i sees keys 0..past+i.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -142,8 +144,8 @@ __device__ __forceinline__ void fa_load_rows(const __nv_bfloat16* x, int n, int 
 
 template <int D>
 __global__ void __launch_bounds__(kFaWarps * 32)
-    flash_prefill_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n, int hq, int hkv,
-                         float scale_log2, float scale, float* out, float* lse) {
+    flash_prefill_kernel(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int n, int past,
+                         int hq, int hkv, float scale_log2, float scale, float* out, float* lse) {
   using L = FaSmem<D>;
   constexpr int ld = L::ld;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -158,14 +160,15 @@ __global__ void __launch_bounds__(kFaWarps * 32)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kFaRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
-  const int row0 = q0 + warp * 16;        // this warp's first query
+  const int row0 = q0 + warp * 16;        // this warp's first query (its position is past + row0)
+  const int nk = past + n;                // keys
 
-  const int key_end = min(n, q0 + kFaRows);
+  const int key_end = min(nk, past + q0 + kFaRows);
   const int n_tiles = (key_end + kFaKeys - 1) / kFaKeys;
 
   fa_load_rows<D, kFaRows>(q, n, hq, h, q0, qs);
-  fa_load_rows<D, kFaKeys>(k, n, hkv, hk, 0, k_stage(0));
-  fa_load_rows<D, kFaKeys>(v, n, hkv, hk, 0, v_stage(0));
+  fa_load_rows<D, kFaKeys>(k, nk, hkv, hk, 0, k_stage(0));
+  fa_load_rows<D, kFaKeys>(v, nk, hkv, hk, 0, v_stage(0));
   cp_async_commit();
 
   uint32_t qf[D / 16][4];
@@ -177,8 +180,8 @@ __global__ void __launch_bounds__(kFaWarps * 32)
   for (int t = 0; t < n_tiles; ++t) {
     if (t + 1 < n_tiles) {
       const int st = (t + 1) & 1;
-      fa_load_rows<D, kFaKeys>(k, n, hkv, hk, (t + 1) * kFaKeys, k_stage(st));
-      fa_load_rows<D, kFaKeys>(v, n, hkv, hk, (t + 1) * kFaKeys, v_stage(st));
+      fa_load_rows<D, kFaKeys>(k, nk, hkv, hk, (t + 1) * kFaKeys, k_stage(st));
+      fa_load_rows<D, kFaKeys>(v, nk, hkv, hk, (t + 1) * kFaKeys, v_stage(st));
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(kFaWarps * 32)
     }
     const int k0 = t * kFaKeys;
     // Key tiles wholly after this warp's last query add nothing (the first tile never is).
-    if (k0 <= row0 + 15) {
+    if (k0 <= past + row0 + 15) {
       const __nv_bfloat16* ks = k_stage(t & 1);
       const __nv_bfloat16* vs = v_stage(t & 1);
       float s[kFaKeys / 8][4];
@@ -209,13 +212,13 @@ __global__ void __launch_bounds__(kFaWarps * 32)
         }
       }
       // Causal and length mask, only where the tile reaches past this warp's first query.
-      if (k0 + kFaKeys - 1 > row0 || k0 + kFaKeys > n) {
+      if (k0 + kFaKeys - 1 > past + row0 || k0 + kFaKeys > nk) {
 #pragma unroll
         for (int j = 0; j < kFaKeys / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = k0 + j * 8 + t4 * 2 + (e & 1), qi = row0 + g + (e >> 1) * 8;
-            if (key > qi || key >= n) s[j][e] = -INFINITY;
+            if (key > past + qi || key >= nk) s[j][e] = -INFINITY;
           }
       }
       float m_new[2], alpha[2];  // m_new: the running max in log2 units
@@ -284,11 +287,12 @@ __global__ void __launch_bounds__(kFaWarps * 32)
   }
 }
 
-// One block per (64 keys, query head): walks the query tiles at or after the keys, recomputes the
-// probabilities exp(s - lse) and sums them per key. Fixed summation order: deterministic.
+// One block per (64 keys, query head): walks the query tiles from the first query at or after the
+// keys, recomputes the probabilities exp(s - lse) and sums them per key over the n queries (positions
+// past..past+n-1; colsum[hq, past + n]). Fixed summation order: deterministic.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) colsum_kernel(const float* q, const float* k, const float* lse, int n,
-                                                             int hq, int hkv, float scale, float* colsum) {
+                                                             int past, int hq, int hkv, float scale, float* colsum) {
   using L = Smem<D>;
   extern __shared__ __align__(16) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem + L::q);
@@ -299,9 +303,10 @@ __global__ void __launch_bounds__(kWarps * 32) colsum_kernel(const float* q, con
   const int k0 = blockIdx.x * kTile;
   const int h = blockIdx.y, hk = h / (hq / hkv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  load_tile<D>(k, n, hkv, hk, k0, ks);
+  const int nk = past + n;
+  load_tile<D>(k, nk, hkv, hk, k0, ks);
   float col0 = 0, col1 = 0;  // this lane's two columns, summed over this warp's rows
-  for (int q0 = k0; q0 < n; q0 += kTile) {
+  for (int q0 = max(0, k0 - past); q0 < n; q0 += kTile) {
     __syncthreads();
     load_tile<D>(q, n, hq, h, q0, qs);
     __syncthreads();
@@ -313,30 +318,31 @@ __global__ void __launch_bounds__(kWarps * 32) colsum_kernel(const float* q, con
       const float l = lse[size_t(h) * n + qi];
       const float* srow = ss + (warp * 16 + rr) * L::lds;
       const int c0 = lane, c1 = lane + 32;
-      if (k0 + c0 <= qi) col0 += __expf(srow[c0] * scale - l);
-      if (k0 + c1 <= qi) col1 += __expf(srow[c1] * scale - l);
+      if (k0 + c0 <= past + qi) col0 += __expf(srow[c0] * scale - l);
+      if (k0 + c1 <= past + qi) col1 += __expf(srow[c1] * scale - l);
     }
     __syncwarp();
   }
   warp_cols[warp * kTile + lane] = col0;
   warp_cols[warp * kTile + lane + 32] = col1;
   __syncthreads();
-  if (threadIdx.x < kTile && k0 + threadIdx.x < n) {
+  if (threadIdx.x < kTile && k0 + int(threadIdx.x) < nk) {
     float total = 0;
     for (int w = 0; w < kWarps; ++w) total += warp_cols[w * kTile + threadIdx.x];
-    colsum[size_t(h) * n + k0 + threadIdx.x] = total;
+    colsum[size_t(h) * nk + k0 + threadIdx.x] = total;
   }
 }
 
 template <int D>
-void launch_prefill(const float* q, const float* k, const float* v, int n, int hq, int hkv, float* out, float* lse,
-                    uint16_t* scratch, cudaStream_t s) {
+void launch_prefill(const float* q, const float* k, const float* v, int n, int past, int hq, int hkv, float* out,
+                    float* lse, uint16_t* scratch, cudaStream_t s) {
+  const size_t nk = size_t(past) + n;
   auto* qb = reinterpret_cast<__nv_bfloat16*>(scratch);
   auto* kb = qb + size_t(n) * hq * D;
-  auto* vb = kb + size_t(n) * hkv * D;
+  auto* vb = kb + nk * hkv * D;
   f32_to_bf16(q, reinterpret_cast<uint16_t*>(qb), size_t(n) * hq * D, s);
-  f32_to_bf16(k, reinterpret_cast<uint16_t*>(kb), size_t(n) * hkv * D, s);
-  f32_to_bf16(v, reinterpret_cast<uint16_t*>(vb), size_t(n) * hkv * D, s);
+  f32_to_bf16(k, reinterpret_cast<uint16_t*>(kb), nk * hkv * D, s);
+  f32_to_bf16(v, reinterpret_cast<uint16_t*>(vb), nk * hkv * D, s);
   const size_t smem = FaSmem<D>::bytes;
   check(cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
@@ -344,18 +350,18 @@ void launch_prefill(const float* q, const float* k, const float* v, int n, int h
   const float scale = rsqrtf(static_cast<float>(D));
   const dim3 grid(hq, (n + kFaRows - 1) / kFaRows);
   flash_prefill_kernel<D>
-      <<<grid, kFaWarps * 32, smem, s>>>(qb, kb, vb, n, hq, hkv, scale * 1.4426950408889634f, scale, out, lse);
+      <<<grid, kFaWarps * 32, smem, s>>>(qb, kb, vb, n, past, hq, hkv, scale * 1.4426950408889634f, scale, out, lse);
   check(cudaGetLastError(), "attention_prefill");
 }
 
 template <int D>
-void launch_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, float* colsum,
+void launch_colsum(const float* q, const float* k, const float* lse, int n, int past, int hq, int hkv, float* colsum,
                    cudaStream_t s) {
   const size_t smem = Smem<D>::bytes;
   check(cudaFuncSetAttribute(colsum_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
         "attention_colsum shared memory");
-  const dim3 grid((n + kTile - 1) / kTile, hq);
-  colsum_kernel<D><<<grid, kWarps * 32, smem, s>>>(q, k, lse, n, hq, hkv, rsqrtf(static_cast<float>(D)), colsum);
+  const dim3 grid((past + n + kTile - 1) / kTile, hq);
+  colsum_kernel<D><<<grid, kWarps * 32, smem, s>>>(q, k, lse, n, past, hq, hkv, rsqrtf(static_cast<float>(D)), colsum);
   check(cudaGetLastError(), "attention_colsum");
 }
 
@@ -363,21 +369,21 @@ void launch_colsum(const float* q, const float* k, const float* lse, int n, int 
 
 bool attention_prefill_supports(int d) { return d == 64 || d == 128; }
 
-size_t attention_prefill_scratch_bytes(int n, int hq, int hkv, int d) {
-  return sizeof(uint16_t) * size_t(n) * (hq + 2 * hkv) * d;
+size_t attention_prefill_scratch_bytes(int n, int past, int hq, int hkv, int d) {
+  return sizeof(uint16_t) * (size_t(n) * hq + (size_t(past) + n) * 2 * hkv) * d;
 }
 
-void attention_prefill(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
-                       float* lse, uint16_t* scratch, cudaStream_t s) {
-  if (d == 64) return launch_prefill<64>(q, k, v, n, hq, hkv, out, lse, scratch, s);
-  if (d == 128) return launch_prefill<128>(q, k, v, n, hq, hkv, out, lse, scratch, s);
+void attention_prefill(const float* q, const float* k, const float* v, int n, int past, int hq, int hkv, int d,
+                       float* out, float* lse, uint16_t* scratch, cudaStream_t s) {
+  if (d == 64) return launch_prefill<64>(q, k, v, n, past, hq, hkv, out, lse, scratch, s);
+  if (d == 128) return launch_prefill<128>(q, k, v, n, past, hq, hkv, out, lse, scratch, s);
   check(cudaErrorInvalidValue, "attention_prefill: head dim must be 64 or 128");
 }
 
-void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d, float* colsum,
-                      cudaStream_t s) {
-  if (d == 64) return launch_colsum<64>(q, k, lse, n, hq, hkv, colsum, s);
-  if (d == 128) return launch_colsum<128>(q, k, lse, n, hq, hkv, colsum, s);
+void attention_colsum(const float* q, const float* k, const float* lse, int n, int past, int hq, int hkv, int d,
+                      float* colsum, cudaStream_t s) {
+  if (d == 64) return launch_colsum<64>(q, k, lse, n, past, hq, hkv, colsum, s);
+  if (d == 128) return launch_colsum<128>(q, k, lse, n, past, hq, hkv, colsum, s);
   check(cudaErrorInvalidValue, "attention_colsum: head dim must be 64 or 128");
 }
 

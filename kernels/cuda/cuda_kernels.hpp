@@ -32,17 +32,18 @@ void add_bias(float* y, const float* bias, int n, int dim, cudaStream_t s);
 // y[n, out] = x[n, in] W[out, in]^T for small n (decode), reading W once: bandwidth-bound.
 void gemv_bf16(const float* x, const uint16_t* w, int n, int in, int out, float* y, cudaStream_t s);
 
-// Causal GQA attention of a whole prompt (positions 0..n-1), tiled with online softmax (bf16 tensor
-// cores, fp32 accumulation and softmax): q[n, hq, d], k/v[n, hkv, d] -> out[n, hq, d]. lse[hq, n]
-// receives each query row's log-sum-exp of its scaled logits. d must be 64 or 128. `scratch` holds
-// the bf16 copies of q, k and v: attention_prefill_scratch_bytes(n, hq, hkv, d).
-void attention_prefill(const float* q, const float* k, const float* v, int n, int hq, int hkv, int d, float* out,
-                       float* lse, uint16_t* scratch, cudaStream_t s);
-size_t attention_prefill_scratch_bytes(int n, int hq, int hkv, int d);
-// colsum[hq, n]: attention probability each key receives summed over all queries, recomputed from
-// the lse of attention_prefill (H2O's accumulated attention).
-void attention_colsum(const float* q, const float* k, const float* lse, int n, int hq, int hkv, int d, float* colsum,
-                      cudaStream_t s);
+// Causal GQA attention of n queries at positions past..past+n-1 over the keys of positions
+// 0..past+n-1, tiled with online softmax (bf16 tensor cores, fp32 accumulation and softmax):
+// q[n, hq, d], k/v[past + n, hkv, d] (a continued prefill's past rows first) -> out[n, hq, d]; past = 0
+// is a whole prompt. lse[hq, n] receives each query row's log-sum-exp of its scaled logits. d must be
+// 64 or 128. `scratch` holds the bf16 copies of q, k and v: attention_prefill_scratch_bytes(n, past, ...).
+void attention_prefill(const float* q, const float* k, const float* v, int n, int past, int hq, int hkv, int d,
+                       float* out, float* lse, uint16_t* scratch, cudaStream_t s);
+size_t attention_prefill_scratch_bytes(int n, int past, int hq, int hkv, int d);
+// colsum[hq, past + n]: attention probability each key receives summed over these n queries,
+// recomputed from the lse of attention_prefill (H2O's accumulated attention).
+void attention_colsum(const float* q, const float* k, const float* lse, int n, int past, int hq, int hkv, int d,
+                      float* colsum, cudaStream_t s);
 bool attention_prefill_supports(int d);
 
 // Decode attention over a segmented cache (harness/cache/layer_cache.hpp): one query token; the

@@ -186,21 +186,27 @@ class CudaBackend final : public Backend {
   void attention_prefill(const Buffer& q, const Buffer& k, const Buffer& v, int n, int hq, int hkv, int d, Buffer& out,
                          std::vector<float>* colsum) override {
     OpTimer t(*this, profiling_, stats_.attention_seconds);
-    if (!cuda::attention_prefill_supports(d)) fail("CUDA prefill attention supports head dims 64 and 128, not {}", d);
     stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * (n + 1) / 2);
-    lse_.ensure(size_t(hq) * n * sizeof(float));
-    qkv_bf16_.ensure(cuda::attention_prefill_scratch_bytes(n, hq, hkv, d));
-    cuda::attention_prefill(q.data(), k.data(), v.data(), n, hq, hkv, d, out.data(), lse_.as<float>(),
-                            qkv_bf16_.as<uint16_t>(), stream_);
-    if (colsum) {
-      colsum_.ensure(size_t(hq) * n * sizeof(float));
-      cuda::attention_colsum(q.data(), k.data(), lse_.as<float>(), n, hq, hkv, d, colsum_.as<float>(), stream_);
-      colsum->resize(size_t(hq) * n);
-      check(cudaMemcpyAsync(colsum->data(), colsum_.as<float>(), colsum->size() * sizeof(float), cudaMemcpyDeviceToHost,
-                            stream_),
-            "colsum download");
-      synchronize();
-    }
+    prefill_attention(q, k.data(), v.data(), n, 0, hq, hkv, d, out, colsum);
+  }
+
+  bool continues_prefill() const override { return true; }
+  void attention_prefill_continued(const Buffer& q, const Buffer& k, const Buffer& v, const PastKV& past, int n, int hq,
+                                   int hkv, int d, Buffer& out, std::vector<float>* colsum) override {
+    OpTimer t(*this, profiling_, stats_.attention_seconds);
+    stats_.attention_flops += 4.0 * d * hq * (static_cast<double>(n) * past.n + static_cast<double>(n) * (n + 1) / 2);
+    // The kernel reads one key array: the past rows (host memory, the engine's page-locked staging),
+    // then the new ones.
+    const size_t old = size_t(past.n) * hkv * d * sizeof(float), fresh = size_t(n) * hkv * d * sizeof(float);
+    joined_k_.ensure(old + fresh);
+    joined_v_.ensure(old + fresh);
+    auto* jk = joined_k_.as<unsigned char>();
+    auto* jv = joined_v_.as<unsigned char>();
+    check(cudaMemcpyAsync(jk, past.k, old, cudaMemcpyHostToDevice, stream_), "past keys upload");
+    check(cudaMemcpyAsync(jv, past.v, old, cudaMemcpyHostToDevice, stream_), "past values upload");
+    check(cudaMemcpyAsync(jk + old, k.data(), fresh, cudaMemcpyDeviceToDevice, stream_), "key join");
+    check(cudaMemcpyAsync(jv + old, v.data(), fresh, cudaMemcpyDeviceToDevice, stream_), "value join");
+    prefill_attention(q, joined_k_.as<float>(), joined_v_.as<float>(), n, past.n, hq, hkv, d, out, colsum);
   }
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out, size_t row) override {
@@ -261,6 +267,26 @@ class CudaBackend final : public Backend {
     return best;
   }
 
+  // n queries after `past` positions over keys k/v[past + n] (device), and the keys' column sums
+  // ([hq, past + n], these queries only) when asked.
+  void prefill_attention(const Buffer& q, const float* k, const float* v, int n, int past, int hq, int hkv, int d,
+                         Buffer& out, std::vector<float>* colsum) {
+    if (!cuda::attention_prefill_supports(d)) fail("CUDA prefill attention supports head dims 64 and 128, not {}", d);
+    lse_.ensure(size_t(hq) * n * sizeof(float));
+    qkv_bf16_.ensure(cuda::attention_prefill_scratch_bytes(n, past, hq, hkv, d));
+    cuda::attention_prefill(q.data(), k, v, n, past, hq, hkv, d, out.data(), lse_.as<float>(), qkv_bf16_.as<uint16_t>(),
+                            stream_);
+    if (!colsum) return;
+    const size_t keys = size_t(past) + n;
+    colsum_.ensure(size_t(hq) * keys * sizeof(float));
+    cuda::attention_colsum(q.data(), k, lse_.as<float>(), n, past, hq, hkv, d, colsum_.as<float>(), stream_);
+    colsum->resize(size_t(hq) * keys);
+    check(cudaMemcpyAsync(colsum->data(), colsum_.as<float>(), colsum->size() * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_),
+          "colsum download");
+    synchronize();
+  }
+
   // Token ids and positions, through page-locked memory so that the copy does not stall the host;
   // a ring of staging buffers lets several be in flight.
   const int32_t* upload_ints(std::span<const int32_t> v) {
@@ -277,7 +303,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = open_device();
   std::string name_;
   cublasHandle_t blas_ = nullptr;
-  DeviceArray inv_freq_, ints_, xb_, lse_, colsum_, qkv_bf16_;
+  DeviceArray inv_freq_, ints_, xb_, lse_, colsum_, qkv_bf16_, joined_k_, joined_v_;
   std::array<PinnedArray, 8> int_stage_;
   size_t next_int_stage_ = 0;
   bool interleaved_ = false;
