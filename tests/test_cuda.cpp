@@ -340,17 +340,22 @@ Run run_model(const ModelFile& m, const std::string& backend, const std::vector<
   return r;
 }
 
+// Two layers of a random-weight model of a known shape (bf16 weights, a 4,096-token vocabulary).
+std::unique_ptr<ModelFile> two_layer_model(const TempDir& dir, const std::string& shape, uint64_t seed) {
+  ModelShape s = model_shape(shape);
+  s.layers = 2;
+  s.vocab = 4096;
+  const std::string path = (dir / ("kvbench_random_" + shape + "_2l.gguf")).string();
+  write_random_model(path, s, DType::BF16, seed);
+  return ModelFile::open(path);
+}
+
 // Two layers of a random-weight model of a known shape (bf16 weights), a 700-token prompt and four
 // greedy steps on both backends: bf16 activations into the GEMMs and bf16 attention in prefill keep the
 // GPU's logits within 2% of the largest.
 void check_random_model(const std::string& shape, uint64_t seed) {
-  ModelShape s = model_shape(shape);
-  s.layers = 2;
-  s.vocab = 4096;
   const TempDir dir("random_" + shape);
-  const std::string path = (dir / ("kvbench_random_" + shape + "_2l.gguf")).string();
-  write_random_model(path, s, DType::BF16, seed);
-  auto m = ModelFile::open(path);
+  auto m = two_layer_model(dir, shape, seed);
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<int32_t> prompt(700);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % 4096);
@@ -374,13 +379,8 @@ TEST_CASE("CUDA engine: random-weight Falcon-7B-shaped layers (LayerNorm, GELU, 
 
 TEST_CASE("CUDA engine: a prefill continued from a prefix's capture equals the whole prompt's", "[cuda]") {
   if (!have_gpu()) return;
-  ModelShape s = model_shape("llama3-8b");
-  s.layers = 2;
-  s.vocab = 4096;
   const TempDir dir("continued_llama3-8b");
-  const std::string path = (dir / "kvbench_random_llama3-8b_2l.gguf").string();
-  write_random_model(path, s, DType::BF16, 21);
-  auto m = ModelFile::open(path);
+  auto m = two_layer_model(dir, "llama3-8b", 21);
   Engine e(*m, {"cuda"});
   REQUIRE(e.continues_prefill());
   std::mt19937 rng(21);
