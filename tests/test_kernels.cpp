@@ -126,6 +126,15 @@ TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kerne
 
 namespace {
 
+// The matrix [rows, cols] of blocks as the products read it, checked to give the blocks back.
+std::vector<uint8_t> store(DType t, const std::vector<uint8_t>& blocks, int rows, int cols) {
+  std::vector<uint8_t> stored(size_t(rows) * stored_row_bytes(t, cols)), back(blocks.size());
+  store_rows(t, blocks.data(), rows, cols, stored.data());
+  load_rows(t, stored.data(), 0, rows, cols, back.data());
+  REQUIRE(back == blocks);
+  return stored;
+}
+
 // linear_quant on random blocks of type t (random bytes; fp16 scales from N(0, sd) at the byte offsets
 // `scales_at` of each block): one token against `gemv_ref(x, w, y)` (activations quantized as the
 // kernel does) and near the product with unquantized activations; more tokens against the
@@ -148,7 +157,8 @@ void check_quant_products(DType t, const std::vector<size_t>& scales_at, float s
   dequantize_ref(t, w.data(), wf.data(), wf.size());
   auto x = randn(size_t(n) * in, rng), bias = randn(out, rng);
   std::vector<float> fast(size_t(n) * out, std::numeric_limits<float>::quiet_NaN()), ref(fast.size());
-  linear_quant(t, w.data(), bias.data(), x.data(), n, in, out, fast.data());
+  const auto stored = store(t, w, out, in);
+  linear_quant(t, stored.data(), bias.data(), x.data(), n, in, out, fast.data());
   if (n == 1) {
     gemv_ref(x.data(), w.data(), ref.data());
     for (int o = 0; o < out; ++o) ref[o] += bias[o];
@@ -161,7 +171,7 @@ void check_quant_products(DType t, const std::vector<size_t>& scales_at, float s
     linear_ref(x.data(), wf.data(), bias.data(), n, in, out, ref.data());
     CHECK(max_abs_diff(ref, fast) < 1e-4f * std::max(1.0f, max_abs(ref)));
     check_tokens_apart(x, n, in, out, [&](const float* xs, int m, float* y) {
-      linear_quant_tokens(t, w.data(), bias.data(), xs, m, in, out, y);
+      linear_quant_tokens(t, stored.data(), bias.data(), xs, m, in, out, y);
     });
   }
 }
@@ -213,6 +223,32 @@ TEST_CASE("products on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks equal their refere
   force_portable_kernels(false);
 }
 
+TEST_CASE("GGUF rows stored in planes: aligned rows, the blocks' bytes, any rows read back", "[kernels]") {
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+    for (int cols : {256, 576, 1536, 2304}) {
+      INFO(dtype_name(t) << " cols " << cols);
+      const auto& info = dtype_info(t);
+      const int rows = 7;
+      const size_t raw = size_t(cols) / info.block_elems * info.block_bytes;
+      const size_t row = stored_row_bytes(t, cols);
+      std::vector<uint8_t> w(rows * raw);
+      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      const auto stored = store(t, w, rows, cols);
+      if (info.block_elems == 32) {
+        CHECK(row % 64 == 0);
+        CHECK(row >= raw);
+        CHECK(row < raw + 64 + 4 * 8);  // the alignment and the scales' padding to 8 blocks
+      } else {
+        CHECK(row == raw);
+      }
+      std::vector<uint8_t> part(2 * raw);
+      load_rows(t, stored.data(), 3, 2, cols, part.data());
+      CHECK(std::equal(part.begin(), part.end(), w.begin() + 3 * raw));
+    }
+}
+
 TEST_CASE("products on GGUF blocks give the AVX2 numbers bit for bit with AVX-512 VNNI", "[kernels]") {
   // Every byte value in the blocks (Q8_0's -128 included) against activations that reach +-127: the
   // pair sums AVX2 saturates at 16 bits come closest to the limit here.
@@ -233,9 +269,10 @@ TEST_CASE("products on GGUF blocks give the AVX2 numbers bit for bit with AVX-51
       auto x = randn(size_t(n) * in, rng);
       for (size_t i = 0; i < x.size(); i += 32) x[i] = (i / 32) % 2 ? 4.0f : -4.0f;  // each block's extreme
       std::vector<float> wide(size_t(n) * out), narrow(wide.size());
-      linear_quant_tokens(t, w.data(), nullptr, x.data(), n, in, out, wide.data());
+      const auto stored = store(t, w, out, in);
+      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, wide.data());
       cap_kernels_at_avx2(true);
-      linear_quant_tokens(t, w.data(), nullptr, x.data(), n, in, out, narrow.data());
+      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, narrow.data());
       cap_kernels_at_avx2(false);
       CHECK(wide == narrow);
     }

@@ -38,7 +38,7 @@ void add_engine_options(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option("--weights", a.weights,
                   "Weight storage: fp32 (the CPU default; matches Hugging Face), bf16 (half the bytes per "
                   "decode step; the CUDA backend's only format) or gguf (CPU: the file's Q4_0/Q4_1/Q5_0/Q5_1/"
-                  "Q8_0/Q4_K/Q6_K blocks as they are, other matrices bf16)")
+                  "Q8_0/Q4_K/Q6_K blocks, not dequantized; other matrices bf16)")
       ->check(CLI::IsMember({"fp32", "bf16", "gguf"}));
 }
 

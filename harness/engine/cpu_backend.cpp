@@ -45,11 +45,11 @@ class CpuBackend final : public Backend {
   WeightFormat weight_format() const override { return format_; }
 
   bool stores_blocks(DType type) const override { return format_ == WeightFormat::GGUF && linear_quant_supports(type); }
-  void* upload_weight_blocks(DType, std::span<const uint8_t> blocks, int, int, size_t& bytes) override {
-    bytes = blocks.size();
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  void* upload_weight_blocks(DType type, std::span<const uint8_t> blocks, int rows, int cols, size_t& bytes) override {
+    bytes = size_t(rows) * stored_row_bytes(type, cols);
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!p) fail("out of memory allocating {} MiB", bytes >> 20);
-    std::memcpy(p, blocks.data(), bytes);
+    store_rows(type, blocks.data(), rows, cols, p);
     return p;
   }
 
@@ -105,9 +105,9 @@ class CpuBackend final : public Backend {
       float* y = out.data() + i * dim;
       if (table.blocks() != DType::F32) {
         const auto& info = dtype_info(table.blocks());
-        dequantize(table.blocks(),
-                   static_cast<const uint8_t*>(table.data()) + row / info.block_elems * info.block_bytes, y,
-                   size_t(dim));
+        blocks_.resize(size_t(dim) / info.block_elems * info.block_bytes);
+        load_rows(table.blocks(), static_cast<const uint8_t*>(table.data()), ids[i], 1, dim, blocks_.data());
+        dequantize(table.blocks(), blocks_.data(), y, size_t(dim));
       } else if (format_ != WeightFormat::F32) {
         const auto* w = static_cast<const uint16_t*>(table.data()) + row;
         for (int c = 0; c < dim; ++c) y[c] = bf16_to_float(w[c]);
@@ -225,6 +225,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<RopeTable> rope_;
   std::vector<std::vector<float>> stages_;
   std::vector<float> joined_k_, joined_v_;
+  std::vector<uint8_t> blocks_;  // an embedding row as the file's blocks
 };
 
 }  // namespace

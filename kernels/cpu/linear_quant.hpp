@@ -39,9 +39,18 @@ void quantize_row_q8_k(const float* x, int n, Q8KRow& out);
 // double by the block scales (and, for Q4_K, minus its mins against the activations' sums).
 void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out, float* y);
 
-// y[n, out] = x[n, in] W[out, in]^T (+ bias). One token: x quantized, then a GEMV over the blocks
-// (AVX2 where the processor has it). More tokens (prefill): W dequantized a block of rows at a time
-// for BLAS sgemm, as ggml hands large batches to BLAS.
+// How a matrix [rows, cols] of these types is stored for the products below: the K-quants as the
+// file's blocks; the 32-value types row by row in planes (quants, Q5's fifth bits, scales, mins), each
+// row 64-byte aligned, so that the GEMV reads aligned quants and eight blocks' scales at once.
+// store_rows writes rows x stored_row_bytes(t, cols) bytes from the file's blocks; load_rows gives rows
+// r0..r0+rows-1 back as the file's blocks (for dequantize), byte for byte.
+size_t stored_row_bytes(DType t, int cols);
+void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst);
+void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8_t* blocks);
+
+// y[n, out] = x[n, in] W[out, in]^T (+ bias), W stored by store_rows. One token: x quantized, then a
+// GEMV over the blocks (AVX2 where the processor has it). More tokens (prefill): W dequantized a block
+// of rows at a time for BLAS sgemm, as ggml hands large batches to BLAS.
 void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y);
 // n tokens decoded apart (a batch of sequences): row b of y is exactly what linear_quant gives token b
 // alone (its own quantized activations, the same block products), and each weight row is read from
