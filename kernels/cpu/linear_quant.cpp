@@ -57,10 +57,10 @@ int block_isum(DType t, const uint8_t* qs, const uint8_t* qh_bits, const int8_t*
 
 // How the engine stores a row of B blocks of a 32-value type: as planes, the quants (16 bytes of
 // nibbles per block, or Q8_0's 32 signed bytes) first, then Q5's fifth bits (4 bytes per block), the
-// fp16 scales d and, for Q4_1 and Q5_1, the fp16 mins m; the two scale planes padded with zeros to a
-// multiple of 8 blocks, each row 64-byte aligned. The GEMV then reads aligned quants and eight blocks'
-// scales with one load (the file's 18- to 34-byte blocks put both at odd offsets: the one-token GEMV
-// ran 1.3-1.6x slower on them). The bytes are the file's, moved.
+// fp16 scales d and, for Q4_1 and Q5_1, the fp16 mins m; each row 16-byte aligned. The GEMV then reads
+// aligned quants and eight blocks' scales with one load (the file's 18- to 34-byte blocks put both at
+// odd offsets: the one-token GEMV ran 1.3-1.6x slower on them). The bytes are the file's, moved, and
+// at most 15 more per row.
 struct Planes {
   size_t qs = 0, qh = 0, d = 0, m = 0, stride = 0;  // byte offsets in a row, and the row's size
 };
@@ -68,12 +68,14 @@ struct Planes {
 constexpr size_t quant_bytes(DType t) { return t == DType::Q8_0 ? 32 : 16; }
 
 Planes planes(DType t, int cols) {
-  const size_t blocks = size_t(cols) / QK, padded = (blocks + 7) / 8 * 8;
+  const size_t blocks = size_t(cols) / QK;
   Planes p;
   p.qh = blocks * quant_bytes(t);
   p.d = p.qh + (has_fifth_bit(t) ? 4 * blocks : 0);
-  p.m = p.d + 2 * padded;
-  p.stride = (p.m + (has_min(t) ? 2 * padded : 0) + 63) / 64 * 64;
+  p.m = p.d + 2 * blocks;
+  // An odd block count never gives a multiple of 16 here, so a row whose last plane ends in half a
+  // 32-bit word has the word's other half inside it (the GEMV reads scales in whole words).
+  p.stride = (p.m + (has_min(t) ? 2 * blocks : 0) + 15) / 16 * 16;
   return p;
 }
 

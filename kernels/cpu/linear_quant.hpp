@@ -41,7 +41,7 @@ void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out
 
 // How a matrix [rows, cols] of these types is stored for the products below: the K-quants as the
 // file's blocks; the 32-value types row by row in planes (quants, Q5's fifth bits, scales, mins), each
-// row 64-byte aligned, so that the GEMV reads aligned quants and eight blocks' scales at once.
+// row 16-byte aligned, so that the GEMV reads aligned quants and eight blocks' scales at once.
 // store_rows writes rows x stored_row_bytes(t, cols) bytes from the file's blocks; load_rows gives rows
 // r0..r0+rows-1 back as the file's blocks (for dequantize), byte for byte.
 size_t stored_row_bytes(DType t, int cols);
