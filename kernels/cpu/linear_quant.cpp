@@ -26,6 +26,8 @@ float rdh(const uint8_t* p) {
 }
 
 size_t block_bytes(DType t) { return dtype_info(t).block_bytes; }
+// A row of `cols` values in the file's blocks.
+size_t file_row_bytes(DType t, int cols) { return size_t(cols) / dtype_info(t).block_elems * block_bytes(t); }
 
 // Q4_1 and Q5_1 blocks carry a min (value = d q + m), added as m x (d_x sum q_x).
 constexpr bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
@@ -62,7 +64,8 @@ int block_isum(DType t, const uint8_t* qs, const uint8_t* qh_bits, const int8_t*
 // odd offsets: the one-token GEMV ran 1.3-1.6x slower on them). The bytes are the file's, moved, and
 // at most 15 more per row.
 struct Planes {
-  size_t qs = 0, qh = 0, d = 0, m = 0, stride = 0;  // byte offsets in a row, and the row's size
+  size_t qs = 0, qh = 0, d = 0, m = 0, end = 0;  // byte offsets in a row; end: where its planes end
+  size_t stride = 0;                             // the row's size
 };
 
 constexpr size_t quant_bytes(DType t) { return t == DType::Q8_0 ? 32 : 16; }
@@ -75,7 +78,8 @@ Planes planes(DType t, int cols) {
   p.m = p.d + 2 * blocks;
   // An odd block count never gives a multiple of 16 here, so a row whose last plane ends in half a
   // 32-bit word has the word's other half inside it (the GEMV reads scales in whole words).
-  p.stride = (p.m + (has_min(t) ? 2 * blocks : 0) + 15) / 16 * 16;
+  p.end = p.m + (has_min(t) ? 2 * blocks : 0);
+  p.stride = (p.end + 15) / 16 * 16;
   return p;
 }
 
@@ -419,54 +423,55 @@ void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, 
 }
 
 size_t stored_row_bytes(DType t, int cols) {
-  if (is_kquant(t)) return size_t(cols) / QKK * block_bytes(t);
+  if (is_kquant(t)) return file_row_bytes(t, cols);
   return planes(t, cols).stride;
 }
 
-void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst) {
-  const size_t bb = block_bytes(t), row_bytes = size_t(cols) / size_t(dtype_info(t).block_elems) * bb;
+namespace {
+
+// Rows r0..r0+rows-1 of a matrix moved between the file's blocks and the stored layout, field by field:
+// into the planes (src the blocks, dst the stored rows) or back out of them.
+template <bool ToPlanes>
+void move_rows(DType t, const uint8_t* src, uint8_t* dst, int r0, int rows, int cols) {
+  const size_t row_bytes = file_row_bytes(t, cols);
   if (is_kquant(t)) {
-    std::memcpy(dst, blocks, size_t(rows) * row_bytes);
+    const size_t at = size_t(r0) * row_bytes;
+    std::memcpy(ToPlanes ? dst + at : dst, ToPlanes ? src : src + at, size_t(rows) * row_bytes);
     return;
   }
   const Planes pl = planes(t, cols);
-  const size_t qb = quant_bytes(t);
-#pragma omp parallel for schedule(static) if (rows > 256)
+  const size_t bb = block_bytes(t);
+#pragma omp parallel for schedule(static) if (rows > 16)
   for (int r = 0; r < rows; ++r) {
-    uint8_t* row = dst + size_t(r) * pl.stride;
-    std::memset(row, 0, pl.stride);
-    for (int i = 0; i < cols / QK; ++i) {
-      const uint8_t* b = blocks + size_t(r) * row_bytes + size_t(i) * bb;
-      std::memcpy(row + pl.qs + size_t(i) * qb, b + qs_offset(t), qb);
-      if (has_fifth_bit(t)) std::memcpy(row + pl.qh + size_t(i) * 4, b + qh_offset(t), 4);
-      std::memcpy(row + pl.d + size_t(i) * 2, b, 2);
-      if (has_min(t)) std::memcpy(row + pl.m + size_t(i) * 2, b + 2, 2);
+    const size_t stored = size_t(r0 + r) * pl.stride, file = size_t(r) * row_bytes;
+    auto field = [&](size_t in_row, size_t in_block, size_t n) {
+      if constexpr (ToPlanes)
+        std::memcpy(dst + stored + in_row, src + file + in_block, n);
+      else
+        std::memcpy(dst + file + in_block, src + stored + in_row, n);
+    };
+    if constexpr (ToPlanes) std::memset(dst + stored + pl.end, 0, pl.stride - pl.end);
+    for (size_t i = 0; i < size_t(cols) / QK; ++i) {
+      // constant sizes, so that the copies inline
+      if (t == DType::Q8_0)
+        field(pl.qs + i * 32, i * bb + qs_offset(t), 32);
+      else
+        field(pl.qs + i * 16, i * bb + qs_offset(t), 16);
+      if (has_fifth_bit(t)) field(pl.qh + i * 4, i * bb + qh_offset(t), 4);
+      field(pl.d + i * 2, i * bb, 2);
+      if (has_min(t)) field(pl.m + i * 2, i * bb + 2, 2);
     }
   }
 }
 
+}  // namespace
+
+void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst) {
+  move_rows<true>(t, blocks, dst, 0, rows, cols);
+}
+
 void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8_t* blocks) {
-  const size_t bb = block_bytes(t), row_bytes = size_t(cols) / size_t(dtype_info(t).block_elems) * bb;
-  if (is_kquant(t)) {
-    std::memcpy(blocks, stored + size_t(r0) * row_bytes, size_t(rows) * row_bytes);
-    return;
-  }
-  const Planes pl = planes(t, cols);
-  const bool q8 = t == DType::Q8_0;  // constant sizes below, so that the copies inline
-#pragma omp parallel for schedule(static) if (rows > 16)
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = stored + size_t(r0 + r) * pl.stride;
-    for (int i = 0; i < cols / QK; ++i) {
-      uint8_t* b = blocks + size_t(r) * row_bytes + size_t(i) * bb;
-      if (q8)
-        std::memcpy(b + qs_offset(t), row + pl.qs + size_t(i) * 32, 32);
-      else
-        std::memcpy(b + qs_offset(t), row + pl.qs + size_t(i) * 16, 16);
-      if (has_fifth_bit(t)) std::memcpy(b + qh_offset(t), row + pl.qh + size_t(i) * 4, 4);
-      std::memcpy(b, row + pl.d + size_t(i) * 2, 2);
-      if (has_min(t)) std::memcpy(b + 2, row + pl.m + size_t(i) * 2, 2);
-    }
-  }
+  move_rows<false>(t, stored, blocks, r0, rows, cols);
 }
 
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
@@ -509,7 +514,7 @@ void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const flo
 
 void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y) {
   if (n == 1) return linear_quant_tokens(t, w, bias, x, 1, in, out, y);
-  const size_t row_bytes = size_t(in) / size_t(dtype_info(t).block_elems) * block_bytes(t);
+  const size_t row_bytes = file_row_bytes(t, in);
   std::vector<uint8_t> blocks;
   linear_widened(x, bias, n, in, out, y, [&](int o0, int rows, float* dst) {
     blocks.resize(size_t(rows) * row_bytes);
