@@ -114,6 +114,38 @@ TEST_CASE("KV rows: a GQA group's products equal each query's own, bit for bit",
   force_portable_kernels(false);
 }
 
+TEST_CASE("ragged rows: the axpy equals its reference, and every kernel path gives the same numbers", "[kv_dtype]") {
+  // Widths from 0 to ld, so that rows end inside, at and past the vector blocks; ld not a multiple of 16.
+  for (int ld : {192, 70, 5})
+    for (int g : {1, 2, 3, 4, 7}) {
+      INFO("ld " << ld << " g " << g);
+      const size_t n = 41;
+      std::vector<uint16_t> widths(n);
+      std::mt19937 gen(uint32_t(ld * 10 + g));
+      for (auto& w : widths) w = static_cast<uint16_t>(std::uniform_int_distribution<int>(0, ld)(gen));
+      size_t total = 0;
+      for (auto w : widths) total += w;
+      const auto rows = randn(total, uint32_t(ld + g));
+      const auto p = randn(size_t(g) * n, 3);
+      const auto start = randn(size_t(g) * ld, 4);
+      std::vector<float> ref = start;
+      ragged_rows_axpy_ref(rows.data(), widths.data(), n, p.data(), g, ref.data(), ld);
+      std::vector<std::vector<float>> paths;
+      for (int level : {2, 1, 0}) {
+        force_portable_kernels(level == 0);
+        cap_kernels_at_avx2(level == 1);
+        std::vector<float> got = start;
+        ragged_rows_axpy(rows.data(), widths.data(), n, p.data(), g, got.data(), ld);
+        for (size_t i = 0; i < got.size(); ++i) REQUIRE(std::abs(got[i] - ref[i]) <= 1e-4f * (1.0f + std::abs(ref[i])));
+        paths.push_back(got);
+      }
+      cap_kernels_at_avx2(false);
+      force_portable_kernels(false);
+      REQUIRE(paths[0] == paths[1]);
+      REQUIRE(paths[1] == paths[2]);
+    }
+}
+
 TEST_CASE("dense segments at 16 bits: half the bytes, the rounded numbers, erase and store_as", "[kv_dtype]") {
   const int d = 64, n = 40;
   const auto k = randn(size_t(n) * d, 11), v = randn(size_t(n) * d, 12), q = randn(d, 13), p = randn(n, 14);

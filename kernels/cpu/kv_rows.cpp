@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -211,6 +212,92 @@ __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint1
       for (size_t i = 0; i < n; ++i) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, rows[i * size_t(d) + c]);
 }
 
+// Columns [c0, c0 + 16 W) of the ragged axpy for G weight vectors over n >= 1 rows (p_j at p + j ps):
+// the accumulators stay in registers over all rows, each row read under a mask (zeros past its width). No branch on the
+// width: widths vary from token to token, and skipping the rows that end before c0 measured slower (mispredictions).
+// Columns past ld are neither read nor written.
+template <int G, int W>
+__attribute__((target("avx512f"))) void ragged_block_avx512(const float* rows, const uint16_t* widths, size_t n,
+                                                            const float* p, size_t ps, int c0, float* acc, int ld) {
+  __m512i col[W];  // the block's column indices, against which a width gives the lanes to read
+  __m512 a[G][W];
+  for (int v = 0; v < W; ++v) {
+    col[v] = _mm512_add_epi32(_mm512_set1_epi32(c0 + 16 * v),
+                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __mmask16 inside = _mm512_cmplt_epi32_mask(col[v], _mm512_set1_epi32(ld));
+    for (int j = 0; j < G; ++j) a[j][v] = _mm512_maskz_loadu_ps(inside, acc + size_t(j) * ld + c0 + 16 * v);
+  }
+  size_t i = 0;
+  do {  // n >= 1; as a for loop (n = 0 possible), GCC stored every accumulator to the stack at each row
+    const int wi = widths[i];
+    const __m512i w = _mm512_set1_epi32(wi);
+    __m512 pi[G];
+    for (int j = 0; j < G; ++j) pi[j] = _mm512_set1_ps(p[size_t(j) * ps + i]);
+    for (int v = 0; v < W; ++v) {
+      const __m512 x = _mm512_maskz_loadu_ps(_mm512_cmplt_epi32_mask(col[v], w), rows + c0 + 16 * v);
+      for (int j = 0; j < G; ++j) a[j][v] = _mm512_fmadd_ps(pi[j], x, a[j][v]);
+    }
+    rows += wi;
+  } while (++i < n);
+  for (int v = 0; v < W; ++v) {
+    const __mmask16 inside = _mm512_cmplt_epi32_mask(col[v], _mm512_set1_epi32(ld));
+    for (int j = 0; j < G; ++j) _mm512_mask_storeu_ps(acc + size_t(j) * ld + c0 + 16 * v, inside, a[j][v]);
+  }
+}
+
+// The AVX2 twin: eight columns per register, the same fused operations in the same order.
+template <int G, int W>
+__attribute__((target("avx2,fma"))) void ragged_block_avx2(const float* rows, const uint16_t* widths, size_t n,
+                                                           const float* p, size_t ps, int c0, float* acc, int ld) {
+  __m256i col[W];
+  __m256 a[G][W];
+  for (int v = 0; v < W; ++v) {
+    col[v] = _mm256_add_epi32(_mm256_set1_epi32(c0 + 8 * v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(ld), col[v]);
+    for (int j = 0; j < G; ++j) a[j][v] = _mm256_maskload_ps(acc + size_t(j) * ld + c0 + 8 * v, inside);
+  }
+  size_t i = 0;
+  do {  // n >= 1, as above
+    const int wi = widths[i];
+    const __m256i w = _mm256_set1_epi32(wi);
+    __m256 pi[G];
+    for (int j = 0; j < G; ++j) pi[j] = _mm256_set1_ps(p[size_t(j) * ps + i]);
+    for (int v = 0; v < W; ++v) {
+      const __m256 x = _mm256_maskload_ps(rows + c0 + 8 * v, _mm256_cmpgt_epi32(w, col[v]));
+      for (int j = 0; j < G; ++j) a[j][v] = _mm256_fmadd_ps(pi[j], x, a[j][v]);
+    }
+    rows += wi;
+  } while (++i < n);
+  for (int v = 0; v < W; ++v) {
+    const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(ld), col[v]);
+    for (int j = 0; j < G; ++j) _mm256_maskstore_ps(acc + size_t(j) * ld + c0 + 8 * v, inside, a[j][v]);
+  }
+}
+
+// G (at most 3) weight vectors: 32 rows at a time (a few KiB, kept in L1), each over all column blocks,
+// 64 columns per block with AVX-512 (G x 4 accumulators of 32 registers) and 16 with AVX2 (G x 2 of 16), so that the
+// rows come from memory once and not once per block.
+template <int G>
+void ragged_rows_axpy_group(const float* rows, const uint16_t* widths, size_t n, const float* p, float* acc, int ld) {
+  constexpr size_t kRows = 32;
+  const bool avx512 = cpu_has_avx512(), avx2 = cpu_has_avx2();
+  for (size_t i0 = 0; i0 < n; i0 += kRows) {
+    const size_t m = std::min(kRows, n - i0);
+    if (avx512) {
+      for (int c0 = 0; c0 < ld; c0 += 64) ragged_block_avx512<G, 4>(rows, widths + i0, m, p + i0, n, c0, acc, ld);
+    } else if (avx2) {
+      for (int c0 = 0; c0 < ld; c0 += 16) ragged_block_avx2<G, 2>(rows, widths + i0, m, p + i0, n, c0, acc, ld);
+    } else {
+      const float* r = rows;
+      for (size_t i = i0; i < i0 + m; r += widths[i], ++i)
+        for (int j = 0; j < G; ++j)
+          for (int c = 0; c < widths[i]; ++c)
+            acc[size_t(j) * ld + c] = std::fma(p[size_t(j) * n + i], r[c], acc[size_t(j) * ld + c]);
+    }
+    for (size_t i = i0; i < i0 + m; ++i) rows += widths[i];
+  }
+}
+
 __attribute__((target("avx2,fma,f16c"))) void encode_f16_avx2(const float* src, size_t n, uint16_t* dst) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -310,6 +397,30 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
       axpy16_avx2<2>(t, r, n, d, p, acc);
     else
       axpy16_avx2<1>(t, r, n, d, p, acc);
+  }
+}
+
+void ragged_rows_axpy(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc, int ld) {
+  for (int j = 0; j < g; j += 3, p += 3 * n, acc += 3 * size_t(ld)) switch (std::min(3, g - j)) {
+      case 3:
+        ragged_rows_axpy_group<3>(rows, widths, n, p, acc, ld);
+        break;
+      case 2:
+        ragged_rows_axpy_group<2>(rows, widths, n, p, acc, ld);
+        break;
+      default:
+        ragged_rows_axpy_group<1>(rows, widths, n, p, acc, ld);
+    }
+}
+
+void ragged_rows_axpy_ref(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc,
+                          int ld) {
+  for (int j = 0; j < g; ++j) {
+    std::vector<double> sum(acc + size_t(j) * ld, acc + size_t(j + 1) * ld);
+    const float* r = rows;
+    for (size_t i = 0; i < n; r += widths[i], ++i)
+      for (int c = 0; c < widths[i]; ++c) sum[size_t(c)] += double(p[size_t(j) * n + i]) * r[c];
+    for (int c = 0; c < ld; ++c) acc[size_t(j) * ld + c] = static_cast<float>(sum[size_t(c)]);
   }
 }
 

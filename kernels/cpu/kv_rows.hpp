@@ -34,6 +34,15 @@ void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* 
 void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g = 1);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
+// Ragged fp32 rows, packed one after another: row i holds its widths[i] leading values, the rest of its
+// ld are zero (a latent cache whose tokens keep different numbers of coordinates). For g weight
+// vectors (p [g, n], acc [g, ld]): acc_j += sum_i p_j[i] row_i, each row read once for all of them.
+// Every path (AVX-512, AVX2, portable) adds the rows in order with one fused multiply-add per value, so
+// all give the same numbers; the reference sums in double.
+void ragged_rows_axpy(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc, int ld);
+void ragged_rows_axpy_ref(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc,
+                          int ld);
+
 // Whether the hand-written AVX2 kernels run (KV rows, quantized KV, weight GEMVs, prefill attention's
 // register tiles): the processor has AVX2, FMA and F16C, and the portable loops are not forced, by
 // force_portable_kernels (tests cover both paths on one machine) or by KVBENCH_KERNELS=portable in the

@@ -35,6 +35,7 @@
 #include "harness/util/error.hpp"
 #include "harness/util/linalg.hpp"
 #include "harness/util/progress.hpp"
+#include "kernels/cpu/kv_rows.hpp"
 #include "methods/dynakv/maps.hpp"
 #include "methods/dynakv/train_hook.hpp"
 
@@ -215,6 +216,7 @@ struct LatentStore {
   std::vector<uint16_t> k_width, v_width;
   std::vector<int32_t> pos;
   KvDtype dtype = KvDtype::F32;
+  int head_dim = 0;
   // A decode step's token, from the transform, until the layer's segments take it (append_token).
   std::vector<float> next_k, next_v;
   int32_t next_pos = -1;
@@ -236,6 +238,7 @@ struct LatentStore {
     out->value_map = value_map;
     out->rope = rope;
     out->dtype = dtype;
+    out->head_dim = head_dim;
     std::vector<size_t> k_off(pos.size() + 1, 0), v_off(pos.size() + 1, 0);
     for (size_t t = 0; t < pos.size(); ++t) {
       k_off[t + 1] = k_off[t] + k_width[t];
@@ -249,7 +252,57 @@ struct LatentStore {
     dtype = t;
     for (float& x : k) x = kv_round(t, x);
     for (float& x : v) x = kv_round(t, x);
+    std::lock_guard lock(keys_mu);
+    keys_built = kNone;
   }
+
+  // Every head's keys, reconstructed from the latent and rotated, rebuilt in full whenever the store
+  // has grown, so every step pays the reconstruction as DynaKV's attention does; scratch reused
+  // between steps, not cache, and not charged. Row i is token key_order[i]'s [n_kv_heads x head_dim]:
+  // tokens go in order of width, so that the GEMM tiles of dynakv_expand_rows are hardly padded. The
+  // engine's append_token builds them outside the parallel attention, over all threads; a segment
+  // read first (as in the tests) builds them on its own thread.
+  const float* rebuilt_keys() const {
+    std::lock_guard lock(keys_mu);
+    const size_t n = pos.size();
+    if (keys_built == n) return keys.data();
+    const int d = key_map->d;
+    std::vector<size_t> off(n + 1, 0), count(size_t(d) + 2, 0);
+    for (size_t t = 0; t < n; ++t) {
+      off[t + 1] = off[t] + k_width[t];
+      ++count[size_t(k_width[t]) + 1];
+    }
+    for (size_t w = 1; w < count.size(); ++w) count[w] += count[w - 1];  // first row of each width
+    key_order.resize(n);
+    for (size_t t = 0; t < n; ++t) key_order[count[k_width[t]]++] = static_cast<uint32_t>(t);
+    std::vector<const float*> rows(n);
+    std::vector<int> widths(n);
+    std::vector<int32_t> order_pos(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t t = key_order[i];
+      rows[i] = k.data() + off[t];
+      widths[i] = k_width[t];
+      order_pos[i] = pos[t];
+    }
+    keys.resize(n * size_t(d));
+    // Tile by tile, each rotated while it is in cache.
+    constexpr size_t kTile = 64;
+    const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
+#pragma omp parallel for schedule(dynamic, 4) if (tiles > 1)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const size_t t0 = size_t(tile) * kTile, m = std::min(kTile, n - t0);
+      float* out = keys.data() + t0 * d;
+      dynakv_expand_rows(*key_map, std::span(rows).subspan(t0, m), std::span(widths).subspan(t0, m), 0, d, out);
+      rope->apply(out, static_cast<int>(m), d / head_dim, head_dim, order_pos.data() + t0);
+    }
+    keys_built = n;
+    return keys.data();
+  }
+  static constexpr size_t kNone = ~size_t(0);
+  mutable std::mutex keys_mu;
+  mutable std::vector<float> keys;
+  mutable std::vector<uint32_t> key_order;
+  mutable size_t keys_built = kNone;
 };
 
 // The view of one KV head onto its layer's LatentStore; the store is charged once, by head 0.
@@ -262,64 +315,42 @@ class LatentSegment final : public Segment {
   std::span<const int32_t> positions() const override { return s_->pos; }
   size_t bytes() const override { return head_ == 0 ? s_->bytes() : 0; }
   void logits(const float* q, float* scores) const override {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(size()), d_, 1.0f, keys(), d_, q, 1, 0.0f, scores, 1);
+    const float* keys = s_->rebuilt_keys();
+    const size_t n = size();
+    thread_local std::vector<float> by_width;
+    by_width.resize(n);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), d_, 1.0f, keys + size_t(head_) * d_, s_->key_map->d,
+                q, 1, 0.0f, by_width.data(), 1);
+    for (size_t i = 0; i < n; ++i) scores[s_->key_order[i]] = by_width[i];
   }
-  void accumulate(const float* p, float* acc) const override {
+  void accumulate(const float* p, float* acc) const override { accumulate_group(p, 1, d_, acc); }
+  // Values through the factored path, each latent row read once for the group's query heads:
+  // pooled_j = sum_t p_jt x~_t (each token's kept coordinates), then acc_j += pooled_j U^-1[:, head].
+  void accumulate_group(const float* p, int g, int, float* acc) const override {
     const int dkv = s_->value_map->d;
-    std::vector<float> pooled(static_cast<size_t>(dkv), 0.0f), out(static_cast<size_t>(d_));
-    size_t off = 0;
-    for (size_t t = 0; t < size(); ++t) {
-      for (int i = 0; i < s_->v_width[t]; ++i) pooled[size_t(i)] += p[t] * s_->v[off + size_t(i)];
-      off += s_->v_width[t];
+    const size_t n = size();
+    std::vector<float> pooled(size_t(g) * dkv, 0.0f), out(static_cast<size_t>(d_));
+    ragged_rows_axpy(s_->v.data(), s_->v_width.data(), n, p, g, pooled.data(), dkv);
+    for (int j = 0; j < g; ++j) {
+      dynakv_expand(*s_->value_map, pooled.data() + size_t(j) * dkv, dkv, head_ * d_, d_, out.data());
+      for (int c = 0; c < d_; ++c) acc[size_t(j) * d_ + c] += out[size_t(c)];
     }
-    dynakv_expand(*s_->value_map, pooled.data(), dkv, head_ * d_, d_, out.data());
-    for (int j = 0; j < d_; ++j) acc[j] += out[size_t(j)];
   }
-  void store_as(KvDtype t) override {
-    s_->store_as(t);
-    std::lock_guard lock(mu_);
-    built_ = kNone;
-  }
-  // The engine appends a decoded token head by head; the first head commits the transform's latent.
+  void store_as(KvDtype t) override { s_->store_as(t); }
+  // The engine appends a decoded token head by head; the first head commits the transform's latent
+  // and rebuilds the keys for the step.
   bool append_token(const float*, const float*, int32_t p) override {
     if (s_->next_pos != p) return !s_->pos.empty() && s_->pos.back() == p;
     s_->add(s_->next_k.data(), static_cast<int>(s_->next_k.size()), s_->next_v.data(),
             static_cast<int>(s_->next_v.size()), p);
     s_->next_pos = -1;
+    s_->rebuilt_keys();
     return true;
   }
 
  private:
-  // This head's keys, reconstructed from the latent and rotated, once per decode step for all the
-  // query heads of its group (they call logits in parallel; the first one builds them). Rebuilt in
-  // full whenever the store has grown, so every step pays the reconstruction as DynaKV's attention
-  // does; the buffer is scratch reused between steps, not cache, and is not charged.
-  const float* keys() const {
-    std::lock_guard lock(mu_);
-    const size_t n = size();
-    if (built_ != n) {
-      std::vector<const float*> rows(n);
-      std::vector<int> widths(n);
-      size_t off = 0;
-      for (size_t t = 0; t < n; ++t) {
-        rows[t] = s_->k.data() + off;
-        widths[t] = s_->k_width[t];
-        off += widths[t];
-      }
-      keys_.resize(n * size_t(d_));
-      dynakv_expand_rows(*s_->key_map, rows, widths, head_ * d_, d_, keys_.data());
-      s_->rope->apply(keys_.data(), static_cast<int>(n), 1, d_, s_->pos.data());
-      built_ = n;
-    }
-    return keys_.data();
-  }
-
-  static constexpr size_t kNone = ~size_t(0);
   std::shared_ptr<LatentStore> s_;
   int head_, d_;
-  mutable std::mutex mu_;
-  mutable std::vector<float> keys_;
-  mutable size_t built_ = kNone;
 };
 
 class DynaKV final : public Method, public KvTransform {
@@ -360,6 +391,7 @@ class DynaKV final : public Method, public KvTransform {
       s->key_map = &maps[0];
       s->value_map = &maps[1];
       s->rope = rope_;
+      s->head_dim = model().head_dim;
       stores_[size_t(layer)] = s;
     }
     LatentStore& s = *stores_[size_t(layer)];
