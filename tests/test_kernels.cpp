@@ -123,6 +123,15 @@ TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kerne
     if (q.d[i] != 0.0f) CHECK(qmax == 127);
     CHECK(q.s[i] == Approx(q.d[i] * float(sum)).epsilon(1e-3));
   }
+  // With max |x| = 127, d = 1 and the values themselves are rounded: halves away from zero (roundf),
+  // and the float just below a half down.
+  const std::vector<float> halves = {127.0f, 2.5f,    -2.5f,       0.5f,         -0.5f,
+                                     126.5f, -126.5f, 0.49999997f, -0.49999997f, 3.4f};
+  std::vector<float> y(32, 0.0f);
+  std::copy(halves.begin(), halves.end(), y.begin());
+  quantize_row_q8(y.data(), 32, q);
+  REQUIRE(q.d[0] == 1.0f);
+  for (size_t j = 0; j < halves.size(); ++j) CHECK(q.q[j] == static_cast<int8_t>(std::round(halves[j])));
 }
 
 namespace {
