@@ -167,17 +167,32 @@ int parts_per_head(int cache_heads, int group, int threads) {
 }  // namespace
 
 void attend(const LayerCache& cache, const float* q, float* out) {
-  const int d = cache.head_dim(), heads = cache.n_cache_heads();
-  const int group = cache.n_query_heads() / heads;
-  const int parts = parts_per_head(heads, group, omp_get_max_threads());
+  const LayerCache* one = &cache;
+  attend_batch({&one, 1}, q, out);
+}
+
+void attend_batch(std::span<const LayerCache* const> caches, const float* q, float* out) {
+  if (caches.empty()) return;
+  const LayerCache& first = *caches[0];
+  const int d = first.head_dim(), heads = first.n_cache_heads(), hq = first.n_query_heads();
+  for (const LayerCache* c : caches)
+    if (c->head_dim() != d || c->n_cache_heads() != heads || c->n_query_heads() != hq)
+      fail("attend_batch: the batch's caches differ in shape");
+  const int group = hq / heads;
+  const auto batch = static_cast<int>(caches.size());
+  const int parts = parts_per_head(batch * heads, group, omp_get_max_threads());
+  const int tasks_per_seq = heads * parts;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  // Tasks are independent; BLAS calls inside the region run on the calling thread.
+  // Tasks are independent (every sequence's heads in one region, so that a batch's threads share the
+  // work evenly); BLAS calls inside the region run on the calling thread.
 #pragma omp parallel
   {
     std::vector<float> scores, acc, m, l;
 #pragma omp for schedule(static)
-    for (int task = 0; task < heads * parts; ++task) {
-      const int head = task / parts, part = task % parts;
+    for (int task = 0; task < batch * tasks_per_seq; ++task) {
+      const LayerCache& cache = *caches[size_t(task / tasks_per_seq)];
+      const size_t row = size_t(task / tasks_per_seq) * size_t(hq) * d;
+      const int head = task % tasks_per_seq / parts, part = task % parts;
       // Query heads [h0, h1) of this cache head's group.
       const int h0 = head * group + part * group / parts, h1 = head * group + (part + 1) * group / parts;
       const int g = h1 - h0;
@@ -188,7 +203,7 @@ void attend(const LayerCache& cache, const float* q, float* out) {
         const size_t n = seg->size();
         if (n == 0) continue;
         scores.resize(size_t(g) * n);
-        seg->logits_group(q + size_t(h0) * d, g, d, scores.data());
+        seg->logits_group(q + row + size_t(h0) * d, g, d, scores.data());
         for (int j = 0; j < g; ++j) {
           float* sj = scores.data() + size_t(j) * n;
           for (size_t t = 0; t < n; ++t) sj[t] *= scale;
@@ -202,7 +217,7 @@ void attend(const LayerCache& cache, const float* q, float* out) {
         seg->accumulate_group(scores.data(), g, d, acc.data());
       }
       for (int j = 0; j < g; ++j) {
-        float* oh = out + size_t(h0 + j) * d;
+        float* oh = out + row + size_t(h0 + j) * d;
         for (int c = 0; c < d; ++c) oh[c] = l[j] > 0 ? acc[size_t(j) * d + c] / l[j] : 0.0f;
       }
     }

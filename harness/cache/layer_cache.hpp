@@ -166,6 +166,9 @@ class LayerCache {
 // Attention of one token's queries q[n_query_heads, d] over a cache: out[n_query_heads, d]. Online
 // softmax across segments with scale 1/sqrt(d).
 void attend(const LayerCache& cache, const float* q, float* out);
+// The same for a batch of sequences, one token each: q and out hold row b for caches[b]. Every
+// sequence's heads share one parallel region; each row is what attend gives it alone.
+void attend_batch(std::span<const LayerCache* const> caches, const float* q, float* out);
 // Plain reference: gathers every segment's logits first, one softmax, then the weighted sum.
 void attend_ref(const LayerCache& cache, const float* q, float* out);
 

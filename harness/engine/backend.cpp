@@ -33,6 +33,10 @@ void Backend::linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias
   if (n != 1) fail("the {} backend decodes one sequence at a time, not a batch of {}", name(), n);
   linear(x, w, bias, 1, in, out, y);
 }
+void Backend::attention_decode_batch(std::span<const LayerCache* const> caches, const Buffer& q, Buffer& out) {
+  for (size_t b = 0; b < caches.size(); ++b) attention_decode(*caches[b], q, out, b);
+}
+
 void Backend::attention_prefill_continued(const Buffer&, const Buffer&, const Buffer&, const PastKV&, int, int, int,
                                           int, Buffer&, std::vector<float>*) {
   fail("the {} backend cannot continue a prefill from kept keys and values", name());

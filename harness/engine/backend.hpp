@@ -157,6 +157,8 @@ class Backend {
                                            int hq, int hkv, int d, Buffer& out, std::vector<float>* colsum);
   // One query token, row `row` of q[*, hq, d], over a KV cache -> the same row of out[*, hq, d].
   virtual void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out, size_t row = 0) = 0;
+  // A batch of sequences, row b of q and out for caches[b]; by default attention_decode row by row.
+  virtual void attention_decode_batch(std::span<const LayerCache* const> caches, const Buffer& q, Buffer& out);
   // A new sequence begins: device copies of earlier caches may be dropped.
   virtual void forget_caches() {}
   // Decoding fast path: appends one token's k/v ([n_kv_heads, d], post-RoPE, still in backend memory)

@@ -195,6 +195,12 @@ class CpuBackend final : public Backend {
     const size_t at = row * size_t(cache.n_query_heads()) * size_t(cache.head_dim());
     attend(cache, q.data() + at, out.data() + at);
   }
+  void attention_decode_batch(std::span<const LayerCache* const> caches, const Buffer& q, Buffer& out) override {
+    OpTimer t(*this, profiling_, stats_.attention_seconds);
+    for (const LayerCache* c : caches)
+      stats_.attention_flops += 4.0 * c->head_dim() * c->n_query_heads() * static_cast<double>(c->tokens(0));
+    attend_batch(caches, q.data(), out.data());
+  }
 
  private:
   // Prefill's products (GEMM for n tokens of one sequence) or `apart` n tokens of n sequences.

@@ -511,6 +511,7 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
   float* staged = defer ? b.stage(kDecodeSlot, size_t(cfg_.n_layers) * 2 * KV) : nullptr;
   std::vector<bool> deferred(cfg_.n_layers, false);
   std::vector<float> hk(n * KV), hv(n * KV), hq_rows(observed ? n * Q : 0);
+  std::vector<const LayerCache*> layer_caches(n);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
     norm(L.attn_norm, x, B, h);
@@ -528,7 +529,8 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
       b.download(v, hv);
       for (size_t s = 0; s < n; ++s) append_token(seqs[s]->caches_[l], hk.data() + s * KV, hv.data() + s * KV, pos[s]);
     }
-    for (size_t s = 0; s < n; ++s) b.attention_decode(seqs[s]->caches_[l], q, attn, s);
+    for (size_t s = 0; s < n; ++s) layer_caches[s] = &seqs[s]->caches_[l];
+    b.attention_decode_batch(layer_caches, q, attn);
     if (observed) {
       b.download(q, hq_rows);
       for (size_t s = 0; s < n; ++s)
