@@ -190,19 +190,21 @@ class CpuBackend final : public Backend {
   }
 
   void attention_decode(const LayerCache& cache, const Buffer& q, Buffer& out, size_t row) override {
-    OpTimer t(*this, profiling_, stats_.attention_seconds);
-    stats_.attention_flops += 4.0 * cache.head_dim() * cache.n_query_heads() * static_cast<double>(cache.tokens(0));
+    const LayerCache* one = &cache;
     const size_t at = row * size_t(cache.n_query_heads()) * size_t(cache.head_dim());
-    attend(cache, q.data() + at, out.data() + at);
+    attend_rows({&one, 1}, q.data() + at, out.data() + at);
   }
   void attention_decode_batch(std::span<const LayerCache* const> caches, const Buffer& q, Buffer& out) override {
-    OpTimer t(*this, profiling_, stats_.attention_seconds);
-    for (const LayerCache* c : caches)
-      stats_.attention_flops += 4.0 * c->head_dim() * c->n_query_heads() * static_cast<double>(c->tokens(0));
-    attend_batch(caches, q.data(), out.data());
+    attend_rows(caches, q.data(), out.data());
   }
 
  private:
+  void attend_rows(std::span<const LayerCache* const> caches, const float* q, float* out) {
+    OpTimer t(*this, profiling_, stats_.attention_seconds);
+    for (const LayerCache* c : caches)
+      stats_.attention_flops += 4.0 * c->head_dim() * c->n_query_heads() * static_cast<double>(c->tokens(0));
+    attend_batch(caches, q, out);
+  }
   // Prefill's products (GEMM for n tokens of one sequence) or `apart` n tokens of n sequences.
   void multiply(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y, bool apart) {
     OpTimer t(*this, profiling_, stats_.linear_seconds);

@@ -285,12 +285,11 @@ struct LatentStore {
       order_pos[i] = pos[t];
     }
     keys.resize(n * size_t(d));
-    // Tile by tile, each rotated while it is in cache.
-    constexpr size_t kTile = 64;
-    const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
+    // Tile by tile over the threads, each rotated while it is in cache.
+    const auto tiles = static_cast<int64_t>((n + kDynaKvExpandTile - 1) / kDynaKvExpandTile);
 #pragma omp parallel for schedule(dynamic, 4) if (tiles > 1)
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      const size_t t0 = size_t(tile) * kTile, m = std::min(kTile, n - t0);
+      const size_t t0 = size_t(tile) * kDynaKvExpandTile, m = std::min(kDynaKvExpandTile, n - t0);
       float* out = keys.data() + t0 * d;
       dynakv_expand_rows(*key_map, std::span(rows).subspan(t0, m), std::span(widths).subspan(t0, m), 0, d, out);
       rope->apply(out, static_cast<int>(m), d / head_dim, head_dim, order_pos.data() + t0);

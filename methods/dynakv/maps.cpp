@@ -132,21 +132,14 @@ void dynakv_expand(const DynaKvMap& map, const float* lat, int k, int col0, int 
 
 void dynakv_expand_rows(const DynaKvMap& map, std::span<const float* const> rows, std::span<const int> widths, int col0,
                         int cols, float* out) {
-  constexpr size_t kTile = 64;
-  const auto tiles = static_cast<int64_t>((rows.size() + kTile - 1) / kTile);
-  // Tiles are independent; BLAS calls inside the region run on the calling thread.
-#pragma omp parallel if (tiles > 1)
-  {
-    std::vector<float> pad;
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      const size_t t0 = size_t(tile) * kTile, n = std::min(kTile, rows.size() - t0);
-      const int k = *std::max_element(widths.begin() + t0, widths.begin() + t0 + n);
-      pad.assign(n * size_t(k), 0.0f);
-      for (size_t t = 0; t < n; ++t) std::copy_n(rows[t0 + t], widths[t0 + t], pad.data() + t * k);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), cols, k, 1.0f, pad.data(), k,
-                  map.U_inv.data() + col0, map.d, 0.0f, out + t0 * cols, cols);
-    }
+  std::vector<float> pad;
+  for (size_t t0 = 0; t0 < rows.size(); t0 += kDynaKvExpandTile) {
+    const size_t n = std::min(kDynaKvExpandTile, rows.size() - t0);
+    const int k = *std::max_element(widths.begin() + t0, widths.begin() + t0 + n);
+    pad.assign(n * size_t(k), 0.0f);
+    for (size_t t = 0; t < n; ++t) std::copy_n(rows[t0 + t], widths[t0 + t], pad.data() + t * k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), cols, k, 1.0f, pad.data(), k,
+                map.U_inv.data() + col0, map.d, 0.0f, out + t0 * cols, cols);
   }
 }
 

@@ -47,10 +47,11 @@ void dynakv_soft_reconstruct(const DynaKvMap& map, const DynaKvGate& g, float* x
 // Inference's hard path for one token: out[0..cols) = lat[0..k) U^-1[0..k, col0 .. col0 + cols).
 void dynakv_expand(const DynaKvMap& map, const float* lat, int k, int col0, int cols, float* out);
 // The hard path for n tokens at once, rows[t] holding widths[t] coordinates: out[n, cols]. A GEMM per
-// tile of 64 tokens over the tile's widest row, zero-padded, tiles spread over the threads (attention
-// rebuilds every cached key each step, so this is where decode over a DynaKV cache spends its time:
-// callers give rows in order of width, so that little of a tile is padding); dynakv_expand per row is
-// the reference.
+// tile of kDynaKvExpandTile tokens over the tile's widest row, zero-padded (attention rebuilds every
+// cached key each step, so this is where decode over a DynaKV cache spends its time: it gives rows in
+// order of width, so that little of a tile is padding, and spreads its tiles over the threads);
+// dynakv_expand per row is the reference.
+inline constexpr size_t kDynaKvExpandTile = 64;
 void dynakv_expand_rows(const DynaKvMap& map, std::span<const float* const> rows, std::span<const int> widths, int col0,
                         int cols, float* out);
 
