@@ -138,7 +138,7 @@ namespace {
 
 // The matrix [rows, cols] of blocks as the products read it, checked to give the blocks back.
 std::vector<uint8_t> store(DType t, const std::vector<uint8_t>& blocks, int rows, int cols) {
-  std::vector<uint8_t> stored(size_t(rows) * stored_row_bytes(t, cols)), back(blocks.size());
+  std::vector<uint8_t> stored(stored_bytes(t, rows, cols)), back(blocks.size());
   store_rows(t, blocks.data(), rows, cols, stored.data());
   load_rows(t, stored.data(), 0, rows, cols, back.data());
   REQUIRE(back == blocks);
@@ -234,35 +234,32 @@ TEST_CASE("products on Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 blocks equal their refere
   force_portable_kernels(false);
 }
 
-TEST_CASE("GGUF rows stored in planes: 16-byte rows, the blocks' bytes, any rows read back", "[kernels]") {
+TEST_CASE("GGUF matrices stored in tiles: the blocks' bytes, any rows read back", "[kernels]") {
   std::mt19937 rng(9);
   std::uniform_int_distribution<int> byte(0, 255);
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K})
-    for (int cols : {256, 416, 576, 1536, 2304}) {
-      INFO(dtype_name(t) << " cols " << cols);
-      const auto& info = dtype_info(t);
-      const int rows = 7;
-      const size_t raw = size_t(cols) / info.block_elems * info.block_bytes;
-      const size_t row = stored_row_bytes(t, cols);
-      std::vector<uint8_t> w(rows * raw);
-      for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
-      const auto stored = store(t, w, rows, cols);
-      if (info.block_elems == 32) {
-        CHECK(row % 16 == 0);
-        CHECK(row >= raw);
-        CHECK(row < raw + 16);  // the alignment only
-      } else {
-        CHECK(row == raw);
+    for (int cols : {256, 416, 576, 1536, 2304})
+      for (int rows : {7, 16, 37}) {
+        INFO(dtype_name(t) << " cols " << cols << " rows " << rows);
+        const auto& info = dtype_info(t);
+        const size_t raw = size_t(cols) / info.block_elems * info.block_bytes;
+        std::vector<uint8_t> w(rows * raw);
+        for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+        const auto stored = store(t, w, rows, cols);
+        // the file's bytes, the 32-value types' last tile padded to 16 rows
+        const int padded = info.block_elems == 32 ? (rows + 15) / 16 * 16 : rows;
+        CHECK(stored.size() == size_t(padded) * raw);
+        for (int r0 : {3, rows - 2}) {  // inside the first tile, and across the last two
+          std::vector<uint8_t> part(2 * raw);
+          load_rows(t, stored.data(), r0, 2, cols, part.data());
+          CHECK(std::equal(part.begin(), part.end(), w.begin() + r0 * raw));
+        }
       }
-      std::vector<uint8_t> part(2 * raw);
-      load_rows(t, stored.data(), 3, 2, cols, part.data());
-      CHECK(std::equal(part.begin(), part.end(), w.begin() + 3 * raw));
-    }
 }
 
 TEST_CASE("products on stored GGUF rows read nothing past the matrix", "[kernels]") {
-  // The GEMV reads scales in 32-bit words, half a word past an odd count of blocks: each matrix here
-  // ends where a page that may not be read begins, so such a read past its last row would fault.
+  // Each matrix here ends where a page that may not be read begins, so a read past its last tile (or a
+  // prefetch turned into a load) would fault.
   const bool portable = GENERATE(false, true);
   force_portable_kernels(portable);
   std::mt19937 rng(10);
@@ -273,7 +270,7 @@ TEST_CASE("products on stored GGUF rows read nothing past the matrix", "[kernels
         INFO(dtype_name(t) << " cols " << cols << " rows " << rows);
         std::vector<uint8_t> w(size_t(rows) * cols / 32 * dtype_info(t).block_bytes);
         for (auto& b : w) b = static_cast<uint8_t>(rng() & 0x3f);  // fp16 scales stay small and finite
-        const size_t bytes = size_t(rows) * stored_row_bytes(t, cols), span = (bytes + page - 1) / page * page + page;
+        const size_t bytes = stored_bytes(t, rows, cols), span = (bytes + page - 1) / page * page + page;
         void* base = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         REQUIRE(base != MAP_FAILED);
         REQUIRE(mprotect(static_cast<uint8_t*>(base) + span - page, page, PROT_NONE) == 0);
@@ -289,14 +286,14 @@ TEST_CASE("products on stored GGUF rows read nothing past the matrix", "[kernels
   force_portable_kernels(false);
 }
 
-TEST_CASE("products on GGUF blocks give the AVX2 numbers bit for bit with AVX-512 VNNI", "[kernels]") {
+TEST_CASE("products on GGUF blocks: AVX-512 VNNI, AVX2 and portable kernels give the same numbers", "[kernels]") {
   // Every byte value in the blocks (Q8_0's -128 included) against activations that reach +-127: the
-  // pair sums AVX2 saturates at 16 bits come closest to the limit here.
+  // pair sums AVX2 saturates at 16 bits come closest to the limit here. Row counts off the 16-row tiles.
   std::mt19937 rng(8);
   std::uniform_int_distribution<int> byte(0, 255);
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
     for (auto [n, in, out] :
-         {std::tuple{1, 576, 37}, {3, 64, 9}, {4, 1536, 16}, {9, 576, 21}, {1, 416, 9}, {3, 224, 5}}) {
+         {std::tuple{1, 576, 37}, {3, 64, 9}, {4, 1536, 16}, {9, 576, 21}, {1, 416, 9}, {3, 224, 5}, {8, 96, 48}}) {
       INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
       const auto& info = dtype_info(t);
       std::vector<uint8_t> w(size_t(out) * in / info.block_elems * info.block_bytes);
@@ -309,13 +306,17 @@ TEST_CASE("products on GGUF blocks give the AVX2 numbers bit for bit with AVX-51
         }
       auto x = randn(size_t(n) * in, rng);
       for (size_t i = 0; i < x.size(); i += 32) x[i] = (i / 32) % 2 ? 4.0f : -4.0f;  // each block's extreme
-      std::vector<float> wide(size_t(n) * out), narrow(wide.size());
+      std::vector<float> wide(size_t(n) * out), narrow(wide.size()), portable(wide.size());
       const auto stored = store(t, w, out, in);
       linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, wide.data());
       cap_kernels_at_avx2(true);
       linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, narrow.data());
       cap_kernels_at_avx2(false);
+      force_portable_kernels(true);
+      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, portable.data());
+      force_portable_kernels(false);
       CHECK(wide == narrow);
+      CHECK(portable == narrow);
     }
 }
 

@@ -40,7 +40,7 @@ class Buffer {
 // How weight matrices are stored. fp32: as loaded (dequantized), the mode that matches Hugging Face
 // and the CPU default. bf16: rounded once to nearest even, half the bytes a decode step reads (fp32
 // activations and accumulation still); the CUDA backend's only format. gguf (CPU): the file's own
-// quantized blocks (Q4_0 to Q8_0 rearranged in planes per row, the same bytes), multiplied as ggml
+// quantized blocks (Q4_0 to Q8_0 rearranged in tiles of 16 rows, the same bytes), multiplied as ggml
 // does (kernels/cpu/linear_quant.hpp); matrices of other types are stored as bf16.
 enum class WeightFormat { F32, BF16, GGUF };
 // "fp32", "bf16" or "gguf"; an Error naming `what` (the option or field) otherwise.

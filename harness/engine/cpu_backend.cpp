@@ -46,7 +46,7 @@ class CpuBackend final : public Backend {
 
   bool stores_blocks(DType type) const override { return format_ == WeightFormat::GGUF && linear_quant_supports(type); }
   void* upload_weight_blocks(DType type, std::span<const uint8_t> blocks, int rows, int cols, size_t& bytes) override {
-    bytes = size_t(rows) * stored_row_bytes(type, cols);
+    bytes = stored_bytes(type, rows, cols);
     auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!p) fail("out of memory allocating {} MiB", bytes >> 20);
     store_rows(type, blocks.data(), rows, cols, p);

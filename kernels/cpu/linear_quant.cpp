@@ -57,56 +57,7 @@ int block_isum(DType t, const uint8_t* qs, const uint8_t* qh_bits, const int8_t*
   return sum;
 }
 
-// How the engine stores a row of B blocks of a 32-value type: as planes, the quants (16 bytes of
-// nibbles per block, or Q8_0's 32 signed bytes) first, then Q5's fifth bits (4 bytes per block), the
-// fp16 scales d and, for Q4_1 and Q5_1, the fp16 mins m; each row 16-byte aligned. The GEMV then reads
-// aligned quants and eight blocks' scales with one load (the file's 18- to 34-byte blocks put both at
-// odd offsets: the one-token GEMV ran 1.3-1.6x slower on them). The bytes are the file's, moved, and
-// at most 15 more per row.
-struct Planes {
-  size_t qs = 0, qh = 0, d = 0, m = 0, end = 0;  // byte offsets in a row; end: where its planes end
-  size_t stride = 0;                             // the row's size
-};
-
-constexpr size_t quant_bytes(DType t) { return t == DType::Q8_0 ? 32 : 16; }
-
-Planes planes(DType t, int cols) {
-  const size_t blocks = size_t(cols) / QK;
-  Planes p;
-  p.qh = blocks * quant_bytes(t);
-  p.d = p.qh + (has_fifth_bit(t) ? 4 * blocks : 0);
-  p.m = p.d + 2 * blocks;
-  // An odd block count never gives a multiple of 16 here, so a row whose last plane ends in half a
-  // 32-bit word has the word's other half inside it (the GEMV reads scales in whole words).
-  p.end = p.m + (has_min(t) ? 2 * blocks : 0);
-  p.stride = (p.end + 15) / 16 * 16;
-  return p;
-}
-
 bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
-
-// Asks for the weight bytes 4 KiB past the row about to be multiplied (one row's worth, within the
-// matrix). A decode step multiplies some 200 matrices of 0.1-0.6 MiB once each, too short for the
-// hardware prefetchers to run ahead: on the default model's shapes the GEMVs streamed 10-12 GB/s from
-// memory on two cores of a Xeon whose read bandwidth measures 19-22, and 19-20 GB/s with this (1-8 KiB
-// ahead measured alike, 16-32 rows ahead worse).
-constexpr size_t kPrefetchBytes = 4096;
-
-inline void prefetch_ahead(const uint8_t* row, size_t row_bytes, const uint8_t* end) {
-  for (size_t l = kPrefetchBytes; l < kPrefetchBytes + row_bytes; l += 64)
-    if (row + l < end) _mm_prefetch(reinterpret_cast<const char*>(row + l), _MM_HINT_T0);
-}
-
-float dot_row_portable(DType t, const uint8_t* row, const Planes& pl, const Q8Row& x, int blocks) {
-  float acc = 0;
-  for (int i = 0; i < blocks; ++i) {
-    const int isum = block_isum(t, row + pl.qs + size_t(i) * quant_bytes(t), row + pl.qh + size_t(i) * 4,
-                                x.q.data() + size_t(i) * QK);
-    acc += rdh(row + pl.d + 2 * size_t(i)) * x.d[i] * static_cast<float>(isum);
-    if (has_min(t)) acc += rdh(row + pl.m + 2 * size_t(i)) * x.s[i];
-  }
-  return acc;
-}
 
 __attribute__((target("avx2,fma,f16c"))) inline float rdh_f16c(const uint8_t* p) {
   uint16_t h;
@@ -114,58 +65,337 @@ __attribute__((target("avx2,fma,f16c"))) inline float rdh_f16c(const uint8_t* p)
   return _cvtsh_ss(h);
 }
 
-// Eight int32 partial sums of 32 byte products; u unsigned (0..255), s signed.
-__attribute__((target("avx2,fma"))) inline __m256i dot_us8(__m256i u, __m256i s, __m256i ones16) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16);
+// How the engine stores a matrix of a 32-value type: in tiles of 16 rows, each tile block by block, one
+// chunk per block of its 16 rows: their quants as 32-bit words, interleaved (word w of rows 0..15, then
+// word w + 1; Q4's and Q5's word w holds values 4w..4w+3 in its low nibbles and 4w+16..4w+19 in its high
+// ones, Q8_0's word w values 4w..4w+3 with the sign bit flipped, i.e. value + 128 as unsigned), Q5's
+// fifth bits (a word per row, bit k of byte i holding value 4k + i's), the 16 fp16 scales d and, for
+// Q4_1 and Q5_1, the 16 fp16 mins m. A 64-byte load is then one word of the tile's 16 rows, a register
+// whose lanes are rows: a block's product for a token is eight VNNI instructions against the token's
+// activations broadcast four bytes at a time, and a row's sum never needs a horizontal add. (Stored row
+// by row, each block cost some five instructions per row and token, and a batch of eight sequences made
+// the GEMVs arithmetic-bound.) The bytes are the file's, moved; a matrix whose rows are not a multiple of
+// 16 has its last tile padded with zero rows.
+constexpr int kTileRows = 16;
+
+struct Chunk {
+  size_t qh = 0, d = 0, m = 0, bytes = 0;  // offsets in a block's chunk (the quants at 0), its size
+};
+
+constexpr int quant_words(DType t) { return t == DType::Q8_0 ? 8 : 4; }
+
+constexpr Chunk chunk(DType t) {
+  Chunk c;
+  c.qh = size_t(quant_words(t)) * 4 * kTileRows;
+  c.d = c.qh + (has_fifth_bit(t) ? 4 * kTileRows : 0);
+  c.m = c.d + 2 * kTileRows;
+  c.bytes = c.m + (has_min(t) ? 2 * kTileRows : 0);
+  return c;
 }
 
-// The 32 nibbles of a Q4 block as bytes, low nibbles (elements 0..15) then high (16..31).
-__attribute__((target("avx2,fma"))) inline __m256i nibbles(const uint8_t* qs, __m256i low4) {
-  const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low4);
+int tile_count(int rows) { return (rows + kTileRows - 1) / kTileRows; }
+
+// What a block's integer sum against unsigned values loses to the type's signed ones: Q4_0's and Q5_0's
+// values are u - 8 and u - 16, Q8_0's stored ones w + 128; the products take offset x sum(q) back off.
+constexpr int value_offset(DType t) {
+  return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
 }
 
-// The 32 fifth bits of a Q5 block (bit j of qh for element j) as bytes 0x10 or 0.
-__attribute__((target("avx2,fma"))) inline __m256i fifth_bits(const uint8_t* qh) {
-  uint32_t h;
-  std::memcpy(&h, qh, 4);
-  // Byte j takes byte j / 8 of qh, then keeps bit j % 8 of it.
-  const __m256i spread =
-      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)),
-                          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+// Q5's fifth bits between the file's order (bit j for value j) and the tile's (bit 8i + k for value 4k + i).
+uint32_t fifth_bits_to_tile(uint32_t file) {
+  uint32_t tile = 0;
+  for (int k = 0; k < 8; ++k)
+    for (int i = 0; i < 4; ++i) tile |= (file >> (4 * k + i) & 1u) << (8 * i + k);
+  return tile;
+}
+uint32_t fifth_bits_to_file(uint32_t tile) {
+  uint32_t file = 0;
+  for (int k = 0; k < 8; ++k)
+    for (int i = 0; i < 4; ++i) file |= (tile >> (8 * i + k) & 1u) << (4 * k + i);
+  return file;
+}
+
+// The file's block `blk` as row `lane` of a tile's block chunk `c`, and back.
+void block_to_tile(DType t, const Chunk& ch, int lane, const uint8_t* blk, uint8_t* c) {
+  for (int w = 0; w < quant_words(t); ++w) {
+    uint8_t* to = c + 64 * w + 4 * lane;
+    std::memcpy(to, blk + qs_offset(t) + 4 * w, 4);
+    if (t == DType::Q8_0)
+      for (int i = 0; i < 4; ++i) to[i] ^= 0x80;
+  }
+  if (has_fifth_bit(t)) {
+    uint32_t h;
+    std::memcpy(&h, blk + qh_offset(t), 4);
+    h = fifth_bits_to_tile(h);
+    std::memcpy(c + ch.qh + 4 * lane, &h, 4);
+  }
+  std::memcpy(c + ch.d + 2 * lane, blk, 2);
+  if (has_min(t)) std::memcpy(c + ch.m + 2 * lane, blk + 2, 2);
+}
+
+void tile_to_block(DType t, const Chunk& ch, int lane, const uint8_t* c, uint8_t* blk) {
+  for (int w = 0; w < quant_words(t); ++w) {
+    uint8_t* to = blk + qs_offset(t) + 4 * w;
+    std::memcpy(to, c + 64 * w + 4 * lane, 4);
+    if (t == DType::Q8_0)
+      for (int i = 0; i < 4; ++i) to[i] ^= 0x80;
+  }
+  if (has_fifth_bit(t)) {
+    uint32_t h;
+    std::memcpy(&h, c + ch.qh + 4 * lane, 4);
+    h = fifth_bits_to_file(h);
+    std::memcpy(blk + qh_offset(t), &h, 4);
+  }
+  std::memcpy(blk, c + ch.d + 2 * lane, 2);
+  if (has_min(t)) std::memcpy(blk + 2, c + ch.m + 2 * lane, 2);
+}
+
+// Asks for the weight bytes 4 KiB past the chunk about to be multiplied (within the matrix). A decode
+// step multiplies some 200 matrices of 0.1-0.6 MiB once each, too short for the hardware prefetchers to
+// run ahead: on the default model's shapes the GEMVs streamed 10-12 GB/s from memory on two cores of a
+// Xeon whose read bandwidth measures 19-22, and 19-20 GB/s with this (1-8 KiB ahead measured alike).
+constexpr size_t kPrefetchBytes = 4096;
+
+inline void prefetch_ahead(const uint8_t* at, size_t bytes, const uint8_t* end) {
+  for (size_t l = kPrefetchBytes; l < kPrefetchBytes + bytes; l += 64)
+    if (at + l < end) _mm_prefetch(reinterpret_cast<const char*>(at + l), _MM_HINT_T0);
+}
+
+// One tile (`rows` <= 16 real rows) against nt tokens: ys[t][0..rows) = the tile's rows . token t. Every
+// path computes each row the same way: per block, the exact integer sum s, then acc = fma(s, d d_x, acc)
+// and, with a min, acc = fma(m, s_x, acc); so all give the same numbers whatever the batch.
+using TileFn = void (*)(DType t, const uint8_t* tile, int blocks, const Q8Row* const* xs, int nt, float* const* ys,
+                        int rows, const uint8_t* end);
+
+void tile_portable(DType t, const uint8_t* tile, int blocks, const Q8Row* const* xs, int nt, float* const* ys, int rows,
+                   const uint8_t*) {
+  const Chunk ch = chunk(t);
+  uint8_t blk[34];
+  for (int r = 0; r < rows; ++r) {
+    float acc[8] = {};
+    for (int b = 0; b < blocks; ++b) {
+      tile_to_block(t, ch, r, tile + size_t(b) * ch.bytes, blk);
+      for (int k = 0; k < nt; ++k) {
+        const int s = block_isum(t, blk + qs_offset(t), blk + qh_offset(t), xs[k]->q.data() + size_t(b) * QK);
+        acc[k] = std::fma(static_cast<float>(s), rdh(blk) * xs[k]->d[b], acc[k]);
+        if (has_min(t)) acc[k] = std::fma(rdh(blk + 2), xs[k]->s[b], acc[k]);
+      }
+    }
+    for (int k = 0; k < nt; ++k) ys[k][r] = acc[k];
+  }
+}
+
+inline int32_t word_at(const int8_t* q) {
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return v;
 }
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace gemv_avx2 {
-#include "kernels/cpu/gemv_blocks.inc"
+
+// AVX2 has no VNNI: a tile is two halves of eight rows, and a word's products go through maddubs (16-bit
+// pair sums) and madd. Q4's and Q5's pair sums stay below 2 x 31 x 127; Q8_0's unsigned values would
+// saturate them, so its words are taken signed, |w| against q with w's sign (pairs up to 2 x 128 x 127).
+constexpr int kMost = 4;
+
+template <DType T, int NT>
+void half_tile(const uint8_t* tile, int blocks, const Q8Row* const* xs, float* const* ys, int half, int rows,
+               const uint8_t* end) {
+  constexpr Chunk ch = chunk(T);
+  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10),
+                flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* c = tile + size_t(b) * ch.bytes;
+    if (half == 0) prefetch_ahead(c, ch.bytes, end);
+    __m256i sum[NT];
+    for (int k = 0; k < NT; ++k) sum[k] = _mm256_setzero_si256();
+    __m256i h = _mm256_setzero_si256();
+    if constexpr (has_fifth_bit(T)) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.qh + 32 * half));
+    for (int w = 0; w < quant_words(T); ++w) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * w + 32 * half));
+      if constexpr (T == DType::Q8_0) {
+        const __m256i sw = _mm256_xor_si256(raw, flip), aw = _mm256_sign_epi8(sw, sw);
+        for (int k = 0; k < NT; ++k) {
+          const __m256i q = _mm256_set1_epi32(word_at(xs[k]->q.data() + size_t(b) * QK + 4 * w));
+          sum[k] =
+              _mm256_add_epi32(sum[k], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, sw)), ones16));
+        }
+      } else {
+        __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        if constexpr (has_fifth_bit(T)) {
+          // bit w (and w + 4) of each byte to bit 4
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_sll_epi32(h, _mm_cvtsi32_si128(4 - w)), bit4));
+          hi = _mm256_or_si256(hi, w == 0 ? _mm256_and_si256(h, bit4)
+                                          : _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(w)), bit4));
+        }
+        for (int k = 0; k < NT; ++k) {
+          const int8_t* q = xs[k]->q.data() + size_t(b) * QK + 4 * w;
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(word_at(q))),
+                                                 _mm256_maddubs_epi16(hi, _mm256_set1_epi32(word_at(q + 16))));
+          sum[k] = _mm256_add_epi32(sum[k], _mm256_madd_epi16(pairs, ones16));
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + ch.d + 16 * half)));
+    __m256 m = _mm256_setzero_ps();
+    if constexpr (has_min(T))
+      m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + ch.m + 16 * half)));
+    for (int k = 0; k < NT; ++k) {
+      __m256i s = sum[k];
+      if constexpr (value_offset(T) != 0 && T != DType::Q8_0)
+        s = _mm256_sub_epi32(s, _mm256_set1_epi32(value_offset(T) * xs[k]->qsum[b]));
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(xs[k]->d[b])), acc[k]);
+      if constexpr (has_min(T)) acc[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[k]->s[b]), acc[k]);
+    }
+  }
+  const int n = std::min(8, rows - 8 * half);
+  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int k = 0; k < NT; ++k) _mm256_maskstore_ps(ys[k] + 8 * half, lanes, acc[k]);
+}
+
+template <DType T>
+void tile(DType, const uint8_t* tile, int blocks, const Q8Row* const* xs, int nt, float* const* ys, int rows,
+          const uint8_t* end) {
+  for (int half = 0; half < (rows > 8 ? 2 : 1); ++half) switch (nt) {
+      case 4:
+        half_tile<T, 4>(tile, blocks, xs, ys, half, rows, end);
+        break;
+      case 3:
+        half_tile<T, 3>(tile, blocks, xs, ys, half, rows, end);
+        break;
+      case 2:
+        half_tile<T, 2>(tile, blocks, xs, ys, half, rows, end);
+        break;
+      default:
+        half_tile<T, 1>(tile, blocks, xs, ys, half, rows, end);
+    }
+}
+
 }  // namespace gemv_avx2
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
-#define KVB_GEMV_VNNI
+// The 512-bit conversions' _mm512_undefined_ps makes GCC 12 report -Wmaybe-uninitialized in every
+// caller (GCC PR105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace gemv_avx512 {
-#include "kernels/cpu/gemv_blocks.inc"
+
+// 32 registers: the block's eight unpacked words and the accumulators of eight tokens.
+constexpr int kMost = 8;
+
+template <DType T, int NT>
+void tile_tokens(const uint8_t* tile, int blocks, const Q8Row* const* xs, float* const* ys, int rows,
+                 const uint8_t* end) {
+  constexpr Chunk ch = chunk(T);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  __m512 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* c = tile + size_t(b) * ch.bytes;
+    prefetch_ahead(c, ch.bytes, end);
+    __m512i u[8];  // values 4j..4j+3 of the 16 rows in u[j], unsigned
+    if constexpr (T == DType::Q8_0) {
+      for (int j = 0; j < 8; ++j) u[j] = _mm512_loadu_si512(c + 64 * j);
+    } else {
+      for (int w = 0; w < 4; ++w) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * w);
+        u[w] = _mm512_and_si512(raw, low4);
+        u[w + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+      if constexpr (has_fifth_bit(T)) {
+        const __m512i h = _mm512_loadu_si512(c + ch.qh);
+        for (int j = 0; j < 8; ++j) {
+          const __m512i at4 =
+              j <= 4 ? _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - j)) : _mm512_srl_epi32(h, _mm_cvtsi32_si128(j - 4));
+          u[j] = _mm512_or_si512(u[j], _mm512_and_si512(at4, bit4));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.d)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (has_min(T)) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.m)));
+    for (int k = 0; k < NT; ++k) {
+      const int8_t* q = xs[k]->q.data() + size_t(b) * QK;
+      // two chains: an integer sum is the same in any order
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u[j], _mm512_set1_epi32(word_at(q + 4 * j)));
+        s1 = _mm512_dpbusd_epi32(s1, u[j + 1], _mm512_set1_epi32(word_at(q + 4 * j + 4)));
+      }
+      __m512i s = _mm512_add_epi32(s0, s1);
+      if constexpr (value_offset(T) != 0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(value_offset(T) * xs[k]->qsum[b]));
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(xs[k]->d[b])), acc[k]);
+      if constexpr (has_min(T)) acc[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[k]->s[b]), acc[k]);
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+  for (int k = 0; k < NT; ++k) _mm512_mask_storeu_ps(ys[k], keep, acc[k]);
+}
+
+template <DType T>
+void tile(DType, const uint8_t* tile, int blocks, const Q8Row* const* xs, int nt, float* const* ys, int rows,
+          const uint8_t* end) {
+  switch (nt) {
+    case 8:
+      return tile_tokens<T, 8>(tile, blocks, xs, ys, rows, end);
+    case 4:
+      return tile_tokens<T, 4>(tile, blocks, xs, ys, rows, end);
+    case 3:
+      return tile_tokens<T, 3>(tile, blocks, xs, ys, rows, end);
+    case 2:
+      return tile_tokens<T, 2>(tile, blocks, xs, ys, rows, end);
+    default:
+      return tile_tokens<T, 1>(tile, blocks, xs, ys, rows, end);
+  }
+}
+
 }  // namespace gemv_avx512
-#undef KVB_GEMV_VNNI
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-// The AVX-512 form where the processor has VNNI (and the AVX-512 kernels are not held back): the same
-// numbers, one instruction fewer per block and token.
+// y[b, o] for every token b and row o: the tiles over the threads, each tile against the tokens in groups
+// of up to `most` while it is in cache (a batch's weights read from memory once per step).
+void gemv_tiles(DType t, TileFn fn, int most, const uint8_t* w, std::span<const Q8Row> xs, int blocks, int out,
+                float* y) {
+  const int n = static_cast<int>(xs.size()), tiles = tile_count(out);
+  const size_t tile_bytes = size_t(blocks) * chunk(t).bytes;
+  const uint8_t* end = w + size_t(tiles) * tile_bytes;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < tiles; ++i) {
+    const int rows = std::min(kTileRows, out - i * kTileRows);
+    for (int b = 0; b < n;) {
+      const int nt = n - b >= most ? most : std::min(4, n - b);
+      const Q8Row* group[8];
+      float* ys[8];
+      for (int k = 0; k < nt; ++k) {
+        group[k] = &xs[size_t(b + k)];
+        ys[k] = y + size_t(b + k) * out + size_t(i) * kTileRows;
+      }
+      fn(t, w + size_t(i) * tile_bytes, blocks, group, nt, ys, rows, end);
+      b += nt;
+    }
+  }
+}
+
 template <DType T>
-void gemv_rows_vector(const uint8_t* w, std::span<const Q8Row> xs, int blocks, int out, float* y) {
+void gemv_quant(const uint8_t* w, std::span<const Q8Row> xs, int blocks, int out, float* y) {
   static const bool vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
   }();
-  if (vnni && cpu_has_avx512())
-    gemv_avx512::gemv_rows<T>(w, xs, blocks, out, y);
+  if (!cpu_has_avx2())
+    gemv_tiles(T, tile_portable, 8, w, xs, blocks, out, y);
+  else if (vnni && cpu_has_avx512())
+    gemv_tiles(T, gemv_avx512::tile<T>, gemv_avx512::kMost, w, xs, blocks, out, y);
   else
-    gemv_avx2::gemv_rows<T>(w, xs, blocks, out, y);
+    gemv_tiles(T, gemv_avx2::tile<T>, gemv_avx2::kMost, w, xs, blocks, out, y);
 }
 
 // ---- K-quants: blocks of 256 against Q8_K activations ----
@@ -391,6 +621,7 @@ void quantize_row_q8(const float* x, int n, Q8Row& out) {
   const int blocks = n / QK;
   out.d.resize(blocks);
   out.s.resize(blocks);
+  out.qsum.resize(blocks);
   out.q.resize(size_t(n));
   for (int i = 0; i < blocks; ++i) {
     const float* xb = x + size_t(i) * QK;
@@ -403,6 +634,7 @@ void quantize_row_q8(const float* x, int n, Q8Row& out) {
       out.q[size_t(i) * QK + j] = v;
       sum += v;
     }
+    out.qsum[i] = sum;
     out.d[i] = half_to_float(float_to_half(d));
     out.s[i] = half_to_float(float_to_half(static_cast<float>(sum) * d));
   }
@@ -422,56 +654,41 @@ void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, 
   }
 }
 
-size_t stored_row_bytes(DType t, int cols) {
-  if (is_kquant(t)) return file_row_bytes(t, cols);
-  return planes(t, cols).stride;
+size_t stored_bytes(DType t, int rows, int cols) {
+  if (is_kquant(t)) return size_t(rows) * file_row_bytes(t, cols);
+  return size_t(tile_count(rows)) * size_t(cols / QK) * chunk(t).bytes;
 }
-
-namespace {
-
-// Rows r0..r0+rows-1 of a matrix moved between the file's blocks and the stored layout, field by field:
-// into the planes (src the blocks, dst the stored rows) or back out of them.
-template <bool ToPlanes>
-void move_rows(DType t, const uint8_t* src, uint8_t* dst, int r0, int rows, int cols) {
-  const size_t row_bytes = file_row_bytes(t, cols);
-  if (is_kquant(t)) {
-    const size_t at = size_t(r0) * row_bytes;
-    std::memcpy(ToPlanes ? dst + at : dst, ToPlanes ? src : src + at, size_t(rows) * row_bytes);
-    return;
-  }
-  const Planes pl = planes(t, cols);
-  const size_t bb = block_bytes(t);
-#pragma omp parallel for schedule(static) if (rows > 16)
-  for (int r = 0; r < rows; ++r) {
-    const size_t stored = size_t(r0 + r) * pl.stride, file = size_t(r) * row_bytes;
-    auto field = [&](size_t in_row, size_t in_block, size_t n) {
-      if constexpr (ToPlanes)
-        std::memcpy(dst + stored + in_row, src + file + in_block, n);
-      else
-        std::memcpy(dst + file + in_block, src + stored + in_row, n);
-    };
-    if constexpr (ToPlanes) std::memset(dst + stored + pl.end, 0, pl.stride - pl.end);
-    for (size_t i = 0; i < size_t(cols) / QK; ++i) {
-      // constant sizes, so that the copies inline
-      if (t == DType::Q8_0)
-        field(pl.qs + i * 32, i * bb + qs_offset(t), 32);
-      else
-        field(pl.qs + i * 16, i * bb + qs_offset(t), 16);
-      if (has_fifth_bit(t)) field(pl.qh + i * 4, i * bb + qh_offset(t), 4);
-      field(pl.d + i * 2, i * bb, 2);
-      if (has_min(t)) field(pl.m + i * 2, i * bb + 2, 2);
-    }
-  }
-}
-
-}  // namespace
 
 void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst) {
-  move_rows<true>(t, blocks, dst, 0, rows, cols);
+  if (is_kquant(t)) {
+    std::memcpy(dst, blocks, stored_bytes(t, rows, cols));
+    return;
+  }
+  std::memset(dst, 0, stored_bytes(t, rows, cols));  // the last tile's padding rows
+  const Chunk ch = chunk(t);
+  const int nb = cols / QK;
+  const size_t bb = block_bytes(t);
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < nb; ++b)
+      block_to_tile(t, ch, r % kTileRows, blocks + (size_t(r) * nb + b) * bb,
+                    dst + (size_t(r / kTileRows) * nb + b) * ch.bytes);
 }
 
 void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8_t* blocks) {
-  move_rows<false>(t, stored, blocks, r0, rows, cols);
+  const size_t row_bytes = file_row_bytes(t, cols);
+  if (is_kquant(t)) {
+    std::memcpy(blocks, stored + size_t(r0) * row_bytes, size_t(rows) * row_bytes);
+    return;
+  }
+  const Chunk ch = chunk(t);
+  const int nb = cols / QK;
+  const size_t bb = block_bytes(t);
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int r = r0; r < r0 + rows; ++r)
+    for (int b = 0; b < nb; ++b)
+      tile_to_block(t, ch, r % kTileRows, stored + (size_t(r / kTileRows) * nb + b) * ch.bytes,
+                    blocks + (size_t(r - r0) * nb + b) * bb);
 }
 
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
@@ -480,7 +697,7 @@ void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const flo
     std::vector<Q8KRow> xs(static_cast<size_t>(n));
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int b = 0; b < n; ++b) quantize_row_q8_k(x + size_t(b) * in, in, xs[size_t(b)]);
-    kquant_gemv(t, w, stored_row_bytes(t, in), xs, in / QKK, out, y);
+    kquant_gemv(t, w, file_row_bytes(t, in), xs, in / QKK, out, y);
   } else {
     std::vector<Q8Row> xs(static_cast<size_t>(n));
     // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting
@@ -488,29 +705,21 @@ void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const flo
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int b = 0; b < n; ++b) quantize_row_q8(x + size_t(b) * in, in, xs[size_t(b)]);
     const int blocks = in / QK;
-    if (!cpu_has_avx2()) {
-      const Planes pl = planes(t, in);
-#pragma omp parallel for schedule(static)
-      for (int o = 0; o < out; ++o)
-        for (int b = 0; b < n; ++b)
-          y[size_t(b) * out + o] = dot_row_portable(t, w + size_t(o) * pl.stride, pl, xs[size_t(b)], blocks);
-    } else {
-      switch (t) {
-        case DType::Q4_1:
-          gemv_rows_vector<DType::Q4_1>(w, xs, blocks, out, y);
-          break;
-        case DType::Q5_0:
-          gemv_rows_vector<DType::Q5_0>(w, xs, blocks, out, y);
-          break;
-        case DType::Q5_1:
-          gemv_rows_vector<DType::Q5_1>(w, xs, blocks, out, y);
-          break;
-        case DType::Q8_0:
-          gemv_rows_vector<DType::Q8_0>(w, xs, blocks, out, y);
-          break;
-        default:
-          gemv_rows_vector<DType::Q4_0>(w, xs, blocks, out, y);
-      }
+    switch (t) {
+      case DType::Q4_1:
+        gemv_quant<DType::Q4_1>(w, xs, blocks, out, y);
+        break;
+      case DType::Q5_0:
+        gemv_quant<DType::Q5_0>(w, xs, blocks, out, y);
+        break;
+      case DType::Q5_1:
+        gemv_quant<DType::Q5_1>(w, xs, blocks, out, y);
+        break;
+      case DType::Q8_0:
+        gemv_quant<DType::Q8_0>(w, xs, blocks, out, y);
+        break;
+      default:
+        gemv_quant<DType::Q4_0>(w, xs, blocks, out, y);
     }
   }
   if (bias) add_bias(y, bias, n, out);

@@ -17,7 +17,8 @@ bool linear_quant_supports(DType t);
 // One row of activations quantized per block of 32 as ggml's quantize_row_q8_0 / q8_1 reference
 // does: d = max|x| / 127 (stored as fp16), q = round(x / d) (half away from zero), s = d x sum(q).
 struct Q8Row {
-  std::vector<float> d, s;  // per block; d and s hold the fp16-rounded values ggml stores
+  std::vector<float> d, s;    // per block; d and s hold the fp16-rounded values ggml stores
+  std::vector<int32_t> qsum;  // per block: sum(q), exact
   std::vector<int8_t> q;
 };
 void quantize_row_q8(const float* x, int n, Q8Row& out);
@@ -40,11 +41,11 @@ void quantize_row_q8_k(const float* x, int n, Q8KRow& out);
 void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out, float* y);
 
 // How a matrix [rows, cols] of these types is stored for the products below: the K-quants as the
-// file's blocks; the 32-value types row by row in planes (quants, Q5's fifth bits, scales, mins), each
-// row 16-byte aligned, so that the GEMV reads aligned quants and eight blocks' scales at once.
-// store_rows writes rows x stored_row_bytes(t, cols) bytes from the file's blocks; load_rows gives rows
+// file's blocks; the 32-value types in tiles of 16 rows whose blocks interleave the rows' quants 32 bits
+// at a time (a vector register is then one word of 16 rows), the last tile padded with zero rows.
+// store_rows writes stored_bytes(t, rows, cols) bytes from the file's blocks; load_rows gives rows
 // r0..r0+rows-1 back as the file's blocks (for dequantize), byte for byte.
-size_t stored_row_bytes(DType t, int cols);
+size_t stored_bytes(DType t, int rows, int cols);
 void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst);
 void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8_t* blocks);
 
@@ -54,7 +55,9 @@ void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8
 void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y);
 // n tokens decoded apart (a batch of sequences): row b of y is exactly what linear_quant gives token b
 // alone (its own quantized activations, the same block products), and each weight row is read from
-// memory once for all n.
+// memory once for all n. Each output is, block by block, the exact integer sum s of the block product,
+// then acc = fma(s, d x d_x, acc) (and acc = fma(m, s_x, acc) for the types with a min): the AVX-512,
+// AVX2 and portable kernels give the same numbers.
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
                          float* y);
 
