@@ -104,6 +104,9 @@ TEST_CASE("linear over bf16 weights equals the reference, vector and portable GE
 }
 
 TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kernels]") {
+  const bool portable = GENERATE(false, true);
+  force_portable_kernels(portable);
+  INFO((portable ? "portable" : "vector") << " kernels");
   std::mt19937 rng(4);
   auto x = randn(96, rng, 3.0f);
   std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // an all-zero block: d = 0, q = 0
@@ -121,6 +124,7 @@ TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kerne
       CHECK(std::abs(x[size_t(i) * 32 + j] - q.d[i] * float(v)) <= 0.5f * q.d[i] + 127 * q.d[i] * 1e-3f);
     }
     if (q.d[i] != 0.0f) CHECK(qmax == 127);
+    CHECK(q.qsum[i] == sum);
     CHECK(q.s[i] == Approx(q.d[i] * float(sum)).epsilon(1e-3));
   }
   // With max |x| = 127, d = 1 and the values themselves are rounded: halves away from zero (roundf),
@@ -132,6 +136,27 @@ TEST_CASE("activations quantized per block as ggml's q8 reference does", "[kerne
   quantize_row_q8(y.data(), 32, q);
   REQUIRE(q.d[0] == 1.0f);
   for (size_t j = 0; j < halves.size(); ++j) CHECK(q.q[j] == static_cast<int8_t>(std::round(halves[j])));
+  force_portable_kernels(false);
+}
+
+TEST_CASE("activations quantized on eight lanes as by the portable loop, bit for bit", "[kernels]") {
+  std::mt19937 rng(14);
+  for (float sd : {1e-3f, 1.0f, 300.0f}) {
+    auto x = randn(32 * 48, rng, sd);
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+    // a block whose largest value is 127 (d = 1): its halves are exact ties
+    x[96] = 127.0f;
+    for (int j = 1; j < 32; ++j) x[size_t(96 + j)] = float(j) * 3.5f - 60.0f;
+    Q8Row vec, port;
+    quantize_row_q8(x.data(), int(x.size()), vec);
+    force_portable_kernels(true);
+    quantize_row_q8(x.data(), int(x.size()), port);
+    force_portable_kernels(false);
+    CHECK(vec.q == port.q);
+    CHECK(vec.d == port.d);
+    CHECK(vec.s == port.s);
+    CHECK(vec.qsum == port.qsum);
+  }
 }
 
 namespace {

@@ -110,6 +110,15 @@ TEST_CASE("KV rows: a GQA group's products equal each query's own, bit for bit",
             kv_rows_axpy(t, rows.data(), n, d, p.data() + size_t(j) * n, acc_one.data() + size_t(j) * d);
           }
           REQUIRE(acc_group == acc_one);
+          if (!cpu_has_avx512()) continue;
+          // the AVX-512 kernels (a whole group per pass) give the AVX2 ones' numbers (pairs per pass)
+          std::vector<float> narrow(group.size()), acc_narrow = randn(size_t(g) * d, 9);
+          cap_kernels_at_avx2(true);
+          kv_rows_dot(t, rows.data(), n, d, q.data(), narrow.data(), g);
+          kv_rows_axpy(t, rows.data(), n, d, p.data(), acc_narrow.data(), g);
+          cap_kernels_at_avx2(false);
+          REQUIRE(narrow == group);
+          REQUIRE(acc_narrow == acc_group);
         }
   force_portable_kernels(false);
 }

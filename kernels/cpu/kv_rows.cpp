@@ -117,9 +117,13 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128 hsum4(__m256 v0, __m256 v
 }
 
 // G queries (q [G, d]) against each row: out[j * n + i] = q_j . row_i, each row widened once for them.
+// Inlined into an AVX2 caller (16 vector registers: G <= 2) and an AVX-512VL one, whose 32 registers hold
+// the sums of a whole GQA group of up to four, so that its rows are read once; each sum is the same
+// chain of operations in both.
 template <int G>
-__attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
-                                                         const float* q, float* out) {
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot16_rows(KvDtype t, const uint16_t* rows,
+                                                                               size_t n, int d, const float* q,
+                                                                               float* out) {
   const int d8 = d / 8 * 8;
   size_t i = 0;
   if (d8 == d) {
@@ -189,10 +193,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_block
 }
 
 // acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them,
-// over blocks of 32 channels.
+// over blocks of 32 channels; inlined into the AVX2 and AVX-512VL callers as dot16_rows is.
 template <int G>
-__attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
-                                                          const float* p, float* acc) {
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_rows(KvDtype t, const uint16_t* rows,
+                                                                                size_t n, int d, const float* p,
+                                                                                float* acc) {
   const int d8 = d / 8 * 8;
   for (int c0 = 0; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
       case 4:
@@ -210,6 +215,27 @@ __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint1
   for (int j = 0; j < G; ++j)
     for (int c = d8; c < d; ++c)
       for (size_t i = 0; i < n; ++i) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, rows[i * size_t(d) + c]);
+}
+
+template <int G>
+__attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
+                                                         const float* q, float* out) {
+  dot16_rows<G>(t, rows, n, d, q, out);
+}
+template <int G>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void dot16_avx512(KvDtype t, const uint16_t* rows, size_t n,
+                                                                            int d, const float* q, float* out) {
+  dot16_rows<G>(t, rows, n, d, q, out);
+}
+template <int G>
+__attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
+                                                          const float* p, float* acc) {
+  axpy16_rows<G>(t, rows, n, d, p, acc);
+}
+template <int G>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void axpy16_avx512(KvDtype t, const uint16_t* rows, size_t n,
+                                                                             int d, const float* p, float* acc) {
+  axpy16_rows<G>(t, rows, n, d, p, acc);
 }
 
 // Columns [c0, c0 + 16 W) of the ragged axpy for G weight vectors over n >= 1 rows (p_j at p + j ps):
@@ -368,6 +394,22 @@ void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, f
       }
     return;
   }
+  if (cpu_has_avx512()) {
+    for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * n) switch (std::min(4, g - j)) {
+        case 4:
+          dot16_avx512<4>(t, r, n, d, q, out);
+          break;
+        case 3:
+          dot16_avx512<3>(t, r, n, d, q, out);
+          break;
+        case 2:
+          dot16_avx512<2>(t, r, n, d, q, out);
+          break;
+        default:
+          dot16_avx512<1>(t, r, n, d, q, out);
+      }
+    return;
+  }
   // Pairs of queries: four rows, two queries and their eight sums fill the sixteen vector registers.
   for (int j = 0; j < g; j += 2, q += 2 * size_t(d), out += 2 * n) {
     if (j + 2 <= g)
@@ -390,6 +432,22 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
     for (int j = 0; j < g; ++j)
       for (size_t i = 0; i < n; ++i)
         for (int c = 0; c < d; ++c) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, r[i * size_t(d) + c]);
+    return;
+  }
+  if (cpu_has_avx512()) {
+    for (int j = 0; j < g; j += 4, p += 4 * n, acc += 4 * size_t(d)) switch (std::min(4, g - j)) {
+        case 4:
+          axpy16_avx512<4>(t, r, n, d, p, acc);
+          break;
+        case 3:
+          axpy16_avx512<3>(t, r, n, d, p, acc);
+          break;
+        case 2:
+          axpy16_avx512<2>(t, r, n, d, p, acc);
+          break;
+        default:
+          axpy16_avx512<1>(t, r, n, d, p, acc);
+      }
     return;
   }
   for (int j = 0; j < g; j += 2, p += 2 * n, acc += 2 * size_t(d)) {

@@ -617,12 +617,16 @@ void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out
   }
 }
 
-void quantize_row_q8(const float* x, int n, Q8Row& out) {
-  const int blocks = n / QK;
-  out.d.resize(blocks);
-  out.s.resize(blocks);
-  out.qsum.resize(blocks);
-  out.q.resize(size_t(n));
+namespace {
+
+// One block's scale from its largest magnitude, and its stored d and s (fp16-rounded, as ggml keeps them).
+void finish_block(float d, int sum, Q8Row& out, int i) {
+  out.qsum[i] = sum;
+  out.d[i] = half_to_float(float_to_half(d));
+  out.s[i] = half_to_float(float_to_half(static_cast<float>(sum) * d));
+}
+
+void quantize_row_q8_portable(const float* x, int blocks, Q8Row& out) {
   for (int i = 0; i < blocks; ++i) {
     const float* xb = x + size_t(i) * QK;
     float amax = 0;
@@ -634,10 +638,61 @@ void quantize_row_q8(const float* x, int n, Q8Row& out) {
       out.q[size_t(i) * QK + j] = v;
       sum += v;
     }
-    out.qsum[i] = sum;
-    out.d[i] = half_to_float(float_to_half(d));
-    out.s[i] = half_to_float(float_to_half(static_cast<float>(sum) * d));
+    finish_block(d, sum, out, i);
   }
+}
+
+// The same on eight lanes: the same products x id and std::round's halves away from zero, taken as the
+// integer part plus one away from zero where the fraction (exact) is at least a half. std::round is a
+// library call per value here, which made quantizing 7% of a batch-8 decode step.
+__attribute__((target("avx2,fma,f16c"))) void quantize_row_q8_avx2(const float* x, int blocks, Q8Row& out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), half = _mm256_set1_ps(0.5f),
+               one = _mm256_set1_ps(1.0f);
+  for (int i = 0; i < blocks; ++i) {
+    const float* xb = x + size_t(i) * QK;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(xb + 8 * k);
+      amax = _mm256_max_ps(_mm256_and_ps(v[k], abs_mask), amax);  // a NaN left out, as std::max does
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float d = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i q32[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256 y = _mm256_mul_ps(v[k], _mm256_set1_ps(id));
+      const __m256 whole = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 up = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(y, whole), abs_mask), half, _CMP_GE_OQ);
+      const __m256 away = _mm256_or_ps(_mm256_and_ps(one, up), _mm256_andnot_ps(abs_mask, y));  // +-1 or +-0
+      q32[k] = _mm256_cvttps_epi32(_mm256_add_ps(whole, away));
+      sum = _mm256_add_epi32(sum, q32[k]);
+    }
+    // int32 -> int8 in order: the packs interleave 128-bit lanes, the permute puts them back
+    const __m256i q16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q32[0], q32[1]), 0xD8),
+                  r16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q32[2], q32[3]), 0xD8);
+    const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16, r16), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + size_t(i) * QK), q8);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    finish_block(d, _mm_cvtsi128_si32(s4), out, i);
+  }
+}
+
+}  // namespace
+
+void quantize_row_q8(const float* x, int n, Q8Row& out) {
+  const int blocks = n / QK;
+  out.d.resize(blocks);
+  out.s.resize(blocks);
+  out.qsum.resize(blocks);
+  out.q.resize(size_t(n));
+  if (cpu_has_avx2())
+    quantize_row_q8_avx2(x, blocks, out);
+  else
+    quantize_row_q8_portable(x, blocks, out);
 }
 
 void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, float* y) {
