@@ -193,13 +193,19 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_block
 }
 
 // acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them,
-// over blocks of 32 channels; inlined into the AVX2 and AVX-512VL callers as dot16_rows is.
-template <int G>
+// over blocks of 32 channels (64 with MaxW 8); inlined into the AVX2 caller (16 registers: blocks of 32) and the
+// AVX-512VL one, where up to three queries take blocks of 64, a whole row of a 64-wide head: a row is two
+// cache lines, and blocks of 32 streamed every other line, then came back for the rest. Each channel's
+// sum is the same chain of operations whatever the blocks.
+template <int G, int MaxW>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_rows(KvDtype t, const uint16_t* rows,
                                                                                 size_t n, int d, const float* p,
                                                                                 float* acc) {
   const int d8 = d / 8 * 8;
-  for (int c0 = 0; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
+  int c0 = 0;
+  if constexpr (MaxW == 8)
+    for (; c0 + 64 <= d8; c0 += 64) axpy16_block_avx2<G, 8>(t, rows, n, d, c0, p, acc);
+  for (; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
       case 4:
         axpy16_block_avx2<G, 4>(t, rows, n, d, c0, p, acc);
         break;
@@ -230,12 +236,12 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void dot16_avx512(KvDt
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
                                                           const float* p, float* acc) {
-  axpy16_rows<G>(t, rows, n, d, p, acc);
+  axpy16_rows<G, 4>(t, rows, n, d, p, acc);
 }
 template <int G>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void axpy16_avx512(KvDtype t, const uint16_t* rows, size_t n,
                                                                              int d, const float* p, float* acc) {
-  axpy16_rows<G>(t, rows, n, d, p, acc);
+  axpy16_rows<G, G <= 3 ? 8 : 4>(t, rows, n, d, p, acc);
 }
 
 // Columns [c0, c0 + 16 W) of the ragged axpy for G weight vectors over n >= 1 rows (p_j at p + j ps):
