@@ -59,12 +59,6 @@ int block_isum(DType t, const uint8_t* qs, const uint8_t* qh_bits, const int8_t*
 
 bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
 
-__attribute__((target("avx2,fma,f16c"))) inline float rdh_f16c(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 // How the engine stores a matrix of a 32-value type: in tiles of 16 rows, each tile block by block, one
 // chunk per block of its 16 rows: their quants as 32-bit words, interleaved (word w of rows 0..15, then
 // word w + 1; Q4's and Q5's word w holds values 4w..4w+3 in its low nibbles and 4w+16..4w+19 in its high
@@ -101,53 +95,41 @@ constexpr int value_offset(DType t) {
   return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
 }
 
-// Q5's fifth bits between the file's order (bit j for value j) and the tile's (bit 8i + k for value 4k + i).
-uint32_t fifth_bits_to_tile(uint32_t file) {
-  uint32_t tile = 0;
+// Q5's fifth bits from the file's order (bit j for value j) to the tile's (bit 8i + k for value 4k + i), or
+// back.
+uint32_t reorder_fifth_bits(uint32_t bits, bool to_tile) {
+  uint32_t out = 0;
   for (int k = 0; k < 8; ++k)
-    for (int i = 0; i < 4; ++i) tile |= (file >> (4 * k + i) & 1u) << (8 * i + k);
-  return tile;
-}
-uint32_t fifth_bits_to_file(uint32_t tile) {
-  uint32_t file = 0;
-  for (int k = 0; k < 8; ++k)
-    for (int i = 0; i < 4; ++i) file |= (tile >> (8 * i + k) & 1u) << (4 * k + i);
-  return file;
+    for (int i = 0; i < 4; ++i) {
+      const int file = 4 * k + i, tile = 8 * i + k;
+      out |= (bits >> (to_tile ? file : tile) & 1u) << (to_tile ? tile : file);
+    }
+  return out;
 }
 
-// The file's block `blk` as row `lane` of a tile's block chunk `c`, and back.
-void block_to_tile(DType t, const Chunk& ch, int lane, const uint8_t* blk, uint8_t* c) {
+// Row `lane` of a tile's block chunk from the file's block (ToTile: `from` the block, `to` the chunk) or
+// back: the same fields, Q8_0's values with the sign bit flipped and Q5's fifth bits reordered on the way.
+template <bool ToTile>
+void move_block(DType t, const Chunk& ch, int lane, const uint8_t* from, uint8_t* to) {
+  auto field = [&](size_t in_chunk, size_t in_block, size_t n) {
+    uint8_t* dst = to + (ToTile ? in_chunk : in_block);
+    std::memcpy(dst, from + (ToTile ? in_block : in_chunk), n);
+    return dst;
+  };
   for (int w = 0; w < quant_words(t); ++w) {
-    uint8_t* to = c + 64 * w + 4 * lane;
-    std::memcpy(to, blk + qs_offset(t) + 4 * w, 4);
+    uint8_t* q = field(size_t(64 * w + 4 * lane), qs_offset(t) + 4 * size_t(w), 4);
     if (t == DType::Q8_0)
-      for (int i = 0; i < 4; ++i) to[i] ^= 0x80;
+      for (int i = 0; i < 4; ++i) q[i] ^= 0x80;
   }
   if (has_fifth_bit(t)) {
+    uint8_t* qh = field(ch.qh + 4 * size_t(lane), qh_offset(t), 4);
     uint32_t h;
-    std::memcpy(&h, blk + qh_offset(t), 4);
-    h = fifth_bits_to_tile(h);
-    std::memcpy(c + ch.qh + 4 * lane, &h, 4);
+    std::memcpy(&h, qh, 4);
+    h = reorder_fifth_bits(h, ToTile);
+    std::memcpy(qh, &h, 4);
   }
-  std::memcpy(c + ch.d + 2 * lane, blk, 2);
-  if (has_min(t)) std::memcpy(c + ch.m + 2 * lane, blk + 2, 2);
-}
-
-void tile_to_block(DType t, const Chunk& ch, int lane, const uint8_t* c, uint8_t* blk) {
-  for (int w = 0; w < quant_words(t); ++w) {
-    uint8_t* to = blk + qs_offset(t) + 4 * w;
-    std::memcpy(to, c + 64 * w + 4 * lane, 4);
-    if (t == DType::Q8_0)
-      for (int i = 0; i < 4; ++i) to[i] ^= 0x80;
-  }
-  if (has_fifth_bit(t)) {
-    uint32_t h;
-    std::memcpy(&h, c + ch.qh + 4 * lane, 4);
-    h = fifth_bits_to_file(h);
-    std::memcpy(blk + qh_offset(t), &h, 4);
-  }
-  std::memcpy(blk, c + ch.d + 2 * lane, 2);
-  if (has_min(t)) std::memcpy(blk + 2, c + ch.m + 2 * lane, 2);
+  field(ch.d + 2 * size_t(lane), 0, 2);
+  if (has_min(t)) field(ch.m + 2 * size_t(lane), 2, 2);
 }
 
 // Asks for the weight bytes 4 KiB past the chunk about to be multiplied (within the matrix). A decode
@@ -174,7 +156,7 @@ void tile_portable(DType t, const uint8_t* tile, int blocks, const Q8Row* const*
   for (int r = 0; r < rows; ++r) {
     float acc[8] = {};
     for (int b = 0; b < blocks; ++b) {
-      tile_to_block(t, ch, r, tile + size_t(b) * ch.bytes, blk);
+      move_block<false>(t, ch, r, tile + size_t(b) * ch.bytes, blk);
       for (int k = 0; k < nt; ++k) {
         const int s = block_isum(t, blk + qs_offset(t), blk + qh_offset(t), xs[k]->q.data() + size_t(b) * QK);
         acc[k] = std::fma(static_cast<float>(s), rdh(blk) * xs[k]->d[b], acc[k]);
@@ -399,6 +381,12 @@ void gemv_quant(const uint8_t* w, std::span<const Q8Row> xs, int blocks, int out
 }
 
 // ---- K-quants: blocks of 256 against Q8_K activations ----
+
+__attribute__((target("avx2,fma,f16c"))) inline float rdh_f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 
 constexpr int QKK = 256;
 
@@ -726,8 +714,8 @@ void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int r = 0; r < rows; ++r)
     for (int b = 0; b < nb; ++b)
-      block_to_tile(t, ch, r % kTileRows, blocks + (size_t(r) * nb + b) * bb,
-                    dst + (size_t(r / kTileRows) * nb + b) * ch.bytes);
+      move_block<true>(t, ch, r % kTileRows, blocks + (size_t(r) * nb + b) * bb,
+                       dst + (size_t(r / kTileRows) * nb + b) * ch.bytes);
 }
 
 void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8_t* blocks) {
@@ -742,8 +730,8 @@ void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int r = r0; r < r0 + rows; ++r)
     for (int b = 0; b < nb; ++b)
-      tile_to_block(t, ch, r % kTileRows, stored + (size_t(r / kTileRows) * nb + b) * ch.bytes,
-                    blocks + (size_t(r - r0) * nb + b) * bb);
+      move_block<false>(t, ch, r % kTileRows, stored + (size_t(r / kTileRows) * nb + b) * ch.bytes,
+                        blocks + (size_t(r - r0) * nb + b) * bb);
 }
 
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
