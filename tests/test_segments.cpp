@@ -175,12 +175,13 @@ TEST_CASE("AVX-512 quantized products equal the AVX2 ones bit for bit", "[segmen
                               {2, 32, 32},
                               {2, 16, 16},
                               {2, 64, 64},
+                              {2, 32, 48},
                               {3, 11, 32},
                               {3, 33, 16},
                               {4, 32, 32},
                               {4, 16, 16},
                               {4, 8, 8}})
-    for (int d : {64, 128, 48, 80}) {
+    for (int d : {64, 128, 48, 80, 96}) {
       if (d % vg != 0) continue;
       const int vbits = bits == 3 ? 2 : bits, n = kg * 7;
       INFO("bits " << bits << " key group " << kg << " value group " << vg << " d " << d);

@@ -150,28 +150,28 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 codes8(uint32_t word, __m
       _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask));
 }
 
-// The G queries folded into one token group's channel scales, qs [channel][query] (a channel's G factors
-// side by side), and the minimums' share of each query's scores, bias[j] = q_j . min.
+// The G queries folded into one token group's channel scales, qs [query][channel], and the minimums'
+// share of each query's scores, bias[j] = q_j . min.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void fold_queries_avx2(const float* q, const uint16_t* sc, const uint16_t* mn,
                                                                 int d, float* qs, float* bias) {
   alignas(32) float lanes[8];
   for (int j = 0; j < G; ++j) {
     const float* qj = q + size_t(j) * d;
+    float* qsj = qs + size_t(j) * d;
     float b = 0;
     int c = 0;
     __m256 vb = _mm256_setzero_ps();
     for (; c + 8 <= d; c += 8) {
       const __m256 qv = _mm256_loadu_ps(qj + c);
-      _mm256_store_ps(lanes,
-                      _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
-      for (int l = 0; l < 8; ++l) qs[size_t(c + l) * G + j] = lanes[l];
+      _mm256_storeu_ps(qsj + c,
+                       _mm256_mul_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c)))));
       vb = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + c))), vb);
     }
     _mm256_store_ps(lanes, vb);
     for (float x : lanes) b += x;
     for (; c < d; ++c) {
-      qs[size_t(c) * G + j] = qj[c] * half_to_float(sc[c]);
+      qsj[c] = qj[c] * half_to_float(sc[c]);
       b += qj[c] * half_to_float(mn[c]);
     }
     bias[j] = b;
@@ -184,7 +184,7 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   const int b = k.bits, d = k.d;
   const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  std::vector<float> qs(static_cast<size_t>(G * d));  // [channel][query]: a channel's G factors side by side
+  std::vector<float> qs(static_cast<size_t>(G * d));  // [query][channel]
   alignas(32) float lanes[8];
   for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
     float bias[G];
@@ -205,7 +205,7 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
           const uint32_t word = wg[size_t(ch) * wpg + w];
           const __m256 c0 = codes8(word, sh0, mask), c1 = codes8(word, sh1, mask);
           for (int j = 0; j < G; ++j) {
-            const __m256 qc = _mm256_set1_ps(qs[size_t(ch) * G + j]);
+            const __m256 qc = _mm256_set1_ps(qs[size_t(j) * d + ch]);
             a0[j] = _mm256_fmadd_ps(qc, c0, a0[j]);
             a1[j] = _mm256_fmadd_ps(qc, c1, a1[j]);
           }
@@ -224,18 +224,25 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
     for (int t0 = 0; t0 < k.group; t0 += 8) {
       const int wi = t0 / per;
       const __m256i sh = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(t0 % per)), _mm256_set1_epi32(b));
-      __m256 a[G][2];  // even and odd channels
-      for (auto& aj : a) aj[0] = aj[1] = _mm256_setzero_ps();
-      for (int ch = 0; ch < d; ++ch) {
-        const __m256 codes = codes8(wg[size_t(ch) * wpg + wi], sh, mask);
-        // Even channels in one sum and odd ones in the other, as a single query's kernel always summed them.
-        const int parity = ch % 2 == 1 ? 1 : 0;
-        for (int j = 0; j < G; ++j)
-          a[j][parity] = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(ch) * G + j]), codes, a[j][parity]);
+      // Even channels in one sum and odd ones in the other, as a single query's kernel always summed them
+      // (two loop steps a pass, so that no accumulator is indexed at run time and all stay in registers).
+      __m256 e[G], o[G];
+      for (int j = 0; j < G; ++j) e[j] = o[j] = _mm256_setzero_ps();
+      int ch = 0;
+      for (; ch + 2 <= d; ch += 2) {
+        const __m256 ce = codes8(wg[size_t(ch) * wpg + wi], sh, mask);
+        const __m256 co = codes8(wg[size_t(ch + 1) * wpg + wi], sh, mask);
+        for (int j = 0; j < G; ++j) {
+          e[j] = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(j) * d + ch]), ce, e[j]);
+          o[j] = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(j) * d + ch + 1]), co, o[j]);
+        }
+      }
+      if (ch < d) {
+        const __m256 ce = codes8(wg[size_t(ch) * wpg + wi], sh, mask);
+        for (int j = 0; j < G; ++j) e[j] = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(j) * d + ch]), ce, e[j]);
       }
       for (int j = 0; j < G; ++j)
-        _mm256_storeu_ps(scores + size_t(j) * k.tokens + s0 + t0,
-                         _mm256_add_ps(_mm256_add_ps(a[j][0], a[j][1]), vbias[j]));
+        _mm256_storeu_ps(scores + size_t(j) * k.tokens + s0 + t0, _mm256_add_ps(_mm256_add_ps(e[j], o[j]), vbias[j]));
     }
   }
 }
@@ -341,104 +348,199 @@ __attribute__((target("avx512f"))) inline __m512 codes16(__m512i words, __m512i 
   return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(words, shifts), mask));
 }
 
-// The words of 16 consecutive codes starting at code `first` of a run of packed words: one word when it
-// holds 32 / b >= 16 codes, else (4 bits) two, lanes 0-7 from the first.
-__attribute__((target("avx512f"))) inline __m512i words16(const uint32_t* w, int first, int per) {
-  if (per >= 16) return _mm512_set1_epi32(static_cast<int>(w[first / per]));
-  const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  return _mm512_permutexvar_epi32(
-      half, _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + first / per))));
+// The words of 16 consecutive b-bit codes (b = 1, 2, 4) starting at code `first` of a run of packed
+// words: one word when it holds 32 / b >= 16 codes, else two, lanes 0-7 from the first.
+template <int B>
+__attribute__((target("avx512f"))) inline __m512i words16(const uint32_t* w, int first) {
+  constexpr int per = 32 / B;
+  if constexpr (per >= 16) {
+    return _mm512_set1_epi32(static_cast<int>(w[first / per]));
+  } else {
+    const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_epi32(
+        half, _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + first / per))));
+  }
 }
 
-// The bit offsets of 16 consecutive codes starting at code `first` (its slot first % per in its word).
-__attribute__((target("avx512f"))) inline __m512i shifts16(int first, int per, int b) {
+// The bit offsets of those 16 codes (code `first` at its slot first % per in its word).
+template <int B>
+__attribute__((target("avx512f"))) inline __m512i shifts16(int first) {
+  constexpr int per = 32 / B;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i slot = per >= 16 ? _mm512_add_epi32(lane, _mm512_set1_epi32(first % per))
                                  : _mm512_and_si512(lane, _mm512_set1_epi32(per - 1));
-  return _mm512_mullo_epi32(slot, _mm512_set1_epi32(b));
+  return _mm512_slli_epi32(slot, B == 4 ? 2 : B - 1);
 }
 
-// keys_dot_avx2 16 tokens a vector (3 bits: a word's 11 tokens in one): each token's lane does the same
-// operations in the same order, even and odd channels summed apart, so the scores are equal bit for bit.
-// Token groups a multiple of 16 (or 3 bits).
-template <int G>
+// NB blocks of 16 tokens of one token group side by side, from its token t0: wg the group's words
+// [channel][wpg], qs its folded queries [G][d]; writes scores at out[j * tokens + t]. Each token's lane
+// does what keys_dot_avx2 does for it, even and odd channels summed apart, so the scores are equal bit
+// for bit; the blocks and the two parities give 2 G NB independent chains to hide the FMA latency.
+template <int G, int B, int NB>
+__attribute__((target("avx512f,avx2,fma,f16c"))) inline void key_blocks_avx512(const uint32_t* wg, int wpg, int d,
+                                                                               int t0, const float* qs,
+                                                                               const __m512* vbias, float* out,
+                                                                               size_t tokens) {
+  const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+  __m512i sh[NB];
+  for (int i = 0; i < NB; ++i) sh[i] = shifts16<B>(t0 + 16 * i);
+  __m512 e[G][NB], o[G][NB];
+  for (int j = 0; j < G; ++j)
+    for (int i = 0; i < NB; ++i) e[j][i] = o[j][i] = _mm512_setzero_ps();
+  int ch = 0;
+  for (; ch + 2 <= d; ch += 2) {
+    __m512 ce[NB], co[NB];
+    for (int i = 0; i < NB; ++i) {
+      ce[i] = codes16(words16<B>(wg + size_t(ch) * wpg, t0 + 16 * i), sh[i], mask);
+      co[i] = codes16(words16<B>(wg + size_t(ch + 1) * wpg, t0 + 16 * i), sh[i], mask);
+    }
+    for (int j = 0; j < G; ++j) {
+      const __m512 qe = _mm512_set1_ps(qs[size_t(j) * d + ch]), qo = _mm512_set1_ps(qs[size_t(j) * d + ch + 1]);
+      for (int i = 0; i < NB; ++i) {
+        e[j][i] = _mm512_fmadd_ps(qe, ce[i], e[j][i]);
+        o[j][i] = _mm512_fmadd_ps(qo, co[i], o[j][i]);
+      }
+    }
+  }
+  if (ch < d) {
+    for (int i = 0; i < NB; ++i) {
+      const __m512 ce = codes16(words16<B>(wg + size_t(ch) * wpg, t0 + 16 * i), sh[i], mask);
+      for (int j = 0; j < G; ++j) e[j][i] = _mm512_fmadd_ps(_mm512_set1_ps(qs[size_t(j) * d + ch]), ce, e[j][i]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int i = 0; i < NB; ++i)
+      _mm512_storeu_ps(out + size_t(j) * tokens + 16 * i, _mm512_add_ps(_mm512_add_ps(e[j][i], o[j][i]), vbias[j]));
+}
+
+// keys_dot_avx2 for b = 1, 2, 4 bits, 32 tokens a pass. Token groups a multiple of 16.
+template <int G, int B>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const QuantKeysView& k, const float* q,
                                                                       float* scores) {
-  const int b = k.bits, d = k.d, per = b == 3 ? 11 : 32 / b, wpg = k.group / per;
-  const __m512i mask = _mm512_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
+  const int d = k.d, wpg = k.group * B / 32;
   std::vector<float> qs(static_cast<size_t>(G * d));
   for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
     float bias[G];
     fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
     __m512 vbias[G];
     for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias[j]);
-    const size_t s0 = g * k.group;
     const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
-    if (b == 3) {
-      const __m512i sh = shifts16(0, 16, 3);  // slot 10 at bits 30-31; lanes 11-15 shift out to 0
-      for (int w = 0; w < wpg; ++w) {
-        __m512 a[G];
-        for (auto& aj : a) aj = _mm512_setzero_ps();
-        for (int ch = 0; ch < d; ++ch) {
-          const __m512 codes = codes16(_mm512_set1_epi32(static_cast<int>(wg[size_t(ch) * wpg + w])), sh, mask);
-          for (int j = 0; j < G; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(qs[size_t(ch) * G + j]), codes, a[j]);
-        }
-        for (int j = 0; j < G; ++j)
-          _mm512_mask_storeu_ps(scores + size_t(j) * k.tokens + s0 + w * 11, 0x7FF, _mm512_add_ps(a[j], vbias[j]));
-      }
-      continue;
-    }
-    for (int t0 = 0; t0 < k.group; t0 += 16) {
-      const __m512i sh = shifts16(t0, per, b);
-      __m512 a[G][2];  // even and odd channels
-      for (auto& aj : a) aj[0] = aj[1] = _mm512_setzero_ps();
-      for (int ch = 0; ch < d; ++ch) {
-        const __m512 codes = codes16(words16(wg + size_t(ch) * wpg, t0, per), sh, mask);
-        const int parity = ch % 2 == 1 ? 1 : 0;
-        for (int j = 0; j < G; ++j)
-          a[j][parity] = _mm512_fmadd_ps(_mm512_set1_ps(qs[size_t(ch) * G + j]), codes, a[j][parity]);
-      }
-      for (int j = 0; j < G; ++j)
-        _mm512_storeu_ps(scores + size_t(j) * k.tokens + s0 + t0,
-                         _mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), vbias[j]));
-    }
+    float* out = scores + g * k.group;
+    int t0 = 0;
+    for (; t0 + 32 <= k.group; t0 += 32)
+      key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs.data(), vbias, out + t0, k.tokens);
+    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs.data(), vbias, out + t0, k.tokens);
   }
 }
 
-// values_axpy_avx2 16 channels a vector, all 64 channels of a head of 64 in registers for up to four
-// weight vectors: each channel's lane does the same operations in the same order, so the sums are
-// equal bit for bit. Head dims and channel groups a multiple of 16.
+// The 3-bit words (11 tokens each) of NG consecutive token groups side by side, the same word w of each:
+// w0 the first group's word of channel 0, unit_stride the distance to the next group's, qs and bias
+// the groups' folded queries [NG][G][d] and [NG][G]. Each token's lane runs one chain over the channels,
+// as keys_dot_avx2 does, so the scores are equal bit for bit; the NG groups give it G NG chains.
+template <int G, int NG>
+__attribute__((target("avx512f,avx2,fma,f16c"))) inline void key_words3_avx512(const uint32_t* w0, size_t unit_stride,
+                                                                               int wpg, int d, const float* qs,
+                                                                               const float* bias, int group, float* out,
+                                                                               size_t tokens) {
+  const __m512i mask = _mm512_set1_epi32(7);
+  // Slot 10 at bits 30-31; lanes 11-15 shift out to 0 and are not stored.
+  const __m512i sh =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(3));
+  __m512 a[NG][G];
+  for (int u = 0; u < NG; ++u)
+    for (int j = 0; j < G; ++j) a[u][j] = _mm512_setzero_ps();
+  for (int ch = 0; ch < d; ++ch) {
+    __m512 c[NG];
+    for (int u = 0; u < NG; ++u)
+      c[u] = codes16(_mm512_set1_epi32(static_cast<int>(w0[u * unit_stride + size_t(ch) * wpg])), sh, mask);
+    for (int u = 0; u < NG; ++u)
+      for (int j = 0; j < G; ++j)
+        a[u][j] = _mm512_fmadd_ps(_mm512_set1_ps(qs[(size_t(u) * G + j) * d + ch]), c[u], a[u][j]);
+  }
+  for (int u = 0; u < NG; ++u)
+    for (int j = 0; j < G; ++j)
+      _mm512_mask_storeu_ps(out + size_t(j) * tokens + size_t(u) * group, 0x7FF,
+                            _mm512_add_ps(a[u][j], _mm512_set1_ps(bias[u * G + j])));
+}
+
+// keys_dot_avx2 for 3 bits, a word of four token groups at a time (the rest one by one).
 template <int G>
-__attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const QuantValuesView& v, const float* p,
-                                                                         float* acc) {
-  const int b = v.bits, d = v.d, per = 32 / b, groups = d / v.group, wpt = d / per;
-  constexpr int CB = 4;
-  const __m512i mask = _mm512_set1_epi32((1 << b) - 1);
-  for (int c0 = 0; c0 < d; c0 += 16 * CB) {
-    const int nb = std::min(16 * CB, d - c0) / 16;
-    __m512 a[G][CB];
-    __m512i sh[CB];
-    int gi[CB];
-    for (int u = 0; u < nb; ++u) {
-      const int c = c0 + 16 * u;
-      for (int j = 0; j < G; ++j) a[j][u] = _mm512_loadu_ps(acc + size_t(j) * d + c);
-      sh[u] = shifts16(c, per, b);
-      gi[u] = c / v.group;
+__attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const QuantKeysView& k, const float* q,
+                                                                       float* scores) {
+  constexpr int NG = 4;
+  const int d = k.d, wpg = k.group / 11;
+  const size_t groups = k.tokens / size_t(k.group), unit = size_t(d) * size_t(wpg);
+  std::vector<float> qs(static_cast<size_t>(NG * G * d));
+  float bias[NG * G];
+  for (size_t g = 0; g < groups;) {
+    const int ng = groups - g >= NG ? NG : 1;
+    for (int u = 0; u < ng; ++u)
+      fold_queries_avx2<G>(q, k.scale + (g + u) * d, k.min + (g + u) * d, d, qs.data() + size_t(u) * G * d,
+                           bias + u * G);
+    for (int w = 0; w < wpg; ++w) {
+      const uint32_t* w0 = k.words + g * unit + size_t(w);
+      float* out = scores + g * k.group + size_t(w) * 11;
+      if (ng == NG)
+        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs.data(), bias, k.group, out, k.tokens);
+      else
+        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs.data(), bias, k.group, out, k.tokens);
     }
-    for (size_t t = 0; t < v.tokens; ++t) {
-      float pt[G];
-      if (!token_weights<G>(p, v.tokens, t, pt)) continue;
-      const uint32_t* wt = v.words + t * size_t(wpt);
-      const uint16_t* st = v.scale + t * size_t(groups);
-      for (int u = 0; u < nb; ++u) {
-        const __m512 codes = codes16(words16(wt, c0 + 16 * u, per), sh[u], mask);
-        const float s = _cvtsh_ss(st[gi[u]]);
-        for (int j = 0; j < G; ++j) a[j][u] = _mm512_fmadd_ps(_mm512_set1_ps(pt[j] * s), codes, a[j][u]);
+    g += size_t(ng);
+  }
+}
+
+// NB blocks of 16 channels from channel c0, in registers across all tokens for G weight vectors, GB
+// blocks to a channel group (a group's G scaled weights formed once): each channel's lane does what
+// values_axpy_avx2 does for it, so the sums are equal bit for bit.
+template <int G, int B, int NB, int GB>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const QuantValuesView& v, const float* p,
+                                                                          float* acc, int c0) {
+  static_assert(NB % GB == 0);
+  const int d = v.d, groups = d / v.group, wpt = d * B / 32;
+  const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+  __m512 a[G][NB];
+  __m512i sh[NB];
+  int gi[NB / GB];  // the channel group of each run of GB blocks
+  for (int i = 0; i < NB; ++i) {
+    for (int j = 0; j < G; ++j) a[j][i] = _mm512_loadu_ps(acc + size_t(j) * d + c0 + 16 * i);
+    sh[i] = shifts16<B>(c0 + 16 * i);
+    if (i % GB == 0) gi[i / GB] = (c0 + 16 * i) / v.group;
+  }
+  for (size_t t = 0; t < v.tokens; ++t) {
+    float pt[G];
+    if (!token_weights<G>(p, v.tokens, t, pt)) continue;
+    __m512 pv[G];
+    for (int j = 0; j < G; ++j) pv[j] = _mm512_set1_ps(pt[j]);
+    const uint32_t* wt = v.words + t * size_t(wpt);
+    const uint16_t* st = v.scale + t * size_t(groups);
+    for (int h = 0; h < NB / GB; ++h) {
+      const __m512 s = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(st[gi[h]])));
+      __m512 ps[G];
+      for (int j = 0; j < G; ++j) ps[j] = _mm512_mul_ps(pv[j], s);
+      for (int i = h * GB; i < (h + 1) * GB; ++i) {
+        const __m512 codes = codes16(words16<B>(wt, c0 + 16 * i), sh[i], mask);
+        for (int j = 0; j < G; ++j) a[j][i] = _mm512_fmadd_ps(ps[j], codes, a[j][i]);
       }
     }
-    for (int j = 0; j < G; ++j)
-      for (int u = 0; u < nb; ++u) _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * u, a[j][u]);
   }
+  for (int j = 0; j < G; ++j)
+    for (int i = 0; i < NB; ++i) _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * i, a[j][i]);
+}
+
+// values_axpy_avx2 16 channels a vector, 64 channels a pass. Head dims and channel groups a multiple of 16.
+template <int G, int B>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const QuantValuesView& v, const float* p,
+                                                                         float* acc) {
+  int c0 = 0;
+  for (; c0 + 64 <= v.d; c0 += 64) {
+    if (v.group % 64 == 0)
+      value_blocks_avx512<G, B, 4, 4>(v, p, acc, c0);
+    else if (v.group % 32 == 0)
+      value_blocks_avx512<G, B, 4, 2>(v, p, acc, c0);
+    else
+      value_blocks_avx512<G, B, 4, 1>(v, p, acc, c0);
+  }
+  for (; c0 < v.d; c0 += 16) value_blocks_avx512<G, B, 1, 1>(v, p, acc, c0);
   add_minimums_avx2<G>(v, p, acc);
 }
 
@@ -471,7 +573,18 @@ struct KeysDot {
 };
 template <int G>
 struct KeysDot512 {
-  static void run(const QuantKeysView& k, const float* q, float* s) { keys_dot_avx512<G>(k, q, s); }
+  static void run(const QuantKeysView& k, const float* q, float* s) {
+    switch (k.bits) {
+      case 1:
+        return keys_dot_avx512<G, 1>(k, q, s);
+      case 2:
+        return keys_dot_avx512<G, 2>(k, q, s);
+      case 3:
+        return keys3_dot_avx512<G>(k, q, s);
+      default:
+        return keys_dot_avx512<G, 4>(k, q, s);
+    }
+  }
 };
 template <int G>
 struct ValuesAxpy {
@@ -479,7 +592,16 @@ struct ValuesAxpy {
 };
 template <int G>
 struct ValuesAxpy512 {
-  static void run(const QuantValuesView& v, const float* p, float* a) { values_axpy_avx512<G>(v, p, a); }
+  static void run(const QuantValuesView& v, const float* p, float* a) {
+    switch (v.bits) {
+      case 1:
+        return values_axpy_avx512<G, 1>(v, p, a);
+      case 2:
+        return values_axpy_avx512<G, 2>(v, p, a);
+      default:
+        return values_axpy_avx512<G, 4>(v, p, a);
+    }
+  }
 };
 
 }  // namespace
