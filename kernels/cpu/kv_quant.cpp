@@ -343,9 +343,16 @@ __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValues
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// 16 codes as floats: lane l holds the code at bit offset shifts[l] of words[l].
-__attribute__((target("avx512f"))) inline __m512 codes16(__m512i words, __m512i shifts, __m512i mask) {
-  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(words, shifts), mask));
+// 16 codes as floats: lane l holds the code at bit offset shifts[l] of words[l]. The shifted word's low 4
+// bits index `values` (code_values: each index's low `bits` bits as a float), which masks and converts
+// in one permutation.
+__attribute__((target("avx512f"))) inline __m512 codes16(__m512i words, __m512i shifts, __m512 values) {
+  return _mm512_permutexvar_ps(_mm512_srlv_epi32(words, shifts), values);
+}
+__attribute__((target("avx512f"))) inline __m512 code_values(int bits) {
+  alignas(64) float v[16];
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i & ((1 << bits) - 1));
+  return _mm512_load_ps(v);
 }
 
 // The words of 16 consecutive b-bit codes (b = 1, 2, 4) starting at code `first` of a run of packed
@@ -381,7 +388,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) inline void key_blocks_avx512(c
                                                                                int t0, const float* qs,
                                                                                const __m512* vbias, float* out,
                                                                                size_t tokens) {
-  const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+  const __m512 mask = code_values(B);
   __m512i sh[NB];
   for (int i = 0; i < NB; ++i) sh[i] = shifts16<B>(t0 + 16 * i);
   __m512 e[G][NB], o[G][NB];
@@ -442,7 +449,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) inline void key_words3_avx512(c
                                                                                int wpg, int d, const float* qs,
                                                                                const float* bias, int group, float* out,
                                                                                size_t tokens) {
-  const __m512i mask = _mm512_set1_epi32(7);
+  const __m512 mask = code_values(3);
   // Slot 10 at bits 30-31; lanes 11-15 shift out to 0 and are not stored.
   const __m512i sh =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(3));
@@ -497,7 +504,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const 
                                                                           float* acc, int c0) {
   static_assert(NB % GB == 0);
   const int d = v.d, groups = d / v.group, wpt = d * B / 32;
-  const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+  const __m512 mask = code_values(B);
   __m512 a[G][NB];
   __m512i sh[NB];
   int gi[NB / GB];  // the channel group of each run of GB blocks
