@@ -498,7 +498,8 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const Qua
 
 // NB blocks of 16 channels from channel c0, in registers across all tokens for G weight vectors, GB
 // blocks to a channel group (a group's G scaled weights formed once): each channel's lane does what
-// values_axpy_avx2 does for it, so the sums are equal bit for bit.
+// values_axpy_avx2 does for it, so the sums are equal bit for bit. Weights are checked for zeros 16
+// tokens at a time.
 template <int G, int B, int NB, int GB>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const QuantValuesView& v, const float* p,
                                                                           float* acc, int c0) {
@@ -513,20 +514,27 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const 
     sh[i] = shifts16<B>(c0 + 16 * i);
     if (i % GB == 0) gi[i / GB] = (c0 + 16 * i) / v.group;
   }
-  for (size_t t = 0; t < v.tokens; ++t) {
-    float pt[G];
-    if (!token_weights<G>(p, v.tokens, t, pt)) continue;
-    __m512 pv[G];
-    for (int j = 0; j < G; ++j) pv[j] = _mm512_set1_ps(pt[j]);
-    const uint32_t* wt = v.words + t * size_t(wpt);
-    const uint16_t* st = v.scale + t * size_t(groups);
-    for (int h = 0; h < NB / GB; ++h) {
-      const __m512 s = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(st[gi[h]])));
-      __m512 ps[G];
-      for (int j = 0; j < G; ++j) ps[j] = _mm512_mul_ps(pv[j], s);
-      for (int i = h * GB; i < (h + 1) * GB; ++i) {
-        const __m512 codes = codes16(words16<B>(wt, c0 + 16 * i), sh[i], mask);
-        for (int j = 0; j < G; ++j) a[j][i] = _mm512_fmadd_ps(ps[j], codes, a[j][i]);
+  for (size_t t0 = 0; t0 < v.tokens; t0 += 16) {
+    const int n = static_cast<int>(std::min<size_t>(16, v.tokens - t0));
+    const auto valid = static_cast<__mmask16>((1u << n) - 1);
+    unsigned live = 0;  // tokens with a nonzero weight in some vector
+    for (int j = 0; j < G; ++j)
+      live |= _mm512_mask_cmp_ps_mask(valid, _mm512_maskz_loadu_ps(valid, p + size_t(j) * v.tokens + t0),
+                                      _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    for (; live != 0; live &= live - 1) {
+      const size_t t = t0 + size_t(__builtin_ctz(live));
+      __m512 pv[G];
+      for (int j = 0; j < G; ++j) pv[j] = _mm512_set1_ps(p[size_t(j) * v.tokens + t]);
+      const uint32_t* wt = v.words + t * size_t(wpt);
+      const uint16_t* st = v.scale + t * size_t(groups);
+      for (int h = 0; h < NB / GB; ++h) {
+        const __m512 s = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(st[gi[h]])));
+        __m512 ps[G];
+        for (int j = 0; j < G; ++j) ps[j] = _mm512_mul_ps(pv[j], s);
+        for (int i = h * GB; i < (h + 1) * GB; ++i) {
+          const __m512 codes = codes16(words16<B>(wt, c0 + 16 * i), sh[i], mask);
+          for (int j = 0; j < G; ++j) a[j][i] = _mm512_fmadd_ps(ps[j], codes, a[j][i]);
+        }
       }
     }
   }
