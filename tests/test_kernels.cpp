@@ -671,32 +671,40 @@ TEST_CASE("decode attention over a multi-segment cache equals the reference", "[
   CHECK(max_abs_diff(ref, fast) < 1e-5f);
 }
 
-TEST_CASE("decode attention gives every query head the same numbers however its group is split over threads",
+TEST_CASE("decode attention gives every query head the same numbers however its heads are spread over threads",
           "[kernels]") {
   std::mt19937 rng(6);
-  // 3 KV heads of 3 query heads (the default model's shape) and 2 of 4; fp16 rows read once per group.
-  for (auto [hq, hkv] : {std::pair{9, 3}, {8, 2}}) {
-    const int d = 64;
-    LayerCache cache(hq, hkv, d, KvDtype::F16);
-    for (int t = 0; t < 70; ++t) {
-      auto k = randn(size_t(hkv) * d, rng), v = randn(size_t(hkv) * d, rng);
-      cache.append(k.data(), v.data(), t);
+  // 3 KV heads of 3 query heads (the default model's shape: cut into runs of tokens and channels when
+  // the heads do not divide among the threads) and 2 of 4; two segments a head, long enough to be cut.
+  for (auto dtype : {KvDtype::F16, KvDtype::BF16, KvDtype::F32})
+    for (auto [hq, hkv] : {std::pair{9, 3}, {8, 2}}) {
+      const int d = 64;
+      LayerCache cache(hq, hkv, d, dtype);
+      for (int t = 0; t < 301; ++t) {
+        auto k = randn(size_t(hkv) * d, rng), v = randn(size_t(hkv) * d, rng);
+        cache.append(k.data(), v.data(), t);
+      }
+      for (int h = 0; h < hkv; ++h) cache.segments(h).push_back(std::make_unique<DenseSegment>(d, dtype));
+      for (int t = 301; t < 390; ++t) {
+        auto k = randn(size_t(hkv) * d, rng), v = randn(size_t(hkv) * d, rng);
+        for (int h = 0; h < hkv; ++h)
+          static_cast<DenseSegment&>(*cache.segments(h).back()).append(k.data() + h * d, v.data() + h * d, t);
+      }
+      const auto q = randn(size_t(hq) * d, rng, 2.0f);
+      std::vector<float> ref(q.size()), out(q.size());
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);  // whole heads
+      attend(cache, q.data(), ref.data());
+      for (int n : {2, 3, 4, 5, 16}) {
+        INFO(kv_dtype_name(dtype) << ": " << hq << " query heads over " << hkv << ", " << n << " threads");
+        omp_set_num_threads(n);
+        attend(cache, q.data(), out.data());
+        CHECK(out == ref);
+      }
+      omp_set_num_threads(threads);
+      attend_ref(cache, q.data(), out.data());
+      CHECK(max_abs_diff(ref, out) < 1e-5f);
     }
-    const auto q = randn(size_t(hq) * d, rng, 2.0f);
-    std::vector<float> ref(q.size()), out(q.size());
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);  // whole groups
-    attend(cache, q.data(), ref.data());
-    for (int n : {2, 3, 5, 16}) {  // groups cut into parts, down to one query head per task
-      INFO(hq << " query heads over " << hkv << ", " << n << " threads");
-      omp_set_num_threads(n);
-      attend(cache, q.data(), out.data());
-      CHECK(out == ref);
-    }
-    omp_set_num_threads(threads);
-    attend_ref(cache, q.data(), out.data());
-    CHECK(max_abs_diff(ref, out) < 1e-5f);
-  }
 }
 
 TEST_CASE("fast exp is within 2 ulp of std::exp and sums what it wrote", "[kernels]") {

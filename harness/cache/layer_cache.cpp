@@ -24,6 +24,23 @@ void RowStore::erase(size_t first, size_t n) {
   data_.erase(a, a + static_cast<std::ptrdiff_t>(n * row_bytes()));
 }
 
+std::vector<size_t> even_cuts(size_t n, int parts, size_t grain) {
+  std::vector<size_t> cuts{0};
+  for (int k = 1; k < parts; ++k) {
+    const size_t at = (n * size_t(k) / size_t(parts) + grain / 2) / grain * grain;
+    if (at > cuts.back() && at < n) cuts.push_back(at);
+  }
+  cuts.push_back(n);
+  return cuts;
+}
+
+std::vector<int> RowStore::channel_cuts(int parts) const {
+  if (dtype_ == KvDtype::F32) return {0, d_};
+  std::vector<int> cuts;
+  for (size_t c : even_cuts(size_t(d_), parts, 16)) cuts.push_back(static_cast<int>(c));
+  return cuts;
+}
+
 void RowStore::read(size_t t0, size_t n, float* out) const {
   if (t0 + n > rows()) fail("internal: reading rows {}..{} of {}", t0, t0 + n, rows());
   kv_decode(dtype_, data_.data() + t0 * row_bytes(), n * size_t(d_), out);
@@ -152,16 +169,119 @@ void Segment::accumulate_group(const float* p, int g, int d, float* acc) const {
   for (int j = 0; j < g; ++j) accumulate(p + size_t(j) * size(), acc + size_t(j) * d);
 }
 
+void Segment::logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const {
+  if (t0 != 0 || t1 != size() || ld != size()) fail("internal: {} segments are not cut into runs of tokens", format());
+  logits_group(q, g, d, scores);
+}
+
+void Segment::accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const {
+  if (c0 != 0 || c1 != d) fail("internal: {} segments are not cut into runs of channels", format());
+  accumulate_group(p, g, d, acc);
+}
+
 namespace {
 
-// How many parts each cache head's group of query heads is attended in: a whole group reads the head's
-// segments once, so groups are cut only as far as it takes to give every thread a task. Measured on the
-// default model (3 KV heads of 3 query heads, 2 threads, 8K tokens): whole groups, though one thread
-// gets two, decode KVmix's codes 1.15x faster than halves, at 0.92x for the fp16 full cache.
-int parts_per_head(int cache_heads, int group, int threads) {
-  int s = 1;
-  while (s < group && cache_heads * s < threads) ++s;
-  return s;
+// Attention when the batch's cache heads do not divide among the threads (the default model's three KV
+// heads on two cores): the heads left over are cut, the logits of each segment into runs of tokens and
+// the values into runs of channels (Segment::token_cuts, channel_cuts), so that all threads share them.
+// Three phases: the logits of every run; each query head's softmax over its segments in order; each
+// run of channels rescaled and accumulated segment by segment. Every number is computed by the same
+// operations in the same order as in a head read whole (attend_batch's other path), so the outputs
+// are equal bit for bit, whatever the number of threads.
+void attend_spread(std::span<const LayerCache* const> caches, const float* q, float* out, int threads) {
+  const LayerCache& first = *caches[0];
+  const int d = first.head_dim(), heads = first.n_cache_heads(), hq = first.n_query_heads(), g = hq / heads;
+  const auto units = static_cast<int>(caches.size()) * heads;  // (sequence, cache head)
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  struct Run {
+    int unit, seg;
+    size_t a, b;  // tokens [a, b) of the segment's logits, or channels [a, b) of a unit's values
+  };
+  // Per unit: its segments' scores [g, n] one after another, from offset[unit][seg]; their softmax
+  // rescaling factors [g] from (first_segment[unit] + seg) * g.
+  std::vector<std::vector<size_t>> offset(static_cast<size_t>(units));
+  std::vector<size_t> first_segment(static_cast<size_t>(units));
+  std::vector<Run> logit_runs, value_runs;
+  size_t total = 0, segments = 0;
+  // The first units - units % threads units are read whole, as many to each thread; only the rest are cut,
+  // each into a part per thread.
+  const int whole = units - units % threads;
+  for (int u = 0; u < units; ++u) {
+    const auto& segs = caches[size_t(u / heads)]->segments(u % heads);
+    const int parts = u < whole ? 1 : threads;
+    first_segment[size_t(u)] = segments;
+    segments += segs.size();
+    std::vector<int> channels{0, d};
+    for (size_t k = 0; k < segs.size(); ++k) {
+      offset[size_t(u)].push_back(total);
+      total += size_t(g) * segs[k]->size();
+      if (segs[k]->size() == 0) continue;
+      const std::vector<size_t> cuts = segs[k]->token_cuts(parts);
+      for (size_t i = 0; i + 1 < cuts.size(); ++i) logit_runs.push_back({u, static_cast<int>(k), cuts[i], cuts[i + 1]});
+      // Channels are cut only where every segment of the head cuts them alike (each channel's segments in order).
+      const std::vector<int> c = segs[k]->channel_cuts(parts, d);
+      channels = k == 0 || c == channels ? c : std::vector<int>{0, d};
+    }
+    for (size_t i = 0; i + 1 < channels.size(); ++i)
+      value_runs.push_back({u, -1, size_t(channels[i]), size_t(channels[i + 1])});
+  }
+  // Kept from call to call (a fresh buffer of a long context's scores would be fresh pages every layer),
+  // one set per calling thread; the region's threads reach them through these pointers.
+  static thread_local std::vector<float> scores_kept, rescale_kept, sums_kept;
+  scores_kept.resize(std::max(scores_kept.size(), total));
+  rescale_kept.resize(std::max(rescale_kept.size(), segments * size_t(g)));
+  sums_kept.resize(std::max(sums_kept.size(), size_t(units) * g));
+  float *const scores = scores_kept.data(), *const rescale = rescale_kept.data(), *const sums = sums_kept.data();
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (size_t r = 0; r < logit_runs.size(); ++r) {
+      const Run& run = logit_runs[r];
+      const LayerCache& cache = *caches[size_t(run.unit / heads)];
+      const Segment& seg = *cache.segments(run.unit % heads)[size_t(run.seg)];
+      const float* qh = q + size_t(run.unit / heads) * size_t(hq) * d + size_t(run.unit % heads) * g * d;
+      seg.logits_part(qh, g, d, run.a, run.b, scores + offset[size_t(run.unit)][size_t(run.seg)], seg.size());
+    }
+#pragma omp for schedule(static)
+    for (int row = 0; row < units * g; ++row) {
+      const int u = row / g, j = row % g;
+      const auto& segs = caches[size_t(u / heads)]->segments(u % heads);
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+      for (size_t k = 0; k < segs.size(); ++k) {
+        const size_t n = segs[k]->size();
+        if (n == 0) continue;
+        float* sj = scores + offset[size_t(u)][k] + size_t(j) * n;
+        for (size_t t = 0; t < n; ++t) sj[t] *= scale;
+        const float m_new = std::max(m, max_of(sj, static_cast<int>(n)));
+        const float r = std::exp(m - m_new);
+        l = l * r + exp_shifted(sj, static_cast<int>(n), m_new);
+        rescale[(first_segment[size_t(u)] + k) * g + size_t(j)] = r;
+        m = m_new;
+      }
+      sums[size_t(row)] = l;
+    }
+    std::vector<float> acc(size_t(g) * d);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t r = 0; r < value_runs.size(); ++r) {
+      const Run& run = value_runs[r];
+      const int u = run.unit, c0 = static_cast<int>(run.a), c1 = static_cast<int>(run.b);
+      const auto& segs = caches[size_t(u / heads)]->segments(u % heads);
+      for (int j = 0; j < g; ++j) std::fill(acc.begin() + j * d + c0, acc.begin() + j * d + c1, 0.0f);
+      for (size_t k = 0; k < segs.size(); ++k) {
+        if (segs[k]->size() == 0) continue;
+        for (int j = 0; j < g; ++j) {
+          const float rj = rescale[(first_segment[size_t(u)] + k) * g + size_t(j)];
+          for (int c = c0; c < c1; ++c) acc[size_t(j) * d + c] *= rj;
+        }
+        segs[k]->accumulate_part(scores + offset[size_t(u)][k], g, d, c0, c1, acc.data());
+      }
+      for (int j = 0; j < g; ++j) {
+        const float l = sums[size_t(u) * g + size_t(j)];
+        float* oh = out + size_t(u / heads) * size_t(hq) * d + (size_t(u % heads) * g + j) * d;
+        for (int c = c0; c < c1; ++c) oh[c] = l > 0 ? acc[size_t(j) * d + c] / l : 0.0f;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -180,22 +300,20 @@ void attend_batch(std::span<const LayerCache* const> caches, const float* q, flo
       fail("attend_batch: the batch's caches differ in shape");
   const int group = hq / heads;
   const auto batch = static_cast<int>(caches.size());
-  const int parts = parts_per_head(batch * heads, group, omp_get_max_threads());
-  const int tasks_per_seq = heads * parts;
+  const int threads = omp_get_max_threads();
+  if (threads > 1 && batch * heads % threads != 0) return attend_spread(caches, q, out, threads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  // Tasks are independent (every sequence's heads in one region, so that a batch's threads share the
-  // work evenly); BLAS calls inside the region run on the calling thread.
+  // One task per (sequence, cache head): its whole query group reads the head's segments once. Tasks are
+  // independent (every sequence's heads in one region, so that a batch's threads share the work evenly);
+  // BLAS calls inside the region run on the calling thread.
 #pragma omp parallel
   {
     std::vector<float> scores, acc, m, l;
 #pragma omp for schedule(static)
-    for (int task = 0; task < batch * tasks_per_seq; ++task) {
-      const LayerCache& cache = *caches[size_t(task / tasks_per_seq)];
-      const size_t row = size_t(task / tasks_per_seq) * size_t(hq) * d;
-      const int head = task % tasks_per_seq / parts, part = task % parts;
-      // Query heads [h0, h1) of this cache head's group.
-      const int h0 = head * group + part * group / parts, h1 = head * group + (part + 1) * group / parts;
-      const int g = h1 - h0;
+    for (int task = 0; task < batch * heads; ++task) {
+      const LayerCache& cache = *caches[size_t(task / heads)];
+      const size_t row = size_t(task / heads) * size_t(hq) * d;
+      const int head = task % heads, h0 = head * group, g = group;
       m.assign(size_t(g), -std::numeric_limits<float>::infinity());
       l.assign(size_t(g), 0.0f);
       acc.assign(size_t(g) * d, 0.0f);

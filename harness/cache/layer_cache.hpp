@@ -37,6 +37,15 @@ class Segment {
   // arithmetic (16-bit rows widened, codes unpacked) overrides them to read itself once for the group.
   virtual void logits_group(const float* q, int g, int d, float* scores) const;
   virtual void accumulate_group(const float* p, int g, int d, float* acc) const;
+  // One head's attention spread over threads (attend_batch): where the segment's logits may be cut, into
+  // at most `parts` runs of tokens (0 = t_0 < ... < t_k = size()), and where its values may, into runs of
+  // channels (0 = c_0 < ... < c_k = d); each run computed alone (logits_part, accumulate_part: scores
+  // [g, ld] filled at columns t0..t1, acc [g, d] at channels c0..c1) gives the numbers the whole gives
+  // it. By default a segment is read whole: one run each.
+  virtual std::vector<size_t> token_cuts(int /*parts*/) const { return {0, size()}; }
+  virtual std::vector<int> channel_cuts(int /*parts*/, int d) const { return {0, d}; }
+  virtual void logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const;
+  virtual void accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const;
   // A segment that keeps taking decoded tokens (the dense tail; KVmix's store, which quantizes as its
   // full-precision buffer fills) appends one here and returns true; others return false.
   virtual bool append_token(const float* /*k*/, const float* /*v*/, int32_t /*pos*/) { return false; }
@@ -50,6 +59,10 @@ class Segment {
   // placement) with what it uploads and returns true; false for a format with none.
   virtual bool device_form(DeviceUploader& /*up*/, cuda::DecodeSegment& /*d*/) const { return false; }
 };
+
+// [0, n) cut into at most `parts` runs of about equal length, each a multiple of `grain` but the last:
+// the cuts 0 = t_0 < ... < t_k = n (Segment::token_cuts).
+std::vector<size_t> even_cuts(size_t n, int parts, size_t grain);
 
 // Rows of head_dim numbers stored at a dtype: the dense K or V of a segment, or a full-precision buffer.
 class RowStore {
@@ -69,6 +82,20 @@ class RowStore {
   // With g > 1, for g queries or weight vectors at once (kv_rows_dot, kv_rows_axpy).
   void dot(const float* q, float* out, int g = 1) const { kv_rows_dot(dtype_, data_.data(), rows(), d_, q, out, g); }
   void axpy(const float* p, float* acc, int g = 1) const { kv_rows_axpy(dtype_, data_.data(), rows(), d_, p, acc, g); }
+  // Rows [t0, t1) only (out [g, ldo] at columns 0..t1-t0), and channels [c0, c1) only (acc [g, head_dim];
+  // p [g, ldp], ldp = rows() when 0).
+  void dot(const float* q, size_t t0, size_t t1, float* out, int g, size_t ldo) const {
+    kv_rows_dot(dtype_, data_.data() + t0 * row_bytes(), t1 - t0, d_, q, out, g, ldo);
+  }
+  void axpy(const float* p, int c0, int c1, float* acc, int g, size_t ldp = 0) const {
+    kv_rows_axpy(dtype_, data_.data() + size_t(c0) * kv_dtype_bytes(dtype_), rows(), c1 - c0, p, acc + c0, g,
+                 size_t(d_), ldp);
+  }
+  // Cuts for Segment::token_cuts and channel_cuts that the row kernels keep exact: runs of rows whole
+  // multiples of 64 (kv_rows_dot's sums depend on a row's position modulo 4), of channels multiples of
+  // 16, none in fp32 (BLAS's channel order is its own).
+  std::vector<size_t> row_cuts(int parts) const { return even_cuts(rows(), parts, 64); }
+  std::vector<int> channel_cuts(int parts) const;
   void store_as(KvDtype t);
 
  private:
@@ -91,6 +118,14 @@ class DenseSegment final : public Segment {
   void accumulate(const float* p, float* acc) const override { v_.axpy(p, acc); }
   void logits_group(const float* q, int g, int, float* scores) const override { k_.dot(q, scores, g); }
   void accumulate_group(const float* p, int g, int, float* acc) const override { v_.axpy(p, acc, g); }
+  std::vector<size_t> token_cuts(int parts) const override { return k_.row_cuts(parts); }
+  std::vector<int> channel_cuts(int parts, int) const override { return v_.channel_cuts(parts); }
+  void logits_part(const float* q, int g, int, size_t t0, size_t t1, float* scores, size_t ld) const override {
+    k_.dot(q, t0, t1, scores + t0, g, ld);
+  }
+  void accumulate_part(const float* p, int g, int, int c0, int c1, float* acc) const override {
+    v_.axpy(p, c0, c1, acc, g);
+  }
   void store_as(KvDtype t) override {
     k_.store_as(t);
     v_.store_as(t);

@@ -54,6 +54,18 @@ void QuantizedKeys::reconstruct(float* k) const {
 
 void QuantizedKeys::logits(const float* q, float* scores, int g) const { quant_keys_dot(view(), q, scores, g); }
 
+void QuantizedKeys::logits(const float* q, size_t t0, size_t t1, float* scores, int g, size_t ldo) const {
+  if (t0 % size_t(group_) != 0 || t1 % size_t(group_) != 0 || t0 > t1 || t1 > tokens_)
+    fail("internal: quantized keys read from token {} to {}, not whole groups of {}", t0, t1, group_);
+  const size_t g0 = t0 / size_t(group_);
+  QuantKeysView v = view();
+  v.words += g0 * size_t(d_) * size_t(words_per_group_);
+  v.scale += g0 * size_t(d_);
+  v.min += g0 * size_t(d_);
+  v.tokens = t1 - t0;
+  quant_keys_dot(v, q, scores, g, ldo);
+}
+
 QuantizedValues::QuantizedValues(int head_dim, int bits, int group) : d_(head_dim), bits_(bits), group_(group) {
   if (bits < 1 || bits > 4) fail("value bit width {} is outside 1-4", bits);
   if (bits == 3) fail("3-bit values are not supported (11 codes per word do not tile channel groups); use 2 or 4");

@@ -23,6 +23,8 @@ class QuantizedKeys {
   // scores[t] = q . k^_t, fused: q is folded into each channel's scale and minimum per group; with
   // g > 1, for g queries at once (q [g, head_dim], scores [g, size]), the codes unpacked once.
   void logits(const float* q, float* scores, int g = 1) const;
+  // Tokens [t0, t1) only (whole groups), into scores [g, ldo] at columns 0..t1-t0.
+  void logits(const float* q, size_t t0, size_t t1, float* scores, int g, size_t ldo) const;
   void reconstruct(float* k) const;  // [size, head_dim]
   int bits() const { return bits_; }
   int group() const { return group_; }
@@ -49,6 +51,10 @@ class QuantizedValues {
   // acc[0..d) += sum_t p[t] v^_t, fused: each token's probability is folded into its scales; with
   // g > 1, for g weight vectors at once (p [g, size], acc [g, head_dim]).
   void accumulate(const float* p, float* acc, int g = 1) const;
+  // Channels [c0, c1) only (whole groups), with the weights p [g, ldp].
+  void accumulate(const float* p, int c0, int c1, float* acc, int g, size_t ldp) const {
+    quant_values_axpy(view(), p, acc, g, c0, c1, ldp);
+  }
   void reconstruct(float* v) const;  // [size, head_dim]
   int bits() const { return bits_; }
   int group() const { return group_; }

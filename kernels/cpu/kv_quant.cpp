@@ -129,12 +129,12 @@ void keys_dot_portable(const QuantKeysView& k, const float* q, float* scores) {
   }
 }
 
-void values_axpy_portable(const QuantValuesView& v, const float* p, float* acc) {
+void values_axpy_portable(const QuantValuesView& v, const float* p, float* acc, int c0, int c1) {
   const int groups = v.d / v.group, per = codes_per_word(v.bits);
   std::vector<uint32_t> codes(size_t(v.group));
   for (size_t t = 0; t < v.tokens; ++t) {
     if (p[t] == 0.0f) continue;
-    for (int gi = 0; gi < groups; ++gi) {
+    for (int gi = c0 / v.group; gi < c1 / v.group; ++gi) {
       unpack_codes(v.words + t * size_t(v.d / per) + size_t(gi) * v.group / per, v.group, v.bits, codes.data());
       const float ps = p[t] * half_to_float(v.scale[t * groups + gi]);
       const float pm = p[t] * half_to_float(v.min[t * groups + gi]);
@@ -180,7 +180,8 @@ __attribute__((target("avx2,fma,f16c"))) void fold_queries_avx2(const float* q, 
 
 // G queries (q [G, d], scores [G, tokens]); the codes of each word are extracted once for all of them.
 template <int G>
-__attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores) {
+__attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores,
+                                                            size_t ldo) {
   const int b = k.bits, d = k.d;
   const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -211,7 +212,7 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
           }
         }
         for (int j = 0; j < G; ++j) {
-          float* sg = scores + size_t(j) * k.tokens + s0 + w * 11;
+          float* sg = scores + size_t(j) * ldo + s0 + w * 11;
           _mm256_storeu_ps(sg, _mm256_add_ps(a0[j], vbias[j]));
           _mm256_store_ps(lanes, _mm256_add_ps(a1[j], vbias[j]));
           std::copy(lanes, lanes + 3, sg + 8);
@@ -242,7 +243,7 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
         for (int j = 0; j < G; ++j) e[j] = _mm256_fmadd_ps(_mm256_set1_ps(qs[size_t(j) * d + ch]), ce, e[j]);
       }
       for (int j = 0; j < G; ++j)
-        _mm256_storeu_ps(scores + size_t(j) * k.tokens + s0 + t0, _mm256_add_ps(_mm256_add_ps(e[j], o[j]), vbias[j]));
+        _mm256_storeu_ps(scores + size_t(j) * ldo + s0 + t0, _mm256_add_ps(_mm256_add_ps(e[j], o[j]), vbias[j]));
     }
   }
 }
@@ -259,6 +260,8 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load_halves(const uint16_
       std::memcpy(&two, h, sizeof two);
       return _mm256_cvtph_ps(_mm_cvtsi32_si128(two));
     }
+    case 1:  // a run of a head's channels within one group (attention spread over threads)
+      return _mm256_cvtph_ps(_mm_cvtsi32_si128(h[0]));
     default: {
       alignas(16) uint16_t part[8] = {};
       std::copy_n(h, n, part);
@@ -271,77 +274,87 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load_halves(const uint16_
 // groups side by side in the lanes of a register per vector, each summed over the tokens in order
 // (products rounded, then added, as a scalar loop would; a token of weight 0 adds a zero).
 template <int G>
-__attribute__((target("avx2,fma,f16c"))) void add_minimums_avx2(const QuantValuesView& v, const float* p, float* acc) {
-  const int groups = v.d / v.group;
+__attribute__((target("avx2,fma,f16c"))) void add_minimums_avx2(const QuantValuesView& v, const float* p, size_t ldp,
+                                                                float* acc, int c0, int c1) {
+  const int groups = v.d / v.group, g1 = c1 / v.group;
   alignas(32) float lanes[G][8];
-  for (int c = 0; c < groups; c += 8) {
-    const int n = std::min(8, groups - c);
+  for (int c = c0 / v.group; c < g1; c += 8) {
+    const int n = std::min(8, g1 - c);
     __m256 pm[G];
     for (auto& x : pm) x = _mm256_setzero_ps();
     for (size_t t = 0; t < v.tokens; ++t) {
       const __m256 m = load_halves(v.min + t * size_t(groups) + c, n);
       for (int j = 0; j < G; ++j)
-        pm[j] = _mm256_add_ps(pm[j], _mm256_mul_ps(_mm256_set1_ps(p[size_t(j) * v.tokens + t]), m));
+        pm[j] = _mm256_add_ps(pm[j], _mm256_mul_ps(_mm256_set1_ps(p[size_t(j) * ldp + t]), m));
     }
     for (int j = 0; j < G; ++j) _mm256_store_ps(lanes[j], pm[j]);
     for (int j = 0; j < G; ++j)
-      for (int ch = c * v.group; ch < std::min(v.d, (c + 8) * v.group); ++ch)
+      for (int ch = c * v.group; ch < std::min(c1, (c + 8) * v.group); ++ch)
         acc[size_t(j) * v.d + ch] += lanes[j][ch / v.group - c];
   }
 }
 
-// Token t's weights in the G vectors (p [G, tokens]); false when all are 0 (the token adds nothing).
+// Token t's weights in the G vectors (p [G, ldp]); false when all are 0 (the token adds nothing).
 template <int G>
-inline bool token_weights(const float* p, size_t tokens, size_t t, float* pt) {
+inline bool token_weights(const float* p, size_t ldp, size_t t, float* pt) {
   bool any = false;
   for (int j = 0; j < G; ++j) {
-    pt[j] = p[size_t(j) * tokens + t];
+    pt[j] = p[size_t(j) * ldp + t];
     any = any || pt[j] != 0.0f;
   }
   return any;
 }
 
-// G weight vectors (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
-template <int G>
-__attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValuesView& v, const float* p, float* acc) {
+// NB blocks of 8 channels from channel c0 held in registers across all tokens for G weight vectors
+// (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
+template <int G, int NB>
+__attribute__((target("avx2,fma,f16c"))) void value_blocks_avx2(const QuantValuesView& v, const float* p, size_t ldp,
+                                                                float* acc, int c0) {
   const int b = v.bits, d = v.d, per = 32 / b, groups = d / v.group, wpt = d / per;
-  // Blocks of 8 * CB channels held in registers across all tokens (G * CB accumulators).
-  constexpr int CB = G <= 2 ? 4 : 2;
   const __m256i mask = _mm256_set1_epi32((1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int c0 = 0; c0 < d; c0 += 8 * CB) {
-    const int nb = std::min(8 * CB, d - c0) / 8;
-    __m256 a[G][CB];
-    __m256i sh[CB];
-    int wi[CB], gi[CB];
-    for (int u = 0; u < nb; ++u) {
-      const int c = c0 + 8 * u;
-      for (int j = 0; j < G; ++j) a[j][u] = _mm256_loadu_ps(acc + size_t(j) * d + c);
-      sh[u] = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(c % per)), _mm256_set1_epi32(b));
-      wi[u] = c / per;
-      gi[u] = c / v.group;
-    }
-    for (size_t t = 0; t < v.tokens; ++t) {
-      float pt[G];
-      if (!token_weights<G>(p, v.tokens, t, pt)) continue;
-      const uint32_t* wt = v.words + t * size_t(wpt);
-      const uint16_t* st = v.scale + t * size_t(groups);
-      for (int u = 0; u < nb; ++u) {
-        const __m256 codes = codes8(wt[wi[u]], sh[u], mask);
-        const float s = _cvtsh_ss(st[gi[u]]);
-        for (int j = 0; j < G; ++j) a[j][u] = _mm256_fmadd_ps(_mm256_set1_ps(pt[j] * s), codes, a[j][u]);
-      }
-    }
-    for (int j = 0; j < G; ++j)
-      for (int u = 0; u < nb; ++u) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * u, a[j][u]);
+  __m256 a[G][NB];
+  __m256i sh[NB];
+  int wi[NB], gi[NB];
+  for (int u = 0; u < NB; ++u) {
+    const int c = c0 + 8 * u;
+    for (int j = 0; j < G; ++j) a[j][u] = _mm256_loadu_ps(acc + size_t(j) * d + c);
+    sh[u] = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(c % per)), _mm256_set1_epi32(b));
+    wi[u] = c / per;
+    gi[u] = c / v.group;
   }
-  add_minimums_avx2<G>(v, p, acc);
+  for (size_t t = 0; t < v.tokens; ++t) {
+    float pt[G];
+    if (!token_weights<G>(p, ldp, t, pt)) continue;
+    const uint32_t* wt = v.words + t * size_t(wpt);
+    const uint16_t* st = v.scale + t * size_t(groups);
+    for (int u = 0; u < NB; ++u) {
+      const __m256 codes = codes8(wt[wi[u]], sh[u], mask);
+      const float s = _cvtsh_ss(st[gi[u]]);
+      for (int j = 0; j < G; ++j) a[j][u] = _mm256_fmadd_ps(_mm256_set1_ps(pt[j] * s), codes, a[j][u]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int u = 0; u < NB; ++u) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * u, a[j][u]);
+}
+
+// Channels [c0, c1) in blocks of 8 CB (G CB accumulators in the 16 registers), the rest one block at a time.
+template <int G>
+__attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValuesView& v, const float* p, size_t ldp,
+                                                               float* acc, int c0, int c1) {
+  constexpr int CB = G <= 2 ? 4 : 2;
+  int c = c0;
+  for (; c + 8 * CB <= c1; c += 8 * CB) value_blocks_avx2<G, CB>(v, p, ldp, acc, c);
+  for (; c < c1; c += 8) value_blocks_avx2<G, 1>(v, p, ldp, acc, c);
+  add_minimums_avx2<G>(v, p, ldp, acc, c0, c1);
 }
 
 // GCC 12's AVX-512 intrinsics pass an undefined vector as the unused merge source, which its
-// -Wmaybe-uninitialized reports inside every caller (GCC PR105593, fixed in 13).
+// -Wmaybe-uninitialized (or, as inlining goes, -Wuninitialized) reports inside every caller (GCC PR105593,
+// fixed in 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // 16 codes as floats: lane l holds the code at bit offset shifts[l] of words[l]. The shifted word's low 4
 // bits index `values` (code_values: each index's low `bits` bits as a float), which masks and converts
@@ -423,7 +436,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) inline void key_blocks_avx512(c
 // keys_dot_avx2 for b = 1, 2, 4 bits, 32 tokens a pass. Token groups a multiple of 16.
 template <int G, int B>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const QuantKeysView& k, const float* q,
-                                                                      float* scores) {
+                                                                      float* scores, size_t ldo) {
   const int d = k.d, wpg = k.group * B / 32;
   std::vector<float> qs(static_cast<size_t>(G * d));
   for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
@@ -434,9 +447,8 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const Quan
     const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
     float* out = scores + g * k.group;
     int t0 = 0;
-    for (; t0 + 32 <= k.group; t0 += 32)
-      key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs.data(), vbias, out + t0, k.tokens);
-    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs.data(), vbias, out + t0, k.tokens);
+    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
+    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
   }
 }
 
@@ -473,7 +485,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) inline void key_words3_avx512(c
 // keys_dot_avx2 for 3 bits, a word of four token groups at a time (the rest one by one).
 template <int G>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const QuantKeysView& k, const float* q,
-                                                                       float* scores) {
+                                                                       float* scores, size_t ldo) {
   constexpr int NG = 4;
   const int d = k.d, wpg = k.group / 11;
   const size_t groups = k.tokens / size_t(k.group), unit = size_t(d) * size_t(wpg);
@@ -488,9 +500,9 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const Qua
       const uint32_t* w0 = k.words + g * unit + size_t(w);
       float* out = scores + g * k.group + size_t(w) * 11;
       if (ng == NG)
-        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs.data(), bias, k.group, out, k.tokens);
+        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs.data(), bias, k.group, out, ldo);
       else
-        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs.data(), bias, k.group, out, k.tokens);
+        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs.data(), bias, k.group, out, ldo);
     }
     g += size_t(ng);
   }
@@ -502,7 +514,7 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const Qua
 // tokens at a time.
 template <int G, int B, int NB, int GB>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const QuantValuesView& v, const float* p,
-                                                                          float* acc, int c0) {
+                                                                          size_t ldp, float* acc, int c0) {
   static_assert(NB % GB == 0);
   const int d = v.d, groups = d / v.group, wpt = d * B / 32;
   const __m512 mask = code_values(B);
@@ -519,12 +531,12 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const 
     const auto valid = static_cast<__mmask16>((1u << n) - 1);
     unsigned live = 0;  // tokens with a nonzero weight in some vector
     for (int j = 0; j < G; ++j)
-      live |= _mm512_mask_cmp_ps_mask(valid, _mm512_maskz_loadu_ps(valid, p + size_t(j) * v.tokens + t0),
+      live |= _mm512_mask_cmp_ps_mask(valid, _mm512_maskz_loadu_ps(valid, p + size_t(j) * ldp + t0),
                                       _mm512_setzero_ps(), _CMP_NEQ_UQ);
     for (; live != 0; live &= live - 1) {
       const size_t t = t0 + size_t(__builtin_ctz(live));
       __m512 pv[G];
-      for (int j = 0; j < G; ++j) pv[j] = _mm512_set1_ps(p[size_t(j) * v.tokens + t]);
+      for (int j = 0; j < G; ++j) pv[j] = _mm512_set1_ps(p[size_t(j) * ldp + t]);
       const uint32_t* wt = v.words + t * size_t(wpt);
       const uint16_t* st = v.scale + t * size_t(groups);
       for (int h = 0; h < NB / GB; ++h) {
@@ -545,96 +557,110 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const 
 // values_axpy_avx2 16 channels a vector, 64 channels a pass. Head dims and channel groups a multiple of 16.
 template <int G, int B>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const QuantValuesView& v, const float* p,
-                                                                         float* acc) {
-  int c0 = 0;
-  for (; c0 + 64 <= v.d; c0 += 64) {
+                                                                         size_t ldp, float* acc, int c0, int c1) {
+  int c = c0;
+  for (; c + 64 <= c1; c += 64) {
     if (v.group % 64 == 0)
-      value_blocks_avx512<G, B, 4, 4>(v, p, acc, c0);
+      value_blocks_avx512<G, B, 4, 4>(v, p, ldp, acc, c);
     else if (v.group % 32 == 0)
-      value_blocks_avx512<G, B, 4, 2>(v, p, acc, c0);
+      value_blocks_avx512<G, B, 4, 2>(v, p, ldp, acc, c);
     else
-      value_blocks_avx512<G, B, 4, 1>(v, p, acc, c0);
+      value_blocks_avx512<G, B, 4, 1>(v, p, ldp, acc, c);
   }
-  for (; c0 < v.d; c0 += 16) value_blocks_avx512<G, B, 1, 1>(v, p, acc, c0);
-  add_minimums_avx2<G>(v, p, acc);
+  // A run of 32 channels (a cache head's half) in one pass over the tokens.
+  for (; c + 32 <= c1; c += 32) {
+    if (v.group % 32 == 0)
+      value_blocks_avx512<G, B, 2, 2>(v, p, ldp, acc, c);
+    else
+      value_blocks_avx512<G, B, 2, 1>(v, p, ldp, acc, c);
+  }
+  for (; c < c1; c += 16) value_blocks_avx512<G, B, 1, 1>(v, p, ldp, acc, c);
+  add_minimums_avx2<G>(v, p, ldp, acc, c0, c1);
 }
 
 #pragma GCC diagnostic pop
 
 // Runs kernel<G> over the g queries in chunks of at most four, the most whose accumulators stay in registers.
-template <template <int> class K, class View>
-void in_chunks(const View& x, const float* in, size_t in_row, float* out, size_t out_row, int g) {
+template <template <int> class K, class View, class... Args>
+void in_chunks(const View& x, const float* in, size_t in_row, float* out, size_t out_row, int g, Args... args) {
   for (int j = 0; j < g; j += 4) {
     const float* i = in + size_t(j) * in_row;
     float* o = out + size_t(j) * out_row;
     switch (std::min(4, g - j)) {
       case 1:
-        K<1>::run(x, i, o);
+        K<1>::run(x, i, o, args...);
         break;
       case 2:
-        K<2>::run(x, i, o);
+        K<2>::run(x, i, o, args...);
         break;
       case 3:
-        K<3>::run(x, i, o);
+        K<3>::run(x, i, o, args...);
         break;
       default:
-        K<4>::run(x, i, o);
+        K<4>::run(x, i, o, args...);
     }
   }
 }
 template <int G>
 struct KeysDot {
-  static void run(const QuantKeysView& k, const float* q, float* s) { keys_dot_avx2<G>(k, q, s); }
+  static void run(const QuantKeysView& k, const float* q, float* s, size_t ldo) { keys_dot_avx2<G>(k, q, s, ldo); }
 };
 template <int G>
 struct KeysDot512 {
-  static void run(const QuantKeysView& k, const float* q, float* s) {
+  static void run(const QuantKeysView& k, const float* q, float* s, size_t ldo) {
     switch (k.bits) {
       case 1:
-        return keys_dot_avx512<G, 1>(k, q, s);
+        return keys_dot_avx512<G, 1>(k, q, s, ldo);
       case 2:
-        return keys_dot_avx512<G, 2>(k, q, s);
+        return keys_dot_avx512<G, 2>(k, q, s, ldo);
       case 3:
-        return keys3_dot_avx512<G>(k, q, s);
+        return keys3_dot_avx512<G>(k, q, s, ldo);
       default:
-        return keys_dot_avx512<G, 4>(k, q, s);
+        return keys_dot_avx512<G, 4>(k, q, s, ldo);
     }
   }
 };
 template <int G>
 struct ValuesAxpy {
-  static void run(const QuantValuesView& v, const float* p, float* a) { values_axpy_avx2<G>(v, p, a); }
+  static void run(const QuantValuesView& v, const float* p, float* a, size_t ldp, int c0, int c1) {
+    values_axpy_avx2<G>(v, p, ldp, a, c0, c1);
+  }
 };
 template <int G>
 struct ValuesAxpy512 {
-  static void run(const QuantValuesView& v, const float* p, float* a) {
+  static void run(const QuantValuesView& v, const float* p, float* a, size_t ldp, int c0, int c1) {
     switch (v.bits) {
       case 1:
-        return values_axpy_avx512<G, 1>(v, p, a);
+        return values_axpy_avx512<G, 1>(v, p, ldp, a, c0, c1);
       case 2:
-        return values_axpy_avx512<G, 2>(v, p, a);
+        return values_axpy_avx512<G, 2>(v, p, ldp, a, c0, c1);
       default:
-        return values_axpy_avx512<G, 4>(v, p, a);
+        return values_axpy_avx512<G, 4>(v, p, ldp, a, c0, c1);
     }
   }
 };
 
 }  // namespace
 
-void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g) {
+void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g, size_t ldo) {
   if (k.tokens == 0) return;
+  if (ldo == 0) ldo = k.tokens;
   if (cpu_has_avx512() && (k.bits == 3 || k.group % 16 == 0))
-    return in_chunks<KeysDot512>(k, q, size_t(k.d), scores, k.tokens, g);
-  if (cpu_has_avx2()) return in_chunks<KeysDot>(k, q, size_t(k.d), scores, k.tokens, g);
-  for (int j = 0; j < g; ++j) keys_dot_portable(k, q + size_t(j) * k.d, scores + size_t(j) * k.tokens);
+    return in_chunks<KeysDot512>(k, q, size_t(k.d), scores, ldo, g, ldo);
+  if (cpu_has_avx2()) return in_chunks<KeysDot>(k, q, size_t(k.d), scores, ldo, g, ldo);
+  for (int j = 0; j < g; ++j) keys_dot_portable(k, q + size_t(j) * k.d, scores + size_t(j) * ldo);
 }
 
-void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int g) {
+void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int g, int c0, int c1, size_t ldp) {
   if (v.tokens == 0) return;
+  if (c1 == 0) c1 = v.d;
+  if (ldp == 0) ldp = v.tokens;
+  if (c0 % v.group != 0 || c1 % v.group != 0 || c0 < 0 || c1 > v.d || c0 >= c1)
+    fail("quantized values: channels [{}, {}) do not start and end on groups of {} within {}", c0, c1, v.group, v.d);
   if (cpu_has_avx512() && v.bits != 3 && v.d % 16 == 0 && v.group % 16 == 0)
-    return in_chunks<ValuesAxpy512>(v, p, v.tokens, acc, size_t(v.d), g);
-  if (cpu_has_avx2() && v.bits != 3) return in_chunks<ValuesAxpy>(v, p, v.tokens, acc, size_t(v.d), g);
-  for (int j = 0; j < g; ++j) values_axpy_portable(v, p + size_t(j) * v.tokens, acc + size_t(j) * v.d);
+    return in_chunks<ValuesAxpy512>(v, p, ldp, acc, size_t(v.d), g, ldp, c0, c1);
+  if (cpu_has_avx2() && v.bits != 3) return in_chunks<ValuesAxpy>(v, p, ldp, acc, size_t(v.d), g, ldp, c0, c1);
+  for (int j = 0; j < g; ++j) values_axpy_portable(v, p + size_t(j) * ldp, acc + size_t(j) * v.d, c0, c1);
 }
 
 }  // namespace kvb

@@ -40,13 +40,16 @@ struct QuantValuesView {
 // scores[t] = q . k^_t, fused: q folded into each channel's scale and minimum, codes read in place.
 // The fast version runs AVX2 on processors that have it (kv_rows.hpp: cpu_has_avx2), a portable loop
 // otherwise; the reference dequantizes each key and takes the dot product in double. With g > 1, for g
-// queries at once (q [g, d], scores [g, tokens]: the query heads of a GQA group), the codes unpacked once
-// for all of them; each query's sums are those it gets alone.
-void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g = 1);
+// queries at once (q [g, d], scores [g, ldo], ldo = tokens when 0: the query heads of a GQA group), the
+// codes unpacked once for all of them; each query's sums are those it gets alone, and each token's does
+// not depend on the others (a view of some of the token groups gives the whole's numbers for them).
+void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g = 1, size_t ldo = 0);
 void quant_keys_dot_ref(const QuantKeysView& k, const float* q, float* scores);
 // acc[0..d) += sum_t p[t] v^_t, fused: each probability folded into its token's scales.
-// With g > 1, for g weight vectors at once (p [g, tokens], acc [g, d]).
-void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int g = 1);
+// With g > 1, for g weight vectors at once (p [g, ldp], ldp = tokens when 0; acc [g, d]). Only channels
+// [c0, c1) (c1 = d when 0; both on channel-group boundaries), each with the numbers the whole gives it.
+void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int g = 1, int c0 = 0, int c1 = 0,
+                       size_t ldp = 0);
 void quant_values_axpy_ref(const QuantValuesView& v, const float* p, float* acc);
 
 }  // namespace kvb

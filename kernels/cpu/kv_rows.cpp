@@ -123,7 +123,7 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128 hsum4(__m256 v0, __m256 v
 template <int G>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot16_rows(KvDtype t, const uint16_t* rows,
                                                                                size_t n, int d, const float* q,
-                                                                               float* out) {
+                                                                               float* out, size_t ldo) {
   const int d8 = d / 8 * 8;
   size_t i = 0;
   if (d8 == d) {
@@ -144,7 +144,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot16_rows(K
           a[j][3] = _mm256_fmadd_ps(r3, qc, a[j][3]);
         }
       }
-      for (int j = 0; j < G; ++j) _mm_storeu_ps(out + size_t(j) * n + i, hsum4(a[j][0], a[j][1], a[j][2], a[j][3]));
+      for (int j = 0; j < G; ++j) _mm_storeu_ps(out + size_t(j) * ldo + i, hsum4(a[j][0], a[j][1], a[j][2], a[j][3]));
     }
   }
   for (; i < n; ++i) {
@@ -159,7 +159,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot16_rows(K
     for (int j = 0; j < G; ++j) {
       float s = hsum(_mm256_add_ps(a[j][0], a[j][1]));
       for (int c = d8; c < d; ++c) s += widen(t, r[c]) * q[size_t(j) * d + c];
-      out[size_t(j) * n + i] = s;
+      out[size_t(j) * ldo + i] = s;
     }
   }
 }
@@ -169,27 +169,28 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot16_rows(K
 // count they lived on the stack, a load and a store around every FMA).
 template <int G, int W>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_block_avx2(KvDtype t, const uint16_t* rows,
-                                                                                      size_t n, int d, int c0,
-                                                                                      const float* p, float* acc) {
+                                                                                      size_t n, size_t ld, int c0,
+                                                                                      const float* p, size_t ldp,
+                                                                                      float* acc) {
   __m256 a[G][W];
   for (int j = 0; j < G; ++j)
-    for (int v = 0; v < W; ++v) a[j][v] = _mm256_loadu_ps(acc + size_t(j) * d + c0 + 8 * v);
+    for (int v = 0; v < W; ++v) a[j][v] = _mm256_loadu_ps(acc + j * ld + c0 + 8 * v);
   for (size_t i = 0; i < n; ++i) {
     __m256 pi[G];
     bool any = false;
     for (int j = 0; j < G; ++j) {
-      any = any || p[size_t(j) * n + i] != 0.0f;
-      pi[j] = _mm256_set1_ps(p[size_t(j) * n + i]);
+      any = any || p[j * ldp + i] != 0.0f;
+      pi[j] = _mm256_set1_ps(p[j * ldp + i]);
     }
     if (!any) continue;
-    const uint16_t* r = rows + i * size_t(d) + c0;
+    const uint16_t* r = rows + i * ld + c0;
     for (int v = 0; v < W; ++v) {
       const __m256 rv = load8(t, r + 8 * v);
       for (int j = 0; j < G; ++j) a[j][v] = _mm256_fmadd_ps(pi[j], rv, a[j][v]);
     }
   }
   for (int j = 0; j < G; ++j)
-    for (int v = 0; v < W; ++v) _mm256_storeu_ps(acc + size_t(j) * d + c0 + 8 * v, a[j][v]);
+    for (int v = 0; v < W; ++v) _mm256_storeu_ps(acc + j * ld + c0 + 8 * v, a[j][v]);
 }
 
 // acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them,
@@ -199,49 +200,52 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_block
 // sum is the same chain of operations whatever the blocks.
 template <int G, int MaxW>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_rows(KvDtype t, const uint16_t* rows,
-                                                                                size_t n, int d, const float* p,
+                                                                                size_t n, int d, size_t ld,
+                                                                                const float* p, size_t ldp,
                                                                                 float* acc) {
   const int d8 = d / 8 * 8;
   int c0 = 0;
   if constexpr (MaxW == 8)
-    for (; c0 + 64 <= d8; c0 += 64) axpy16_block_avx2<G, 8>(t, rows, n, d, c0, p, acc);
+    for (; c0 + 64 <= d8; c0 += 64) axpy16_block_avx2<G, 8>(t, rows, n, ld, c0, p, ldp, acc);
   for (; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
       case 4:
-        axpy16_block_avx2<G, 4>(t, rows, n, d, c0, p, acc);
+        axpy16_block_avx2<G, 4>(t, rows, n, ld, c0, p, ldp, acc);
         break;
       case 3:
-        axpy16_block_avx2<G, 3>(t, rows, n, d, c0, p, acc);
+        axpy16_block_avx2<G, 3>(t, rows, n, ld, c0, p, ldp, acc);
         break;
       case 2:
-        axpy16_block_avx2<G, 2>(t, rows, n, d, c0, p, acc);
+        axpy16_block_avx2<G, 2>(t, rows, n, ld, c0, p, ldp, acc);
         break;
       default:
-        axpy16_block_avx2<G, 1>(t, rows, n, d, c0, p, acc);
+        axpy16_block_avx2<G, 1>(t, rows, n, ld, c0, p, ldp, acc);
     }
   for (int j = 0; j < G; ++j)
     for (int c = d8; c < d; ++c)
-      for (size_t i = 0; i < n; ++i) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, rows[i * size_t(d) + c]);
+      for (size_t i = 0; i < n; ++i) acc[j * ld + c] += p[j * ldp + i] * widen(t, rows[i * ld + c]);
 }
 
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void dot16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
-                                                         const float* q, float* out) {
-  dot16_rows<G>(t, rows, n, d, q, out);
+                                                         const float* q, float* out, size_t ldo) {
+  dot16_rows<G>(t, rows, n, d, q, out, ldo);
 }
 template <int G>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void dot16_avx512(KvDtype t, const uint16_t* rows, size_t n,
-                                                                            int d, const float* q, float* out) {
-  dot16_rows<G>(t, rows, n, d, q, out);
+                                                                            int d, const float* q, float* out,
+                                                                            size_t ldo) {
+  dot16_rows<G>(t, rows, n, d, q, out, ldo);
 }
 template <int G>
-__attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d,
-                                                          const float* p, float* acc) {
-  axpy16_rows<G, 4>(t, rows, n, d, p, acc);
+__attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d, size_t ld,
+                                                          const float* p, size_t ldp, float* acc) {
+  axpy16_rows<G, 4>(t, rows, n, d, ld, p, ldp, acc);
 }
 template <int G>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void axpy16_avx512(KvDtype t, const uint16_t* rows, size_t n,
-                                                                             int d, const float* p, float* acc) {
-  axpy16_rows<G, G <= 3 ? 8 : 4>(t, rows, n, d, p, acc);
+                                                                             int d, size_t ld, const float* p,
+                                                                             size_t ldp, float* acc) {
+  axpy16_rows<G, G <= 3 ? 8 : 4>(t, rows, n, d, ld, p, ldp, acc);
 }
 
 // Columns [c0, c0 + 16 W) of the ragged axpy for G weight vectors over n >= 1 rows (p_j at p + j ps):
@@ -381,13 +385,14 @@ void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float*
   for (int c = 0; c < d; ++c) acc[c] = static_cast<float>(sum[size_t(c)]);
 }
 
-void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out, int g) {
+void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out, int g, size_t ldo) {
   if (n == 0) return;
+  if (ldo == 0) ldo = n;
   // fp32 rows need no widening: one BLAS product per query, whose sums are those of a single query.
   if (t == KvDtype::F32) {
     for (int j = 0; j < g; ++j)
       cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d,
-                  q + size_t(j) * d, 1, 0.0f, out + size_t(j) * n, 1);
+                  q + size_t(j) * d, 1, 0.0f, out + size_t(j) * ldo, 1);
     return;
   }
   const auto* r = static_cast<const uint16_t*>(rows);
@@ -396,71 +401,74 @@ void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, f
       for (size_t i = 0; i < n; ++i) {
         float s = 0;
         for (int c = 0; c < d; ++c) s += widen(t, r[i * size_t(d) + c]) * q[size_t(j) * d + c];
-        out[size_t(j) * n + i] = s;
+        out[size_t(j) * ldo + i] = s;
       }
     return;
   }
   if (cpu_has_avx512()) {
-    for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * n) switch (std::min(4, g - j)) {
+    for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * ldo) switch (std::min(4, g - j)) {
         case 4:
-          dot16_avx512<4>(t, r, n, d, q, out);
+          dot16_avx512<4>(t, r, n, d, q, out, ldo);
           break;
         case 3:
-          dot16_avx512<3>(t, r, n, d, q, out);
+          dot16_avx512<3>(t, r, n, d, q, out, ldo);
           break;
         case 2:
-          dot16_avx512<2>(t, r, n, d, q, out);
+          dot16_avx512<2>(t, r, n, d, q, out, ldo);
           break;
         default:
-          dot16_avx512<1>(t, r, n, d, q, out);
+          dot16_avx512<1>(t, r, n, d, q, out, ldo);
       }
     return;
   }
   // Pairs of queries: four rows, two queries and their eight sums fill the sixteen vector registers.
-  for (int j = 0; j < g; j += 2, q += 2 * size_t(d), out += 2 * n) {
+  for (int j = 0; j < g; j += 2, q += 2 * size_t(d), out += 2 * ldo) {
     if (j + 2 <= g)
-      dot16_avx2<2>(t, r, n, d, q, out);
+      dot16_avx2<2>(t, r, n, d, q, out, ldo);
     else
-      dot16_avx2<1>(t, r, n, d, q, out);
+      dot16_avx2<1>(t, r, n, d, q, out, ldo);
   }
 }
 
-void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g) {
+void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g, size_t ld,
+                  size_t ldp) {
   if (n == 0) return;
+  if (ld == 0) ld = size_t(d);
+  if (ldp == 0) ldp = n;
   if (t == KvDtype::F32) {
     for (int j = 0; j < g; ++j)
-      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows), d,
-                  p + size_t(j) * n, 1, 1.0f, acc + size_t(j) * d, 1);
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(n), d, 1.0f, static_cast<const float*>(rows),
+                  static_cast<int>(ld), p + j * ldp, 1, 1.0f, acc + j * ld, 1);
     return;
   }
   const auto* r = static_cast<const uint16_t*>(rows);
   if (!cpu_has_avx2()) {
     for (int j = 0; j < g; ++j)
       for (size_t i = 0; i < n; ++i)
-        for (int c = 0; c < d; ++c) acc[size_t(j) * d + c] += p[size_t(j) * n + i] * widen(t, r[i * size_t(d) + c]);
+        for (int c = 0; c < d; ++c) acc[j * ld + c] += p[j * ldp + i] * widen(t, r[i * ld + c]);
     return;
   }
   if (cpu_has_avx512()) {
-    for (int j = 0; j < g; j += 4, p += 4 * n, acc += 4 * size_t(d)) switch (std::min(4, g - j)) {
+    for (int j = 0; j < g; j += 4, p += 4 * ldp, acc += 4 * ld) switch (std::min(4, g - j)) {
         case 4:
-          axpy16_avx512<4>(t, r, n, d, p, acc);
+          axpy16_avx512<4>(t, r, n, d, ld, p, ldp, acc);
           break;
         case 3:
-          axpy16_avx512<3>(t, r, n, d, p, acc);
+          axpy16_avx512<3>(t, r, n, d, ld, p, ldp, acc);
           break;
         case 2:
-          axpy16_avx512<2>(t, r, n, d, p, acc);
+          axpy16_avx512<2>(t, r, n, d, ld, p, ldp, acc);
           break;
         default:
-          axpy16_avx512<1>(t, r, n, d, p, acc);
+          axpy16_avx512<1>(t, r, n, d, ld, p, ldp, acc);
       }
     return;
   }
-  for (int j = 0; j < g; j += 2, p += 2 * n, acc += 2 * size_t(d)) {
+  for (int j = 0; j < g; j += 2, p += 2 * ldp, acc += 2 * ld) {
     if (j + 2 <= g)
-      axpy16_avx2<2>(t, r, n, d, p, acc);
+      axpy16_avx2<2>(t, r, n, d, ld, p, ldp, acc);
     else
-      axpy16_avx2<1>(t, r, n, d, p, acc);
+      axpy16_avx2<1>(t, r, n, d, ld, p, ldp, acc);
   }
 }
 

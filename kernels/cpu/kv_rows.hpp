@@ -26,12 +26,18 @@ void kv_decode(KvDtype t, const void* src, size_t n, float* dst);
 // x rounded to dtype t and widened back (x itself for fp32).
 float kv_round(KvDtype t, float x);
 
-// out[i] = q . row_i for n rows of d elements. With g > 1, for g queries at once (q [g, d], out [g, n]:
-// the query heads of a GQA group), each row read and widened once for all of them.
-void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out, int g = 1);
+// out[i] = q . row_i for n rows of d elements. With g > 1, for g queries at once (q [g, d], out [g, ldo],
+// ldo = n when 0: the query heads of a GQA group), each row read and widened once for all of them. A
+// row's sum does not depend on the others, only on its position modulo 4 (cut runs of rows at multiples
+// of 4 and the parts give the whole's numbers).
+void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out, int g = 1, size_t ldo = 0);
 void kv_rows_dot_ref(KvDtype t, const void* rows, size_t n, int d, const float* q, float* out);
-// acc[0..d) += sum_i p[i] row_i; with g > 1, for g weight vectors at once (p [g, n], acc [g, d]).
-void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g = 1);
+// acc[0..d) += sum_i p[i] row_i; with g > 1, for g weight vectors at once (p [g, ldp], ldp = n when 0;
+// acc [g, ld]). Rows lie ld apart (ld = d when 0), so that d may be a run of a wider row's channels
+// (rows and acc pointing at its first); each channel's sum is the same chain of operations wherever the
+// run starts (fp16 and bf16 rows; fp32 goes to BLAS).
+void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc, int g = 1, size_t ld = 0,
+                  size_t ldp = 0);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
 // Ragged fp32 rows, packed one after another: row i holds its widths[i] leading values, the rest of its

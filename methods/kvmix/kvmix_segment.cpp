@@ -106,30 +106,50 @@ void KvmixSegment::accumulate(const float* p, float* acc) const {
   vf_.axpy(p + nq, acc);
 }
 
-// The store and the buffer each read once for the group; their rows of scores and weights are cut
-// apart and joined, which costs O(g size) beside the products' O(g size d).
+// The store and the buffer each read once for the group, straight into the rows of scores and weights.
 void KvmixSegment::logits_group(const float* q, int g, int d, float* scores) const {
   if (!layout_.fused) return Segment::logits_group(q, g, d, scores);
-  const size_t n = size(), nq = keys_.size(), nf = n - nq;
-  std::vector<float> sq(size_t(g) * nq), sf(size_t(g) * nf);
-  keys_.logits(q, sq.data(), g);
-  kf_.dot(q, sf.data(), g);
-  for (int j = 0; j < g; ++j) {
-    std::copy_n(sq.data() + size_t(j) * nq, nq, scores + size_t(j) * n);
-    std::copy_n(sf.data() + size_t(j) * nf, nf, scores + size_t(j) * n + nq);
-  }
+  logits_part(q, g, d, 0, size(), scores, size());
 }
 
 void KvmixSegment::accumulate_group(const float* p, int g, int d, float* acc) const {
   if (!layout_.fused) return Segment::accumulate_group(p, g, d, acc);
-  const size_t n = size(), nq = values_.size(), nf = n - nq;
-  std::vector<float> pq(size_t(g) * nq), pf(size_t(g) * nf);
-  for (int j = 0; j < g; ++j) {
-    std::copy_n(p + size_t(j) * n, nq, pq.data() + size_t(j) * nq);
-    std::copy_n(p + size_t(j) * n + nq, nf, pf.data() + size_t(j) * nf);
-  }
-  values_.accumulate(pq.data(), acc, g);
-  vf_.axpy(pf.data(), acc, g);
+  accumulate_part(p, g, d, 0, d, acc);
+}
+
+std::vector<size_t> KvmixSegment::token_cuts(int parts) const {
+  if (!layout_.fused) return {0, size()};
+  const auto group = size_t(layout_.k_group);
+  std::vector<size_t> cuts = even_cuts(keys_.size() / group, parts, 1);
+  for (size_t& c : cuts) c *= group;
+  cuts.back() = size();
+  return cuts;
+}
+
+std::vector<int> KvmixSegment::channel_cuts(int parts, int d) const {
+  const std::vector<int> rows = vf_.channel_cuts(parts);
+  if (!layout_.fused || (rows.size() == 2 && vf_.rows() > 0)) return {0, d};
+  std::vector<int> cuts;
+  for (size_t c : even_cuts(size_t(d / layout_.v_group), parts, 1))
+    cuts.push_back(static_cast<int>(c) * layout_.v_group);
+  // The buffer's rows are cut at multiples of 16 channels (RowStore::channel_cuts).
+  for (int c : cuts)
+    if (c % 16 != 0 && vf_.rows() > 0) return {0, d};
+  return cuts;
+}
+
+void KvmixSegment::logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const {
+  if (!layout_.fused) return Segment::logits_part(q, g, d, t0, t1, scores, ld);
+  const size_t nq = keys_.size(), end = std::min(t1, nq);
+  if (t0 < end) keys_.logits(q, t0, end, scores + t0, g, ld);
+  if (t1 > nq) kf_.dot(q, std::max(t0, nq) - nq, t1 - nq, scores + std::max(t0, nq), g, ld);
+}
+
+void KvmixSegment::accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const {
+  if (!layout_.fused) return Segment::accumulate_part(p, g, d, c0, c1, acc);
+  const size_t n = size(), nq = values_.size();
+  values_.accumulate(p, c0, c1, acc, g, n);
+  vf_.axpy(p + nq, c0, c1, acc, g, n);
 }
 
 void KvmixSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {

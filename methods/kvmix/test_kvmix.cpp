@@ -3,6 +3,8 @@
 // against its reconstruction, nominal bits of the layer map, the full-precision limit, the profile end
 // to end, and bad input. Packing, group error bounds and the fused quantized products are tested with
 // the quantized segment (test_segments.cpp).
+#include <omp.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -230,4 +232,45 @@ TEST_CASE("KVmix buffers at 16 bits: moved tokens are quantized from the stored 
   rounded.reconstruct(kr2, vr2);
   CHECK(k16 == kr2);  // codes from the fp16 rows, buffers holding them
   CHECK(v16 == vr2);
+}
+
+TEST_CASE("KVmix attention gives the same numbers however its heads are spread over threads", "[kvmix]") {
+  // The default model's 3 KV heads of 3 query heads: on 2 threads each head's logits are cut at key
+  // groups and its values at value groups (Segment::token_cuts, channel_cuts); 2- and 3-bit keys, fp16
+  // and fp32 buffers (fp32 rows are not cut in channels), a dense tail behind the store.
+  const int d = 64, hq = 9, hkv = 3, n = 900;
+  for (auto dtype : {KvDtype::F16, KvDtype::F32})
+    for (int k_bits : {2, 3}) {
+      KvmixLayout L;
+      L.k_bits = k_bits;
+      L.k_group = k_bits == 3 ? 11 : 32;
+      L.v_bits = k_bits == 3 ? 4 : 2;
+      L.k_rpc = L.v_rpc = 0.2;
+      LayerCache cache(hq, hkv, d, dtype);
+      std::vector<int32_t> pos(n);
+      std::iota(pos.begin(), pos.end(), 0);
+      for (int h = 0; h < hkv; ++h) {
+        const auto k = randn(size_t(n) * d, 40 + h), v = randn(size_t(n) * d, 50 + h);
+        auto seg = std::make_unique<KvmixSegment>(d, L, dtype);
+        seg->append(k.data(), v.data(), n, pos.data(), size_t(d));
+        cache.segments(h).push_back(std::move(seg));
+        auto tail = std::make_unique<DenseSegment>(d, dtype);
+        for (int t = 0; t < 70; ++t) tail->append(k.data() + size_t(t) * d, v.data() + size_t(t) * d, n + t);
+        cache.segments(h).push_back(std::move(tail));
+      }
+      const auto q = randn(size_t(hq) * d, 60, 2.0f);
+      std::vector<float> ref(q.size()), out(q.size());
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      attend(cache, q.data(), ref.data());
+      for (int th : {2, 4, 5}) {
+        INFO(kv_dtype_name(dtype) << ", " << k_bits << "-bit keys, " << th << " threads");
+        omp_set_num_threads(th);
+        attend(cache, q.data(), out.data());
+        CHECK(out == ref);
+      }
+      omp_set_num_threads(threads);
+      attend_ref(cache, q.data(), out.data());
+      CHECK(test::max_abs_diff(ref, out) < 1e-4f);
+    }
 }
