@@ -155,6 +155,32 @@ TEST_CASE("ragged rows: the axpy equals its reference, and every kernel path giv
     }
 }
 
+TEST_CASE("rows dotted in channel order: every path gives std::inner_product's numbers bit for bit", "[kv_dtype]") {
+  // Row counts off the 16- and 8-row blocks, head dims odd and even, a signed zero (0 + -0 is +0).
+  for (size_t n : {1, 7, 16, 41, 200})
+    for (int d : {64, 33})
+      for (int g : {1, 3, 4, 6}) {
+        INFO("n " << n << " d " << d << " g " << g);
+        auto rows = randn(n * size_t(d), uint32_t(n + d));
+        const auto q = randn(size_t(g) * d, uint32_t(g), 2.0f);
+        std::fill_n(rows.begin(), d, 0.0f);
+        rows[0] = -0.0f;
+        std::vector<float> ref(size_t(g) * n);
+        rows_dot_in_order_ref(rows.data(), n, d, q.data(), g, ref.data());
+        for (int level : {2, 1, 0}) {
+          force_portable_kernels(level == 0);
+          cap_kernels_at_avx2(level == 1);
+          std::vector<float> got(ref.size(), -1.0f);
+          rows_dot_in_order(rows.data(), n, d, q.data(), g, got.data());
+          for (size_t i = 0; i < got.size(); ++i) {
+            REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(ref[i]));
+          }
+        }
+        cap_kernels_at_avx2(false);
+        force_portable_kernels(false);
+      }
+}
+
 TEST_CASE("dense segments at 16 bits: half the bytes, the rounded numbers, erase and store_as", "[kv_dtype]") {
   const int d = 64, n = 40;
   const auto k = randn(size_t(n) * d, 11), v = randn(size_t(n) * d, 12), q = randn(d, 13), p = randn(n, 14);

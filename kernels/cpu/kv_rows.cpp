@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <string_view>
 #include <vector>
 
@@ -470,6 +471,79 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
     else
       axpy16_avx2<1>(t, r, n, d, ld, p, ldp, acc);
   }
+}
+
+void rows_dot_in_order_ref(const float* rows, size_t n, int d, const float* q, int g, float* out) {
+  for (int j = 0; j < g; ++j)
+    for (size_t i = 0; i < n; ++i)
+      out[size_t(j) * n + i] = std::inner_product(q + size_t(j) * d, q + size_t(j + 1) * d, rows + i * d, 0.0f);
+}
+
+namespace {
+
+// G queries against 16 rows from row i0 (m of them: lanes past m masked off, nothing read for them).
+template <int G>
+__attribute__((target("avx512f"))) void dot_in_order16(const float* rows, size_t i0, int m, int d, const float* q,
+                                                       size_t n, float* out) {
+  const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
+  const __m512i at =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(d));
+  const float* base = rows + i0 * size_t(d);
+  __m512 s[G];
+  for (auto& x : s) x = _mm512_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    const __m512 col = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, base + c, 4);
+    for (int j = 0; j < G; ++j) s[j] = _mm512_add_ps(s[j], _mm512_mul_ps(_mm512_set1_ps(q[size_t(j) * d + c]), col));
+  }
+  for (int j = 0; j < G; ++j) _mm512_mask_storeu_ps(out + size_t(j) * n + i0, live, s[j]);
+}
+
+// The same 8 rows at a time.
+template <int G>
+__attribute__((target("avx2"))) void dot_in_order8(const float* rows, size_t i0, int m, int d, const float* q, size_t n,
+                                                   float* out) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lane);
+  const __m256i at = _mm256_mullo_epi32(lane, _mm256_set1_epi32(d));
+  const float* base = rows + i0 * size_t(d);
+  __m256 s[G];
+  for (auto& x : s) x = _mm256_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    const __m256 col = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base + c, at, _mm256_castsi256_ps(live), 4);
+    for (int j = 0; j < G; ++j) s[j] = _mm256_add_ps(s[j], _mm256_mul_ps(_mm256_set1_ps(q[size_t(j) * d + c]), col));
+  }
+  for (int j = 0; j < G; ++j) _mm256_maskstore_ps(out + size_t(j) * n + i0, live, s[j]);
+}
+
+template <int G>
+void dot_in_order_rows(const float* rows, size_t n, int d, const float* q, float* out) {
+  if (cpu_has_avx512()) {
+    for (size_t i = 0; i < n; i += 16)
+      dot_in_order16<G>(rows, i, static_cast<int>(std::min<size_t>(16, n - i)), d, q, n, out);
+    return;
+  }
+  for (size_t i = 0; i < n; i += 8)
+    dot_in_order8<G>(rows, i, static_cast<int>(std::min<size_t>(8, n - i)), d, q, n, out);
+}
+
+}  // namespace
+
+void rows_dot_in_order(const float* rows, size_t n, int d, const float* q, int g, float* out) {
+  if (n == 0) return;
+  if (!cpu_has_avx2()) return rows_dot_in_order_ref(rows, n, d, q, g, out);
+  for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * n) switch (std::min(4, g - j)) {
+      case 4:
+        dot_in_order_rows<4>(rows, n, d, q, out);
+        break;
+      case 3:
+        dot_in_order_rows<3>(rows, n, d, q, out);
+        break;
+      case 2:
+        dot_in_order_rows<2>(rows, n, d, q, out);
+        break;
+      default:
+        dot_in_order_rows<1>(rows, n, d, q, out);
+    }
 }
 
 void ragged_rows_axpy(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc, int ld) {

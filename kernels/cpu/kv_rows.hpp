@@ -40,6 +40,13 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
                   size_t ldp = 0);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
+// out[j * n + i] = q_j . row_i over n fp32 rows of d, each summed in channel order with a rounded product
+// then a rounded sum per channel, from 0 (std::inner_product's numbers), for g queries (q [g, d]). The
+// vector paths run 16 (AVX-512) or 8 (AVX2) rows side by side in the lanes, one gathered column at a
+// time, so every path gives the reference's numbers bit for bit.
+void rows_dot_in_order(const float* rows, size_t n, int d, const float* q, int g, float* out);
+void rows_dot_in_order_ref(const float* rows, size_t n, int d, const float* q, int g, float* out);
+
 // Ragged fp32 rows, packed one after another: row i holds its widths[i] leading values, the rest of its
 // ld are zero (a latent cache whose tokens keep different numbers of coordinates). For g weight
 // vectors (p [g, n], acc [g, ld]): acc_j += sum_i p_j[i] row_i, each row read once for all of them.

@@ -66,12 +66,7 @@ void ApproxValueSegment::logits(const float* q, float* scores) const { logits_gr
 
 // Each query's products in the order of a plain dot product: the numbers VECTOR's cells were recorded with.
 void ApproxValueSegment::logits_group(const float* q, int g, int, float* scores) const {
-  const size_t n = size();
-  for (int j = 0; j < g; ++j) {
-    const float* qj = q + size_t(j) * d_;
-    for (size_t t = 0; t < n; ++t)
-      scores[size_t(j) * n + t] = std::inner_product(qj, qj + d_, k_.data() + t * d_, 0.0f);
-  }
+  rows_dot_in_order(k_.data(), size(), d_, q, g, scores);
 }
 
 void ApproxValueSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {
