@@ -483,8 +483,8 @@ namespace {
 
 // G queries against 16 rows from row i0 (m of them: lanes past m masked off, nothing read for them).
 template <int G>
-__attribute__((target("avx512f"))) void dot_in_order16(const float* rows, size_t i0, int m, int d, const float* q,
-                                                       size_t n, float* out) {
+__attribute__((target("avx512f"))) void dot_in_order_avx512(const float* rows, size_t i0, int m, int d, const float* q,
+                                                            size_t n, float* out) {
   const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
   const __m512i at =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(d));
@@ -500,8 +500,8 @@ __attribute__((target("avx512f"))) void dot_in_order16(const float* rows, size_t
 
 // The same 8 rows at a time.
 template <int G>
-__attribute__((target("avx2"))) void dot_in_order8(const float* rows, size_t i0, int m, int d, const float* q, size_t n,
-                                                   float* out) {
+__attribute__((target("avx2"))) void dot_in_order_avx2(const float* rows, size_t i0, int m, int d, const float* q,
+                                                       size_t n, float* out) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lane);
   const __m256i at = _mm256_mullo_epi32(lane, _mm256_set1_epi32(d));
@@ -519,11 +519,11 @@ template <int G>
 void dot_in_order_rows(const float* rows, size_t n, int d, const float* q, float* out) {
   if (cpu_has_avx512()) {
     for (size_t i = 0; i < n; i += 16)
-      dot_in_order16<G>(rows, i, static_cast<int>(std::min<size_t>(16, n - i)), d, q, n, out);
+      dot_in_order_avx512<G>(rows, i, static_cast<int>(std::min<size_t>(16, n - i)), d, q, n, out);
     return;
   }
   for (size_t i = 0; i < n; i += 8)
-    dot_in_order8<G>(rows, i, static_cast<int>(std::min<size_t>(8, n - i)), d, q, n, out);
+    dot_in_order_avx2<G>(rows, i, static_cast<int>(std::min<size_t>(8, n - i)), d, q, n, out);
 }
 
 }  // namespace
