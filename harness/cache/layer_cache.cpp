@@ -26,18 +26,11 @@ void RowStore::erase(size_t first, size_t n) {
 
 std::vector<size_t> even_cuts(size_t n, int parts, size_t grain) {
   std::vector<size_t> cuts{0};
-  for (int k = 1; k < parts; ++k) {
+  for (int k = 1; k < parts && grain > 0; ++k) {
     const size_t at = (n * size_t(k) / size_t(parts) + grain / 2) / grain * grain;
     if (at > cuts.back() && at < n) cuts.push_back(at);
   }
   cuts.push_back(n);
-  return cuts;
-}
-
-std::vector<int> RowStore::channel_cuts(int parts) const {
-  if (dtype_ == KvDtype::F32) return {0, d_};
-  std::vector<int> cuts;
-  for (size_t c : even_cuts(size_t(d_), parts, 16)) cuts.push_back(static_cast<int>(c));
   return cuts;
 }
 
@@ -211,7 +204,7 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
     const int parts = u < whole ? 1 : threads;
     first_segment[size_t(u)] = segments;
     segments += segs.size();
-    std::vector<int> channels{0, d};
+    std::vector<size_t> channels{0, size_t(d)};
     for (size_t k = 0; k < segs.size(); ++k) {
       offset[size_t(u)].push_back(total);
       total += size_t(g) * segs[k]->size();
@@ -219,11 +212,10 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
       const std::vector<size_t> cuts = segs[k]->token_cuts(parts);
       for (size_t i = 0; i + 1 < cuts.size(); ++i) logit_runs.push_back({u, static_cast<int>(k), cuts[i], cuts[i + 1]});
       // Channels are cut only where every segment of the head cuts them alike (each channel's segments in order).
-      const std::vector<int> c = segs[k]->channel_cuts(parts, d);
-      channels = k == 0 || c == channels ? c : std::vector<int>{0, d};
+      const std::vector<size_t> c = segs[k]->channel_cuts(parts, d);
+      channels = k == 0 || c == channels ? c : std::vector<size_t>{0, size_t(d)};
     }
-    for (size_t i = 0; i + 1 < channels.size(); ++i)
-      value_runs.push_back({u, -1, size_t(channels[i]), size_t(channels[i + 1])});
+    for (size_t i = 0; i + 1 < channels.size(); ++i) value_runs.push_back({u, -1, channels[i], channels[i + 1]});
   }
   // Kept from call to call (a fresh buffer of a long context's scores would be fresh pages every layer),
   // one set per calling thread; the region's threads reach them through these pointers.

@@ -43,7 +43,7 @@ class Segment {
   // [g, ld] filled at columns t0..t1, acc [g, d] at channels c0..c1) gives the numbers the whole gives
   // it. By default a segment is read whole: one run each.
   virtual std::vector<size_t> token_cuts(int /*parts*/) const { return {0, size()}; }
-  virtual std::vector<int> channel_cuts(int /*parts*/, int d) const { return {0, d}; }
+  virtual std::vector<size_t> channel_cuts(int /*parts*/, int d) const { return {0, size_t(d)}; }
   virtual void logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const;
   virtual void accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const;
   // A segment that keeps taking decoded tokens (the dense tail; KVmix's store, which quantizes as its
@@ -61,7 +61,7 @@ class Segment {
 };
 
 // [0, n) cut into at most `parts` runs of about equal length, each a multiple of `grain` but the last:
-// the cuts 0 = t_0 < ... < t_k = n (Segment::token_cuts).
+// the cuts 0 = t_0 < ... < t_k = n (Segment::token_cuts, channel_cuts); grain 0: not cut.
 std::vector<size_t> even_cuts(size_t n, int parts, size_t grain);
 
 // Rows of head_dim numbers stored at a dtype: the dense K or V of a segment, or a full-precision buffer.
@@ -91,11 +91,11 @@ class RowStore {
     kv_rows_axpy(dtype_, data_.data() + size_t(c0) * kv_dtype_bytes(dtype_), rows(), c1 - c0, p, acc + c0, g,
                  size_t(d_), ldp);
   }
-  // Cuts for Segment::token_cuts and channel_cuts that the row kernels keep exact: runs of rows whole
-  // multiples of 64 (kv_rows_dot's sums depend on a row's position modulo 4), of channels multiples of
-  // 16, none in fp32 (BLAS's channel order is its own).
-  std::vector<size_t> row_cuts(int parts) const { return even_cuts(rows(), parts, 64); }
-  std::vector<int> channel_cuts(int parts) const;
+  // Runs the row kernels keep exact (Segment::token_cuts, channel_cuts): rows in multiples of 64
+  // (kv_rows_dot's sums depend on a row's position modulo 4), channels in multiples of 16, none in fp32
+  // (BLAS orders the sums its own way).
+  static constexpr size_t kRowGrain = 64;
+  size_t channel_grain() const { return dtype_ == KvDtype::F32 ? 0 : 16; }
   void store_as(KvDtype t);
 
  private:
@@ -118,8 +118,10 @@ class DenseSegment final : public Segment {
   void accumulate(const float* p, float* acc) const override { v_.axpy(p, acc); }
   void logits_group(const float* q, int g, int, float* scores) const override { k_.dot(q, scores, g); }
   void accumulate_group(const float* p, int g, int, float* acc) const override { v_.axpy(p, acc, g); }
-  std::vector<size_t> token_cuts(int parts) const override { return k_.row_cuts(parts); }
-  std::vector<int> channel_cuts(int parts, int) const override { return v_.channel_cuts(parts); }
+  std::vector<size_t> token_cuts(int parts) const override { return even_cuts(size(), parts, RowStore::kRowGrain); }
+  std::vector<size_t> channel_cuts(int parts, int d) const override {
+    return even_cuts(size_t(d), parts, v_.channel_grain());
+  }
   void logits_part(const float* q, int g, int, size_t t0, size_t t1, float* scores, size_t ld) const override {
     k_.dot(q, t0, t1, scores + t0, g, ld);
   }

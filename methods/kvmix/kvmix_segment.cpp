@@ -126,16 +126,12 @@ std::vector<size_t> KvmixSegment::token_cuts(int parts) const {
   return cuts;
 }
 
-std::vector<int> KvmixSegment::channel_cuts(int parts, int d) const {
-  const std::vector<int> rows = vf_.channel_cuts(parts);
-  if (!layout_.fused || (rows.size() == 2 && vf_.rows() > 0)) return {0, d};
-  std::vector<int> cuts;
-  for (size_t c : even_cuts(size_t(d / layout_.v_group), parts, 1))
-    cuts.push_back(static_cast<int>(c) * layout_.v_group);
-  // The buffer's rows are cut at multiples of 16 channels (RowStore::channel_cuts).
-  for (int c : cuts)
-    if (c % 16 != 0 && vf_.rows() > 0) return {0, d};
-  return cuts;
+std::vector<size_t> KvmixSegment::channel_cuts(int parts, int d) const {
+  if (!layout_.fused) return {0, size_t(d)};
+  // Whole value groups, and runs the buffer's rows keep exact when it holds any.
+  const auto group = size_t(layout_.v_group), rows = vf_.channel_grain();
+  const size_t grain = vf_.rows() == 0 ? group : rows == 0 ? 0 : std::lcm(group, rows);
+  return even_cuts(size_t(d), parts, grain);
 }
 
 void KvmixSegment::logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const {

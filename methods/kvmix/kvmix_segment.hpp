@@ -46,7 +46,7 @@ class KvmixSegment final : public Segment {
   void accumulate_group(const float* p, int g, int d, float* acc) const override;
   // Logits cut at whole key groups (the buffer goes with the last run), values at whole value groups.
   std::vector<size_t> token_cuts(int parts) const override;
-  std::vector<int> channel_cuts(int parts, int d) const override;
+  std::vector<size_t> channel_cuts(int parts, int d) const override;
   void logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const override;
   void accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const override;
   bool append_token(const float* k, const float* v, int32_t pos) override;
