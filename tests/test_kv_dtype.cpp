@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <random>
 
 #include "harness/cache/lowrank_segment.hpp"
@@ -156,29 +157,75 @@ TEST_CASE("ragged rows: the axpy equals its reference, and every kernel path giv
 }
 
 TEST_CASE("rows dotted in channel order: every path gives std::inner_product's numbers bit for bit", "[kv_dtype]") {
-  // Row counts off the 16- and 8-row blocks, head dims odd and even, a signed zero (0 + -0 is +0).
+  // Row counts off the 16-row blocks and the four-block steps, runs starting and ending inside blocks,
+  // head dims odd and even, a signed zero (0 + -0 is +0).
   for (size_t n : {1, 7, 16, 41, 200})
     for (int d : {64, 33})
       for (int g : {1, 3, 4, 6}) {
-        INFO("n " << n << " d " << d << " g " << g);
         auto rows = randn(n * size_t(d), uint32_t(n + d));
         const auto q = randn(size_t(g) * d, uint32_t(g), 2.0f);
         std::fill_n(rows.begin(), d, 0.0f);
         rows[0] = -0.0f;
-        std::vector<float> ref(size_t(g) * n);
-        rows_dot_in_order_ref(rows.data(), n, d, q.data(), g, ref.data());
-        for (int level : {2, 1, 0}) {
-          force_portable_kernels(level == 0);
-          cap_kernels_at_avx2(level == 1);
-          std::vector<float> got(ref.size(), -1.0f);
-          rows_dot_in_order(rows.data(), n, d, q.data(), g, got.data());
-          for (size_t i = 0; i < got.size(); ++i) {
-            REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(ref[i]));
+        std::vector<float> blocks;
+        for (size_t i = 0; i < n; ++i) append_block_row(blocks, i, d, rows.data() + i * d);
+        REQUIRE(blocks.size() == (n + kOrderBlock - 1) / kOrderBlock * kOrderBlock * size_t(d));
+        std::vector<float> back(static_cast<size_t>(d));
+        row_of_blocks(blocks.data(), n - 1, d, back.data());
+        REQUIRE(std::equal(back.begin(), back.end(), rows.begin() + (n - 1) * d));
+        for (auto [t0, t1] : {std::pair<size_t, size_t>{0, n}, {n / 3, n - n / 5}}) {
+          INFO("n " << n << " d " << d << " g " << g << " rows " << t0 << ".." << t1);
+          std::vector<float> ref(size_t(g) * n, -1.0f);
+          for (size_t j = 0; j < size_t(g); ++j)
+            for (size_t i = t0; i < t1; ++i)
+              ref[j * n + i] =
+                  std::inner_product(q.begin() + j * d, q.begin() + (j + 1) * d, rows.begin() + i * d, 0.0f);
+          for (int level : {2, 1, 0}) {
+            force_portable_kernels(level == 0);
+            cap_kernels_at_avx2(level == 1);
+            std::vector<float> got(ref.size(), -1.0f);
+            blocks_dot_in_order(blocks.data(), t0, t1, d, q.data(), g, got.data(), n);
+            for (size_t i = 0; i < got.size(); ++i) {
+              REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(ref[i]));
+            }
           }
+          cap_kernels_at_avx2(false);
+          force_portable_kernels(false);
         }
-        cap_kernels_at_avx2(false);
-        force_portable_kernels(false);
       }
+}
+
+TEST_CASE("weighted rows summed in token order: every path gives the reference's numbers bit for bit", "[kv_dtype]") {
+  // Head dims with and without the register paths, groups across their runs of 3 and 4, zero weights
+  // (skipped or not) over rows with signed zeros and an infinity, weights with a leading dimension past n.
+  for (size_t n : {1, 5, 130})
+    for (int d : {64, 128, 33})
+      for (int g : {1, 2, 3, 4, 5, 7})
+        for (bool skip : {false, true}) {
+          INFO("n " << n << " d " << d << " g " << g << " skip " << skip);
+          auto rows = randn(n * size_t(d), uint32_t(n + d));
+          const size_t ldw = n + 3, ldo = size_t(d) + 5;
+          auto w = randn(size_t(g) * ldw, uint32_t(g + 7));
+          for (size_t i = 0; i < w.size(); i += 4) w[i] = 0.0f;
+          std::fill_n(rows.begin(), d, -0.0f);
+          if (n > 2) {
+            // A row every vector weighs 0 holding an infinity: a NaN in its channel unless it is skipped.
+            rows[2 * size_t(d)] = std::numeric_limits<float>::infinity();
+            for (int j = 0; j < g; ++j) w[size_t(j) * ldw + 2] = 0.0f;
+          }
+          std::vector<float> ref(size_t(g) * ldo, -1.0f);
+          rows_weighted_in_order_ref(rows.data(), n, d, w.data(), ldw, g, skip, ref.data(), ldo);
+          for (int level : {2, 1, 0}) {
+            force_portable_kernels(level == 0);
+            cap_kernels_at_avx2(level == 1);
+            std::vector<float> got(ref.size(), -1.0f);
+            rows_weighted_in_order(rows.data(), n, d, w.data(), ldw, g, skip, got.data(), ldo);
+            for (size_t i = 0; i < got.size(); ++i) {
+              REQUIRE(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(ref[i]));
+            }
+          }
+          cap_kernels_at_avx2(false);
+          force_portable_kernels(false);
+        }
 }
 
 TEST_CASE("dense segments at 16 bits: half the bytes, the rounded numbers, erase and store_as", "[kv_dtype]") {

@@ -327,15 +327,16 @@ TEST_CASE("approximated-value segments: affine fold and generic estimator equal 
   std::vector<std::shared_ptr<const ValueEstimator>> ests = {std::make_shared<AffineValueEstimator>(d, w, c),
                                                              std::make_shared<SquareEstimator>(d)};
   {
-    // W x as each row's plain dot product sums it, in order.
-    std::vector<float> x(d), y(d);
+    // W x_j as each row's plain dot product sums it, in order, for two vectors at once.
+    std::vector<float> x(2 * d), y(2 * d);
     for (auto& e : x) e = nd(rng);
-    AffineValueEstimator(d, w, c).multiply(x.data(), y.data());
-    for (int i = 0; i < d; ++i) {
-      float s = 0;
-      for (int j = 0; j < d; ++j) s += w[size_t(i) * d + j] * x[j];
-      CHECK(y[i] == s);
-    }
+    AffineValueEstimator(d, w, c).multiply(x.data(), 2, y.data());
+    for (int v = 0; v < 2; ++v)
+      for (int i = 0; i < d; ++i) {
+        float s = 0;
+        for (int j = 0; j < d; ++j) s += w[size_t(i) * d + j] * x[size_t(v) * d + j];
+        CHECK(y[size_t(v) * d + i] == s);
+      }
   }
   for (const auto& est : ests) {
     INFO(est->name());

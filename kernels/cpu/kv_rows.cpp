@@ -14,6 +14,7 @@
 
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
 
@@ -473,77 +474,193 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
   }
 }
 
-void rows_dot_in_order_ref(const float* rows, size_t n, int d, const float* q, int g, float* out) {
-  for (int j = 0; j < g; ++j)
-    for (size_t i = 0; i < n; ++i)
-      out[size_t(j) * n + i] = std::inner_product(q + size_t(j) * d, q + size_t(j + 1) * d, rows + i * d, 0.0f);
+void append_block_row(std::vector<float>& blocks, size_t n, int d, const float* x) {
+  if (n % kOrderBlock == 0) blocks.resize((n / kOrderBlock + 1) * size_t(d) * kOrderBlock, 0.0f);
+  float* b = blocks.data() + n / kOrderBlock * size_t(d) * kOrderBlock + n % kOrderBlock;
+  for (int c = 0; c < d; ++c) b[size_t(c) * kOrderBlock] = x[c];
+}
+
+void row_of_blocks(const float* blocks, size_t i, int d, float* x) {
+  const float* b = blocks + i / kOrderBlock * size_t(d) * kOrderBlock + i % kOrderBlock;
+  for (int c = 0; c < d; ++c) x[c] = b[size_t(c) * kOrderBlock];
+}
+
+void blocks_dot_in_order_ref(const float* blocks, size_t t0, size_t t1, int d, const float* q, int g, float* out,
+                             size_t ldo) {
+  std::vector<float> row(static_cast<size_t>(d));
+  for (size_t i = t0; i < t1; ++i) {
+    row_of_blocks(blocks, i, d, row.data());
+    for (int j = 0; j < g; ++j)
+      out[size_t(j) * ldo + i] = std::inner_product(q + size_t(j) * d, q + size_t(j + 1) * d, row.data(), 0.0f);
+  }
 }
 
 namespace {
 
-// G queries against 16 rows from row i0 (m of them: lanes past m masked off, nothing read for them).
-template <int G>
-__attribute__((target("avx512f"))) void dot_in_order_avx512(const float* rows, size_t i0, int m, int d, const float* q,
-                                                            size_t n, float* out) {
-  const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
-  const __m512i at =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(d));
-  const float* base = rows + i0 * size_t(d);
-  __m512 s[G];
-  for (auto& x : s) x = _mm512_setzero_ps();
-  for (int c = 0; c < d; ++c) {
-    const __m512 col = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, at, base + c, 4);
-    for (int j = 0; j < G; ++j) s[j] = _mm512_add_ps(s[j], _mm512_mul_ps(_mm512_set1_ps(q[size_t(j) * d + c]), col));
-  }
-  for (int j = 0; j < G; ++j) _mm512_mask_storeu_ps(out + size_t(j) * n + i0, live, s[j]);
+// The lanes of block b that rows [t0, t1) cover.
+uint32_t block_lanes(size_t b, size_t t0, size_t t1) {
+  const size_t lo = std::max(t0, b * kOrderBlock), hi = std::min(t1, (b + 1) * kOrderBlock);
+  return ((1u << (hi - b * kOrderBlock)) - 1) & ~((1u << (lo - b * kOrderBlock)) - 1);
 }
 
-// The same 8 rows at a time.
-template <int G>
-__attribute__((target("avx2"))) void dot_in_order_avx2(const float* rows, size_t i0, int m, int d, const float* q,
-                                                       size_t n, float* out) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), lane);
-  const __m256i at = _mm256_mullo_epi32(lane, _mm256_set1_epi32(d));
-  const float* base = rows + i0 * size_t(d);
-  __m256 s[G];
-  for (auto& x : s) x = _mm256_setzero_ps();
+// G queries against NB blocks from block b0: G * NB sums in flight, each a chain of d adds.
+template <int G, int NB>
+__attribute__((target("avx512f"))) void blocks_dot_avx512(const float* blocks, size_t b0, size_t t0, size_t t1, int d,
+                                                          const float* q, float* out, size_t ldo) {
+  const float* base = blocks + b0 * size_t(d) * kOrderBlock;
+  __m512 s[G][NB];
+  for (auto& row : s)
+    for (auto& x : row) x = _mm512_setzero_ps();
   for (int c = 0; c < d; ++c) {
-    const __m256 col = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base + c, at, _mm256_castsi256_ps(live), 4);
-    for (int j = 0; j < G; ++j) s[j] = _mm256_add_ps(s[j], _mm256_mul_ps(_mm256_set1_ps(q[size_t(j) * d + c]), col));
+    __m512 col[NB];
+    for (int b = 0; b < NB; ++b) col[b] = _mm512_loadu_ps(base + (size_t(b) * d + c) * kOrderBlock);
+    for (int j = 0; j < G; ++j) {
+      const __m512 qj = _mm512_set1_ps(q[size_t(j) * d + c]);
+      for (int b = 0; b < NB; ++b) s[j][b] = _mm512_add_ps(s[j][b], _mm512_mul_ps(qj, col[b]));
+    }
   }
-  for (int j = 0; j < G; ++j) _mm256_maskstore_ps(out + size_t(j) * n + i0, live, s[j]);
+  for (int b = 0; b < NB; ++b) {
+    const auto live = static_cast<__mmask16>(block_lanes(b0 + b, t0, t1));
+    for (int j = 0; j < G; ++j) _mm512_mask_storeu_ps(out + size_t(j) * ldo + (b0 + b) * kOrderBlock, live, s[j][b]);
+  }
+}
+
+// The same on eight lanes: a block's two halves.
+template <int G>
+__attribute__((target("avx2"))) void blocks_dot_avx2(const float* blocks, size_t b0, size_t t0, size_t t1, int d,
+                                                     const float* q, float* out, size_t ldo) {
+  const float* base = blocks + b0 * size_t(d) * kOrderBlock;
+  __m256 s[G][2];
+  for (auto& row : s)
+    for (auto& x : row) x = _mm256_setzero_ps();
+  for (int c = 0; c < d; ++c) {
+    const __m256 lo = _mm256_loadu_ps(base + size_t(c) * kOrderBlock),
+                 hi = _mm256_loadu_ps(base + size_t(c) * kOrderBlock + 8);
+    for (int j = 0; j < G; ++j) {
+      const __m256 qj = _mm256_set1_ps(q[size_t(j) * d + c]);
+      s[j][0] = _mm256_add_ps(s[j][0], _mm256_mul_ps(qj, lo));
+      s[j][1] = _mm256_add_ps(s[j][1], _mm256_mul_ps(qj, hi));
+    }
+  }
+  const uint32_t lanes = block_lanes(b0, t0, t1);
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i live = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(lanes >> (8 * h))), bit), bit);
+    for (int j = 0; j < G; ++j) _mm256_maskstore_ps(out + size_t(j) * ldo + b0 * kOrderBlock + 8 * h, live, s[j][h]);
+  }
 }
 
 template <int G>
-void dot_in_order_rows(const float* rows, size_t n, int d, const float* q, float* out) {
+void blocks_dot_group(const float* blocks, size_t t0, size_t t1, int d, const float* q, float* out, size_t ldo) {
+  size_t b = t0 / kOrderBlock;
+  const size_t end = (t1 + kOrderBlock - 1) / kOrderBlock;
   if (cpu_has_avx512()) {
-    for (size_t i = 0; i < n; i += 16)
-      dot_in_order_avx512<G>(rows, i, static_cast<int>(std::min<size_t>(16, n - i)), d, q, n, out);
+    for (; b + 4 <= end; b += 4) blocks_dot_avx512<G, 4>(blocks, b, t0, t1, d, q, out, ldo);
+    for (; b < end; ++b) blocks_dot_avx512<G, 1>(blocks, b, t0, t1, d, q, out, ldo);
     return;
   }
-  for (size_t i = 0; i < n; i += 8)
-    dot_in_order_avx2<G>(rows, i, static_cast<int>(std::min<size_t>(8, n - i)), d, q, n, out);
+  for (; b < end; ++b) blocks_dot_avx2<G>(blocks, b, t0, t1, d, q, out, ldo);
 }
 
 }  // namespace
 
-void rows_dot_in_order(const float* rows, size_t n, int d, const float* q, int g, float* out) {
-  if (n == 0) return;
-  if (!cpu_has_avx2()) return rows_dot_in_order_ref(rows, n, d, q, g, out);
-  for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * n) switch (std::min(4, g - j)) {
+void blocks_dot_in_order(const float* blocks, size_t t0, size_t t1, int d, const float* q, int g, float* out,
+                         size_t ldo) {
+  if (t0 >= t1) return;
+  if (!cpu_has_avx2()) return blocks_dot_in_order_ref(blocks, t0, t1, d, q, g, out, ldo);
+  for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * ldo) switch (std::min(4, g - j)) {
       case 4:
-        dot_in_order_rows<4>(rows, n, d, q, out);
+        blocks_dot_group<4>(blocks, t0, t1, d, q, out, ldo);
         break;
       case 3:
-        dot_in_order_rows<3>(rows, n, d, q, out);
+        blocks_dot_group<3>(blocks, t0, t1, d, q, out, ldo);
         break;
       case 2:
-        dot_in_order_rows<2>(rows, n, d, q, out);
+        blocks_dot_group<2>(blocks, t0, t1, d, q, out, ldo);
         break;
       default:
-        dot_in_order_rows<1>(rows, n, d, q, out);
+        blocks_dot_group<1>(blocks, t0, t1, d, q, out, ldo);
     }
+}
+
+void rows_weighted_in_order_ref(const float* rows, size_t n, int d, const float* w, size_t ldw, int g, bool skip_zeros,
+                                float* out, size_t ldo) {
+  for (int j = 0; j < g; ++j)
+    for (int c = 0; c < d; ++c) {
+      float s = 0.0f;
+      for (size_t t = 0; t < n; ++t) {
+        const float x = w[size_t(j) * ldw + t];
+        if (!skip_zeros || x != 0.0f) s += x * rows[t * d + size_t(c)];
+      }
+      out[size_t(j) * ldo + size_t(c)] = s;
+    }
+}
+
+namespace {
+
+// One weight vector at a time, the channels in the lanes of whatever vector unit the loader picked.
+KVB_VECTOR_CLONES void rows_weighted_lanes(const float* rows, size_t n, int d, const float* w, bool skip_zeros,
+                                           float* out) {
+  std::fill(out, out + d, 0.0f);
+  for (size_t t = 0; t < n; ++t) {
+    const float x = w[t];
+    if (skip_zeros && x == 0.0f) continue;
+    const float* r = rows + t * d;
+    for (int c = 0; c < d; ++c) out[c] += x * r[c];
+  }
+}
+
+// G weight vectors over rows of 16 * NV channels, the G * NV sums in registers; a zero weight's sums
+// masked off.
+template <int G, int NV>
+__attribute__((target("avx512f"))) void rows_weighted_avx512(const float* rows, size_t n, const float* w, size_t ldw,
+                                                             bool skip_zeros, float* out, size_t ldo) {
+  __m512 s[G][NV];
+  for (auto& row : s)
+    for (auto& x : row) x = _mm512_setzero_ps();
+  for (size_t t = 0; t < n; ++t, rows += 16 * NV) {
+    __m512 x[G];
+    __mmask16 live[G];
+    for (int j = 0; j < G; ++j) {
+      const float wj = w[size_t(j) * ldw + t];
+      x[j] = _mm512_set1_ps(wj);
+      live[j] = !skip_zeros || wj != 0.0f ? __mmask16(0xffff) : __mmask16(0);
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 r = _mm512_loadu_ps(rows + 16 * v);
+      for (int j = 0; j < G; ++j) s[j][v] = _mm512_mask_add_ps(s[j][v], live[j], s[j][v], _mm512_mul_ps(x[j], r));
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + size_t(j) * ldo + 16 * v, s[j][v]);
+}
+
+// The group in runs of up to GMAX vectors (as many sums as the registers hold beside a row's loads).
+template <int NV, int GMAX>
+void rows_weighted_groups(const float* rows, size_t n, const float* w, size_t ldw, int g, bool skip_zeros, float* out,
+                          size_t ldo) {
+  for (int j = 0; j < g; j += GMAX, w += GMAX * ldw, out += GMAX * ldo) switch (std::min(GMAX, g - j)) {
+      case 4:
+        if constexpr (GMAX >= 4) rows_weighted_avx512<4, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
+        break;
+      case 3:
+        rows_weighted_avx512<3, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
+        break;
+      case 2:
+        rows_weighted_avx512<2, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
+        break;
+      default:
+        rows_weighted_avx512<1, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
+    }
+}
+
+}  // namespace
+
+void rows_weighted_in_order(const float* rows, size_t n, int d, const float* w, size_t ldw, int g, bool skip_zeros,
+                            float* out, size_t ldo) {
+  if (cpu_has_avx512() && d == 64) return rows_weighted_groups<4, 4>(rows, n, w, ldw, g, skip_zeros, out, ldo);
+  if (cpu_has_avx512() && d == 128) return rows_weighted_groups<8, 3>(rows, n, w, ldw, g, skip_zeros, out, ldo);
+  for (int j = 0; j < g; ++j) rows_weighted_lanes(rows, n, d, w + size_t(j) * ldw, skip_zeros, out + size_t(j) * ldo);
 }
 
 void ragged_rows_axpy(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc, int ld) {

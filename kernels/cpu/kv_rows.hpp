@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvb {
 
@@ -40,12 +41,32 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
                   size_t ldp = 0);
 void kv_rows_axpy_ref(KvDtype t, const void* rows, size_t n, int d, const float* p, float* acc);
 
-// out[j * n + i] = q_j . row_i over n fp32 rows of d, each summed in channel order with a rounded product
-// then a rounded sum per channel, from 0 (std::inner_product's numbers), for g queries (q [g, d]). The
-// vector paths run 16 (AVX-512) or 8 (AVX2) rows side by side in the lanes, one gathered column at a
-// time, so every path gives the reference's numbers bit for bit.
-void rows_dot_in_order(const float* rows, size_t n, int d, const float* q, int g, float* out);
-void rows_dot_in_order_ref(const float* rows, size_t n, int d, const float* q, int g, float* out);
+// fp32 rows stored for dot products in channel order: blocks of kOrderBlock rows, channel-major inside a
+// block (row i's channel c at blocks[(i / kOrderBlock * d + c) * kOrderBlock + i % kOrderBlock]), the last
+// block zero-padded, so that a vector load is one channel of a block's rows.
+inline constexpr size_t kOrderBlock = 16;
+// Appends row x[d] as row n of blocks (growing it by a block when n starts one); row_of_blocks reads it back.
+void append_block_row(std::vector<float>& blocks, size_t n, int d, const float* x);
+void row_of_blocks(const float* blocks, size_t i, int d, float* x);
+
+// out[j * ldo + i] = q_j . row_i for rows t0 <= i < t1 of blocks, each summed in channel order with a
+// rounded product then a rounded sum per channel, from 0 (std::inner_product's numbers), for g queries
+// (q [g, d]). The vector paths run a block's rows side by side in the lanes and several blocks at once
+// (independent sums hide the adds' latency), so every path gives the reference's numbers bit for bit.
+void blocks_dot_in_order(const float* blocks, size_t t0, size_t t1, int d, const float* q, int g, float* out,
+                         size_t ldo);
+void blocks_dot_in_order_ref(const float* blocks, size_t t0, size_t t1, int d, const float* q, int g, float* out,
+                             size_t ldo);
+
+// out[j * ldo + c] = sum_t w[j * ldw + t] rows[t * d + c] for g weight vectors over n fp32 rows of d, each
+// sum from 0 over t in order with a rounded product then a rounded sum (no fused multiply-add); with
+// skip_zeros the rows a vector weighs 0 add nothing (not even a signed zero). Under AVX-512, at d = 64 or
+// 128, the group's sums stay in registers and each row is read once for the group; every path gives the
+// reference's numbers bit for bit.
+void rows_weighted_in_order(const float* rows, size_t n, int d, const float* w, size_t ldw, int g, bool skip_zeros,
+                            float* out, size_t ldo);
+void rows_weighted_in_order_ref(const float* rows, size_t n, int d, const float* w, size_t ldw, int g, bool skip_zeros,
+                                float* out, size_t ldo);
 
 // Ragged fp32 rows, packed one after another: row i holds its widths[i] leading values, the rest of its
 // ld are zero (a latent cache whose tokens keep different numbers of coordinates). For g weight

@@ -8,6 +8,8 @@
 #include <numeric>
 
 #include "harness/util/error.hpp"
+#include "kernels/cpu/kv_rows.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
 
@@ -22,16 +24,12 @@ AffineValueEstimator::AffineValueEstimator(int d, std::vector<float> w, std::vec
 
 // Column by column over W's transpose, so that the rows' sums advance side by side in vector lanes,
 // each in the order j = 0, 1, ... of its own dot product.
-void AffineValueEstimator::multiply(const float* x, float* y) const {
-  std::fill(y, y + d_, 0.0f);
-  for (int j = 0; j < d_; ++j) {
-    const float* col = wt_.data() + size_t(j) * d_;
-    for (int i = 0; i < d_; ++i) y[i] += col[i] * x[j];
-  }
+void AffineValueEstimator::multiply(const float* x, int g, float* y) const {
+  rows_weighted_in_order(wt_.data(), size_t(d_), d_, x, size_t(d_), g, false, y, size_t(d_));
 }
 
 void AffineValueEstimator::predict(const float* k, float* v) const {
-  multiply(k, v);
+  multiply(k, 1, v);
   if (!c_.empty())
     for (int i = 0; i < d_; ++i) v[i] += c_[i];
 }
@@ -41,13 +39,16 @@ ApproxValueSegment::ApproxValueSegment(int head_dim, std::shared_ptr<const Value
     : d_(head_dim), est_(std::move(est)), rope_(std::move(rope)), charge_(charge_estimator) {}
 
 size_t ApproxValueSegment::bytes() const {
-  return k_.size() * kv_dtype_bytes(dtype_) + (charge_ ? est_->bytes() / sizeof(float) * kv_dtype_bytes(dtype_) : 0);
+  return size() * size_t(d_) * kv_dtype_bytes(dtype_) +
+         (charge_ ? est_->bytes() / sizeof(float) * kv_dtype_bytes(dtype_) : 0);
 }
 
 void ApproxValueSegment::store_as(KvDtype t) {
   if (t == dtype_) return;
   dtype_ = t;
-  for (float& x : k_) x = kv_round(t, x);
+  for (float& x : blocks_) x = kv_round(t, x);
+  for (size_t i = 0; i < size(); ++i) row_of_blocks(blocks_.data(), i, d_, pre_.data() + i * d_);
+  if (size()) rope_->apply_inverse(pre_.data(), static_cast<int>(size()), 1, d_, pos_.data());
 }
 
 void MaterializedValueSegment::store_as(KvDtype t) {
@@ -58,7 +59,12 @@ void MaterializedValueSegment::store_as(KvDtype t) {
 }
 
 void ApproxValueSegment::append(const float* k, int32_t pos) {
-  for (int i = 0; i < d_; ++i) k_.push_back(kv_round(dtype_, k[i]));
+  const size_t n = size();
+  pre_.resize((n + 1) * d_);
+  float* pre = pre_.data() + n * d_;
+  for (int i = 0; i < d_; ++i) pre[i] = kv_round(dtype_, k[i]);
+  append_block_row(blocks_, n, d_, pre);
+  rope_->apply_inverse(pre, 1, 1, d_, &pos);
   pos_.push_back(pos);
 }
 
@@ -66,68 +72,54 @@ void ApproxValueSegment::logits(const float* q, float* scores) const { logits_gr
 
 // Each query's products in the order of a plain dot product: the numbers VECTOR's cells were recorded with.
 void ApproxValueSegment::logits_group(const float* q, int g, int, float* scores) const {
-  rows_dot_in_order(k_.data(), size(), d_, q, g, scores);
+  blocks_dot_in_order(blocks_.data(), 0, size(), d_, q, g, scores, size());
+}
+
+std::vector<size_t> ApproxValueSegment::token_cuts(int parts) const { return even_cuts(size(), parts, kOrderBlock); }
+
+void ApproxValueSegment::logits_part(const float* q, int g, int, size_t t0, size_t t1, float* scores, size_t ld) const {
+  blocks_dot_in_order(blocks_.data(), t0, t1, d_, q, g, scores, ld);
 }
 
 void ApproxValueSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {
-  k = k_;
-  v.assign(k_.size(), 0.0f);
-  std::vector<float> pre(d_);
+  k.resize(size() * d_);
+  v.resize(size() * d_);
   for (size_t t = 0; t < size(); ++t) {
-    std::copy_n(k_.data() + t * d_, d_, pre.data());
-    rope_->apply_inverse(pre.data(), 1, 1, d_, &pos_[t]);
-    est_->predict(pre.data(), v.data() + t * d_);
+    row_of_blocks(blocks_.data(), t, d_, k.data() + t * d_);
+    est_->predict(pre_.data() + t * d_, v.data() + t * d_);
   }
 }
 
 void ApproxValueSegment::accumulate(const float* p, float* acc) const { accumulate_group(p, 1, d_, acc); }
 
-// Each weighted token's key rotated back to its pre-RoPE form once for the whole group, in one call; then
-// each weight vector sums over the tokens in order, as it would alone.
+// Each weight vector sums the pre-RoPE keys over the tokens in order, as it would alone.
 void ApproxValueSegment::accumulate_group(const float* p, int g, int, float* acc) const {
   const size_t n = size();
-  // Reused across calls: a decode step makes one call per layer and cache head.
-  thread_local std::vector<float> pre, out;
-  thread_local std::vector<int32_t> pos;
-  thread_local std::vector<size_t> token;
-  token.clear();
-  pos.clear();
-  for (size_t t = 0; t < n; ++t)
-    for (int j = 0; j < g; ++j)
-      if (p[size_t(j) * n + t] != 0.0f) {
-        token.push_back(t);
-        pos.push_back(pos_[t]);
-        break;
-      }
-  const size_t m = token.size();
-  pre.resize(m * d_);
-  for (size_t r = 0; r < m; ++r) std::copy_n(k_.data() + token[r] * d_, d_, pre.data() + r * d_);
-  rope_->apply_inverse(pre.data(), static_cast<int>(m), 1, d_, pos.data());
-  out.resize(d_);
   if (const auto* aff = dynamic_cast<const AffineValueEstimator*>(est_.get())) {
-    // sum_t p_t (W k~_t + c) = W (sum_t p_t k~_t) + c sum_t p_t
-    std::vector<float> kbar(d_);
+    // sum_t p_t (W k~_t + c) = W (sum_t p_t k~_t) + c sum_t p_t, for the whole group at once
+    thread_local std::vector<float> kbar, wkbar;
+    kbar.resize(size_t(g) * d_);
+    wkbar.resize(size_t(g) * d_);
+    rows_weighted_in_order(pre_.data(), n, d_, p, n, g, true, kbar.data(), size_t(d_));
+    aff->multiply(kbar.data(), g, wkbar.data());
     for (int j = 0; j < g; ++j) {
-      const float* pj = p + size_t(j) * n;
-      std::fill(kbar.begin(), kbar.end(), 0.0f);
       float psum = 0;
-      for (size_t r = 0; r < m; ++r) {
-        const float w = pj[token[r]];
-        if (w == 0.0f) continue;
-        const float* k = pre.data() + r * d_;
-        for (int i = 0; i < d_; ++i) kbar[i] += w * k[i];
-        psum += w;
-      }
-      aff->multiply(kbar.data(), out.data());
+      for (size_t t = 0; t < n; ++t)
+        if (const float w = p[size_t(j) * n + t]; w != 0.0f) psum += w;
       float* aj = acc + size_t(j) * d_;
+      const float* out = wkbar.data() + size_t(j) * d_;
       for (int i = 0; i < d_; ++i) aj[i] += out[i] + (aff->c().empty() ? 0.0f : aff->c()[i] * psum);
     }
     return;
   }
-  for (size_t r = 0; r < m; ++r) {
-    est_->predict(pre.data() + r * d_, out.data());
+  std::vector<float> out(d_);
+  for (size_t t = 0; t < n; ++t) {
+    bool weighted = false;
+    for (int j = 0; j < g; ++j) weighted = weighted || p[size_t(j) * n + t] != 0.0f;
+    if (!weighted) continue;
+    est_->predict(pre_.data() + t * d_, out.data());
     for (int j = 0; j < g; ++j) {
-      const float w = p[size_t(j) * n + token[r]];
+      const float w = p[size_t(j) * n + t];
       if (w == 0.0f) continue;
       float* aj = acc + size_t(j) * d_;
       for (int i = 0; i < d_; ++i) aj[i] += w * out[i];
@@ -158,7 +150,9 @@ bool ApproxValueSegment::device_form(DeviceUploader& up, cuda::DecodeSegment& d)
   up.check_rope(*rope_);
   d.kind = cuda::kApproxAffine;
   d.pos = up.upload(positions());
-  d.k = up.upload(k_);
+  std::vector<float> k(size() * d_);
+  for (size_t t = 0; t < size(); ++t) row_of_blocks(blocks_.data(), t, d_, k.data() + t * d_);
+  d.k = up.upload(k);
   d.w = up.upload_shared(aff->w());
   d.c = aff->c().empty() ? nullptr : up.upload_shared(aff->c());
   return true;

@@ -27,7 +27,7 @@ class AffineValueEstimator final : public ValueEstimator {
   AffineValueEstimator(int d, std::vector<float> w, std::vector<float> c);
   std::string name() const override { return "affine"; }
   void predict(const float* k, float* v) const override;
-  void multiply(const float* x, float* y) const;  // W x, without c
+  void multiply(const float* x, int g, float* y) const;  // W x_j for x, y [g, d]; without c
   size_t bytes() const override { return (w_.size() + c_.size()) * sizeof(float); }
   int dim() const { return d_; }
   const std::vector<float>& w() const { return w_; }
@@ -55,6 +55,10 @@ class ApproxValueSegment final : public Segment {
   void accumulate(const float* p, float* acc) const override;
   void logits_group(const float* q, int g, int d, float* scores) const override;
   void accumulate_group(const float* p, int g, int d, float* acc) const override;
+  // Logits cut at whole blocks of keys; the values are read whole (every channel of the folded sum
+  // needs all of it).
+  std::vector<size_t> token_cuts(int parts) const override;
+  void logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const override;
   bool device_form(DeviceUploader& up, cuda::DecodeSegment& d) const override;
 
   void append(const float* k_post_rope, int32_t pos);
@@ -64,7 +68,6 @@ class ApproxValueSegment final : public Segment {
   // The stored form, for backends that attend over it directly.
   const ValueEstimator& estimator() const { return *est_; }
   const RopeTable& rope() const { return *rope_; }
-  const std::vector<float>& keys() const { return k_; }
 
  private:
   int d_;
@@ -72,7 +75,10 @@ class ApproxValueSegment final : public Segment {
   std::shared_ptr<const RopeTable> rope_;
   bool charge_;
   KvDtype dtype_ = KvDtype::F32;
-  std::vector<float> k_;
+  // The stored keys (post-RoPE, rounded to dtype_) in blocks for the logits (kernels/cpu/kv_rows.hpp),
+  // and the same keys rotated back once, at append, for the values: a step reads each form in the order
+  // its product wants it instead of gathering or rotating every key again.
+  std::vector<float> blocks_, pre_;
   std::vector<int32_t> pos_;
 };
 
