@@ -306,8 +306,9 @@ inline bool token_weights(const float* p, size_t ldp, size_t t, float* pt) {
 }
 
 // NB blocks of 8 channels from channel c0 held in registers across all tokens for G weight vectors
-// (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them.
-template <int G, int NB>
+// (p [G, tokens], acc [G, d]); each word's codes are extracted once for all of them. With OneGroup (the
+// blocks within one channel group) a token's scaled weights are formed once for all blocks.
+template <int G, int NB, bool OneGroup>
 __attribute__((target("avx2,fma,f16c"))) void value_blocks_avx2(const QuantValuesView& v, const float* p, size_t ldp,
                                                                 float* acc, int c0) {
   const int b = v.bits, d = v.d, per = 32 / b, groups = d / v.group, wpt = d / per;
@@ -328,10 +329,20 @@ __attribute__((target("avx2,fma,f16c"))) void value_blocks_avx2(const QuantValue
     if (!token_weights<G>(p, ldp, t, pt)) continue;
     const uint32_t* wt = v.words + t * size_t(wpt);
     const uint16_t* st = v.scale + t * size_t(groups);
-    for (int u = 0; u < NB; ++u) {
-      const __m256 codes = codes8(wt[wi[u]], sh[u], mask);
-      const float s = _cvtsh_ss(st[gi[u]]);
-      for (int j = 0; j < G; ++j) a[j][u] = _mm256_fmadd_ps(_mm256_set1_ps(pt[j] * s), codes, a[j][u]);
+    if constexpr (OneGroup) {
+      const float s = _cvtsh_ss(st[gi[0]]);
+      __m256 ws[G];
+      for (int j = 0; j < G; ++j) ws[j] = _mm256_set1_ps(pt[j] * s);
+      for (int u = 0; u < NB; ++u) {
+        const __m256 codes = codes8(wt[wi[u]], sh[u], mask);
+        for (int j = 0; j < G; ++j) a[j][u] = _mm256_fmadd_ps(ws[j], codes, a[j][u]);
+      }
+    } else {
+      for (int u = 0; u < NB; ++u) {
+        const __m256 codes = codes8(wt[wi[u]], sh[u], mask);
+        const float s = _cvtsh_ss(st[gi[u]]);
+        for (int j = 0; j < G; ++j) a[j][u] = _mm256_fmadd_ps(_mm256_set1_ps(pt[j] * s), codes, a[j][u]);
+      }
     }
   }
   for (int j = 0; j < G; ++j)
@@ -344,8 +355,12 @@ __attribute__((target("avx2,fma,f16c"))) void values_axpy_avx2(const QuantValues
                                                                float* acc, int c0, int c1) {
   constexpr int CB = G <= 2 ? 4 : 2;
   int c = c0;
-  for (; c + 8 * CB <= c1; c += 8 * CB) value_blocks_avx2<G, CB>(v, p, ldp, acc, c);
-  for (; c < c1; c += 8) value_blocks_avx2<G, 1>(v, p, ldp, acc, c);
+  for (; c + 8 * CB <= c1; c += 8 * CB)
+    if (c / v.group == (c + 8 * CB - 1) / v.group)
+      value_blocks_avx2<G, CB, true>(v, p, ldp, acc, c);
+    else
+      value_blocks_avx2<G, CB, false>(v, p, ldp, acc, c);
+  for (; c < c1; c += 8) value_blocks_avx2<G, 1, true>(v, p, ldp, acc, c);
   add_minimums_avx2<G>(v, p, ldp, acc, c0, c1);
 }
 
