@@ -1,6 +1,9 @@
 // VECTOR (README.md §8): least-squares maps against their references, the RoPE round trip at
 // long positions, the tier accounting, p_a = 0 as the base, the approximated set as the best-predicted
 // pool tokens, and an exact map recovering the base at the pool budget.
+#include <omp.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -460,4 +463,49 @@ TEST_CASE("vector calibration on the default model: maps, held-out R2, an artifa
   Params one(step.options, {{"text", (dir / "doc0.txt").string()}}, "test");
   CalibrationContext bad{*model, *tok, engine, one, out, default_data_dir(), false};
   test::require_error([&] { step.run(bad); }, {"cannot be split", "heldout_every"});
+}
+
+TEST_CASE("vector: approximated segments give the same numbers however their heads are spread over threads",
+          "[vector]") {
+  // The default model's 3 KV heads of 3 query heads: on 2 threads the third head's approximated keys'
+  // logits are cut at blocks of 16 (Segment::token_cuts) and its dense rows at 64; a retained segment,
+  // the approximated one (a length off the blocks) and a tail, at fp16 and fp32.
+  const int d = 64, hq = 9, hkv = 3;
+  std::vector<float> inv(d / 2);
+  for (int i = 0; i < d / 2; ++i) inv[size_t(i)] = 1.0f / std::pow(10000.0f, float(2 * i) / float(d));
+  auto rope = std::make_shared<RopeTable>(inv, RopeStyle::NeoX);
+  rope->ensure(1000);
+  auto est = std::make_shared<AffineValueEstimator>(d, test::randn(size_t(d) * d, 3, 0.2f), std::vector<float>{});
+  for (auto dtype : {KvDtype::F16, KvDtype::F32}) {
+    LayerCache cache(hq, hkv, d, dtype);
+    for (int t = 0; t < 130; ++t) {
+      const auto k = test::randn(size_t(hkv) * d, uint32_t(t)), v = test::randn(size_t(hkv) * d, uint32_t(t + 500));
+      cache.append(k.data(), v.data(), 2 * t);
+    }
+    for (int h = 0; h < hkv; ++h) {
+      auto approx = std::make_unique<ApproxValueSegment>(d, est, rope, false);
+      approx->store_as(dtype);
+      for (int t = 0; t < 201; ++t)
+        approx->append(test::randn(size_t(d), uint32_t(1000 + 300 * h + t)).data(), 2 * t + 1);
+      cache.segments(h).push_back(std::move(approx));
+      cache.segments(h).push_back(std::make_unique<DenseSegment>(d, dtype));
+    }
+    for (int t = 0; t < 5; ++t) {
+      const auto k = test::randn(size_t(hkv) * d, uint32_t(t + 2000)),
+                 v = test::randn(size_t(hkv) * d, uint32_t(t + 3000));
+      cache.append(k.data(), v.data(), 600 + t);
+    }
+    const auto q = test::randn(size_t(hq) * d, 7, 0.5f);
+    std::vector<float> ref(q.size()), out(q.size());
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);  // whole heads
+    attend(cache, q.data(), ref.data());
+    for (int n : {2, 3, 4, 5, 16}) {
+      INFO(kv_dtype_name(dtype) << ", " << n << " threads");
+      omp_set_num_threads(n);
+      attend(cache, q.data(), out.data());
+      CHECK(out == ref);
+    }
+    omp_set_num_threads(threads);
+  }
 }
