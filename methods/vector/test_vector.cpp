@@ -508,4 +508,23 @@ TEST_CASE("vector: approximated segments give the same numbers however their hea
     }
     omp_set_num_threads(threads);
   }
+  // Rounding the keys after they are stored gives the segment that stored them rounded: the same logits
+  // and the same fold (its keys rotated back again from the rounded ones).
+  ApproxValueSegment before(d, est, rope, false), after(d, est, rope, false);
+  before.store_as(KvDtype::F16);
+  for (int t = 0; t < 37; ++t) {
+    const auto k = test::randn(size_t(d), uint32_t(4000 + t));
+    before.append(k.data(), 3 * t);
+    after.append(k.data(), 3 * t);
+  }
+  after.store_as(KvDtype::F16);
+  const auto q = test::randn(size_t(3) * d, 8), p = test::randn(size_t(3) * 37, 9);
+  std::vector<float> s1(3 * 37), s2(s1.size()), a1(3 * size_t(d), 0.5f), a2(a1);
+  before.logits_group(q.data(), 3, d, s1.data());
+  after.logits_group(q.data(), 3, d, s2.data());
+  CHECK(s1 == s2);
+  before.accumulate_group(p.data(), 3, d, a1.data());
+  after.accumulate_group(p.data(), 3, d, a2.data());
+  CHECK(a1 == a2);
+  CHECK(before.bytes() == after.bytes());
 }
