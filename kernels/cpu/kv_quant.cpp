@@ -10,6 +10,7 @@
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
+#include "kernels/cpu/query_runs.hpp"
 
 namespace kvb {
 
@@ -595,27 +596,6 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const Q
 
 #pragma GCC diagnostic pop
 
-// Runs kernel<G> over the g queries in chunks of at most four, the most whose accumulators stay in registers.
-template <template <int> class K, class View, class... Args>
-void in_chunks(const View& x, const float* in, size_t in_row, float* out, size_t out_row, int g, Args... args) {
-  for (int j = 0; j < g; j += 4) {
-    const float* i = in + size_t(j) * in_row;
-    float* o = out + size_t(j) * out_row;
-    switch (std::min(4, g - j)) {
-      case 1:
-        K<1>::run(x, i, o, args...);
-        break;
-      case 2:
-        K<2>::run(x, i, o, args...);
-        break;
-      case 3:
-        K<3>::run(x, i, o, args...);
-        break;
-      default:
-        K<4>::run(x, i, o, args...);
-    }
-  }
-}
 template <int G>
 struct KeysDot {
   static void run(const QuantKeysView& k, const float* q, float* s, size_t ldo) { keys_dot_avx2<G>(k, q, s, ldo); }
@@ -661,8 +641,11 @@ void quant_keys_dot(const QuantKeysView& k, const float* q, float* scores, int g
   if (k.tokens == 0) return;
   if (ldo == 0) ldo = k.tokens;
   if (cpu_has_avx512() && (k.bits == 3 || k.group % 16 == 0))
-    return in_chunks<KeysDot512>(k, q, size_t(k.d), scores, ldo, g, ldo);
-  if (cpu_has_avx2()) return in_chunks<KeysDot>(k, q, size_t(k.d), scores, ldo, g, ldo);
+    return for_query_runs<4>(
+        g, [&](auto G, int j) { KeysDot512<decltype(G)::value>::run(k, q + j * k.d, scores + j * ldo, ldo); });
+  if (cpu_has_avx2())
+    return for_query_runs<4>(
+        g, [&](auto G, int j) { KeysDot<decltype(G)::value>::run(k, q + j * k.d, scores + j * ldo, ldo); });
   for (int j = 0; j < g; ++j) keys_dot_portable(k, q + size_t(j) * k.d, scores + size_t(j) * ldo);
 }
 
@@ -673,8 +656,11 @@ void quant_values_axpy(const QuantValuesView& v, const float* p, float* acc, int
   if (c0 % v.group != 0 || c1 % v.group != 0 || c0 < 0 || c1 > v.d || c0 >= c1)
     fail("quantized values: channels [{}, {}) do not start and end on groups of {} within {}", c0, c1, v.group, v.d);
   if (cpu_has_avx512() && v.bits != 3 && v.d % 16 == 0 && v.group % 16 == 0)
-    return in_chunks<ValuesAxpy512>(v, p, ldp, acc, size_t(v.d), g, ldp, c0, c1);
-  if (cpu_has_avx2() && v.bits != 3) return in_chunks<ValuesAxpy>(v, p, ldp, acc, size_t(v.d), g, ldp, c0, c1);
+    return for_query_runs<4>(
+        g, [&](auto G, int j) { ValuesAxpy512<decltype(G)::value>::run(v, p + j * ldp, acc + j * v.d, ldp, c0, c1); });
+  if (cpu_has_avx2() && v.bits != 3)
+    return for_query_runs<4>(
+        g, [&](auto G, int j) { ValuesAxpy<decltype(G)::value>::run(v, p + j * ldp, acc + j * v.d, ldp, c0, c1); });
   for (int j = 0; j < g; ++j) values_axpy_portable(v, p + size_t(j) * ldp, acc + size_t(j) * v.d, c0, c1);
 }
 

@@ -14,6 +14,7 @@
 
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
+#include "kernels/cpu/query_runs.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
@@ -408,19 +409,9 @@ void kv_rows_dot(KvDtype t, const void* rows, size_t n, int d, const float* q, f
     return;
   }
   if (cpu_has_avx512()) {
-    for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * ldo) switch (std::min(4, g - j)) {
-        case 4:
-          dot16_avx512<4>(t, r, n, d, q, out, ldo);
-          break;
-        case 3:
-          dot16_avx512<3>(t, r, n, d, q, out, ldo);
-          break;
-        case 2:
-          dot16_avx512<2>(t, r, n, d, q, out, ldo);
-          break;
-        default:
-          dot16_avx512<1>(t, r, n, d, q, out, ldo);
-      }
+    for_query_runs<4>(g, [&](auto G, int j) {
+      dot16_avx512<decltype(G)::value>(t, r, n, d, q + size_t(j) * d, out + size_t(j) * ldo, ldo);
+    });
     return;
   }
   // Pairs of queries: four rows, two queries and their eight sums fill the sixteen vector registers.
@@ -451,19 +442,8 @@ void kv_rows_axpy(KvDtype t, const void* rows, size_t n, int d, const float* p, 
     return;
   }
   if (cpu_has_avx512()) {
-    for (int j = 0; j < g; j += 4, p += 4 * ldp, acc += 4 * ld) switch (std::min(4, g - j)) {
-        case 4:
-          axpy16_avx512<4>(t, r, n, d, ld, p, ldp, acc);
-          break;
-        case 3:
-          axpy16_avx512<3>(t, r, n, d, ld, p, ldp, acc);
-          break;
-        case 2:
-          axpy16_avx512<2>(t, r, n, d, ld, p, ldp, acc);
-          break;
-        default:
-          axpy16_avx512<1>(t, r, n, d, ld, p, ldp, acc);
-      }
+    for_query_runs<4>(
+        g, [&](auto G, int j) { axpy16_avx512<decltype(G)::value>(t, r, n, d, ld, p + j * ldp, ldp, acc + j * ld); });
     return;
   }
   for (int j = 0; j < g; j += 2, p += 2 * ldp, acc += 2 * ld) {
@@ -568,19 +548,9 @@ void blocks_dot_in_order(const float* blocks, size_t t0, size_t t1, int d, const
                          size_t ldo) {
   if (t0 >= t1) return;
   if (!cpu_has_avx2()) return blocks_dot_in_order_ref(blocks, t0, t1, d, q, g, out, ldo);
-  for (int j = 0; j < g; j += 4, q += 4 * size_t(d), out += 4 * ldo) switch (std::min(4, g - j)) {
-      case 4:
-        blocks_dot_group<4>(blocks, t0, t1, d, q, out, ldo);
-        break;
-      case 3:
-        blocks_dot_group<3>(blocks, t0, t1, d, q, out, ldo);
-        break;
-      case 2:
-        blocks_dot_group<2>(blocks, t0, t1, d, q, out, ldo);
-        break;
-      default:
-        blocks_dot_group<1>(blocks, t0, t1, d, q, out, ldo);
-    }
+  for_query_runs<4>(g, [&](auto G, int j) {
+    blocks_dot_group<decltype(G)::value>(blocks, t0, t1, d, q + size_t(j) * d, out + size_t(j) * ldo, ldo);
+  });
 }
 
 void rows_weighted_in_order_ref(const float* rows, size_t n, int d, const float* w, size_t ldw, int g, bool skip_zeros,
@@ -635,45 +605,26 @@ __attribute__((target("avx512f"))) void rows_weighted_avx512(const float* rows, 
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + size_t(j) * ldo + 16 * v, s[j][v]);
 }
 
-// The group in runs of up to GMAX vectors (as many sums as the registers hold beside a row's loads).
-template <int NV, int GMAX>
-void rows_weighted_groups(const float* rows, size_t n, const float* w, size_t ldw, int g, bool skip_zeros, float* out,
-                          size_t ldo) {
-  for (int j = 0; j < g; j += GMAX, w += GMAX * ldw, out += GMAX * ldo) switch (std::min(GMAX, g - j)) {
-      case 4:
-        if constexpr (GMAX >= 4) rows_weighted_avx512<4, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
-        break;
-      case 3:
-        rows_weighted_avx512<3, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
-        break;
-      case 2:
-        rows_weighted_avx512<2, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
-        break;
-      default:
-        rows_weighted_avx512<1, NV>(rows, n, w, ldw, skip_zeros, out, ldo);
-    }
-}
-
 }  // namespace
 
 void rows_weighted_in_order(const float* rows, size_t n, int d, const float* w, size_t ldw, int g, bool skip_zeros,
                             float* out, size_t ldo) {
-  if (cpu_has_avx512() && d == 64) return rows_weighted_groups<4, 4>(rows, n, w, ldw, g, skip_zeros, out, ldo);
-  if (cpu_has_avx512() && d == 128) return rows_weighted_groups<8, 3>(rows, n, w, ldw, g, skip_zeros, out, ldo);
+  // As many vectors at a time as their sums fit in the registers beside a row's loads.
+  if (cpu_has_avx512() && d == 64)
+    return for_query_runs<4>(g, [&](auto G, int j) {
+      rows_weighted_avx512<decltype(G)::value, 4>(rows, n, w + j * ldw, ldw, skip_zeros, out + j * ldo, ldo);
+    });
+  if (cpu_has_avx512() && d == 128)
+    return for_query_runs<3>(g, [&](auto G, int j) {
+      rows_weighted_avx512<decltype(G)::value, 8>(rows, n, w + j * ldw, ldw, skip_zeros, out + j * ldo, ldo);
+    });
   for (int j = 0; j < g; ++j) rows_weighted_lanes(rows, n, d, w + size_t(j) * ldw, skip_zeros, out + size_t(j) * ldo);
 }
 
 void ragged_rows_axpy(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc, int ld) {
-  for (int j = 0; j < g; j += 3, p += 3 * n, acc += 3 * size_t(ld)) switch (std::min(3, g - j)) {
-      case 3:
-        ragged_rows_axpy_group<3>(rows, widths, n, p, acc, ld);
-        break;
-      case 2:
-        ragged_rows_axpy_group<2>(rows, widths, n, p, acc, ld);
-        break;
-      default:
-        ragged_rows_axpy_group<1>(rows, widths, n, p, acc, ld);
-    }
+  for_query_runs<3>(g, [&](auto G, int j) {
+    ragged_rows_axpy_group<decltype(G)::value>(rows, widths, n, p + size_t(j) * n, acc + size_t(j) * ld, ld);
+  });
 }
 
 void ragged_rows_axpy_ref(const float* rows, const uint16_t* widths, size_t n, const float* p, int g, float* acc,
