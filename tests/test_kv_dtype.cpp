@@ -93,9 +93,9 @@ TEST_CASE("KV rows: a GQA group's products equal each query's own, bit for bit",
   force_portable_kernels(GENERATE(false, true));
   INFO("vector path: " << (cpu_has_avx2() ? "AVX2/F16C" : "portable"));
   for (KvDtype t : {KvDtype::F32, KvDtype::BF16, KvDtype::F16})
-    for (int d : {64, 72, 13})
-      for (size_t n : {size_t(1), size_t(37)})
-        for (int g : {2, 3, 4, 7}) {
+    for (int d : {64, 128, 72, 13, 24})
+      for (size_t n : {size_t(1), size_t(37), size_t(300)})
+        for (int g : {1, 2, 3, 4, 7}) {
           INFO(kv_dtype_name(t) << " d " << d << " n " << n << " g " << g);
           const auto rows = encoded(t, randn(n * d, uint32_t(d + n)));
           const auto q = randn(size_t(g) * d, 5);

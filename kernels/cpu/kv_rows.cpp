@@ -122,7 +122,8 @@ __attribute__((target("avx2,fma,f16c"))) inline __m128 hsum4(__m256 v0, __m256 v
 // G queries (q [G, d]) against each row: out[j * n + i] = q_j . row_i, each row widened once for them.
 // Inlined into an AVX2 caller (16 vector registers: G <= 2) and an AVX-512VL one, whose 32 registers hold
 // the sums of a whole GQA group of up to four, so that its rows are read once; each sum is the same
-// chain of operations in both.
+// chain of operations in both. (Two rows' lanes to a 512-bit register, to halve the multiply-adds,
+// streamed 13% slower in L2 on Zen 5: the rows' conversions and inserts bound it, not the multiply-adds.)
 template <int G>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void dot16_rows(KvDtype t, const uint16_t* rows,
                                                                                size_t n, int d, const float* q,
@@ -197,20 +198,15 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_block
 }
 
 // acc_j[0..d) += sum_i p_j[i] row_i for G queries (p [G, n], acc [G, d]), each row widened once for them,
-// over blocks of 32 channels (64 with MaxW 8); inlined into the AVX2 caller (16 registers: blocks of 32) and the
-// AVX-512VL one, where up to three queries take blocks of 64, a whole row of a 64-wide head: a row is two
-// cache lines, and blocks of 32 streamed every other line, then came back for the rest. Each channel's
-// sum is the same chain of operations whatever the blocks.
-template <int G, int MaxW>
+// over blocks of 32 channels (16 registers). Each channel's sum is the same chain of operations whatever
+// the blocks (the AVX-512 kernel takes them 64 at a time).
+template <int G>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void axpy16_rows(KvDtype t, const uint16_t* rows,
                                                                                 size_t n, int d, size_t ld,
                                                                                 const float* p, size_t ldp,
                                                                                 float* acc) {
   const int d8 = d / 8 * 8;
-  int c0 = 0;
-  if constexpr (MaxW == 8)
-    for (; c0 + 64 <= d8; c0 += 64) axpy16_block_avx2<G, 8>(t, rows, n, ld, c0, p, ldp, acc);
-  for (; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
+  for (int c0 = 0; c0 < d8; c0 += 32) switch (std::min(32, d8 - c0) / 8) {
       case 4:
         axpy16_block_avx2<G, 4>(t, rows, n, ld, c0, p, ldp, acc);
         break;
@@ -242,14 +238,72 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void dot16_avx512(KvDt
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void axpy16_avx2(KvDtype t, const uint16_t* rows, size_t n, int d, size_t ld,
                                                           const float* p, size_t ldp, float* acc) {
-  axpy16_rows<G, 4>(t, rows, n, d, ld, p, ldp, acc);
+  axpy16_rows<G>(t, rows, n, d, ld, p, ldp, acc);
 }
+
+// The 512-bit conversions' _mm512_undefined_ps makes GCC 12 report -Wmaybe-uninitialized in every
+// caller (GCC PR105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Sixteen consecutive 16-bit elements widened to fp32.
+__attribute__((target("avx2,fma,f16c,avx512f"))) inline __m512 load16(KvDtype t, const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (t == KvDtype::F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// axpy16_block_avx2 on sixteen channels a register: each channel's chain is unchanged, at half the
+// multiply-adds.
+template <int G, int W>
+__attribute__((target("avx2,fma,f16c,avx512f"))) void axpy16_block_avx512(KvDtype t, const uint16_t* rows, size_t n,
+                                                                          size_t ld, int c0, const float* p, size_t ldp,
+                                                                          float* acc) {
+  __m512 a[G][W];
+  for (int j = 0; j < G; ++j)
+    for (int v = 0; v < W; ++v) a[j][v] = _mm512_loadu_ps(acc + j * ld + c0 + 16 * v);
+  for (size_t i = 0; i < n; ++i) {
+    __m512 pi[G];
+    bool any = false;
+    for (int j = 0; j < G; ++j) {
+      any = any || p[j * ldp + i] != 0.0f;
+      pi[j] = _mm512_set1_ps(p[j * ldp + i]);
+    }
+    if (!any) continue;
+    const uint16_t* r = rows + i * ld + c0;
+    for (int v = 0; v < W; ++v) {
+      const __m512 rv = load16(t, r + 16 * v);
+      for (int j = 0; j < G; ++j) a[j][v] = _mm512_fmadd_ps(pi[j], rv, a[j][v]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int v = 0; v < W; ++v) _mm512_storeu_ps(acc + j * ld + c0 + 16 * v, a[j][v]);
+}
+
+// Blocks of 64 channels (a 64-wide head's whole row, two cache lines, per pass), then of 16; the
+// channels left (fewer than 16) as the AVX2 kernel takes them.
 template <int G>
 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void axpy16_avx512(KvDtype t, const uint16_t* rows, size_t n,
                                                                              int d, size_t ld, const float* p,
                                                                              size_t ldp, float* acc) {
-  axpy16_rows<G, G <= 3 ? 8 : 4>(t, rows, n, d, ld, p, ldp, acc);
+  int c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) axpy16_block_avx512<G, 4>(t, rows, n, ld, c0, p, ldp, acc);
+  switch ((d - c0) / 16) {
+    case 3:
+      axpy16_block_avx512<G, 3>(t, rows, n, ld, c0, p, ldp, acc);
+      break;
+    case 2:
+      axpy16_block_avx512<G, 2>(t, rows, n, ld, c0, p, ldp, acc);
+      break;
+    case 1:
+      axpy16_block_avx512<G, 1>(t, rows, n, ld, c0, p, ldp, acc);
+      break;
+    default:
+      break;
+  }
+  c0 += (d - c0) / 16 * 16;
+  if (c0 < d) axpy16_rows<G>(t, rows + c0, n, d - c0, ld, p, ldp, acc + c0);
 }
+#pragma GCC diagnostic pop
 
 // Columns [c0, c0 + 16 W) of the ragged axpy for G weight vectors over n >= 1 rows (p_j at p + j ps):
 // the accumulators stay in registers over all rows, each row read under a mask (zeros past its width). No branch on the
