@@ -345,6 +345,60 @@ TEST_CASE("products on GGUF blocks: AVX-512 VNNI, AVX2 and portable kernels give
     }
 }
 
+TEST_CASE("products of the same tokens taken together equal each taken alone, bit for bit", "[kernels]") {
+  // A layer's q, k and v (or gate and up) in one call: types mixed as in Q4_K_M files (a K-quant among
+  // 32-value types), row counts off the 16-row tiles, a bias on some.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int in = 512;
+  struct Matrix {
+    DType t;
+    int out;
+    std::vector<uint8_t> stored;
+    std::vector<float> bias;
+  };
+  std::vector<Matrix> ms;
+  for (auto [t, out, biased] : {std::tuple{DType::Q4_1, 37, true},
+                                {DType::Q8_0, 16, false},
+                                {DType::Q6_K, 9, true},
+                                {DType::Q5_0, 21, false},
+                                {DType::Q4_K, 5, false}}) {
+    const auto& info = dtype_info(t);
+    std::vector<uint8_t> w(size_t(out) * in / info.block_elems * info.block_bytes);
+    for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+    std::vector<size_t> scales_at{0};
+    if (t == DType::Q4_1 || t == DType::Q4_K) scales_at.push_back(2);
+    if (t == DType::Q6_K) scales_at = {208};
+    for (size_t b = 0; b < w.size(); b += info.block_bytes)
+      for (size_t at : scales_at) {
+        const uint16_t h = float_to_half(0.01f * float(byte(rng) - 128) / 128.0f);
+        std::memcpy(&w[b + at], &h, 2);
+      }
+    ms.push_back({t, out, store(t, w, out, in), biased ? randn(size_t(out), rng) : std::vector<float>{}});
+  }
+  for (bool portable : {false, true})
+    for (int n : {1, 3, 9}) {
+      INFO((portable ? "portable" : "vector") << " kernels, n " << n);
+      force_portable_kernels(portable);
+      const auto x = randn(size_t(n) * in, rng);
+      std::vector<std::vector<float>> together, alone;
+      std::vector<QuantProduct> ps;
+      for (const Matrix& m : ms) {
+        together.emplace_back(size_t(n) * m.out, std::numeric_limits<float>::quiet_NaN());
+        alone.emplace_back(size_t(n) * m.out);
+      }
+      for (size_t i = 0; i < ms.size(); ++i)
+        ps.push_back({ms[i].t, ms[i].stored.data(), ms[i].bias.empty() ? nullptr : ms[i].bias.data(), ms[i].out,
+                      together[i].data()});
+      linear_quant_tokens_shared(ps, x.data(), n, in);
+      for (size_t i = 0; i < ms.size(); ++i) {
+        linear_quant_tokens(ms[i].t, ms[i].stored.data(), ps[i].bias, x.data(), n, in, ms[i].out, alone[i].data());
+        CHECK(together[i] == alone[i]);
+      }
+      force_portable_kernels(false);
+    }
+}
+
 TEST_CASE("activations quantized per block of 256 as ggml's q8_K reference does", "[kernels]") {
   std::mt19937 rng(6);
   auto x = randn(768, rng, 2.0f);

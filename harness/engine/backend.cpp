@@ -33,6 +33,9 @@ void Backend::linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias
   if (n != 1) fail("the {} backend decodes one sequence at a time, not a batch of {}", name(), n);
   linear(x, w, bias, 1, in, out, y);
 }
+void Backend::linear_tokens_shared(const Buffer& x, std::span<const Product> ps, int n, int in) {
+  for (const Product& p : ps) linear_tokens(x, *p.w, p.bias, n, in, p.out, *p.y);
+}
 void Backend::attention_decode_batch(std::span<const LayerCache* const> caches, const Buffer& q, Buffer& out) {
   for (size_t b = 0; b < caches.size(); ++b) attention_decode(*caches[b], q, out, b);
 }

@@ -130,6 +130,16 @@ class Backend {
   // linear gives token b alone (n == 1), bit for bit, while the weights are read once for all n where
   // decodes_batches() holds. Elsewhere only n == 1 is accepted.
   virtual void linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y);
+  // One product of linear_tokens_shared: y[n, out] = x W^T (+ bias).
+  struct Product {
+    const Weight* w;
+    const Buffer* bias;
+    int out;
+    Buffer* y;
+  };
+  // linear_tokens for several matrices against the same x (a layer's q, k and v; its gate and up), each y
+  // exactly as linear_tokens gives it; a backend may share the work on x among them.
+  virtual void linear_tokens_shared(const Buffer& x, std::span<const Product> ps, int n, int in);
   virtual bool decodes_batches() const { return false; }
   virtual void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) = 0;
   virtual void swiglu(const Buffer& gate, const Buffer& up, size_t n, Buffer& out) = 0;

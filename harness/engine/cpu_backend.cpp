@@ -135,6 +135,19 @@ class CpuBackend final : public Backend {
   void linear_tokens(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y) override {
     multiply(x, w, bias, n, in, out, y, true);
   }
+  void linear_tokens_shared(const Buffer& x, std::span<const Product> ps, int n, int in) override {
+    // The products on gguf blocks quantize x once and share one pass over the threads.
+    if (!std::all_of(ps.begin(), ps.end(), [](const Product& p) { return p.w->blocks() != DType::F32; }))
+      return Backend::linear_tokens_shared(x, ps, n, in);
+    OpTimer t(*this, profiling_, stats_.linear_seconds);
+    std::vector<QuantProduct> qs;
+    for (const Product& p : ps) {
+      stats_.linear_flops += 2.0 * n * in * p.out;
+      qs.push_back({p.w->blocks(), static_cast<const uint8_t*>(p.w->data()), p.bias ? p.bias->data() : nullptr, p.out,
+                    p.y->data()});
+    }
+    kvb::linear_quant_tokens_shared(qs, x.data(), n, in);
+  }
   bool decodes_batches() const override { return true; }
 
   void rope(Buffer& x, int n, int heads, int d, std::span<const int32_t> pos) override {

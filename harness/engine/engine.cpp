@@ -103,15 +103,21 @@ void Engine::linear(const Buffer& x, const Weight& w, const Buffer* bias, int n,
     backend_->linear(x, w, bias, n, in, out, y);
 }
 
+void Engine::linears(const Buffer& x, std::span<const Backend::Product> ps, int n, int in, bool apart) {
+  if (apart) return backend_->linear_tokens_shared(x, ps, n, in);
+  for (const Backend::Product& p : ps) backend_->linear(x, *p.w, p.bias, n, in, p.out, *p.y);
+}
+
 void Engine::mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out,
                  bool apart) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate;
-  linear(in, L.w_up, nullptr, n, H, F, up, apart);
   if (cfg_.gated_mlp) {
-    linear(in, L.w_gate, nullptr, n, H, F, gate, apart);
+    const Backend::Product ps[] = {{&L.w_up, nullptr, F, &up}, {&L.w_gate, nullptr, F, &gate}};
+    linears(in, ps, n, H, apart);
     b.swiglu(gate, up, size_t(n) * F, act);
   } else {
+    linear(in, L.w_up, nullptr, n, H, F, up, apart);
     b.gelu(up, size_t(n) * F, act);
   }
   linear(act, L.w_down, nullptr, n, F, H, out, apart);
@@ -120,9 +126,11 @@ void Engine::mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& 
 void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, d = cfg_.head_dim, Q = cfg_.n_heads * d, KV = cfg_.n_kv_heads * d;
-  linear(h, L.wq, cfg_.qkv_bias ? &L.bq : nullptr, n, H, Q, q, apart);
-  linear(h, L.wk, cfg_.qkv_bias ? &L.bk : nullptr, n, H, KV, k, apart);
-  linear(h, L.wv, cfg_.qkv_bias ? &L.bv : nullptr, n, H, KV, v, apart);
+  const bool bias = cfg_.qkv_bias;
+  const Backend::Product ps[] = {{&L.wq, bias ? &L.bq : nullptr, Q, &q},
+                                 {&L.wk, bias ? &L.bk : nullptr, KV, &k},
+                                 {&L.wv, bias ? &L.bv : nullptr, KV, &v}};
+  linears(h, ps, n, H, apart);
   if (cfg_.qk_norm) {  // each head's row normalised in place (rmsnorm reads a row before writing it)
     const auto eps = static_cast<float>(cfg_.norm_eps);
     b.rmsnorm(q, L.q_norm, n * cfg_.n_heads, d, eps, q);

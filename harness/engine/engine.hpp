@@ -143,6 +143,8 @@ class Engine {
   // out = down(swiglu(gate(in), up(in))) or down(gelu(up(in))) for n rows; gate/up/act hold n x F.
   void mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out,
            bool apart = false);
+  // Several products of the same x: Backend::linear_tokens_shared when `apart`, else linear for each.
+  void linears(const Buffer& x, std::span<const Backend::Product> ps, int n, int in, bool apart);
   // y = x W^T for n rows: one sequence's tokens (prefill) or, `apart`, one token of each of n sequences.
   void linear(const Buffer& x, const Weight& w, const Buffer* bias, int n, int in, int out, Buffer& y, bool apart);
   void append_token(LayerCache& cache, const float* k, const float* v, int32_t pos);

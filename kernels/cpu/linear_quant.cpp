@@ -341,43 +341,88 @@ void tile(DType, const uint8_t* tile, int blocks, const Q8Row* const* xs, int nt
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-// y[b, o] for every token b and row o: the tiles over the threads, each tile against the tokens in groups
-// of up to `most` while it is in cache (a batch's weights read from memory once per step).
-void gemv_tiles(DType t, TileFn fn, int most, const uint8_t* w, std::span<const Q8Row> xs, int blocks, int out,
-                float* y) {
-  const int n = static_cast<int>(xs.size()), tiles = tile_count(out);
-  const size_t tile_bytes = size_t(blocks) * chunk(t).bytes;
-  const uint8_t* end = w + size_t(tiles) * tile_bytes;
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < tiles; ++i) {
-    const int rows = std::min(kTileRows, out - i * kTileRows);
-    for (int b = 0; b < n;) {
-      const int nt = n - b >= most ? most : std::min(4, n - b);
-      const Q8Row* group[8];
-      float* ys[8];
-      for (int k = 0; k < nt; ++k) {
-        group[k] = &xs[size_t(b + k)];
-        ys[k] = y + size_t(b + k) * out + size_t(i) * kTileRows;
-      }
-      fn(t, w + size_t(i) * tile_bytes, blocks, group, nt, ys, rows, end);
-      b += nt;
-    }
-  }
-}
+// A tile kernel for a type on this processor, and the most tokens it takes at once.
+struct TileKernel {
+  TileFn fn;
+  int most;
+};
 
 template <DType T>
-void gemv_quant(const uint8_t* w, std::span<const Q8Row> xs, int blocks, int out, float* y) {
+TileKernel tile_kernel_of() {
   static const bool vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
   }();
-  if (!cpu_has_avx2())
-    gemv_tiles(T, tile_portable, 8, w, xs, blocks, out, y);
-  else if (vnni && cpu_has_avx512())
-    gemv_tiles(T, gemv_avx512::tile<T>, gemv_avx512::kMost, w, xs, blocks, out, y);
-  else
-    gemv_tiles(T, gemv_avx2::tile<T>, gemv_avx2::kMost, w, xs, blocks, out, y);
+  if (!cpu_has_avx2()) return {tile_portable, 8};
+  if (vnni && cpu_has_avx512()) return {gemv_avx512::tile<T>, gemv_avx512::kMost};
+  return {gemv_avx2::tile<T>, gemv_avx2::kMost};
+}
+
+TileKernel tile_kernel(DType t) {
+  switch (t) {
+    case DType::Q4_1:
+      return tile_kernel_of<DType::Q4_1>();
+    case DType::Q5_0:
+      return tile_kernel_of<DType::Q5_0>();
+    case DType::Q5_1:
+      return tile_kernel_of<DType::Q5_1>();
+    case DType::Q8_0:
+      return tile_kernel_of<DType::Q8_0>();
+    default:
+      return tile_kernel_of<DType::Q4_0>();
+  }
+}
+
+// The 32-value types' products of the same n tokens: the tokens quantized, then y[b, o] for every product,
+// token b and row o, all the products' tiles over the threads in one parallel region, each tile against
+// the tokens in groups of up to its kernel's most while it is in cache (a batch's weights read from memory
+// once per step).
+void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in) {
+  const int blocks = in / QK;
+  struct Job {
+    TileKernel k;
+    size_t tile_bytes;
+    const uint8_t* end;  // of the product's tiles (prefetches stop there)
+    int first;           // its first tile in the region's numbering
+  };
+  std::vector<Job> jobs;
+  int total = 0;
+  for (const QuantProduct& p : ps) {
+    const int tiles = tile_count(p.out);
+    const size_t tile_bytes = size_t(blocks) * chunk(p.t).bytes;
+    jobs.push_back({tile_kernel(p.t), tile_bytes, p.w + size_t(tiles) * tile_bytes, total});
+    total += tiles;
+  }
+  // Kept from call to call with their buffers: a decode step makes some two hundred of these calls.
+  static thread_local std::vector<Q8Row> kept;
+  if (kept.size() < size_t(n)) kept.resize(size_t(n));
+  Q8Row* const xs = kept.data();
+#pragma omp parallel
+  {
+    // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting.
+#pragma omp for schedule(static)
+    for (int b = 0; b < n; ++b) quantize_row_q8(x + size_t(b) * in, in, xs[b]);
+#pragma omp for schedule(static)
+    for (int i = 0; i < total; ++i) {
+      size_t j = jobs.size() - 1;
+      while (jobs[j].first > i) --j;
+      const QuantProduct& p = ps[j];
+      const Job& job = jobs[j];
+      const int tile = i - job.first, rows = std::min(kTileRows, p.out - tile * kTileRows);
+      for (int b = 0; b < n;) {
+        const int nt = n - b >= job.k.most ? job.k.most : std::min(4, n - b);
+        const Q8Row* group[8];
+        float* ys[8];
+        for (int k = 0; k < nt; ++k) {
+          group[k] = &xs[b + k];
+          ys[k] = p.y + size_t(b + k) * size_t(p.out) + size_t(tile) * kTileRows;
+        }
+        job.k.fn(p.t, p.w + size_t(tile) * job.tile_bytes, blocks, group, nt, ys, rows, job.end);
+        b += nt;
+      }
+    }
+  }
 }
 
 // ---- K-quants: blocks of 256 against Q8_K activations ----
@@ -736,36 +781,22 @@ void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8
 
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
                          float* y) {
-  if (is_kquant(t)) {
+  const QuantProduct p{t, w, bias, out, y};
+  linear_quant_tokens_shared({&p, 1}, x, n, in);
+}
+
+void linear_quant_tokens_shared(std::span<const QuantProduct> ps, const float* x, int n, int in) {
+  std::vector<QuantProduct> kquants, blocks32;
+  for (const QuantProduct& p : ps) (is_kquant(p.t) ? kquants : blocks32).push_back(p);
+  if (!kquants.empty()) {
     std::vector<Q8KRow> xs(static_cast<size_t>(n));
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int b = 0; b < n; ++b) quantize_row_q8_k(x + size_t(b) * in, in, xs[size_t(b)]);
-    kquant_gemv(t, w, file_row_bytes(t, in), xs, in / QKK, out, y);
-  } else {
-    std::vector<Q8Row> xs(static_cast<size_t>(n));
-    // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting
-    // for 4% of a batch-8 step.
-#pragma omp parallel for schedule(static) if (n > 1)
-    for (int b = 0; b < n; ++b) quantize_row_q8(x + size_t(b) * in, in, xs[size_t(b)]);
-    const int blocks = in / QK;
-    switch (t) {
-      case DType::Q4_1:
-        gemv_quant<DType::Q4_1>(w, xs, blocks, out, y);
-        break;
-      case DType::Q5_0:
-        gemv_quant<DType::Q5_0>(w, xs, blocks, out, y);
-        break;
-      case DType::Q5_1:
-        gemv_quant<DType::Q5_1>(w, xs, blocks, out, y);
-        break;
-      case DType::Q8_0:
-        gemv_quant<DType::Q8_0>(w, xs, blocks, out, y);
-        break;
-      default:
-        gemv_quant<DType::Q4_0>(w, xs, blocks, out, y);
-    }
+    for (const QuantProduct& p : kquants) kquant_gemv(p.t, p.w, file_row_bytes(p.t, in), xs, in / QKK, p.out, p.y);
   }
-  if (bias) add_bias(y, bias, n, out);
+  if (!blocks32.empty()) gemv_shared(blocks32, x, n, in);
+  for (const QuantProduct& p : ps)
+    if (p.bias) add_bias(p.y, p.bias, n, p.out);
 }
 
 void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out, float* y) {

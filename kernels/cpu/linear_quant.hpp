@@ -6,6 +6,7 @@
 // also keeps d x sum(q), for Q4_1 and Q5_1; of 256: Q8_K, with the sums of each 16, for the K-quants), the
 // block products are exact integer sums, and each is scaled by the blocks' scales.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/dtype.hpp"
@@ -60,5 +61,18 @@ void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, 
 // AVX2 and portable kernels give the same numbers.
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
                          float* y);
+
+// One of several products of the same activations: y[n, out] = x W^T (+ bias), W of type t stored by store_rows.
+struct QuantProduct {
+  DType t;
+  const uint8_t* w;
+  const float* bias;
+  int out;
+  float* y;
+};
+// linear_quant_tokens for several matrices against the same n tokens (a layer's q, k and v; its gate and
+// up): the tokens quantized once and the tiles of all the matrices shared among the threads in one pass,
+// instead of a pass per matrix, each ending in a wait. Each y exactly as linear_quant_tokens gives it.
+void linear_quant_tokens_shared(std::span<const QuantProduct> ps, const float* x, int n, int in);
 
 }  // namespace kvb
