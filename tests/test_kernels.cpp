@@ -499,6 +499,54 @@ TEST_CASE("layernorm and gelu equal their references", "[kernels]") {
   CHECK_THAT(got[1], Catch::Matchers::WithinAbs(-0.04550026389635842, 1e-7));
 }
 
+TEST_CASE("exp_table is std::exp(float) bit for bit where glibc computes it with FMA", "[kernels]") {
+#if defined(__GLIBC__)
+  if (!cpu_has_avx2()) {
+    WARN("skipped: glibc's expf without FMA rounds its steps differently");
+    return;
+  }
+  // Every 509th float (all exponents, both signs, infinities and NaNs among them), then a dense run.
+  size_t differ = 0, tried = 0;
+  auto check = [&](uint32_t bits) {
+    const float x = std::bit_cast<float>(bits);
+    ++tried;
+    if (std::bit_cast<uint32_t>(exp_table(x)) != std::bit_cast<uint32_t>(std::exp(x))) {
+      if (differ++ < 5) UNSCOPED_INFO("x = " << x << " (bits " << bits << ")");
+    }
+  };
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 509) check(static_cast<uint32_t>(b));
+  for (uint32_t b = std::bit_cast<uint32_t>(-3.0f); b < std::bit_cast<uint32_t>(-3.0f) + 200000; ++b) check(b);
+  INFO(tried << " values");
+  CHECK(differ == 0);
+#else
+  WARN("skipped: std::exp is not glibc's here");
+#endif
+}
+
+TEST_CASE("SwiGLU's vector forms give the loop's numbers, exp by exp_table", "[kernels]") {
+  std::mt19937 rng(12);
+  auto g = randn(1037, rng, 6.0f), u = randn(1037, rng);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float edges[] = {0.0f,    -0.0f,   87.99f, -87.99f, 88.0f, -88.0f, 89.0f,  -89.0f,
+                         100.0f,  -100.0f, 104.0f, -104.0f, inf,   -inf,   nan,    1e-40f,
+                         -1e-40f, 3e38f,   -3e38f, 1e-8f,   20.5f, -20.5f, 0.125f, -16.0f};
+  for (size_t i = 0; i < std::size(edges); ++i) g[i * 37] = edges[i];
+  std::vector<float> want(g.size());
+  for (size_t i = 0; i < g.size(); ++i) want[i] = g[i] / (1.0f + exp_table(-g[i])) * u[i];
+  for (const char* level : {"native", "avx2", "portable"}) {
+    INFO("kernels " << level);
+    cap_kernels_at_avx2(level == std::string("avx2"));
+    if (level == std::string("portable")) force_portable_kernels(true);
+    for (size_t n : {size_t(1037), size_t(16), size_t(7)}) {
+      INFO("n " << n);
+      std::vector<float> got(n);
+      swiglu(g.data(), u.data(), n, got.data());
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+    }
+  }
+  force_portable_kernels(false);
+}
+
 TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {
   std::mt19937 rng(2);
   auto x = randn(5 * 576, rng, 3.0f), w = randn(576, rng);

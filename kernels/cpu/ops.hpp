@@ -40,9 +40,16 @@ void layernorm(const float* x, const float* w, const float* b, int n, int dim, f
 void gelu_ref(const float* x, size_t n, float* out);
 void gelu(const float* x, size_t n, float* out);
 
-// out = silu(gate) * up, elementwise.
+// out = silu(gate) * up, elementwise. swiglu computes g / (1 + std::exp(-g)) * up in float; its vector
+// forms compute std::exp by exp_table, on 16 or 8 lanes.
 void swiglu_ref(const float* gate, const float* up, size_t n, float* out);
 void swiglu(const float* gate, const float* up, size_t n, float* out);
+
+// e^x by the algorithm of std::exp(float) in glibc 2.27 and later on processors with FMA: x / ln 2 =
+// k / 32 + r with k an integer, 2^(k/32) from a table of 32 and the exponent bits, 2^r by a cubic, all in
+// double with fused multiply-adds and rounded to float once. Bit for bit std::exp's value there (tested),
+// so that a vector form of it gives the numbers of a loop calling std::exp. For |x| < 88; std::exp elsewhere.
+float exp_table(float x);
 
 // Rotary embedding in place on x[n, heads, d] for token positions pos[n], given inverse frequencies
 // inv_freq[d/2]. Interleaved rotates (2i, 2i+1); NeoX rotates (i, i + d/2).
