@@ -423,9 +423,11 @@ TEST_CASE("activations quantized per block of 256 as ggml's q8_K reference does"
 }
 
 TEST_CASE("products on Q4_K and Q6_K blocks equal their references", "[kernels]") {
-  const bool portable = GENERATE(false, true);
-  force_portable_kernels(portable);
-  INFO((portable ? "portable" : "vector") << " kernels");
+  // AVX-512 VNNI where the CPU has it, AVX2, portable
+  const std::string level = GENERATE("native", "avx2", "portable");
+  cap_kernels_at_avx2(level == "avx2");
+  force_portable_kernels(level == "portable");
+  INFO(level << " kernels");
   std::mt19937 rng(7);
   for (DType t : {DType::Q4_K, DType::Q6_K})
     for (auto [n, in, out] : {std::tuple{1, 256, 5}, {1, 1536, 37}, {1, 768, 200}, {3, 512, 9}, {9, 768, 130}})
@@ -545,6 +547,22 @@ TEST_CASE("SwiGLU's vector forms give the loop's numbers, exp by exp_table", "[k
     }
   }
   force_portable_kernels(false);
+}
+
+TEST_CASE("rmsnorm's rows side by side on vector lanes give the one-row loop's bits, in place too", "[kernels]") {
+  std::mt19937 rng(13);
+  for (auto [n, dim] : {std::pair{1, 576}, {3, 64}, {8, 576}, {9, 7}, {17, 128}, {40, 1536}}) {
+    INFO("n " << n << " dim " << dim);
+    auto x = randn(size_t(n) * dim, rng, 5.0f), w = randn(size_t(dim), rng);
+    std::vector<float> want(x.size()), got(x.size());
+    force_portable_kernels(true);
+    rmsnorm(x.data(), w.data(), n, dim, 1e-6f, want.data());
+    force_portable_kernels(false);
+    rmsnorm(x.data(), w.data(), n, dim, 1e-6f, got.data());
+    CHECK(got == want);
+    rmsnorm(x.data(), w.data(), n, dim, 1e-6f, x.data());
+    CHECK(x == want);
+  }
 }
 
 TEST_CASE("rmsnorm, swiglu and rope equal their references", "[kernels]") {

@@ -354,15 +354,20 @@ struct TileKernel {
   int most;
 };
 
-template <DType T>
-TileKernel tile_kernel_of() {
+// AVX-512 with the byte and word dot products (VNNI), and not held at AVX2.
+bool has_vnni512() {
   static const bool vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
   }();
+  return vnni && cpu_has_avx512();
+}
+
+template <DType T>
+TileKernel tile_kernel_of() {
   if (!cpu_has_avx2()) return {tile_portable, 8};
-  if (vnni && cpu_has_avx512()) return {gemv_avx512::tile<T>, gemv_avx512::kMost};
+  if (has_vnni512()) return {gemv_avx512::tile<T>, gemv_avx512::kMost};
   return {gemv_avx2::tile<T>, gemv_avx2::kMost};
 }
 
@@ -584,10 +589,175 @@ __attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, 
   return hsum_avx2(acc) - 32.0f * hsum_avx2(offset);
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+namespace kquant_avx512 {
+
+// A K-quant row against up to eight tokens: each block's quants unpacked and its sub-block scales spread
+// over the register lanes once for all the tokens; per token, byte pair products (vpmaddubsw, at most
+// 2 x 63 x 128 in 16 bits) weighted by their sub-block's scale and summed into 32-bit lanes (vpdpwssd),
+// every lane exact, then one FMA per block and token into float lanes summed at the row's end.
+constexpr int kMost = 8;
+
+// Token k's Q8_K quants, for Q4_K with each block's sub-blocks of 32 in the order its registers hold the
+// row's nibbles: 0, 2, 1, 3, 4, 6, 5, 7 (low nibbles of bytes 0-63, high ones, then bytes 64-127).
+struct Tokens {
+  const int8_t* q[kMost];
+  const Q8KRow* x[kMost];
+};
+
+// Which scale each 16-bit lane of a register takes: lanes j < 16 scale a + j / per, the others b + (j - 16) / per.
+inline __m512i scale_lanes(int a, int b, int per) {
+  alignas(64) int16_t idx[32];
+  for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(j < 16 ? a + j / per : b + (j - 16) / per);
+  return _mm512_load_si512(idx);
+}
+
+template <int NT>
+void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys, int o, const uint8_t* end) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // Sub-blocks (0, 2), (1, 3), (4, 6), (5, 7): 16 pair lanes each.
+  const __m512i lanes[4] = {scale_lanes(0, 2, 16), scale_lanes(1, 3, 16), scale_lanes(4, 6, 16), scale_lanes(5, 7, 16)};
+  __m512 acc[NT];
+  __m128 acc_mins[NT];
+  for (int k = 0; k < NT; ++k) {
+    acc[k] = _mm512_setzero_ps();
+    acc_mins[k] = _mm_setzero_ps();
+  }
+  for (int i = 0; i < blocks; ++i) {
+    const uint8_t* b = row + size_t(i) * 144;
+    prefetch_ahead(b, 144, end);
+    uint8_t packed[16];
+    unpack_scales_mins_k4(b + 4, packed);
+    const __m128i sm8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm8));  // scales 0-7, mins 0-7
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm8, 8));
+    __m512i sc[4];
+    for (int r = 0; r < 4; ++r) sc[r] = _mm512_permutexvar_epi16(lanes[r], sc16);
+    const __m512i raw0 = _mm512_loadu_si512(b + 16), raw1 = _mm512_loadu_si512(b + 80);
+    const __m512i u[4] = {_mm512_and_si512(raw0, low4), _mm512_and_si512(_mm512_srli_epi16(raw0, 4), low4),
+                          _mm512_and_si512(raw1, low4), _mm512_and_si512(_mm512_srli_epi16(raw1, 4), low4)};
+    const float d = rdh_f16c(b), dmin = rdh_f16c(b + 2);
+    for (int k = 0; k < NT; ++k) {
+      const int8_t* q = tk.q[k] + size_t(i) * QKK;
+      __m512i t = _mm512_setzero_si512();
+      for (int r = 0; r < 4; ++r)
+        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(u[r], _mm512_loadu_si512(q + 64 * r)), sc[r]);
+      const float xd = tk.x[k]->d[size_t(i)];
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * xd), acc[k]);
+      // the mins against the sub-blocks' sums (pairs of the sums per 16)
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tk.x[k]->bsums.data() + size_t(i) * 16));
+      const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+      acc_mins[k] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, sums32)), _mm_set1_ps(dmin * xd), acc_mins[k]);
+    }
+  }
+  for (int k = 0; k < NT; ++k) ys[k][o] = _mm512_reduce_add_ps(acc[k]) - hsum_sse(acc_mins[k]);
+}
+
+template <int NT>
+void q6k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys, int o, const uint8_t* end) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+  // the two 256-bit halves of a register take different 2-bit fields of the same qh bytes
+  const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
+                shift_b = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+  // Sub-blocks of 16 (8 pair lanes each): 0-3, 4-7 of the first half of a block, 8-11, 12-15 of the second.
+  const __m512i lanes[4] = {scale_lanes(0, 2, 8), scale_lanes(4, 6, 8), scale_lanes(8, 10, 8), scale_lanes(12, 14, 8)};
+  __m512 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
+  for (int i = 0; i < blocks; ++i) {
+    const uint8_t* b = row + size_t(i) * 210;
+    prefetch_ahead(b, 210, end);
+    const __m256i sc_words = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    const __m512i sc16 = _mm512_castsi256_si512(sc_words);
+    __m512i u[4], sc[4];  // per half: values 0-63 and 64-127 of its 128, sub-blocks of 16 in pair lanes of 8
+    for (int half = 0; half < 2; ++half) {
+      const __m512i l = _mm512_loadu_si512(b + 64 * half);
+      const __m512i h =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half)));
+      u[2 * half] = _mm512_or_si512(_mm512_and_si512(l, low4),
+                                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_a), three), 4));
+      u[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_b), three), 4));
+      sc[2 * half] = _mm512_permutexvar_epi16(lanes[2 * half], sc16);
+      sc[2 * half + 1] = _mm512_permutexvar_epi16(lanes[2 * half + 1], sc16);
+    }
+    const float d = rdh_f16c(b + 208);
+    for (int k = 0; k < NT; ++k) {
+      const int8_t* q = tk.q[k] + size_t(i) * QKK;
+      // the -32 of every value, against the activations' sums per 16
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tk.x[k]->bsums.data() + size_t(i) * 16));
+      __m512i t = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32(_mm256_madd_epi16(sc_words, bs), 5), 0);
+      t = _mm512_sub_epi32(_mm512_setzero_si512(), t);
+      for (int r = 0; r < 4; ++r)
+        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(u[r], _mm512_loadu_si512(q + 64 * r)), sc[r]);
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * tk.x[k]->d[size_t(i)]), acc[k]);
+    }
+  }
+  for (int k = 0; k < NT; ++k) ys[k][o] = _mm512_reduce_add_ps(acc[k]);
+}
+
+template <int NT>
+void row_tokens(DType t, const uint8_t* row, int blocks, const Tokens& tk, float* const* ys, int o,
+                const uint8_t* end) {
+  if (t == DType::Q4_K)
+    q4k_row<NT>(row, blocks, tk, ys, o, end);
+  else
+    q6k_row<NT>(row, blocks, tk, ys, o, end);
+}
+
+using RowFn = void (*)(DType, const uint8_t*, int, const Tokens&, float* const*, int, const uint8_t*);
+constexpr RowFn kRowFns[kMost + 1] = {nullptr,       row_tokens<1>, row_tokens<2>, row_tokens<3>, row_tokens<4>,
+                                      row_tokens<5>, row_tokens<6>, row_tokens<7>, row_tokens<8>};
+
+}  // namespace kquant_avx512
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+// Q4_K's sub-blocks of 32 in the order kquant_avx512 reads them against the row's nibbles.
+void reorder_for_q4k(const int8_t* q, int blocks, int8_t* out) {
+  constexpr int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int i = 0; i < blocks; ++i)
+    for (int j = 0; j < 8; ++j) std::memcpy(out + size_t(i) * QKK + 32 * j, q + size_t(i) * QKK + 32 * order[j], 32);
+}
+
 void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8KRow> xs, int blocks, int out,
                  float* y) {
-  const bool avx2 = cpu_has_avx2();
   const uint8_t* end = w + size_t(out) * row_bytes;
+  if (has_vnni512()) {
+    using namespace kquant_avx512;
+    const int n = static_cast<int>(xs.size());
+    std::vector<int8_t> reordered(t == DType::Q4_K ? size_t(n) * blocks * QKK : 0);
+    std::vector<Tokens> groups;
+    std::vector<std::array<float*, kMost>> outs;
+    for (int b0 = 0; b0 < n; b0 += kMost) {
+      Tokens tk{};
+      std::array<float*, kMost> ys{};
+      for (int k = 0; k < std::min(kMost, n - b0); ++k) {
+        const Q8KRow& x = xs[size_t(b0 + k)];
+        tk.x[k] = &x;
+        tk.q[k] = x.q.data();
+        if (t == DType::Q4_K) {
+          int8_t* r = reordered.data() + size_t(b0 + k) * blocks * QKK;
+          reorder_for_q4k(x.q.data(), blocks, r);
+          tk.q[k] = r;
+        }
+        ys[k] = y + size_t(b0 + k) * out;
+      }
+      groups.push_back(tk);
+      outs.push_back(ys);
+    }
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < out; ++o) {
+      const uint8_t* row = w + size_t(o) * row_bytes;
+      for (size_t g = 0; g < groups.size(); ++g)
+        kRowFns[std::min(kMost, n - int(g) * kMost)](t, row, blocks, groups[g], outs[g].data(), o, end);
+    }
+    return;
+  }
+  const bool avx2 = cpu_has_avx2();
 #pragma omp parallel for schedule(static)
   for (int o = 0; o < out; ++o) {
     const uint8_t* row = w + size_t(o) * row_bytes;
