@@ -604,9 +604,11 @@ constexpr int kMost = 8;
 
 // Token k's Q8_K quants, for Q4_K with each block's sub-blocks of 32 in the order its registers hold the
 // row's nibbles: 0, 2, 1, 3, 4, 6, 5, 7 (low nibbles of bytes 0-63, high ones, then bytes 64-127).
+// For Q4_K also each sub-block of 32's sum of quants times the block's scale (its mins' weights).
 struct Tokens {
   const int8_t* q[kMost];
   const Q8KRow* x[kMost];
+  const float* sums[kMost];
 };
 
 // Which scale each 16-bit lane of a register takes: lanes j < 16 scale a + j / per, the others b + (j - 16) / per.
@@ -622,10 +624,10 @@ void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys,
   // Sub-blocks (0, 2), (1, 3), (4, 6), (5, 7): 16 pair lanes each.
   const __m512i lanes[4] = {scale_lanes(0, 2, 16), scale_lanes(1, 3, 16), scale_lanes(4, 6, 16), scale_lanes(5, 7, 16)};
   __m512 acc[NT];
-  __m128 acc_mins[NT];
+  __m256 acc_mins[NT];
   for (int k = 0; k < NT; ++k) {
     acc[k] = _mm512_setzero_ps();
-    acc_mins[k] = _mm_setzero_ps();
+    acc_mins[k] = _mm256_setzero_ps();
   }
   for (int i = 0; i < blocks; ++i) {
     const uint8_t* b = row + size_t(i) * 144;
@@ -634,27 +636,24 @@ void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys,
     unpack_scales_mins_k4(b + 4, packed);
     const __m128i sm8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
     const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm8));  // scales 0-7, mins 0-7
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm8, 8));
     __m512i sc[4];
     for (int r = 0; r < 4; ++r) sc[r] = _mm512_permutexvar_epi16(lanes[r], sc16);
     const __m512i raw0 = _mm512_loadu_si512(b + 16), raw1 = _mm512_loadu_si512(b + 80);
     const __m512i u[4] = {_mm512_and_si512(raw0, low4), _mm512_and_si512(_mm512_srli_epi16(raw0, 4), low4),
                           _mm512_and_si512(raw1, low4), _mm512_and_si512(_mm512_srli_epi16(raw1, 4), low4)};
-    const float d = rdh_f16c(b), dmin = rdh_f16c(b + 2);
+    const float d = rdh_f16c(b);
+    const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm8, 8))),
+                                      _mm256_set1_ps(rdh_f16c(b + 2)));
     for (int k = 0; k < NT; ++k) {
       const int8_t* q = tk.q[k] + size_t(i) * QKK;
       __m512i t = _mm512_setzero_si512();
       for (int r = 0; r < 4; ++r)
         t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(u[r], _mm512_loadu_si512(q + 64 * r)), sc[r]);
-      const float xd = tk.x[k]->d[size_t(i)];
-      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * xd), acc[k]);
-      // the mins against the sub-blocks' sums (pairs of the sums per 16)
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tk.x[k]->bsums.data() + size_t(i) * 16));
-      const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-      acc_mins[k] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, sums32)), _mm_set1_ps(dmin * xd), acc_mins[k]);
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * tk.x[k]->d[size_t(i)]), acc[k]);
+      acc_mins[k] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(tk.sums[k] + size_t(i) * 8), acc_mins[k]);
     }
   }
-  for (int k = 0; k < NT; ++k) ys[k][o] = _mm512_reduce_add_ps(acc[k]) - hsum_sse(acc_mins[k]);
+  for (int k = 0; k < NT; ++k) ys[k][o] = _mm512_reduce_add_ps(acc[k]) - hsum_avx2(acc_mins[k]);
 }
 
 template <int NT>
@@ -729,7 +728,9 @@ void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8
   if (has_vnni512()) {
     using namespace kquant_avx512;
     const int n = static_cast<int>(xs.size());
-    std::vector<int8_t> reordered(t == DType::Q4_K ? size_t(n) * blocks * QKK : 0);
+    const bool q4k = t == DType::Q4_K;
+    std::vector<int8_t> reordered(q4k ? size_t(n) * blocks * QKK : 0);
+    std::vector<float> sums(q4k ? size_t(n) * blocks * 8 : 0);
     std::vector<Tokens> groups;
     std::vector<std::array<float*, kMost>> outs;
     for (int b0 = 0; b0 < n; b0 += kMost) {
@@ -739,10 +740,14 @@ void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8
         const Q8KRow& x = xs[size_t(b0 + k)];
         tk.x[k] = &x;
         tk.q[k] = x.q.data();
-        if (t == DType::Q4_K) {
+        if (q4k) {
           int8_t* r = reordered.data() + size_t(b0 + k) * blocks * QKK;
           reorder_for_q4k(x.q.data(), blocks, r);
           tk.q[k] = r;
+          float* m = sums.data() + size_t(b0 + k) * blocks * 8;
+          for (size_t j = 0; j < size_t(blocks) * 8; ++j)
+            m[j] = x.d[j / 8] * static_cast<float>(x.bsums[2 * j] + x.bsums[2 * j + 1]);
+          tk.sums[k] = m;
         }
         ys[k] = y + size_t(b0 + k) * out;
       }
