@@ -287,6 +287,13 @@ constexpr float kExpTableLimit = 88.0f;
 
 inline float swiglu_one(float g, float up) { return g / (1.0f + std::exp(-g)) * up; }
 
+// The lanes of a vector's e^x at or past the table's limit (or NaN, bits set in `far`) from std::exp,
+// which handles overflow, underflow and NaN.
+inline void exp_far_lanes(const float* x, float* e, unsigned far, int lanes) {
+  for (int l = 0; l < lanes; ++l)
+    if (far >> l & 1) e[l] = std::exp(x[l]);
+}
+
 // GCC 12's AVX-512 intrinsics pass an undefined vector as the unused merge source, which
 // -Wmaybe-uninitialized reports in every caller (GCC PR105593, fixed in 13).
 #pragma GCC diagnostic push
@@ -322,14 +329,11 @@ __attribute__((target("avx512f"))) void swiglu_avx512(const float* gate, const f
         exp_table_avx512(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))), table));
     __m512 e =
         _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-    // Lanes at or past the limit (or NaN) take std::exp: overflow, underflow and NaN as it handles them.
-    const __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(g), _mm512_set1_ps(kExpTableLimit), _CMP_NLT_UQ);
-    if (far) {
+    if (const __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(g), _mm512_set1_ps(kExpTableLimit), _CMP_NLT_UQ)) {
       alignas(64) float xs[16], es[16];
       _mm512_store_ps(xs, x);
       _mm512_store_ps(es, e);
-      for (int l = 0; l < 16; ++l)
-        if (far >> l & 1) es[l] = std::exp(xs[l]);
+      exp_far_lanes(xs, es, far, 16);
       e = _mm512_load_ps(es);
     }
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
@@ -365,8 +369,7 @@ __attribute__((target("avx2,fma"))) void swiglu_avx2(const float* gate, const fl
       alignas(32) float xs[8], es[8];
       _mm256_store_ps(xs, x);
       _mm256_store_ps(es, e);
-      for (int l = 0; l < 8; ++l)
-        if (lanes >> l & 1) es[l] = std::exp(xs[l]);
+      exp_far_lanes(xs, es, unsigned(lanes), 8);
       e = _mm256_load_ps(es);
     }
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
