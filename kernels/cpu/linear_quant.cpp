@@ -604,11 +604,14 @@ constexpr int kMost = 8;
 
 // Token k's Q8_K quants, for Q4_K with each block's sub-blocks of 32 in the order its registers hold the
 // row's nibbles: 0, 2, 1, 3, 4, 6, 5, 7 (low nibbles of bytes 0-63, high ones, then bytes 64-127).
-// For Q4_K also each sub-block of 32's sum of quants times the block's scale (its mins' weights).
+// For Q4_K also each sub-block of 32's sum of quants times the block's scale (its mins' weights). y[k]:
+// token k's outputs.
 struct Tokens {
+  int n;
   const int8_t* q[kMost];
   const Q8KRow* x[kMost];
   const float* sums[kMost];
+  float* y[kMost];
 };
 
 // Which scale each 16-bit lane of a register takes: lanes j < 16 scale a + j / per, the others b + (j - 16) / per.
@@ -619,7 +622,7 @@ inline __m512i scale_lanes(int a, int b, int per) {
 }
 
 template <int NT>
-void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys, int o, const uint8_t* end) {
+void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, int o, const uint8_t* end) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   // Sub-blocks (0, 2), (1, 3), (4, 6), (5, 7): 16 pair lanes each.
   const __m512i lanes[4] = {scale_lanes(0, 2, 16), scale_lanes(1, 3, 16), scale_lanes(4, 6, 16), scale_lanes(5, 7, 16)};
@@ -653,11 +656,11 @@ void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys,
       acc_mins[k] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(tk.sums[k] + size_t(i) * 8), acc_mins[k]);
     }
   }
-  for (int k = 0; k < NT; ++k) ys[k][o] = _mm512_reduce_add_ps(acc[k]) - hsum_avx2(acc_mins[k]);
+  for (int k = 0; k < NT; ++k) tk.y[k][o] = _mm512_reduce_add_ps(acc[k]) - hsum_avx2(acc_mins[k]);
 }
 
 template <int NT>
-void q6k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys, int o, const uint8_t* end) {
+void q6k_row(const uint8_t* row, int blocks, const Tokens& tk, int o, const uint8_t* end) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
   // the two 256-bit halves of a register take different 2-bit fields of the same qh bytes
   const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
@@ -695,21 +698,15 @@ void q6k_row(const uint8_t* row, int blocks, const Tokens& tk, float* const* ys,
       acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * tk.x[k]->d[size_t(i)]), acc[k]);
     }
   }
-  for (int k = 0; k < NT; ++k) ys[k][o] = _mm512_reduce_add_ps(acc[k]);
+  for (int k = 0; k < NT; ++k) tk.y[k][o] = _mm512_reduce_add_ps(acc[k]);
 }
 
-template <int NT>
-void row_tokens(DType t, const uint8_t* row, int blocks, const Tokens& tk, float* const* ys, int o,
-                const uint8_t* end) {
-  if (t == DType::Q4_K)
-    q4k_row<NT>(row, blocks, tk, ys, o, end);
-  else
-    q6k_row<NT>(row, blocks, tk, ys, o, end);
-}
-
-using RowFn = void (*)(DType, const uint8_t*, int, const Tokens&, float* const*, int, const uint8_t*);
-constexpr RowFn kRowFns[kMost + 1] = {nullptr,       row_tokens<1>, row_tokens<2>, row_tokens<3>, row_tokens<4>,
-                                      row_tokens<5>, row_tokens<6>, row_tokens<7>, row_tokens<8>};
+// Each type's row kernel for 1..kMost tokens.
+using RowFn = void (*)(const uint8_t*, int, const Tokens&, int, const uint8_t*);
+constexpr RowFn kQ4kRows[kMost] = {q4k_row<1>, q4k_row<2>, q4k_row<3>, q4k_row<4>,
+                                   q4k_row<5>, q4k_row<6>, q4k_row<7>, q4k_row<8>};
+constexpr RowFn kQ6kRows[kMost] = {q6k_row<1>, q6k_row<2>, q6k_row<3>, q6k_row<4>,
+                                   q6k_row<5>, q6k_row<6>, q6k_row<7>, q6k_row<8>};
 
 }  // namespace kquant_avx512
 #pragma GCC diagnostic pop
@@ -732,11 +729,10 @@ void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8
     std::vector<int8_t> reordered(q4k ? size_t(n) * blocks * QKK : 0);
     std::vector<float> sums(q4k ? size_t(n) * blocks * 8 : 0);
     std::vector<Tokens> groups;
-    std::vector<std::array<float*, kMost>> outs;
     for (int b0 = 0; b0 < n; b0 += kMost) {
       Tokens tk{};
-      std::array<float*, kMost> ys{};
-      for (int k = 0; k < std::min(kMost, n - b0); ++k) {
+      tk.n = std::min(kMost, n - b0);
+      for (int k = 0; k < tk.n; ++k) {
         const Q8KRow& x = xs[size_t(b0 + k)];
         tk.x[k] = &x;
         tk.q[k] = x.q.data();
@@ -749,16 +745,15 @@ void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8
             m[j] = x.d[j / 8] * static_cast<float>(x.bsums[2 * j] + x.bsums[2 * j + 1]);
           tk.sums[k] = m;
         }
-        ys[k] = y + size_t(b0 + k) * out;
+        tk.y[k] = y + size_t(b0 + k) * out;
       }
       groups.push_back(tk);
-      outs.push_back(ys);
     }
+    const RowFn* fns = q4k ? kQ4kRows : kQ6kRows;
 #pragma omp parallel for schedule(static)
     for (int o = 0; o < out; ++o) {
       const uint8_t* row = w + size_t(o) * row_bytes;
-      for (size_t g = 0; g < groups.size(); ++g)
-        kRowFns[std::min(kMost, n - int(g) * kMost)](t, row, blocks, groups[g], outs[g].data(), o, end);
+      for (const Tokens& tk : groups) fns[tk.n - 1](row, blocks, tk, o, end);
     }
     return;
   }
