@@ -867,6 +867,32 @@ TEST_CASE("fast exp is within 2 ulp of std::exp and sums what it wrote", "[kerne
   force_portable_kernels(false);
 }
 
+TEST_CASE("fast exp: AVX-512 equals AVX2 bit for bit, and a scale equals scaling first", "[kernels]") {
+  std::vector<float> x;
+  for (float v = -120.0f; v < 95.0f; v += 0.0731f) x.push_back(v);
+  x.insert(x.end(), {0.0f, -0.0f, 88.5f, -87.0f, -std::numeric_limits<float>::infinity(),
+                     std::numeric_limits<float>::quiet_NaN()});
+  const float scale = 0.125f * 1.0001f, shift = 3.25f;
+  for (size_t n :
+       {size_t(0), size_t(5), size_t(8), size_t(15), size_t(16), size_t(23), size_t(24), size_t(41), x.size()}) {
+    INFO("n " << n);
+    auto scaled = x, wide = x, narrow = x, first = x;
+    for (auto& v : first) v *= scale;
+    const float s_first = exp_shifted(first.data(), static_cast<int>(n), shift);
+    const float s_scaled = exp_shifted(scaled.data(), static_cast<int>(n), shift, scale);
+    CHECK(std::bit_cast<uint32_t>(s_first) == std::bit_cast<uint32_t>(s_scaled));
+    for (size_t i = 0; i < n; ++i) REQUIRE(std::bit_cast<uint32_t>(first[i]) == std::bit_cast<uint32_t>(scaled[i]));
+    if (!cpu_has_avx512()) continue;  // the AVX2 form is the only vector one here
+    const float s_wide = exp_shifted(wide.data(), static_cast<int>(n), shift, scale);
+    cap_kernels_at_avx2(true);
+    const float s_narrow = exp_shifted(narrow.data(), static_cast<int>(n), shift, scale);
+    cap_kernels_at_avx2(false);
+    CHECK(std::bit_cast<uint32_t>(s_wide) == std::bit_cast<uint32_t>(s_narrow));
+    for (size_t i = 0; i < x.size(); ++i)
+      REQUIRE(std::bit_cast<uint32_t>(wide[i]) == std::bit_cast<uint32_t>(narrow[i]));
+  }
+}
+
 TEST_CASE("the kernel path a record names follows the forced level", "[kernels]") {
   force_portable_kernels(true);
   CHECK(cpu_kernel_path().rfind("portable, clones ", 0) == 0);

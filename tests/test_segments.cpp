@@ -213,6 +213,41 @@ TEST_CASE("AVX-512 quantized products equal the AVX2 ones bit for bit", "[segmen
     }
 }
 
+TEST_CASE("a quantized key group's scores are the same read alone or among many", "[segments]") {
+  // The vector kernels fold the queries into eight token groups at a time where they can; one group
+  // read alone is folded by itself.
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  const int level = GENERATE(2, 1);  // as far as the processor goes: AVX-512, AVX2
+  cap_kernels_at_avx2(level == 1);
+  INFO("vector path: " << cpu_kernel_path());
+  for (auto [bits, kg] : {std::tuple{2, 32}, {1, 32}, {4, 16}, {3, 11}, {3, 22}})
+    for (int d : {64, 128, 40}) {
+      const int groups = 19, n = kg * groups, g = 3;
+      INFO("bits " << bits << " key group " << kg << " d " << d);
+      std::vector<float> k(static_cast<size_t>(n * d)), q(size_t(g) * d);
+      for (auto* x : {&k, &q})
+        for (auto& e : *x) e = nd(rng);
+      QuantizedKeys qk(d, bits, kg);
+      qk.append(k.data(), n, size_t(d));
+      const QuantKeysView all = qk.view();
+      std::vector<float> s(size_t(g) * n), one(size_t(g) * kg);
+      quant_keys_dot(all, q.data(), s.data(), g);
+      const size_t words = (all.bits == 3 ? size_t(kg / 11) : size_t(kg * bits / 32)) * size_t(d);
+      for (int i = 0; i < groups; ++i) {
+        QuantKeysView alone = all;
+        alone.words += size_t(i) * words;
+        alone.scale += size_t(i) * d;
+        alone.min += size_t(i) * d;
+        alone.tokens = size_t(kg);
+        quant_keys_dot(alone, q.data(), one.data(), g);
+        for (int j = 0; j < g; ++j)
+          for (int t = 0; t < kg; ++t) REQUIRE(one[size_t(j) * kg + t] == s[size_t(j) * n + size_t(i) * kg + t]);
+      }
+    }
+  cap_kernels_at_avx2(false);
+}
+
 TEST_CASE("quantized segment bytes: codes plus fp16 scale and minimum per group", "[segments]") {
   const int d = 64;
   std::vector<float> k(64 * d, 0.5f), v(64 * d, -0.5f);

@@ -243,10 +243,9 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
         const size_t n = segs[k]->size();
         if (n == 0) continue;
         float* sj = scores + offset[size_t(u)][k] + size_t(j) * n;
-        for (size_t t = 0; t < n; ++t) sj[t] *= scale;
-        const float m_new = std::max(m, max_of(sj, static_cast<int>(n)));
+        const float m_new = std::max(m, max_of(sj, static_cast<int>(n)) * scale);  // see attend_batch
         const float r = std::exp(m - m_new);
-        l = l * r + exp_shifted(sj, static_cast<int>(n), m_new);
+        l = l * r + exp_shifted(sj, static_cast<int>(n), m_new, scale);
         rescale[(first_segment[size_t(u)] + k) * g + size_t(j)] = r;
         m = m_new;
       }
@@ -316,11 +315,12 @@ void attend_batch(std::span<const LayerCache* const> caches, const float* q, flo
         seg->logits_group(q + row + size_t(h0) * d, g, d, scores.data());
         for (int j = 0; j < g; ++j) {
           float* sj = scores.data() + size_t(j) * n;
-          for (size_t t = 0; t < n; ++t) sj[t] *= scale;
-          const float m_new = std::max(m[j], max_of(sj, static_cast<int>(n)));
+          // Scaled as they are exponentiated: rounding is monotonic, so the largest scaled logit is the
+          // largest logit scaled (the same bits as scaling them all first).
+          const float m_new = std::max(m[j], max_of(sj, static_cast<int>(n)) * scale);
           // Rescale what was accumulated under the old maximum, then add this segment's terms.
           const float r = std::exp(m[j] - m_new);
-          l[j] = l[j] * r + exp_shifted(sj, static_cast<int>(n), m_new);
+          l[j] = l[j] * r + exp_shifted(sj, static_cast<int>(n), m_new, scale);
           for (int c = 0; c < d; ++c) acc[size_t(j) * d + c] *= r;
           m[j] = m_new;
         }

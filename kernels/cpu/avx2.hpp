@@ -36,4 +36,26 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
   return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+// The 8 x 8 transpose of v: col[j] holds lane j of v[0..7] (a sum over each vector's lanes in order
+// becomes eight sums side by side in the lanes).
+__attribute__((target("avx2,fma"))) inline void transpose8_avx2(const __m256* v, __m256* col) {
+  const __m256 a0 = _mm256_unpacklo_ps(v[0], v[1]), a1 = _mm256_unpackhi_ps(v[0], v[1]),
+               a2 = _mm256_unpacklo_ps(v[2], v[3]), a3 = _mm256_unpackhi_ps(v[2], v[3]),
+               a4 = _mm256_unpacklo_ps(v[4], v[5]), a5 = _mm256_unpackhi_ps(v[4], v[5]),
+               a6 = _mm256_unpacklo_ps(v[6], v[7]), a7 = _mm256_unpackhi_ps(v[6], v[7]);
+  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE),
+               b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE),
+               b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE),
+               b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+  // the low halves give lanes 0..3, the high halves lanes 4..7
+  col[0] = _mm256_permute2f128_ps(b0, b4, 0x20);
+  col[1] = _mm256_permute2f128_ps(b1, b5, 0x20);
+  col[2] = _mm256_permute2f128_ps(b2, b6, 0x20);
+  col[3] = _mm256_permute2f128_ps(b3, b7, 0x20);
+  col[4] = _mm256_permute2f128_ps(b0, b4, 0x31);
+  col[5] = _mm256_permute2f128_ps(b1, b5, 0x31);
+  col[6] = _mm256_permute2f128_ps(b2, b6, 0x31);
+  col[7] = _mm256_permute2f128_ps(b3, b7, 0x31);
+}
+
 }  // namespace kvb

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harness/util/error.hpp"
+#include "kernels/cpu/avx2.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
 #include "kernels/cpu/query_runs.hpp"
@@ -179,6 +180,51 @@ __attribute__((target("avx2,fma,f16c"))) void fold_queries_avx2(const float* q, 
   }
 }
 
+constexpr int kFoldGroups = 8;
+
+// fold_queries_avx2 for the n token groups from group g (qs [n][G][d], bias [n][G]; work: 2 * 8 * d
+// floats), eight at a time where d is a multiple of 8. A group's minimums' share is latency-bound alone
+// (a chain of d / 8 FMAs, then its eight lanes summed one after another): eight groups run their chains
+// side by side, and after a transpose their lanes are summed in order in the lanes of one vector, so
+// every number is the one fold_queries_avx2 gives. The scales and minimums are widened once for all
+// queries.
+template <int G>
+__attribute__((target("avx2,fma,f16c"))) void fold_groups(const QuantKeysView& k, size_t g, int n, const float* q,
+                                                          float* qs, float* bias, float* work) {
+  const int d = k.d;
+  if (n != kFoldGroups || d % 8 != 0) {
+    for (int u = 0; u < n; ++u)
+      fold_queries_avx2<G>(q, k.scale + (g + u) * d, k.min + (g + u) * d, d, qs + size_t(u) * G * d, bias + u * G);
+    return;
+  }
+  const size_t span = size_t(kFoldGroups) * d;  // the groups' scales (or minimums) are consecutive
+  float *sf = work, *mf = work + span;
+  for (size_t i = 0; i < span; i += 8) {
+    _mm256_storeu_ps(sf + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scale + g * d + i))));
+    _mm256_storeu_ps(mf + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.min + g * d + i))));
+  }
+  for (int j = 0; j < G; ++j) {
+    const float* qj = q + size_t(j) * d;
+    __m256 vb[kFoldGroups];
+    for (auto& x : vb) x = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(qj + c);
+      for (int u = 0; u < kFoldGroups; ++u) {
+        const size_t o = size_t(u) * d + c;
+        _mm256_storeu_ps(qs + (size_t(u) * G + j) * d + c, _mm256_mul_ps(qv, _mm256_loadu_ps(sf + o)));
+        vb[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(mf + o), vb[u]);
+      }
+    }
+    __m256 col[8];
+    transpose8_avx2(vb, col);
+    __m256 b = _mm256_setzero_ps();
+    for (const __m256& x : col) b = _mm256_add_ps(b, x);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, b);
+    for (int u = 0; u < kFoldGroups; ++u) bias[u * G + j] = lanes[u];
+  }
+}
+
 // G queries (q [G, d], scores [G, tokens]); the codes of each word are extracted once for all of them.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores,
@@ -186,13 +232,19 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   const int b = k.bits, d = k.d;
   const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  std::vector<float> qs(static_cast<size_t>(G * d));  // [query][channel]
+  const size_t groups = k.tokens / size_t(k.group);
+  // [group of the chunk][query][channel], then the fold's work space
+  std::vector<float> qs_all(size_t(kFoldGroups) * (G + 2) * d);
+  float bias_all[kFoldGroups * G];
   alignas(32) float lanes[8];
-  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
-    float bias[G];
-    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
+  for (size_t g = 0; g < groups; ++g) {
+    const auto u = static_cast<int>(g % kFoldGroups);
+    if (u == 0)
+      fold_groups<G>(k, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups - g)), q, qs_all.data(), bias_all,
+                     qs_all.data() + size_t(kFoldGroups) * G * d);
+    const float* const qs = qs_all.data() + size_t(u) * G * d;
     __m256 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(bias[j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(bias_all[u * G + j]);
     const size_t s0 = g * k.group;
     const uint32_t* wg = k.words + g * size_t(d) * (b == 3 ? size_t(k.group / 11) : size_t(k.group * b / 32));
     if (b == 3) {
@@ -454,17 +506,22 @@ template <int G, int B>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const QuantKeysView& k, const float* q,
                                                                       float* scores, size_t ldo) {
   const int d = k.d, wpg = k.group * B / 32;
-  std::vector<float> qs(static_cast<size_t>(G * d));
-  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
-    float bias[G];
-    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
+  const size_t groups = k.tokens / size_t(k.group);
+  std::vector<float> qs_all(size_t(kFoldGroups) * (G + 2) * d);  // as in keys_dot_avx2
+  float bias_all[kFoldGroups * G];
+  for (size_t g = 0; g < groups; ++g) {
+    const auto u = static_cast<int>(g % kFoldGroups);
+    if (u == 0)
+      fold_groups<G>(k, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups - g)), q, qs_all.data(), bias_all,
+                     qs_all.data() + size_t(kFoldGroups) * G * d);
+    const float* const qs = qs_all.data() + size_t(u) * G * d;
     __m512 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias[j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias_all[u * G + j]);
     const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
     float* out = scores + g * k.group;
     int t0 = 0;
-    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
-    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
+    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs, vbias, out + t0, ldo);
+    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs, vbias, out + t0, ldo);
   }
 }
 
@@ -503,94 +560,143 @@ template <int G>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const QuantKeysView& k, const float* q,
                                                                        float* scores, size_t ldo) {
   constexpr int NG = 4;
+  static_assert(kFoldGroups % NG == 0);
   const int d = k.d, wpg = k.group / 11;
   const size_t groups = k.tokens / size_t(k.group), unit = size_t(d) * size_t(wpg);
-  std::vector<float> qs(static_cast<size_t>(NG * G * d));
-  float bias[NG * G];
+  std::vector<float> qs_all(size_t(kFoldGroups) * (G + 2) * d);  // as in keys_dot_avx2
+  float bias_all[kFoldGroups * G];
   for (size_t g = 0; g < groups;) {
+    const auto u = static_cast<int>(g % kFoldGroups);
+    if (u == 0)
+      fold_groups<G>(k, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups - g)), q, qs_all.data(), bias_all,
+                     qs_all.data() + size_t(kFoldGroups) * G * d);
     const int ng = groups - g >= NG ? NG : 1;
-    for (int u = 0; u < ng; ++u)
-      fold_queries_avx2<G>(q, k.scale + (g + u) * d, k.min + (g + u) * d, d, qs.data() + size_t(u) * G * d,
-                           bias + u * G);
+    const float *const qs = qs_all.data() + size_t(u) * G * d, *const bias = bias_all + u * G;
     for (int w = 0; w < wpg; ++w) {
       const uint32_t* w0 = k.words + g * unit + size_t(w);
       float* out = scores + g * k.group + size_t(w) * 11;
       if (ng == NG)
-        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs.data(), bias, k.group, out, ldo);
+        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs, bias, k.group, out, ldo);
       else
-        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs.data(), bias, k.group, out, ldo);
+        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs, bias, k.group, out, ldo);
     }
     g += size_t(ng);
   }
 }
 
+// The fp16 numbers h[t * groups + gi] of n <= 16 consecutive tokens as floats (lanes n-15 zero): one
+// load and a permutation for one or two groups a token, one by one otherwise.
+__attribute__((target("avx512f,avx2,fma,f16c"))) inline __m512 group_halves16(const uint16_t* h, int groups, int gi,
+                                                                              int n) {
+  if (n == 16 && groups == 1) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+  if (n == 16 && groups == 2) {
+    const __m512i both = _mm512_loadu_si512(h);  // tokens t0..t0+15, two groups each
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(both));
+    const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(both, 1));
+    const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                                          _mm512_set1_epi32(gi));
+    return _mm512_permutex2var_ps(lo, pick, hi);
+  }
+  alignas(32) uint16_t x[16] = {};
+  for (int t = 0; t < n; ++t) x[t] = h[size_t(t) * groups + gi];
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(x)));
+}
+
 // NB blocks of 16 channels from channel c0, in registers across all tokens for G weight vectors, GB
-// blocks to a channel group (a group's G scaled weights formed once): each channel's lane does what
-// values_axpy_avx2 does for it, so the sums are equal bit for bit. Weights are checked for zeros 16
-// tokens at a time.
-template <int G, int B, int NB, int GB>
+// blocks to a channel group: each channel's lane does what values_axpy_avx2 does for it, so the sums are
+// equal bit for bit. Per 16 tokens, their weights times their groups' scales are formed on 16 lanes, and
+// the weights are checked for zeros; per token, the FMAs take those scaled weights from memory. With
+// Mins, the minimums' share is added as add_minimums_avx2 adds it, each (vector, group)'s sum a scalar
+// chain in token order beside the FMAs instead of a pass of its own after them (a token of weight 0 adds
+// nothing); its G x NB / GB chains take registers, so only where at most 8.
+template <int G, int B, int NB, int GB, bool Mins>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void value_blocks_avx512(const QuantValuesView& v, const float* p,
                                                                           size_t ldp, float* acc, int c0) {
   static_assert(NB % GB == 0);
+  constexpr int NH = NB / GB;  // runs of GB blocks within one channel group
+  static_assert(!Mins || G * NH <= 8);
   const int d = v.d, groups = d / v.group, wpt = d * B / 32;
   const __m512 mask = code_values(B);
   __m512 a[G][NB];
   __m512i sh[NB];
-  int gi[NB / GB];  // the channel group of each run of GB blocks
+  int gi[NH];  // the channel group of each run
   for (int i = 0; i < NB; ++i) {
     for (int j = 0; j < G; ++j) a[j][i] = _mm512_loadu_ps(acc + size_t(j) * d + c0 + 16 * i);
     sh[i] = shifts16<B>(c0 + 16 * i);
     if (i % GB == 0) gi[i / GB] = (c0 + 16 * i) / v.group;
   }
+  alignas(64) float ws[NH][G][16], wm[NH][G][16];  // the 16 tokens' scaled weights and minimums' terms
+  // Scalar chains held in the low lanes of vectors: as plain floats GCC packs them into pairs and spills.
+  __m128 msum[NH][G];
+  for (auto& row : msum)
+    for (auto& x : row) x = _mm_setzero_ps();
   for (size_t t0 = 0; t0 < v.tokens; t0 += 16) {
     const int n = static_cast<int>(std::min<size_t>(16, v.tokens - t0));
     const auto valid = static_cast<__mmask16>((1u << n) - 1);
+    __m512 pv[G];
     unsigned live = 0;  // tokens with a nonzero weight in some vector
-    for (int j = 0; j < G; ++j)
-      live |= _mm512_mask_cmp_ps_mask(valid, _mm512_maskz_loadu_ps(valid, p + size_t(j) * ldp + t0),
-                                      _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    for (int j = 0; j < G; ++j) {
+      pv[j] = _mm512_maskz_loadu_ps(valid, p + size_t(j) * ldp + t0);
+      live |= _mm512_mask_cmp_ps_mask(valid, pv[j], _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    }
+    if (live == 0) continue;
+    for (int h = 0; h < NH; ++h) {
+      const __m512 s = group_halves16(v.scale + t0 * size_t(groups), groups, gi[h], n);
+      for (int j = 0; j < G; ++j) _mm512_store_ps(ws[h][j], _mm512_mul_ps(pv[j], s));
+      if constexpr (Mins) {
+        const __m512 m = group_halves16(v.min + t0 * size_t(groups), groups, gi[h], n);
+        for (int j = 0; j < G; ++j) _mm512_store_ps(wm[h][j], _mm512_mul_ps(pv[j], m));
+      }
+    }
     for (; live != 0; live &= live - 1) {
-      const size_t t = t0 + size_t(__builtin_ctz(live));
-      __m512 pv[G];
-      for (int j = 0; j < G; ++j) pv[j] = _mm512_set1_ps(p[size_t(j) * ldp + t]);
-      const uint32_t* wt = v.words + t * size_t(wpt);
-      const uint16_t* st = v.scale + t * size_t(groups);
-      for (int h = 0; h < NB / GB; ++h) {
-        const __m512 s = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(st[gi[h]])));
-        __m512 ps[G];
-        for (int j = 0; j < G; ++j) ps[j] = _mm512_mul_ps(pv[j], s);
+      const int l = __builtin_ctz(live);
+      const uint32_t* wt = v.words + (t0 + size_t(l)) * size_t(wpt);
+      for (int h = 0; h < NH; ++h) {
+        if constexpr (Mins)
+          for (int j = 0; j < G; ++j) msum[h][j] = _mm_add_ss(msum[h][j], _mm_load_ss(&wm[h][j][l]));
         for (int i = h * GB; i < (h + 1) * GB; ++i) {
           const __m512 codes = codes16(words16<B>(wt, c0 + 16 * i), sh[i], mask);
-          for (int j = 0; j < G; ++j) a[j][i] = _mm512_fmadd_ps(ps[j], codes, a[j][i]);
+          for (int j = 0; j < G; ++j) a[j][i] = _mm512_fmadd_ps(_mm512_set1_ps(ws[h][j][l]), codes, a[j][i]);
         }
       }
     }
   }
   for (int j = 0; j < G; ++j)
-    for (int i = 0; i < NB; ++i) _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * i, a[j][i]);
+    for (int i = 0; i < NB; ++i)
+      _mm512_storeu_ps(acc + size_t(j) * d + c0 + 16 * i,
+                       Mins ? _mm512_add_ps(a[j][i], _mm512_broadcastss_ps(msum[i / GB][j])) : a[j][i]);
 }
 
-// values_axpy_avx2 16 channels a vector, 64 channels a pass. Head dims and channel groups a multiple of 16.
-template <int G, int B>
-__attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const QuantValuesView& v, const float* p,
-                                                                         size_t ldp, float* acc, int c0, int c1) {
+// Channels [c0, c1) in passes of 64 channels, then 32 (a cache head's half) and 16.
+template <int G, int B, bool Mins>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void value_passes_avx512(const QuantValuesView& v, const float* p,
+                                                                          size_t ldp, float* acc, int c0, int c1) {
   int c = c0;
   for (; c + 64 <= c1; c += 64) {
     if (v.group % 64 == 0)
-      value_blocks_avx512<G, B, 4, 4>(v, p, ldp, acc, c);
+      value_blocks_avx512<G, B, 4, 4, Mins>(v, p, ldp, acc, c);
     else if (v.group % 32 == 0)
-      value_blocks_avx512<G, B, 4, 2>(v, p, ldp, acc, c);
-    else
-      value_blocks_avx512<G, B, 4, 1>(v, p, ldp, acc, c);
+      value_blocks_avx512<G, B, 4, 2, Mins>(v, p, ldp, acc, c);
+    else if constexpr (!Mins || G <= 2)
+      value_blocks_avx512<G, B, 4, 1, Mins>(v, p, ldp, acc, c);
   }
-  // A run of 32 channels (a cache head's half) in one pass over the tokens.
   for (; c + 32 <= c1; c += 32) {
     if (v.group % 32 == 0)
-      value_blocks_avx512<G, B, 2, 2>(v, p, ldp, acc, c);
+      value_blocks_avx512<G, B, 2, 2, Mins>(v, p, ldp, acc, c);
     else
-      value_blocks_avx512<G, B, 2, 1>(v, p, ldp, acc, c);
+      value_blocks_avx512<G, B, 2, 1, Mins>(v, p, ldp, acc, c);
   }
-  for (; c < c1; c += 16) value_blocks_avx512<G, B, 1, 1>(v, p, ldp, acc, c);
+  for (; c < c1; c += 16) value_blocks_avx512<G, B, 1, 1, Mins>(v, p, ldp, acc, c);
+}
+
+// values_axpy_avx2 16 channels a vector. Head dims and channel groups a multiple of 16. The minimums'
+// chains ride along with the products where they fit in registers (groups of 32 channels or more, or
+// up to two vectors), else they are summed after, as the AVX2 kernel sums them.
+template <int G, int B>
+__attribute__((target("avx512f,avx2,fma,f16c"))) void values_axpy_avx512(const QuantValuesView& v, const float* p,
+                                                                         size_t ldp, float* acc, int c0, int c1) {
+  if (G <= 2 || v.group % 32 == 0) return value_passes_avx512<G, B, true>(v, p, ldp, acc, c0, c1);
+  value_passes_avx512<G, B, false>(v, p, ldp, acc, c0, c1);
   add_minimums_avx2<G>(v, p, ldp, acc, c0, c1);
 }
 

@@ -136,19 +136,8 @@ __attribute__((target("avx2,fma"))) void sums_of_squares_avx2(const float* x, in
   for (; k + 8 <= dim; k += 8) {
     __m256 v[8];
     for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_ps(row[r] + k);
-    const __m256 a0 = _mm256_unpacklo_ps(v[0], v[1]), a1 = _mm256_unpackhi_ps(v[0], v[1]),
-                 a2 = _mm256_unpacklo_ps(v[2], v[3]), a3 = _mm256_unpackhi_ps(v[2], v[3]),
-                 a4 = _mm256_unpacklo_ps(v[4], v[5]), a5 = _mm256_unpackhi_ps(v[4], v[5]),
-                 a6 = _mm256_unpacklo_ps(v[6], v[7]), a7 = _mm256_unpackhi_ps(v[6], v[7]);
-    const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE),
-                 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE),
-                 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE),
-                 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
-    // column j (element k + j of every row): the low halves give j = 0..3, the high halves j = 4..7
-    const __m256 col[8] = {_mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
-                           _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
-                           _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
-                           _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+    __m256 col[8];  // element k + j of every row
+    transpose8_avx2(v, col);
     for (int j = 0; j < 8; ++j) acc = _mm256_add_ps(acc, _mm256_mul_ps(col[j], col[j]));
   }
   alignas(32) float out[kNormRows];
@@ -487,20 +476,20 @@ void RopeTable::apply_inverse(float* x, int n, int heads, int d, const int32_t* 
   rotate_rows(x, n, heads, d, pos, -1.0f);
 }
 
-void exp_shifted_ref(float* x, int n, float shift) {
-  for (int i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
+void exp_shifted_ref(float* x, int n, float shift, float scale) {
+  for (int i = 0; i < n; ++i) x[i] = std::exp(x[i] * scale - shift);
 }
 
 namespace {
 
 // Eight lanes at a time through exp_avx2, two chains in flight; the tail through a masked load.
-__attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, int n, float shift) {
-  const __m256 sh = _mm256_set1_ps(shift);
+__attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, int n, float shift, float scale) {
+  const __m256 sh = _mm256_set1_ps(shift), sc = _mm256_set1_ps(scale);
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 a = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
-    const __m256 b = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), sh));
+    const __m256 a = exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sc), sh));
+    const __m256 b = exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), sc), sh));
     _mm256_storeu_ps(x + i, a);
     _mm256_storeu_ps(x + i + 8, b);
     s0 = _mm256_add_ps(s0, a);
@@ -508,19 +497,68 @@ __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, int n, floa
   }
   for (; i < n; i += 8) {
     const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 a =
-        _mm256_and_ps(_mm256_castsi256_ps(lanes), exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, lanes), sh)));
+    const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(lanes),
+                                   exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), sc), sh)));
     _mm256_maskstore_ps(x + i, lanes, a);
     s0 = _mm256_add_ps(s0, a);
   }
   return hsum_avx2(_mm256_add_ps(s0, s1));
 }
 
-KVB_VECTOR_CLONES float exp_shifted_portable(float* x, int n, float shift) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// exp_avx2 on sixteen lanes, the same operations lane by lane.
+__attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 x) {
+  const __m512 lowest = _mm512_set1_ps(-87.0f), magic = _mm512_set1_ps(12582912.0f);
+  const __m512 v = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lowest, x));
+  const __m512 fn = _mm512_sub_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), v);
+  r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);  // not below -87 (a NaN is kept)
+  return _mm512_maskz_mul_ps(kept, p, _mm512_castsi512_ps(e));
+}
+
+// exp_shifted_avx2 on sixteen lanes: a vector's low half is the AVX2 form's even block of eight, its high
+// half the odd one, so the two sums are its two chains; the tail goes through the AVX2 form's steps.
+__attribute__((target("avx512f,avx2,fma"))) float exp_shifted_avx512(float* x, int n, float shift, float scale) {
+  const __m512 sh = _mm512_set1_ps(shift), sc = _mm512_set1_ps(scale);
+  __m512 s = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = exp_avx512(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), sc), sh));
+    _mm512_storeu_ps(x + i, a);
+    s = _mm512_add_ps(s, a);
+  }
+  __m256 s0 = _mm512_castps512_ps256(s);
+  const __m256 s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+  const __m256 sh8 = _mm256_set1_ps(shift), sc8 = _mm256_set1_ps(scale);
+  for (; i < n; i += 8) {
+    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(lanes),
+                                   exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), sc8), sh8)));
+    _mm256_maskstore_ps(x + i, lanes, a);
+    s0 = _mm256_add_ps(s0, a);
+  }
+  return hsum_avx2(_mm256_add_ps(s0, s1));
+}
+
+#pragma GCC diagnostic pop
+
+KVB_VECTOR_CLONES float exp_shifted_portable(float* x, int n, float shift, float scale) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int i = 0; i < n; ++i) {
-    x[i] = exp_poly(x[i] - shift);
+    x[i] = exp_poly(x[i] * scale - shift);
     sum += x[i];
   }
   return sum;
@@ -528,8 +566,9 @@ KVB_VECTOR_CLONES float exp_shifted_portable(float* x, int n, float shift) {
 
 }  // namespace
 
-float exp_shifted(float* x, int n, float shift) {
-  return cpu_has_avx2() ? exp_shifted_avx2(x, n, shift) : exp_shifted_portable(x, n, shift);
+float exp_shifted(float* x, int n, float shift, float scale) {
+  if (cpu_has_avx512()) return exp_shifted_avx512(x, n, shift, scale);
+  return cpu_has_avx2() ? exp_shifted_avx2(x, n, shift, scale) : exp_shifted_portable(x, n, shift, scale);
 }
 
 void softmax_inplace(float* x, int n) {
