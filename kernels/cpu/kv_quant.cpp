@@ -189,8 +189,8 @@ constexpr int kFoldGroups = 8;
 // every number is the one fold_queries_avx2 gives. The scales and minimums are widened once for all
 // queries.
 template <int G>
-__attribute__((target("avx2,fma,f16c"))) void fold_groups(const QuantKeysView& k, size_t g, int n, const float* q,
-                                                          float* qs, float* bias, float* work) {
+__attribute__((target("avx2,fma,f16c"))) void fold_groups_avx2(const QuantKeysView& k, size_t g, int n, const float* q,
+                                                               float* qs, float* bias, float* work) {
   const int d = k.d;
   if (n != kFoldGroups || d % 8 != 0) {
     for (int u = 0; u < n; ++u)
@@ -225,6 +225,31 @@ __attribute__((target("avx2,fma,f16c"))) void fold_groups(const QuantKeysView& k
   }
 }
 
+// The queries folded into a view's token groups, kFoldGroups groups at a time: at(g) folds the chunk
+// that group g starts, if it starts one (a kernel asks for every chunk's first group before the others),
+// and gives g's folded queries [G][d]; bias(g) its minimums' shares [G].
+template <int G>
+class FoldedQueries {
+ public:
+  FoldedQueries(const QuantKeysView& k, const float* q)
+      : k_(k), q_(q), groups_(k.tokens / size_t(k.group)), qs_(size_t(kFoldGroups) * (G + 2) * k.d) {}
+  const float* at(size_t g) {
+    const auto u = g % kFoldGroups, chunk = size_t(kFoldGroups) * G * k_.d;
+    if (u == 0)
+      fold_groups_avx2<G>(k_, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups_ - g)), q_, qs_.data(), bias_,
+                          qs_.data() + chunk);
+    return qs_.data() + u * G * k_.d;
+  }
+  const float* bias(size_t g) const { return bias_ + g % kFoldGroups * G; }
+
+ private:
+  const QuantKeysView& k_;
+  const float* q_;
+  size_t groups_;
+  std::vector<float> qs_;  // [group of the chunk][query][channel], then fold_groups_avx2's work space
+  float bias_[kFoldGroups * G];
+};
+
 // G queries (q [G, d], scores [G, tokens]); the codes of each word are extracted once for all of them.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores,
@@ -233,18 +258,12 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const size_t groups = k.tokens / size_t(k.group);
-  // [group of the chunk][query][channel], then the fold's work space
-  std::vector<float> qs_all(size_t(kFoldGroups) * (G + 2) * d);
-  float bias_all[kFoldGroups * G];
+  FoldedQueries<G> folded(k, q);
   alignas(32) float lanes[8];
   for (size_t g = 0; g < groups; ++g) {
-    const auto u = static_cast<int>(g % kFoldGroups);
-    if (u == 0)
-      fold_groups<G>(k, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups - g)), q, qs_all.data(), bias_all,
-                     qs_all.data() + size_t(kFoldGroups) * G * d);
-    const float* const qs = qs_all.data() + size_t(u) * G * d;
+    const float* const qs = folded.at(g);
     __m256 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(bias_all[u * G + j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(folded.bias(g)[j]);
     const size_t s0 = g * k.group;
     const uint32_t* wg = k.words + g * size_t(d) * (b == 3 ? size_t(k.group / 11) : size_t(k.group * b / 32));
     if (b == 3) {
@@ -507,16 +526,11 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const Quan
                                                                       float* scores, size_t ldo) {
   const int d = k.d, wpg = k.group * B / 32;
   const size_t groups = k.tokens / size_t(k.group);
-  std::vector<float> qs_all(size_t(kFoldGroups) * (G + 2) * d);  // as in keys_dot_avx2
-  float bias_all[kFoldGroups * G];
+  FoldedQueries<G> folded(k, q);
   for (size_t g = 0; g < groups; ++g) {
-    const auto u = static_cast<int>(g % kFoldGroups);
-    if (u == 0)
-      fold_groups<G>(k, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups - g)), q, qs_all.data(), bias_all,
-                     qs_all.data() + size_t(kFoldGroups) * G * d);
-    const float* const qs = qs_all.data() + size_t(u) * G * d;
+    const float* const qs = folded.at(g);
     __m512 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias_all[u * G + j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(folded.bias(g)[j]);
     const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
     float* out = scores + g * k.group;
     int t0 = 0;
@@ -563,15 +577,10 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const Qua
   static_assert(kFoldGroups % NG == 0);
   const int d = k.d, wpg = k.group / 11;
   const size_t groups = k.tokens / size_t(k.group), unit = size_t(d) * size_t(wpg);
-  std::vector<float> qs_all(size_t(kFoldGroups) * (G + 2) * d);  // as in keys_dot_avx2
-  float bias_all[kFoldGroups * G];
+  FoldedQueries<G> folded(k, q);  // four consecutive groups' folds lie side by side within a chunk
   for (size_t g = 0; g < groups;) {
-    const auto u = static_cast<int>(g % kFoldGroups);
-    if (u == 0)
-      fold_groups<G>(k, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups - g)), q, qs_all.data(), bias_all,
-                     qs_all.data() + size_t(kFoldGroups) * G * d);
     const int ng = groups - g >= NG ? NG : 1;
-    const float *const qs = qs_all.data() + size_t(u) * G * d, *const bias = bias_all + u * G;
+    const float *const qs = folded.at(g), *const bias = folded.bias(g);
     for (int w = 0; w < wpg; ++w) {
       const uint32_t* w0 = k.words + g * unit + size_t(w);
       float* out = scores + g * k.group + size_t(w) * 11;

@@ -482,6 +482,19 @@ void exp_shifted_ref(float* x, int n, float shift, float scale) {
 
 namespace {
 
+// exp_shifted's elements [i, n) (fewer than 16) eight at a time through a masked load, their sum added to s.
+__attribute__((target("avx2,fma"))) inline __m256 exp_tail_avx2(float* x, int i, int n, __m256 sh, __m256 sc,
+                                                                __m256 s) {
+  for (; i < n; i += 8) {
+    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(lanes),
+                                   exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), sc), sh)));
+    _mm256_maskstore_ps(x + i, lanes, a);
+    s = _mm256_add_ps(s, a);
+  }
+  return s;
+}
+
 // Eight lanes at a time through exp_avx2, two chains in flight; the tail through a masked load.
 __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, int n, float shift, float scale) {
   const __m256 sh = _mm256_set1_ps(shift), sc = _mm256_set1_ps(scale);
@@ -495,14 +508,7 @@ __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* x, int n, floa
     s0 = _mm256_add_ps(s0, a);
     s1 = _mm256_add_ps(s1, b);
   }
-  for (; i < n; i += 8) {
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(lanes),
-                                   exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), sc), sh)));
-    _mm256_maskstore_ps(x + i, lanes, a);
-    s0 = _mm256_add_ps(s0, a);
-  }
-  return hsum_avx2(_mm256_add_ps(s0, s1));
+  return hsum_avx2(_mm256_add_ps(exp_tail_avx2(x, i, n, sh, sc, s0), s1));
 }
 
 #pragma GCC diagnostic push
@@ -539,17 +545,8 @@ __attribute__((target("avx512f,avx2,fma"))) float exp_shifted_avx512(float* x, i
     _mm512_storeu_ps(x + i, a);
     s = _mm512_add_ps(s, a);
   }
-  __m256 s0 = _mm512_castps512_ps256(s);
-  const __m256 s1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
-  const __m256 sh8 = _mm256_set1_ps(shift), sc8 = _mm256_set1_ps(scale);
-  for (; i < n; i += 8) {
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 a = _mm256_and_ps(_mm256_castsi256_ps(lanes),
-                                   exp_avx2(_mm256_sub_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, lanes), sc8), sh8)));
-    _mm256_maskstore_ps(x + i, lanes, a);
-    s0 = _mm256_add_ps(s0, a);
-  }
-  return hsum_avx2(_mm256_add_ps(s0, s1));
+  const __m256 s0 = exp_tail_avx2(x, i, n, _mm256_set1_ps(shift), _mm256_set1_ps(scale), _mm512_castps512_ps256(s));
+  return hsum_avx2(_mm256_add_ps(s0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1))));
 }
 
 #pragma GCC diagnostic pop
