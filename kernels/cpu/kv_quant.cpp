@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "harness/util/error.hpp"
-#include "kernels/cpu/avx2.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
 #include "kernels/cpu/query_runs.hpp"
@@ -180,76 +179,6 @@ __attribute__((target("avx2,fma,f16c"))) void fold_queries_avx2(const float* q, 
   }
 }
 
-constexpr int kFoldGroups = 8;
-
-// fold_queries_avx2 for the n token groups from group g (qs [n][G][d], bias [n][G]; work: 2 * 8 * d
-// floats), eight at a time where d is a multiple of 8. A group's minimums' share is latency-bound alone
-// (a chain of d / 8 FMAs, then its eight lanes summed one after another): eight groups run their chains
-// side by side, and after a transpose their lanes are summed in order in the lanes of one vector, so
-// every number is the one fold_queries_avx2 gives. The scales and minimums are widened once for all
-// queries.
-template <int G>
-__attribute__((target("avx2,fma,f16c"))) void fold_groups_avx2(const QuantKeysView& k, size_t g, int n, const float* q,
-                                                               float* qs, float* bias, float* work) {
-  const int d = k.d;
-  if (n != kFoldGroups || d % 8 != 0) {
-    for (int u = 0; u < n; ++u)
-      fold_queries_avx2<G>(q, k.scale + (g + u) * d, k.min + (g + u) * d, d, qs + size_t(u) * G * d, bias + u * G);
-    return;
-  }
-  const size_t span = size_t(kFoldGroups) * d;  // the groups' scales (or minimums) are consecutive
-  float *sf = work, *mf = work + span;
-  for (size_t i = 0; i < span; i += 8) {
-    _mm256_storeu_ps(sf + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scale + g * d + i))));
-    _mm256_storeu_ps(mf + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.min + g * d + i))));
-  }
-  for (int j = 0; j < G; ++j) {
-    const float* qj = q + size_t(j) * d;
-    __m256 vb[kFoldGroups];
-    for (auto& x : vb) x = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 8) {
-      const __m256 qv = _mm256_loadu_ps(qj + c);
-      for (int u = 0; u < kFoldGroups; ++u) {
-        const size_t o = size_t(u) * d + c;
-        _mm256_storeu_ps(qs + (size_t(u) * G + j) * d + c, _mm256_mul_ps(qv, _mm256_loadu_ps(sf + o)));
-        vb[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(mf + o), vb[u]);
-      }
-    }
-    __m256 col[8];
-    transpose8_avx2(vb, col);
-    __m256 b = _mm256_setzero_ps();
-    for (const __m256& x : col) b = _mm256_add_ps(b, x);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, b);
-    for (int u = 0; u < kFoldGroups; ++u) bias[u * G + j] = lanes[u];
-  }
-}
-
-// The queries folded into a view's token groups, kFoldGroups groups at a time: at(g) folds the chunk
-// that group g starts, if it starts one (a kernel asks for every chunk's first group before the others),
-// and gives g's folded queries [G][d]; bias(g) its minimums' shares [G].
-template <int G>
-class FoldedQueries {
- public:
-  FoldedQueries(const QuantKeysView& k, const float* q)
-      : k_(k), q_(q), groups_(k.tokens / size_t(k.group)), qs_(size_t(kFoldGroups) * (G + 2) * k.d) {}
-  const float* at(size_t g) {
-    const auto u = g % kFoldGroups, chunk = size_t(kFoldGroups) * G * k_.d;
-    if (u == 0)
-      fold_groups_avx2<G>(k_, g, static_cast<int>(std::min<size_t>(kFoldGroups, groups_ - g)), q_, qs_.data(), bias_,
-                          qs_.data() + chunk);
-    return qs_.data() + u * G * k_.d;
-  }
-  const float* bias(size_t g) const { return bias_ + g % kFoldGroups * G; }
-
- private:
-  const QuantKeysView& k_;
-  const float* q_;
-  size_t groups_;
-  std::vector<float> qs_;  // [group of the chunk][query][channel], then fold_groups_avx2's work space
-  float bias_[kFoldGroups * G];
-};
-
 // G queries (q [G, d], scores [G, tokens]); the codes of each word are extracted once for all of them.
 template <int G>
 __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView& k, const float* q, float* scores,
@@ -257,13 +186,13 @@ __attribute__((target("avx2,fma,f16c"))) void keys_dot_avx2(const QuantKeysView&
   const int b = k.bits, d = k.d;
   const __m256i mask = _mm256_set1_epi32(b == 3 ? 7 : (1 << b) - 1);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const size_t groups = k.tokens / size_t(k.group);
-  FoldedQueries<G> folded(k, q);
+  std::vector<float> qs(static_cast<size_t>(G * d));  // [query][channel]
   alignas(32) float lanes[8];
-  for (size_t g = 0; g < groups; ++g) {
-    const float* const qs = folded.at(g);
+  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
+    float bias[G];
+    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
     __m256 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(folded.bias(g)[j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm256_set1_ps(bias[j]);
     const size_t s0 = g * k.group;
     const uint32_t* wg = k.words + g * size_t(d) * (b == 3 ? size_t(k.group / 11) : size_t(k.group * b / 32));
     if (b == 3) {
@@ -525,17 +454,17 @@ template <int G, int B>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const QuantKeysView& k, const float* q,
                                                                       float* scores, size_t ldo) {
   const int d = k.d, wpg = k.group * B / 32;
-  const size_t groups = k.tokens / size_t(k.group);
-  FoldedQueries<G> folded(k, q);
-  for (size_t g = 0; g < groups; ++g) {
-    const float* const qs = folded.at(g);
+  std::vector<float> qs(static_cast<size_t>(G * d));
+  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
+    float bias[G];
+    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
     __m512 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(folded.bias(g)[j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias[j]);
     const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
     float* out = scores + g * k.group;
     int t0 = 0;
-    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs, vbias, out + t0, ldo);
-    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs, vbias, out + t0, ldo);
+    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
+    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
   }
 }
 
@@ -574,20 +503,22 @@ template <int G>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys3_dot_avx512(const QuantKeysView& k, const float* q,
                                                                        float* scores, size_t ldo) {
   constexpr int NG = 4;
-  static_assert(kFoldGroups % NG == 0);
   const int d = k.d, wpg = k.group / 11;
   const size_t groups = k.tokens / size_t(k.group), unit = size_t(d) * size_t(wpg);
-  FoldedQueries<G> folded(k, q);  // four consecutive groups' folds lie side by side within a chunk
+  std::vector<float> qs(static_cast<size_t>(NG * G * d));
+  float bias[NG * G];
   for (size_t g = 0; g < groups;) {
     const int ng = groups - g >= NG ? NG : 1;
-    const float *const qs = folded.at(g), *const bias = folded.bias(g);
+    for (int u = 0; u < ng; ++u)
+      fold_queries_avx2<G>(q, k.scale + (g + u) * d, k.min + (g + u) * d, d, qs.data() + size_t(u) * G * d,
+                           bias + u * G);
     for (int w = 0; w < wpg; ++w) {
       const uint32_t* w0 = k.words + g * unit + size_t(w);
       float* out = scores + g * k.group + size_t(w) * 11;
       if (ng == NG)
-        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs, bias, k.group, out, ldo);
+        key_words3_avx512<G, NG>(w0, unit, wpg, d, qs.data(), bias, k.group, out, ldo);
       else
-        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs, bias, k.group, out, ldo);
+        key_words3_avx512<G, 1>(w0, unit, wpg, d, qs.data(), bias, k.group, out, ldo);
     }
     g += size_t(ng);
   }
