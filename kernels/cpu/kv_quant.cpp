@@ -619,6 +619,8 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) void value_passes_avx512(const 
       value_blocks_avx512<G, B, 4, 2, Mins>(v, p, ldp, acc, c);
     else if constexpr (!Mins || G <= 2)
       value_blocks_avx512<G, B, 4, 1, Mins>(v, p, ldp, acc, c);
+    else
+      break;  // 4 G minimums' chains would not fit: these channels go by 32 (values_axpy_avx512 avoids it)
   }
   for (; c + 32 <= c1; c += 32) {
     if (v.group % 32 == 0)

@@ -86,9 +86,9 @@ void attention_ref(const float* q, const float* k, const float* v, int nq, int n
 // (vec_math.hpp: Cody-Waite range reduction, degree-6 minimax polynomial), with AVX-512 or AVX2
 // intrinsics where the processor has them (the same numbers and sum; the compiler's vectorisation of
 // exp_poly's selects costs 60% more) and vectorised for the widest unit otherwise; within 2 ulp of
-// std::exp for x * scale - shift in [-87, 88], 0 below
-// (results under FLT_MIN), saturating at e^88 above. Softmax only feeds it values <= 0. exp dominates
-// long-context attention, so it needs to be our own kernel.
+// std::exp for x * scale - shift in [-87, 88], 0 below (results under FLT_MIN), saturating at e^88
+// above. Softmax only feeds it values <= 0. exp dominates long-context attention, so it needs to be our
+// own kernel.
 void exp_shifted_ref(float* x, int n, float shift, float scale = 1.0f);
 float exp_shifted(float* x, int n, float shift, float scale = 1.0f);
 
