@@ -894,6 +894,43 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_row_q8_avx2(const float* 
   }
 }
 
+// The same on 16 lanes: a block in two registers, the rounding's +-1 added under a mask, the bytes
+// narrowed with signed saturation as the AVX2 packs do (a NaN or infinite input's lanes give -128 there too).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+void quantize_row_q8_avx512(const float* x, int blocks, Q8Row& out) {
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512i one = _mm512_set1_epi32(0x3f800000), sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  for (int i = 0; i < blocks; ++i) {
+    const float* xb = x + size_t(i) * QK;
+    const __m512 v[2] = {_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)};
+    __m512 amax = _mm512_setzero_ps();
+    for (int k = 0; k < 2; ++k) amax = _mm512_max_ps(_mm512_abs_ps(v[k]), amax);  // NaN left out
+    const float d = _mm512_reduce_max_ps(amax) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int k = 0; k < 2; ++k) {
+      const __m512 y = _mm512_mul_ps(v[k], _mm512_set1_ps(id));
+      const __m512 whole = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y, whole)), half, _CMP_GE_OQ);
+      const __m512 away =
+          _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(sign, _mm512_castps_si512(y))));  // +-1
+      const __m512i q = _mm512_cvttps_epi32(_mm512_mask_add_ps(whole, up, whole, away));
+      sum = _mm512_add_epi32(sum, q);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + size_t(i) * QK + 16 * k), _mm512_cvtsepi32_epi8(q));
+    }
+    // finish_block's rounding by F16C (nearest even; the only NaN s can be, inf x 0, gives the same half):
+    // 227 -> 162 ns for a row of 576 here, where in the AVX2 loop it measured slower than the bit steps
+    const int total = _mm512_reduce_add_epi32(sum);
+    out.qsum[i] = total;
+    out.d[i] = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+    out.s[i] = _cvtsh_ss(_cvtss_sh(static_cast<float>(total) * d, _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
 }  // namespace
 
 void quantize_row_q8(const float* x, int n, Q8Row& out) {
@@ -902,7 +939,9 @@ void quantize_row_q8(const float* x, int n, Q8Row& out) {
   out.s.resize(blocks);
   out.qsum.resize(blocks);
   out.q.resize(size_t(n));
-  if (cpu_has_avx2())
+  if (cpu_has_avx512())
+    quantize_row_q8_avx512(x, blocks, out);
+  else if (cpu_has_avx2())
     quantize_row_q8_avx2(x, blocks, out);
   else
     quantize_row_q8_portable(x, blocks, out);
