@@ -454,17 +454,32 @@ template <int G, int B>
 __attribute__((target("avx512f,avx2,fma,f16c"))) void keys_dot_avx512(const QuantKeysView& k, const float* q,
                                                                       float* scores, size_t ldo) {
   const int d = k.d, wpg = k.group * B / 32;
-  std::vector<float> qs(static_cast<size_t>(G * d));
-  for (size_t g = 0; g < k.tokens / size_t(k.group); ++g) {
-    float bias[G];
-    fold_queries_avx2<G>(q, k.scale + g * d, k.min + g * d, d, qs.data(), bias);
+  const size_t groups = k.tokens / size_t(k.group);
+  // The next group's fold is made before this group's products, which do not wait for it, so that its
+  // chains (the loads of its scales, a horizontal sum) run in their shadow; the scales four groups on are
+  // fetched ahead. 90 heads of 8K 2-bit keys beyond the caches, one thread: 2.50-2.56 -> 2.35-2.37 ns a
+  // token (three alternating runs; 2.42-2.44 with the fold ahead alone).
+  std::vector<float> qs(static_cast<size_t>(2 * G * d));
+  float bias[2][G];
+  if (groups > 0) fold_queries_avx2<G>(q, k.scale, k.min, d, qs.data(), bias[0]);
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t cur = g % 2;
+    if (g + 4 < groups)
+      for (int c = 0; c < d; c += 32) {  // 32 fp16 numbers a line
+        _mm_prefetch(reinterpret_cast<const char*>(k.scale + (g + 4) * d + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(k.min + (g + 4) * d + c), _MM_HINT_T0);
+      }
+    if (g + 1 < groups)
+      fold_queries_avx2<G>(q, k.scale + (g + 1) * d, k.min + (g + 1) * d, d, qs.data() + (1 - cur) * G * d,
+                           bias[1 - cur]);
+    const float* qg = qs.data() + cur * G * d;
     __m512 vbias[G];
-    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias[j]);
+    for (int j = 0; j < G; ++j) vbias[j] = _mm512_set1_ps(bias[cur][j]);
     const uint32_t* wg = k.words + g * size_t(d) * size_t(wpg);
     float* out = scores + g * k.group;
     int t0 = 0;
-    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
-    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qs.data(), vbias, out + t0, ldo);
+    for (; t0 + 32 <= k.group; t0 += 32) key_blocks_avx512<G, B, 2>(wg, wpg, d, t0, qg, vbias, out + t0, ldo);
+    if (t0 < k.group) key_blocks_avx512<G, B, 1>(wg, wpg, d, t0, qg, vbias, out + t0, ldo);
   }
 }
 
