@@ -100,9 +100,17 @@ LayerCache::LayerCache(int n_query_heads, int n_cache_heads, int head_dim, KvDty
     fail("LayerCache: {} query heads cannot share {} cache heads", n_query_heads, n_cache_heads);
 }
 
+namespace {
+
+// By type, not by format(): a format's name is a string built per call, twice per head and token on
+// the decode path.
+bool dense(const Segment& s) { return dynamic_cast<const DenseSegment*>(&s) != nullptr; }
+
+}  // namespace
+
 DenseSegment& LayerCache::tail(int head) {
   auto& segs = heads_[head];
-  if (segs.empty() || segs.back()->format() != "dense") segs.push_back(std::make_unique<DenseSegment>(d_, dtype_));
+  if (segs.empty() || !dense(*segs.back())) segs.push_back(std::make_unique<DenseSegment>(d_, dtype_));
   return static_cast<DenseSegment&>(*segs.back());
 }
 
@@ -111,7 +119,7 @@ void LayerCache::append(const float* k, const float* v, int32_t pos) {
     const float* kh = k + size_t(h) * d_;
     const float* vh = v + size_t(h) * d_;
     auto& segs = heads_[h];
-    if (!segs.empty() && segs.back()->format() != "dense" && segs.back()->append_token(kh, vh, pos)) {
+    if (!segs.empty() && !dense(*segs.back()) && segs.back()->append_token(kh, vh, pos)) {
       touch();  // a store that restructures itself as it takes tokens, not a dense tail
       continue;
     }
