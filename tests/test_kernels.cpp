@@ -21,6 +21,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/quantize.hpp"
 #include "kernels/cpu/sign_dot.hpp"
+#include "kernels/cpu/token_codes.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -954,4 +955,39 @@ TEST_CASE("products with sign bits equal the reference on both paths", "[kernels
       for (size_t t = 0; t < tokens; ++t) CHECK(std::abs(got[t] - want[t]) <= 1e-5 * scale);
     }
   }
+}
+
+TEST_CASE("per-token codes: attention products equal the reference loop bit for bit", "[kernels]") {
+  std::mt19937 rng(91);
+  for (int bits : {2, 4, 8})
+    for (auto [d, group] : {std::pair{64, 64}, std::pair{64, 16}, std::pair{128, 32}, std::pair{48, 48},
+                            std::pair{40, 8}, std::pair{13, 13}})
+      for (size_t n : {size_t(1), size_t(37), size_t(300)}) {
+        INFO("bits " << bits << " d " << d << " group " << group << " tokens " << n);
+        const size_t rb = (size_t(d) * size_t(bits) + 7) / 8;
+        std::vector<uint8_t> codes(n * rb);
+        for (auto& b : codes) b = static_cast<uint8_t>(rng());
+        std::vector<uint16_t> steps(n * size_t(d / group));
+        for (auto& s : steps) s = float_to_half(std::uniform_real_distribution<float>(1e-3f, 2.0f)(rng));
+        const TokenCodesView c{codes.data(), steps.data(), n, d, bits, group};
+        for (int g : {1, 3, 4, 7}) {
+          INFO("queries " << g);
+          const auto q = randn(size_t(g) * d, rng);
+          auto p = randn(size_t(g) * n, rng);
+          for (size_t i = 0; i < p.size(); i += 4) p[i] = 0.0f;
+          for (auto [t0, t1] : {std::pair{size_t(0), n}, std::pair{n / 3, n - n / 5}}) {
+            std::vector<float> fast(size_t(g) * n, -1.0f), ref(fast);
+            token_codes_dot(c, q.data(), g, t0, t1, fast.data(), n);
+            token_codes_dot_ref(c, q.data(), g, t0, t1, ref.data(), n);
+            REQUIRE(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
+          }
+          for (auto [c0, c1] : {std::pair{0, d}, std::pair{16, d - d % 16}}) {
+            if (c1 <= c0) continue;
+            std::vector<float> fast = randn(size_t(g) * d, rng), ref(fast);
+            token_codes_axpy(c, p.data(), g, n, c0, c1, fast.data());
+            token_codes_axpy_ref(c, p.data(), g, n, c0, c1, ref.data());
+            REQUIRE(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
+          }
+        }
+      }
 }

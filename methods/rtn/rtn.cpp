@@ -56,26 +56,25 @@ bool RtnSegment::append_token(const float* k, const float* v, int32_t pos) {
   return true;
 }
 
-void RtnSegment::logits(const float* q, float* scores) const {
-  const int groups = d_ / group_;
-  for (size_t t = 0; t < size(); ++t) {
-    float sum = 0;
-    for (int g = 0; g < groups; ++g) {
-      float dot = 0;
-      for (int i = g * group_; i < (g + 1) * group_; ++i) dot += q[i] * float(code(k_codes_, t, i));
-      sum += half_to_float(k_steps_[t * size_t(groups) + size_t(g)]) * dot;
-    }
-    scores[t] = sum;
-  }
+TokenCodesView RtnSegment::view(bool keys) const {
+  return {
+      keys ? k_codes_.data() : v_codes_.data(), keys ? k_steps_.data() : v_steps_.data(), size(), d_, bits_, group_};
 }
 
-void RtnSegment::accumulate(const float* p, float* acc) const {
-  const int groups = d_ / group_;
-  for (size_t t = 0; t < size(); ++t)
-    for (int g = 0; g < groups; ++g) {
-      const float w = p[t] * half_to_float(v_steps_[t * size_t(groups) + size_t(g)]);
-      for (int i = g * group_; i < (g + 1) * group_; ++i) acc[i] += w * float(code(v_codes_, t, i));
-    }
+void RtnSegment::logits_group(const float* q, int g, int, float* scores) const {
+  token_codes_dot(view(true), q, g, 0, size(), scores, size());
+}
+
+void RtnSegment::accumulate_group(const float* p, int g, int, float* acc) const {
+  token_codes_axpy(view(false), p, g, size(), 0, d_, acc);
+}
+
+void RtnSegment::logits_part(const float* q, int g, int, size_t t0, size_t t1, float* scores, size_t ld) const {
+  token_codes_dot(view(true), q, g, t0, t1, scores + t0, ld);
+}
+
+void RtnSegment::accumulate_part(const float* p, int g, int, int c0, int c1, float* acc) const {
+  token_codes_axpy(view(false), p, g, size(), c0, c1, acc);
 }
 
 std::vector<int> RtnSegment::codes(bool keys) const {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "harness/cache/layer_cache.hpp"
+#include "kernels/cpu/token_codes.hpp"
 
 namespace kvb {
 
@@ -16,8 +17,16 @@ class RtnSegment final : public Segment {
   std::span<const int32_t> positions() const override { return pos_; }
   // Packed codes and fp16 steps of keys and values: nothing at full precision.
   size_t bytes() const override;
-  void logits(const float* q, float* scores) const override;
-  void accumulate(const float* p, float* acc) const override;
+  // Attention reads the codes directly (kernels/cpu/token_codes.hpp), a GQA group's queries at once;
+  // logits may be cut at any token and values at any 16 channels.
+  void logits(const float* q, float* scores) const override { logits_group(q, 1, d_, scores); }
+  void accumulate(const float* p, float* acc) const override { accumulate_group(p, 1, d_, acc); }
+  void logits_group(const float* q, int g, int d, float* scores) const override;
+  void accumulate_group(const float* p, int g, int d, float* acc) const override;
+  std::vector<size_t> token_cuts(int parts) const override { return even_cuts(size(), parts, 16); }
+  std::vector<size_t> channel_cuts(int parts, int d) const override { return even_cuts(size_t(d), parts, 16); }
+  void logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const override;
+  void accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const override;
   // Quantizes the token as it enters (prefill and decode alike).
   bool append_token(const float* k, const float* v, int32_t pos) override;
   void store_as(KvDtype) override {}
@@ -30,6 +39,7 @@ class RtnSegment final : public Segment {
  private:
   void quantize(const float* x, std::vector<uint8_t>& codes, std::vector<uint16_t>& steps) const;
   int code(const std::vector<uint8_t>& codes, size_t t, int i) const;
+  TokenCodesView view(bool keys) const;
 
   int d_, bits_, group_, levels_ = 0;
   size_t row_bytes_ = 0;

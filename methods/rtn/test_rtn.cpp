@@ -1,6 +1,7 @@
 // RTN: codes and read-back values against KIVI's SymQuantizer on the same keys and values
 // (methods/rtn/reference.py), the fused attention paths against the read-back ones, and the method as the
 // registry builds it.
+#include <omp.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -71,4 +72,33 @@ TEST_CASE("rtn: the registry's method, and what it cannot store", "[rtn]") {
   CHECK(method->params().get("group") == "0");
   test::require_error([&] { MethodRegistry::get().create("rtn", {{"group", "6"}}, m); }, {"rtn", "6", "head_dim 16"});
   test::require_error([&] { MethodRegistry::get().create("rtn", {{"bits", "3"}}, m); }, {"bits", "3"});
+}
+
+TEST_CASE("rtn: attention gives the same numbers however its heads are spread over threads", "[rtn]") {
+  // The default model's 3 KV heads of 3 query heads: on 2 threads a head's logits are cut into runs of
+  // tokens and its values into runs of 16 channels (Segment::token_cuts, channel_cuts).
+  const int d = 64, hq = 9, hkv = 3, n = 700;
+  for (auto [bits, group] : {std::pair{2, 64}, std::pair{4, 16}, std::pair{8, 32}}) {
+    LayerCache cache(hq, hkv, d);
+    for (int h = 0; h < hkv; ++h) {
+      const auto k = test::randn(size_t(n) * d, 40 + h), v = test::randn(size_t(n) * d, 50 + h);
+      auto seg = std::make_unique<RtnSegment>(d, bits, group);
+      for (int t = 0; t < n; ++t) seg->append_token(k.data() + size_t(t) * d, v.data() + size_t(t) * d, t);
+      cache.segments(h).push_back(std::move(seg));
+    }
+    const auto q = test::randn(size_t(hq) * d, 60, 2.0f);
+    std::vector<float> ref(q.size()), out(q.size());
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    attend(cache, q.data(), ref.data());
+    for (int th : {2, 4, 5}) {
+      INFO(bits << " bits, group " << group << ", " << th << " threads");
+      omp_set_num_threads(th);
+      attend(cache, q.data(), out.data());
+      CHECK(out == ref);
+    }
+    omp_set_num_threads(threads);
+    attend_ref(cache, q.data(), out.data());
+    CHECK(test::max_abs_diff(ref, out) < 1e-4f);
+  }
 }
