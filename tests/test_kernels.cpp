@@ -957,6 +957,27 @@ TEST_CASE("products with sign bits equal the reference on both paths", "[kernels
   }
 }
 
+TEST_CASE("products with sign bits: a group of vectors at once equals each alone on the AVX2 path", "[kernels]") {
+  std::mt19937 rng(23);
+  for (const int n : {8, 24, 128, 256, 512})
+    for (const size_t tokens : {size_t(1), size_t(37)})
+      for (const int g : {1, 3, 4, 7}) {
+        INFO("n " << n << " tokens " << tokens << " vectors " << g);
+        const size_t stride = size_t(n / 8) + 3, ldx = size_t(n) + 5;
+        const auto x = randn(size_t(g) * ldx, rng);
+        std::vector<uint8_t> codes(tokens * stride);
+        for (auto& c : codes) c = uint8_t(rng());
+        std::vector<float> group(size_t(g) * tokens), alone(tokens);
+        sign_dots_group(codes.data(), tokens, stride, x.data(), ldx, g, n, group.data(), tokens);
+        cap_kernels_at_avx2(true);
+        for (int j = 0; j < g; ++j) {
+          sign_dots(codes.data(), tokens, stride, x.data() + size_t(j) * ldx, n, alone.data());
+          CHECK(std::memcmp(alone.data(), group.data() + size_t(j) * tokens, tokens * sizeof(float)) == 0);
+        }
+        cap_kernels_at_avx2(false);
+      }
+}
+
 TEST_CASE("per-token codes: attention products equal the reference loop bit for bit", "[kernels]") {
   std::mt19937 rng(91);
   for (int bits : {2, 4, 8})

@@ -1,7 +1,11 @@
 #include "kernels/cpu/sign_dot.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/cpu/avx2.hpp"
 #include "kernels/cpu/kv_rows.hpp"
+#include "kernels/cpu/query_runs.hpp"
 
 namespace kvb {
 
@@ -55,11 +59,69 @@ __attribute__((target("avx2,fma"))) void sign_dots_avx2(const uint8_t* codes, si
   }
 }
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// sign_dots_avx2 for G vectors and two tokens at a time: lanes 0-7 of a 512-bit sum are its even sum and
+// lanes 8-15 its odd one, a pair of bytes of signs the mask of the lanes whose sign flips (a clear bit).
+template <int G>
+__attribute__((target("avx512f,avx2,fma"))) void sign_dots_avx512(const uint8_t* codes, size_t tokens, size_t stride,
+                                                                  const float* x, size_t ldx, int n, float* out,
+                                                                  size_t ldo) {
+  constexpr int kTokens = 2;
+  const int bytes = n / 8, pairs = bytes / 2;
+  const __m512i sign = _mm512_set1_epi32(int(0x80000000u));
+  for (size_t t0 = 0; t0 < tokens; t0 += kTokens) {
+    const int nt = int(std::min<size_t>(kTokens, tokens - t0));
+    __m512 acc[kTokens][G];
+    for (int u = 0; u < kTokens; ++u)
+      for (int j = 0; j < G; ++j) acc[u][j] = _mm512_setzero_ps();
+    for (int p = 0; p < pairs; ++p) {
+      __m512i xs[G];
+      for (int j = 0; j < G; ++j) xs[j] = _mm512_loadu_si512(x + size_t(j) * ldx + 16 * size_t(p));
+      for (int u = 0; u < kTokens; ++u) {
+        if (u >= nt) break;
+        uint16_t bits;
+        std::memcpy(&bits, codes + (t0 + size_t(u)) * stride + 2 * size_t(p), 2);
+        const __mmask16 clear = static_cast<__mmask16>(~bits);
+        for (int j = 0; j < G; ++j)
+          acc[u][j] = _mm512_add_ps(acc[u][j], _mm512_castsi512_ps(_mm512_mask_xor_epi32(xs[j], clear, xs[j], sign)));
+      }
+    }
+    for (int u = 0; u < nt; ++u) {
+      const uint8_t* c = codes + (t0 + size_t(u)) * stride;
+      for (int j = 0; j < G; ++j) {
+        __m256 even = _mm512_castps512_ps256(acc[u][j]);
+        const __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[u][j]), 1));
+        if (bytes % 2)
+          even = _mm256_add_ps(even, _mm256_xor_ps(_mm256_loadu_ps(x + size_t(j) * ldx + 8 * size_t(bytes - 1)),
+                                                   clear_bits_sign(c[bytes - 1])));
+        out[size_t(j) * ldo + t0 + size_t(u)] = hsum_avx2(_mm256_add_ps(even, odd));
+      }
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
 }  // namespace
 
 void sign_dots(const uint8_t* codes, size_t tokens, size_t stride, const float* x, int n, float* out) {
-  if (cpu_has_avx2()) return sign_dots_avx2(codes, tokens, stride, x, n, out);
-  sign_dots_portable(codes, tokens, stride, x, n, out);
+  sign_dots_group(codes, tokens, stride, x, 0, 1, n, out, 0);
+}
+
+void sign_dots_group(const uint8_t* codes, size_t tokens, size_t stride, const float* x, size_t ldx, int g, int n,
+                     float* out, size_t ldo) {
+  if (cpu_has_avx512())
+    return for_query_runs<4>(g, [&](auto G, int j) {
+      sign_dots_avx512<decltype(G)::value>(codes, tokens, stride, x + size_t(j) * ldx, ldx, n, out + size_t(j) * ldo,
+                                           ldo);
+    });
+  for (int j = 0; j < g; ++j) {
+    if (cpu_has_avx2())
+      sign_dots_avx2(codes, tokens, stride, x + size_t(j) * ldx, n, out + size_t(j) * ldo);
+    else
+      sign_dots_portable(codes, tokens, stride, x + size_t(j) * ldx, n, out + size_t(j) * ldo);
+  }
 }
 
 }  // namespace kvb

@@ -11,6 +11,7 @@
 #include "harness/util/error.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/sign_dot.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace kvb {
 
@@ -134,31 +135,56 @@ void QjlKeys::append(const float* k, int n, size_t stride) {
   }
 }
 
-void QjlKeys::logits(const float* q, float* scores) const {
+namespace {
+
+// A query's sketch qs split over a key group's outlier channels: qo = sum over them (in order) of
+// q[c] S[c, :], qi = qs - qo. Each element is a chain of its own, so the loops vectorise (once per vector
+// width) with the scalar loop's numbers.
+KVB_VECTOR_CLONES void split_sketch(const float* S, size_t M, std::span<const uint8_t> outliers, const float* q,
+                                    const float* qs, float* qo, float* qi) {
+  for (size_t i = 0; i < M; ++i) qo[i] = 0.0f;
+  for (const uint8_t c : outliers) {
+    const float qc = q[c];
+    const float* row = S + size_t(c) * M;
+    for (size_t i = 0; i < M; ++i) qo[i] += qc * row[i];
+  }
+  for (size_t i = 0; i < M; ++i) qi[i] = qs[i] - qo[i];
+}
+
+}  // namespace
+
+void QjlKeys::logits(const float* q, int g, float* scores, size_t ldo) const {
   const int d = sk_->d, m = sk_->m, mo = sk_->m_outlier;
+  const size_t M = size_t(m), T = size_t(group_);
   const float* S = sk_->s.data();
-  std::vector<float> qs(static_cast<size_t>(m), 0.0f), qo(static_cast<size_t>(m)), qi(static_cast<size_t>(m)),
-      in(static_cast<size_t>(group_)), out(static_cast<size_t>(group_));
-  for (int c = 0; c < d; ++c)
-    for (int j = 0; j < m; ++j) qs[size_t(j)] += q[c] * S[size_t(c) * size_t(m) + size_t(j)];
+  // Per query: its sketch qs, and per group the part over the group's outlier channels (qo) and the rest
+  // (qi); [query][m].
+  std::vector<float> qs(size_t(g) * M, 0.0f), qo(size_t(g) * M), qi(size_t(g) * M), in(size_t(g) * T),
+      out(size_t(g) * T), n_in(T), n_out(T);
+  for (int j = 0; j < g; ++j)
+    for (int c = 0; c < d; ++c)
+      for (size_t i = 0; i < M; ++i) qs[size_t(j) * M + i] += q[size_t(j) * d + size_t(c)] * S[size_t(c) * M + i];
   const float scale = std::sqrt(std::numbers::pi_v<float> / 2) / float(m),
               scale_out = std::sqrt(std::numbers::pi_v<float> / 2) / float(mo);
-  for (size_t g = 0; g < size() / size_t(group_); ++g) {
-    // The query's sketch split as the group's keys are: over its outlier channels and over the rest.
-    std::fill(qo.begin(), qo.end(), 0.0f);
-    for (const uint8_t c : outliers(g))
-      for (int j = 0; j < m; ++j) qo[size_t(j)] += q[c] * S[size_t(c) * size_t(m) + size_t(j)];
-    for (int j = 0; j < m; ++j) qi[size_t(j)] = qs[size_t(j)] - qo[size_t(j)];
-    const size_t t0 = g * size_t(group_);
-    sign_dots(codes_.data() + t0 * size_t(bytes_), size_t(group_), size_t(bytes_), qi.data(), m, in.data());
-    sign_dots(outlier_codes_.data() + t0 * size_t(outlier_bytes_), size_t(group_), size_t(outlier_bytes_), qo.data(),
-              mo, out.data());
-    for (size_t i = 0; i < size_t(group_); ++i) {
+  for (size_t gi = 0; gi < size() / T; ++gi) {
+    // Each query's sketch split as the group's keys are: over its outlier channels and over the rest.
+    for (int j = 0; j < g; ++j)
+      split_sketch(S, M, outliers(gi), q + size_t(j) * d, qs.data() + size_t(j) * M, qo.data() + size_t(j) * M,
+                   qi.data() + size_t(j) * M);
+    const size_t t0 = gi * T;
+    sign_dots_group(codes_.data() + t0 * size_t(bytes_), T, size_t(bytes_), qi.data(), M, g, m, in.data(), T);
+    sign_dots_group(outlier_codes_.data() + t0 * size_t(outlier_bytes_), T, size_t(outlier_bytes_), qo.data(), M, g, mo,
+                    out.data(), T);
+    for (size_t i = 0; i < T; ++i) {
       const float n = norm(t0 + i), no = outlier_norm(t0 + i);
       // The kernel takes sqrt(|k|^2 - |k_out|^2) of the fp16 norms; clamped where fp16 rounding makes it negative.
-      const float n_in = std::sqrt(std::max(0.0f, n * n - no * no));
-      scores[t0 + i] = scale * n_in * in[i] + scale_out * no * out[i];
+      n_in[i] = std::sqrt(std::max(0.0f, n * n - no * no));
+      n_out[i] = no;
     }
+    for (int j = 0; j < g; ++j)
+      for (size_t i = 0; i < T; ++i)
+        scores[size_t(j) * ldo + t0 + i] =
+            scale * n_in[i] * in[size_t(j) * T + i] + scale_out * n_out[i] * out[size_t(j) * T + i];
   }
 }
 
@@ -218,14 +244,14 @@ bool QjlSegment::append_token(const float* k, const float* v, int32_t pos) {
   return true;
 }
 
-void QjlSegment::logits(const float* q, float* scores) const {
-  keys_.logits(q, scores);
-  kf_.dot(q, scores + keys_.size());
+void QjlSegment::logits_group(const float* q, int g, int, float* scores) const {
+  keys_.logits(q, g, scores, size());
+  kf_.dot(q, 0, kf_.rows(), scores + keys_.size(), g, size());
 }
 
-void QjlSegment::accumulate(const float* p, float* acc) const {
-  values_.accumulate(p, acc);
-  vf_.axpy(p + values_.size(), acc);
+void QjlSegment::accumulate_group(const float* p, int g, int, float* acc) const {
+  values_.accumulate(p, 0, d_, acc, g, size());
+  vf_.axpy(p + values_.size(), 0, d_, acc, g, size());
 }
 
 }  // namespace kvb

@@ -33,9 +33,10 @@ class QjlKeys {
   size_t bytes() const;
   const QjlSketch& sketch() const { return *sk_; }
   void append(const float* k, int n, size_t stride);  // n a multiple of the group
-  // scores[t] = QJL's estimate of q . k_t: sqrt(pi/2)/m |k_in| <sign(S^T k_in), S^T q_in>
-  //                                       + sqrt(pi/2)/m_o |k_out| <sign(S^T k_out), (S^T q_out)[:m_o]>
-  void logits(const float* q, float* scores) const;
+  // scores[j * ldo + t] = QJL's estimate of q_j . k_t for the g queries q [g, d]:
+  //   sqrt(pi/2)/m |k_in| <sign(S^T k_in), S^T q_in> + sqrt(pi/2)/m_o |k_out| <sign(S^T k_out), (S^T q_out)[:m_o]>
+  // (the signs read once for all the queries; each query's numbers as it gets them alone).
+  void logits(const float* q, int g, float* scores, size_t ldo) const;
 
   std::span<const uint8_t> codes(size_t t) const;          // m / 8 bytes, bit j of byte j/8 at j%8
   std::span<const uint8_t> outlier_codes(size_t t) const;  // m_o / 8 bytes
@@ -76,8 +77,11 @@ class QjlSegment final : public Segment {
     kf_.store_as(t);
     vf_.store_as(t);
   }
-  void logits(const float* q, float* scores) const override;
-  void accumulate(const float* p, float* acc) const override;
+  void logits(const float* q, float* scores) const override { logits_group(q, 1, d_, scores); }
+  void accumulate(const float* p, float* acc) const override { accumulate_group(p, 1, d_, acc); }
+  // A GQA group's queries at once: the codes read once for all of them.
+  void logits_group(const float* q, int g, int d, float* scores) const override;
+  void accumulate_group(const float* p, int g, int d, float* acc) const override;
   bool append_token(const float* k, const float* v, int32_t pos) override;
 
   // The prompt's n tokens (rows `stride` floats apart).

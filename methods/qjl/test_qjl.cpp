@@ -148,7 +148,7 @@ TEST_CASE("qjl: the drawn sketch is orthogonal per block and the estimate is unb
     QjlKeys keys(std::make_shared<QjlSketch>(d, 64, 64, std::move(g)), outliers, group);
     keys.append(k.data(), group, size_t(d));
     std::vector<float> est(static_cast<size_t>(group));
-    keys.logits(q.data(), est.data());
+    keys.logits(q.data(), 1, est.data(), est.size());
     for (int t = 0; t < group; ++t) {
       sum[size_t(t)] += est[size_t(t)];
       sq[size_t(t)] += double(est[size_t(t)]) * est[size_t(t)];
