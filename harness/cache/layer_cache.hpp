@@ -105,15 +105,12 @@ class RowStore {
   std::vector<unsigned char> data_;  // [rows, head_dim] at dtype_
 };
 
-// Keys and values at full head dimension, token-major, stored at the segment's dtype.
-class DenseSegment final : public Segment {
+// Attention over keys and values held as rows (RowStore): the reads of a dense segment, and of a format
+// that keeps its tokens decoded for attention (KVQuant's simulated quantization). A GQA group's queries read
+// the rows once; logits may be cut at multiples of 64 rows and values at the rows' channel grain.
+class RowSegment : public Segment {
  public:
-  explicit DenseSegment(int head_dim, KvDtype dtype = KvDtype::F32)
-      : d_(head_dim), k_(head_dim, dtype), v_(head_dim, dtype) {}
-  std::string format() const override { return "dense"; }
-  size_t size() const override { return pos_.size(); }
-  std::span<const int32_t> positions() const override { return pos_; }
-  size_t bytes() const override { return k_.bytes() + v_.bytes(); }
+  RowSegment(int head_dim, KvDtype dtype) : k_(head_dim, dtype), v_(head_dim, dtype) {}
   void logits(const float* q, float* scores) const override { k_.dot(q, scores); }
   void accumulate(const float* p, float* acc) const override { v_.axpy(p, acc); }
   void logits_group(const float* q, int g, int, float* scores) const override { k_.dot(q, scores, g); }
@@ -128,6 +125,19 @@ class DenseSegment final : public Segment {
   void accumulate_part(const float* p, int g, int, int c0, int c1, float* acc) const override {
     v_.axpy(p, c0, c1, acc, g);
   }
+
+ protected:
+  RowStore k_, v_;
+};
+
+// Keys and values at full head dimension, token-major, stored at the segment's dtype.
+class DenseSegment final : public RowSegment {
+ public:
+  explicit DenseSegment(int head_dim, KvDtype dtype = KvDtype::F32) : RowSegment(head_dim, dtype), d_(head_dim) {}
+  std::string format() const override { return "dense"; }
+  size_t size() const override { return pos_.size(); }
+  std::span<const int32_t> positions() const override { return pos_; }
+  size_t bytes() const override { return k_.bytes() + v_.bytes(); }
   void store_as(KvDtype t) override {
     k_.store_as(t);
     v_.store_as(t);
@@ -152,7 +162,6 @@ class DenseSegment final : public Segment {
 
  private:
   int d_;
-  RowStore k_, v_;
   std::vector<int32_t> pos_;
 };
 

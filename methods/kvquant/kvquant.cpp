@@ -80,15 +80,14 @@ KvquantQuantizers kvquant_from_json(const nlohmann::json& body, const ModelConfi
 
 KvquantSegment::KvquantSegment(std::shared_ptr<const KvquantLayer> q, std::shared_ptr<const KvquantBatch> batch,
                                int bits, double outliers, int head_dim, int first)
-    : q_(std::move(q)),
+    : RowSegment(head_dim, KvDtype::F32),
+      q_(std::move(q)),
       batch_(std::move(batch)),
       bits_(bits),
       d_(head_dim),
       first_(first),
       share_(outliers),
-      row_bytes_(size_t(head_dim * bits + 7) / 8),
-      k_(head_dim, KvDtype::F32),
-      v_(head_dim, KvDtype::F32) {}
+      row_bytes_(size_t(head_dim * bits + 7) / 8) {}
 
 std::string KvquantSegment::format() const { return fmt::format("kvquant(nuq{},{:g}%)", bits_, share_ * 100); }
 

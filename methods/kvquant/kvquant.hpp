@@ -32,8 +32,9 @@ struct KvquantBatch {
 
 // One cache head: per token the codes of its channels packed at `bits`, its outliers (channel and fp16
 // value, KVQuant's sparse rows), and the row's value offset and range; attention reads the decoded
-// rows, the keys after RoPE, as the reference's simulated quantization does.
-class KvquantSegment final : public Segment {
+// rows, the keys after RoPE, as the reference's simulated quantization does (RowSegment's reads: a GQA
+// group at once, cut over threads).
+class KvquantSegment final : public RowSegment {
  public:
   // `first`: the head's first channel in the layer's row of n_kv_heads x head_dim.
   KvquantSegment(std::shared_ptr<const KvquantLayer> q, std::shared_ptr<const KvquantBatch> batch, int bits,
@@ -44,8 +45,6 @@ class KvquantSegment final : public Segment {
   // Packed codes of keys and values, outliers (4-byte channel + fp16 value) with a 4-byte row start per
   // token and kind, the fp32 value offset and range: the format, not the decoded rows attention reads.
   size_t bytes() const override;
-  void logits(const float* q, float* scores) const override { k_.dot(q, scores); }
-  void accumulate(const float* p, float* acc) const override { v_.axpy(p, acc); }
   // k and v: the token's decoded rows (the key after RoPE); its codes come from the layer's batch.
   bool append_token(const float* k, const float* v, int32_t pos) override;
   void store_as(KvDtype) override {}
@@ -69,7 +68,6 @@ class KvquantSegment final : public Segment {
   std::vector<KvquantOutlier> k_out_, v_out_;        // by token, then channel
   std::vector<uint32_t> k_starts_{0}, v_starts_{0};  // each token's first outlier, and the end
   std::vector<float> v_offset_, v_range_;
-  RowStore k_, v_;
   std::vector<int32_t> pos_;
 };
 
