@@ -979,6 +979,9 @@ TEST_CASE("products with sign bits: a group of vectors at once equals each alone
 }
 
 TEST_CASE("per-token codes: attention products equal the reference loop bit for bit", "[kernels]") {
+  const bool avx2_only = GENERATE(false, true);
+  INFO((avx2_only ? "held at AVX2" : cpu_kernel_path()));
+  cap_kernels_at_avx2(avx2_only);
   std::mt19937 rng(91);
   for (int bits : {2, 4, 8})
     for (auto [d, group] : {std::pair{64, 64}, std::pair{64, 16}, std::pair{128, 32}, std::pair{48, 48},
@@ -1011,4 +1014,5 @@ TEST_CASE("per-token codes: attention products equal the reference loop bit for 
           }
         }
       }
+  cap_kernels_at_avx2(false);
 }
