@@ -153,7 +153,7 @@ KVB_VECTOR_CLONES void split_sketch(const float* S, size_t M, std::span<const ui
 
 }  // namespace
 
-void QjlKeys::logits(const float* q, int g, float* scores, size_t ldo) const {
+void QjlKeys::logits(const float* q, int g, size_t t0, size_t t1, float* scores, size_t ldo) const {
   const int d = sk_->d, m = sk_->m, mo = sk_->m_outlier;
   const size_t M = size_t(m), T = size_t(group_);
   const float* S = sk_->s.data();
@@ -166,24 +166,24 @@ void QjlKeys::logits(const float* q, int g, float* scores, size_t ldo) const {
       for (size_t i = 0; i < M; ++i) qs[size_t(j) * M + i] += q[size_t(j) * d + size_t(c)] * S[size_t(c) * M + i];
   const float scale = std::sqrt(std::numbers::pi_v<float> / 2) / float(m),
               scale_out = std::sqrt(std::numbers::pi_v<float> / 2) / float(mo);
-  for (size_t gi = 0; gi < size() / T; ++gi) {
+  for (size_t gi = t0 / T; gi < t1 / T; ++gi) {
     // Each query's sketch split as the group's keys are: over its outlier channels and over the rest.
     for (int j = 0; j < g; ++j)
       split_sketch(S, M, outliers(gi), q + size_t(j) * d, qs.data() + size_t(j) * M, qo.data() + size_t(j) * M,
                    qi.data() + size_t(j) * M);
-    const size_t t0 = gi * T;
-    sign_dots_group(codes_.data() + t0 * size_t(bytes_), T, size_t(bytes_), qi.data(), M, g, m, in.data(), T);
-    sign_dots_group(outlier_codes_.data() + t0 * size_t(outlier_bytes_), T, size_t(outlier_bytes_), qo.data(), M, g, mo,
-                    out.data(), T);
+    const size_t first = gi * T;
+    sign_dots_group(codes_.data() + first * size_t(bytes_), T, size_t(bytes_), qi.data(), M, g, m, in.data(), T);
+    sign_dots_group(outlier_codes_.data() + first * size_t(outlier_bytes_), T, size_t(outlier_bytes_), qo.data(), M, g,
+                    mo, out.data(), T);
     for (size_t i = 0; i < T; ++i) {
-      const float n = norm(t0 + i), no = outlier_norm(t0 + i);
+      const float n = norm(first + i), no = outlier_norm(first + i);
       // The kernel takes sqrt(|k|^2 - |k_out|^2) of the fp16 norms; clamped where fp16 rounding makes it negative.
       n_in[i] = std::sqrt(std::max(0.0f, n * n - no * no));
       n_out[i] = no;
     }
     for (int j = 0; j < g; ++j)
       for (size_t i = 0; i < T; ++i)
-        scores[size_t(j) * ldo + t0 + i] =
+        scores[size_t(j) * ldo + first + i] =
             scale * n_in[i] * in[size_t(j) * T + i] + scale_out * n_out[i] * out[size_t(j) * T + i];
   }
 }
@@ -244,14 +244,30 @@ bool QjlSegment::append_token(const float* k, const float* v, int32_t pos) {
   return true;
 }
 
-void QjlSegment::logits_group(const float* q, int g, int, float* scores) const {
-  keys_.logits(q, g, scores, size());
-  kf_.dot(q, 0, kf_.rows(), scores + keys_.size(), g, size());
+std::vector<size_t> QjlSegment::token_cuts(int parts) const {
+  const auto group = size_t(layout_.group);
+  std::vector<size_t> cuts = even_cuts(keys_.size() / group, parts, 1);
+  for (size_t& c : cuts) c *= group;
+  cuts.back() = size();
+  return cuts;
 }
 
-void QjlSegment::accumulate_group(const float* p, int g, int, float* acc) const {
-  values_.accumulate(p, 0, d_, acc, g, size());
-  vf_.axpy(p + values_.size(), 0, d_, acc, g, size());
+std::vector<size_t> QjlSegment::channel_cuts(int parts, int d) const {
+  // Whole value groups, and runs the buffer's rows keep exact when it holds any.
+  const auto group = size_t(layout_.group), rows = vf_.channel_grain();
+  const size_t grain = vf_.rows() == 0 ? group : rows == 0 ? 0 : std::lcm(group, rows);
+  return even_cuts(size_t(d), parts, grain);
+}
+
+void QjlSegment::logits_part(const float* q, int g, int, size_t t0, size_t t1, float* scores, size_t ld) const {
+  const size_t nq = keys_.size(), end = std::min(t1, nq);
+  if (t0 < end) keys_.logits(q, g, t0, end, scores, ld);
+  if (t1 > nq) kf_.dot(q, std::max(t0, nq) - nq, t1 - nq, scores + std::max(t0, nq), g, ld);
+}
+
+void QjlSegment::accumulate_part(const float* p, int g, int, int c0, int c1, float* acc) const {
+  values_.accumulate(p, c0, c1, acc, g, size());
+  vf_.axpy(p + values_.size(), c0, c1, acc, g, size());
 }
 
 }  // namespace kvb

@@ -33,10 +33,11 @@ class QjlKeys {
   size_t bytes() const;
   const QjlSketch& sketch() const { return *sk_; }
   void append(const float* k, int n, size_t stride);  // n a multiple of the group
-  // scores[j * ldo + t] = QJL's estimate of q_j . k_t for the g queries q [g, d]:
+  // scores[j * ldo + t] = QJL's estimate of q_j . k_t for the g queries q [g, d] and the tokens [t0, t1)
+  // (whole groups):
   //   sqrt(pi/2)/m |k_in| <sign(S^T k_in), S^T q_in> + sqrt(pi/2)/m_o |k_out| <sign(S^T k_out), (S^T q_out)[:m_o]>
   // (the signs read once for all the queries; each query's numbers as it gets them alone).
-  void logits(const float* q, int g, float* scores, size_t ldo) const;
+  void logits(const float* q, int g, size_t t0, size_t t1, float* scores, size_t ldo) const;
 
   std::span<const uint8_t> codes(size_t t) const;          // m / 8 bytes, bit j of byte j/8 at j%8
   std::span<const uint8_t> outlier_codes(size_t t) const;  // m_o / 8 bytes
@@ -79,9 +80,18 @@ class QjlSegment final : public Segment {
   }
   void logits(const float* q, float* scores) const override { logits_group(q, 1, d_, scores); }
   void accumulate(const float* p, float* acc) const override { accumulate_group(p, 1, d_, acc); }
-  // A GQA group's queries at once: the codes read once for all of them.
-  void logits_group(const float* q, int g, int d, float* scores) const override;
-  void accumulate_group(const float* p, int g, int d, float* acc) const override;
+  // A GQA group's queries at once (the codes read once for all of them); logits cut at whole key groups
+  // (the buffer with the last run), values at whole value groups.
+  void logits_group(const float* q, int g, int d, float* scores) const override {
+    logits_part(q, g, d, 0, size(), scores, size());
+  }
+  void accumulate_group(const float* p, int g, int d, float* acc) const override {
+    accumulate_part(p, g, d, 0, d_, acc);
+  }
+  std::vector<size_t> token_cuts(int parts) const override;
+  std::vector<size_t> channel_cuts(int parts, int d) const override;
+  void logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const override;
+  void accumulate_part(const float* p, int g, int d, int c0, int c1, float* acc) const override;
   bool append_token(const float* k, const float* v, int32_t pos) override;
 
   // The prompt's n tokens (rows `stride` floats apart).

@@ -1,6 +1,7 @@
 // QJL: the key cache against the authors' QJLKeyQuantizer on the same keys and projection
 // (methods/qjl/reference.py), the sketch kvbench draws, the estimator's expectation, and the method as the
 // registry builds it.
+#include <omp.h>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -148,7 +149,7 @@ TEST_CASE("qjl: the drawn sketch is orthogonal per block and the estimate is unb
     QjlKeys keys(std::make_shared<QjlSketch>(d, 64, 64, std::move(g)), outliers, group);
     keys.append(k.data(), group, size_t(d));
     std::vector<float> est(static_cast<size_t>(group));
-    keys.logits(q.data(), 1, est.data(), est.size());
+    keys.logits(q.data(), 1, 0, keys.size(), est.data(), est.size());
     for (int t = 0; t < group; ++t) {
       sum[size_t(t)] += est[size_t(t)];
       sq[size_t(t)] += double(est[size_t(t)]) * est[size_t(t)];
@@ -217,4 +218,36 @@ TEST_CASE("qjl: buffers, bytes and the registry's method", "[qjl]") {
   test::require_error([&] { MethodRegistry::get().create("qjl", {{"buffer", "100"}}, mc); }, {"buffer of 100", "32"});
   test::require_error([&] { MethodRegistry::get().create("qjl", {{"outliers", "32"}}, mc); }, {"32 outlier", "32"});
   test::require_error([&] { MethodRegistry::get().create("qjl", {{"sketch", "100"}}, mc); }, {"multiples of 8", "100"});
+}
+
+TEST_CASE("qjl: attention gives the same numbers however its heads are spread over threads", "[qjl]") {
+  // The default model's 3 KV heads of 3 query heads: on 2 threads a head's logits are cut at key groups
+  // (the buffer with the last run) and its values at value groups (Segment::token_cuts, channel_cuts).
+  const int d = 64, hq = 9, hkv = 3, n = 700;
+  const auto sketch = std::make_shared<QjlSketch>(QjlSketch::random(d, 256, 128, 7));
+  for (auto dtype : {KvDtype::F16, KvDtype::F32}) {
+    LayerCache cache(hq, hkv, d, dtype);
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 0);
+    for (int h = 0; h < hkv; ++h) {
+      const auto k = test::randn(size_t(n) * d, 40 + h), v = test::randn(size_t(n) * d, 50 + h);
+      auto seg = std::make_unique<QjlSegment>(d, sketch, QjlLayout{}, dtype);
+      seg->append(k.data(), v.data(), n, pos.data(), size_t(d));
+      cache.segments(h).push_back(std::move(seg));
+    }
+    const auto q = test::randn(size_t(hq) * d, 60, 2.0f);
+    std::vector<float> ref(q.size()), out(q.size());
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    attend(cache, q.data(), ref.data());
+    for (int th : {2, 4, 5}) {
+      INFO(kv_dtype_name(dtype) << ", " << th << " threads");
+      omp_set_num_threads(th);
+      attend(cache, q.data(), out.data());
+      CHECK(out == ref);
+    }
+    omp_set_num_threads(threads);
+    attend_ref(cache, q.data(), out.data());
+    CHECK(test::max_abs_diff(ref, out) < 1e-4f);
+  }
 }
