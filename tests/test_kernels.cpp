@@ -6,7 +6,6 @@
 #include <string_view>
 
 #include <cblas.h>
-#include <omp.h>
 #include <sys/mman.h>
 
 #include "harness/cache/layer_cache.hpp"
@@ -818,17 +817,9 @@ TEST_CASE("decode attention gives every query head the same numbers however its 
           static_cast<DenseSegment&>(*cache.segments(h).back()).append(k.data() + h * d, v.data() + h * d, t);
       }
       const auto q = randn(size_t(hq) * d, rng, 2.0f);
-      std::vector<float> ref(q.size()), out(q.size());
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);  // whole heads
-      attend(cache, q.data(), ref.data());
-      for (int n : {2, 3, 4, 5, 16}) {
-        INFO(kv_dtype_name(dtype) << ": " << hq << " query heads over " << hkv << ", " << n << " threads");
-        omp_set_num_threads(n);
-        attend(cache, q.data(), out.data());
-        CHECK(out == ref);
-      }
-      omp_set_num_threads(threads);
+      INFO(kv_dtype_name(dtype) << ": " << hq << " query heads over " << hkv);
+      const auto ref = test::attend_across_threads(cache, q, {2, 3, 4, 5, 16});
+      std::vector<float> out(q.size());
       attend_ref(cache, q.data(), out.data());
       CHECK(max_abs_diff(ref, out) < 1e-5f);
     }

@@ -4,11 +4,13 @@
 // fail instead when KVBENCH_REQUIRE_MODELS=1, as CI sets it).
 #include <catch2/catch.hpp>
 
+#include "harness/cache/layer_cache.hpp"
 #include "harness/engine/backend.hpp"
 #include "harness/model/random_model.hpp"
 #include "harness/task/task.hpp"
 #include "harness/util/error.hpp"
 
+#include <omp.h>
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -143,6 +145,24 @@ inline std::string tiny_random_model(const TempDir& dir, const std::string& arch
 }
 
 // n normal samples of standard deviation sd from a seeded generator.
+// Decode attention over `cache` on one thread (whole heads), then on each thread count of `counts`: the
+// same numbers bit for bit however a layer's heads are cut over the threads. Returns the one-thread output.
+inline std::vector<float> attend_across_threads(const LayerCache& cache, const std::vector<float>& q,
+                                                std::initializer_list<int> counts) {
+  std::vector<float> ref(q.size()), out(q.size());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  attend(cache, q.data(), ref.data());
+  for (int n : counts) {
+    INFO(n << " threads");
+    omp_set_num_threads(n);
+    attend(cache, q.data(), out.data());
+    CHECK(out == ref);
+  }
+  omp_set_num_threads(threads);
+  return ref;
+}
+
 inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, sd);

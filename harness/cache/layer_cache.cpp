@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "harness/util/error.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -32,6 +33,19 @@ std::vector<size_t> even_cuts(size_t n, int parts, size_t grain) {
   }
   cuts.push_back(n);
   return cuts;
+}
+
+std::vector<size_t> grouped_token_cuts(size_t grouped, size_t total, size_t group, int parts) {
+  std::vector<size_t> cuts = even_cuts(grouped / group, parts, 1);
+  for (size_t& c : cuts) c *= group;
+  cuts.back() = total;
+  return cuts;
+}
+
+std::vector<size_t> grouped_channel_cuts(int d, int parts, size_t channel_group, const RowStore& buffer) {
+  const size_t rows = buffer.channel_grain();
+  const size_t grain = buffer.rows() == 0 ? channel_group : rows == 0 ? 0 : std::lcm(channel_group, rows);
+  return even_cuts(size_t(d), parts, grain);
 }
 
 void RowStore::read(size_t t0, size_t n, float* out) const {

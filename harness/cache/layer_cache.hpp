@@ -105,6 +105,13 @@ class RowStore {
   std::vector<unsigned char> data_;  // [rows, head_dim] at dtype_
 };
 
+// The cuts of a store quantized in groups behind a full-precision buffer (KVmix's, QJL's): its logits at
+// whole groups of `group` tokens over the `grouped` first (the buffer's `total - grouped` with the last
+// run), its values at whole groups of `channel_group` channels that also keep the buffer's rows exact
+// when it holds any.
+std::vector<size_t> grouped_token_cuts(size_t grouped, size_t total, size_t group, int parts);
+std::vector<size_t> grouped_channel_cuts(int d, int parts, size_t channel_group, const RowStore& buffer);
+
 // Attention over keys and values held as rows (RowStore): the reads of a dense segment, and of a format
 // that keeps its tokens decoded for attention (KVQuant's simulated quantization). A GQA group's queries read
 // the rows once; logits may be cut at multiples of 64 rows and values at the rows' channel grain.

@@ -119,19 +119,12 @@ void KvmixSegment::accumulate_group(const float* p, int g, int d, float* acc) co
 
 std::vector<size_t> KvmixSegment::token_cuts(int parts) const {
   if (!layout_.fused) return {0, size()};
-  const auto group = size_t(layout_.k_group);
-  std::vector<size_t> cuts = even_cuts(keys_.size() / group, parts, 1);
-  for (size_t& c : cuts) c *= group;
-  cuts.back() = size();
-  return cuts;
+  return grouped_token_cuts(keys_.size(), size(), size_t(layout_.k_group), parts);
 }
 
 std::vector<size_t> KvmixSegment::channel_cuts(int parts, int d) const {
   if (!layout_.fused) return {0, size_t(d)};
-  // Whole value groups, and runs the buffer's rows keep exact when it holds any.
-  const auto group = size_t(layout_.v_group), rows = vf_.channel_grain();
-  const size_t grain = vf_.rows() == 0 ? group : rows == 0 ? 0 : std::lcm(group, rows);
-  return even_cuts(size_t(d), parts, grain);
+  return grouped_channel_cuts(d, parts, size_t(layout_.v_group), vf_);
 }
 
 void KvmixSegment::logits_part(const float* q, int g, int d, size_t t0, size_t t1, float* scores, size_t ld) const {

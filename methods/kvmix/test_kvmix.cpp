@@ -3,7 +3,6 @@
 // against its reconstruction, nominal bits of the layer map, the full-precision limit, the profile end
 // to end, and bad input. Packing, group error bounds and the fused quantized products are tested with
 // the quantized segment (test_segments.cpp).
-#include <omp.h>
 
 #include <filesystem>
 #include <fstream>
@@ -259,17 +258,9 @@ TEST_CASE("KVmix attention gives the same numbers however its heads are spread o
         cache.segments(h).push_back(std::move(tail));
       }
       const auto q = randn(size_t(hq) * d, 60, 2.0f);
-      std::vector<float> ref(q.size()), out(q.size());
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);
-      attend(cache, q.data(), ref.data());
-      for (int th : {2, 4, 5}) {
-        INFO(kv_dtype_name(dtype) << ", " << k_bits << "-bit keys, " << th << " threads");
-        omp_set_num_threads(th);
-        attend(cache, q.data(), out.data());
-        CHECK(out == ref);
-      }
-      omp_set_num_threads(threads);
+      INFO(kv_dtype_name(dtype) << ", " << k_bits << "-bit keys");
+      const auto ref = test::attend_across_threads(cache, q, {2, 4, 5});
+      std::vector<float> out(q.size());
       attend_ref(cache, q.data(), out.data());
       CHECK(test::max_abs_diff(ref, out) < 1e-4f);
     }

@@ -245,18 +245,11 @@ bool QjlSegment::append_token(const float* k, const float* v, int32_t pos) {
 }
 
 std::vector<size_t> QjlSegment::token_cuts(int parts) const {
-  const auto group = size_t(layout_.group);
-  std::vector<size_t> cuts = even_cuts(keys_.size() / group, parts, 1);
-  for (size_t& c : cuts) c *= group;
-  cuts.back() = size();
-  return cuts;
+  return grouped_token_cuts(keys_.size(), size(), size_t(layout_.group), parts);
 }
 
 std::vector<size_t> QjlSegment::channel_cuts(int parts, int d) const {
-  // Whole value groups, and runs the buffer's rows keep exact when it holds any.
-  const auto group = size_t(layout_.group), rows = vf_.channel_grain();
-  const size_t grain = vf_.rows() == 0 ? group : rows == 0 ? 0 : std::lcm(group, rows);
-  return even_cuts(size_t(d), parts, grain);
+  return grouped_channel_cuts(d, parts, size_t(layout_.group), vf_);
 }
 
 void QjlSegment::logits_part(const float* q, int g, int, size_t t0, size_t t1, float* scores, size_t ld) const {

@@ -1,7 +1,6 @@
 // QJL: the key cache against the authors' QJLKeyQuantizer on the same keys and projection
 // (methods/qjl/reference.py), the sketch kvbench draws, the estimator's expectation, and the method as the
 // registry builds it.
-#include <omp.h>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -236,17 +235,9 @@ TEST_CASE("qjl: attention gives the same numbers however its heads are spread ov
       cache.segments(h).push_back(std::move(seg));
     }
     const auto q = test::randn(size_t(hq) * d, 60, 2.0f);
-    std::vector<float> ref(q.size()), out(q.size());
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    attend(cache, q.data(), ref.data());
-    for (int th : {2, 4, 5}) {
-      INFO(kv_dtype_name(dtype) << ", " << th << " threads");
-      omp_set_num_threads(th);
-      attend(cache, q.data(), out.data());
-      CHECK(out == ref);
-    }
-    omp_set_num_threads(threads);
+    INFO(kv_dtype_name(dtype));
+    const auto ref = test::attend_across_threads(cache, q, {2, 4, 5});
+    std::vector<float> out(q.size());
     attend_ref(cache, q.data(), out.data());
     CHECK(test::max_abs_diff(ref, out) < 1e-4f);
   }

@@ -1,7 +1,6 @@
 // RTN: codes and read-back values against KIVI's SymQuantizer on the same keys and values
 // (methods/rtn/reference.py), the fused attention paths against the read-back ones, and the method as the
 // registry builds it.
-#include <omp.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -87,17 +86,9 @@ TEST_CASE("rtn: attention gives the same numbers however its heads are spread ov
       cache.segments(h).push_back(std::move(seg));
     }
     const auto q = test::randn(size_t(hq) * d, 60, 2.0f);
-    std::vector<float> ref(q.size()), out(q.size());
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    attend(cache, q.data(), ref.data());
-    for (int th : {2, 4, 5}) {
-      INFO(bits << " bits, group " << group << ", " << th << " threads");
-      omp_set_num_threads(th);
-      attend(cache, q.data(), out.data());
-      CHECK(out == ref);
-    }
-    omp_set_num_threads(threads);
+    INFO(bits << " bits, group " << group);
+    const auto ref = test::attend_across_threads(cache, q, {2, 4, 5});
+    std::vector<float> out(q.size());
     attend_ref(cache, q.data(), out.data());
     CHECK(test::max_abs_diff(ref, out) < 1e-4f);
   }

@@ -1,7 +1,6 @@
 // VECTOR (README.md §8): least-squares maps against their references, the RoPE round trip at
 // long positions, the tier accounting, p_a = 0 as the base, the approximated set as the best-predicted
 // pool tokens, and an exact map recovering the base at the pool budget.
-#include <omp.h>
 
 #include <cmath>
 #include <filesystem>
@@ -496,17 +495,8 @@ TEST_CASE("vector: approximated segments give the same numbers however their hea
       cache.append(k.data(), v.data(), 600 + t);
     }
     const auto q = test::randn(size_t(hq) * d, 7, 0.5f);
-    std::vector<float> ref(q.size()), out(q.size());
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);  // whole heads
-    attend(cache, q.data(), ref.data());
-    for (int n : {2, 3, 4, 5, 16}) {
-      INFO(kv_dtype_name(dtype) << ", " << n << " threads");
-      omp_set_num_threads(n);
-      attend(cache, q.data(), out.data());
-      CHECK(out == ref);
-    }
-    omp_set_num_threads(threads);
+    INFO(kv_dtype_name(dtype));
+    test::attend_across_threads(cache, q, {2, 3, 4, 5, 16});
   }
   // Rounding the keys after they are stored gives the segment that stored them rounded: the same logits
   // and the same fold (its keys rotated back again from the rounded ones).
