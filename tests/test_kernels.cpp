@@ -948,7 +948,8 @@ TEST_CASE("products with sign bits equal the reference on both paths", "[kernels
   }
 }
 
-TEST_CASE("products with sign bits: a group of vectors at once equals each alone on the AVX2 path", "[kernels]") {
+TEST_CASE("products with sign bits: a group of vectors at once equals each alone on the AVX2 path, at both levels",
+          "[kernels]") {
   std::mt19937 rng(23);
   for (const int n : {8, 24, 128, 256, 512})
     for (const size_t tokens : {size_t(1), size_t(37)})
@@ -958,12 +959,14 @@ TEST_CASE("products with sign bits: a group of vectors at once equals each alone
         const auto x = randn(size_t(g) * ldx, rng);
         std::vector<uint8_t> codes(tokens * stride);
         for (auto& c : codes) c = uint8_t(rng());
-        std::vector<float> group(size_t(g) * tokens), alone(tokens);
+        std::vector<float> group(size_t(g) * tokens), group_avx2(group.size()), alone(tokens);
         sign_dots_group(codes.data(), tokens, stride, x.data(), ldx, g, n, group.data(), tokens);
         cap_kernels_at_avx2(true);
+        sign_dots_group(codes.data(), tokens, stride, x.data(), ldx, g, n, group_avx2.data(), tokens);
         for (int j = 0; j < g; ++j) {
           sign_dots(codes.data(), tokens, stride, x.data() + size_t(j) * ldx, n, alone.data());
           CHECK(std::memcmp(alone.data(), group.data() + size_t(j) * tokens, tokens * sizeof(float)) == 0);
+          CHECK(std::memcmp(alone.data(), group_avx2.data() + size_t(j) * tokens, tokens * sizeof(float)) == 0);
         }
         cap_kernels_at_avx2(false);
       }

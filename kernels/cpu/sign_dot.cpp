@@ -42,26 +42,37 @@ __attribute__((target("avx2,fma"))) inline __m256 clear_bits_sign(uint8_t byte) 
 }
 
 // A clear bit flips the sign of x; two accumulators over alternate bytes, bytes taken in pairs so that
-// both stay in registers (indexed by parity they lived on the stack).
+// both stay in registers (indexed by parity they lived on the stack). G vectors x [G, ldx] at once, each
+// byte's signs formed once for all of them.
+template <int G>
 __attribute__((target("avx2,fma"))) void sign_dots_avx2(const uint8_t* codes, size_t tokens, size_t stride,
-                                                        const float* x, int n, float* out) {
+                                                        const float* x, size_t ldx, int n, float* out, size_t ldo) {
   const int bytes = n / 8;
   for (size_t t = 0; t < tokens; ++t) {
     const uint8_t* c = codes + t * stride;
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    __m256 even[G], odd[G];
+    for (int j = 0; j < G; ++j) even[j] = odd[j] = _mm256_setzero_ps();
     int b = 0;
     for (; b + 1 < bytes; b += 2) {
-      even = _mm256_add_ps(even, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), clear_bits_sign(c[b])));
-      odd = _mm256_add_ps(odd, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b + 8), clear_bits_sign(c[b + 1])));
+      const __m256 se = clear_bits_sign(c[b]), so = clear_bits_sign(c[b + 1]);
+      for (int j = 0; j < G; ++j) {
+        const float* xj = x + size_t(j) * ldx;
+        even[j] = _mm256_add_ps(even[j], _mm256_xor_ps(_mm256_loadu_ps(xj + 8 * b), se));
+        odd[j] = _mm256_add_ps(odd[j], _mm256_xor_ps(_mm256_loadu_ps(xj + 8 * b + 8), so));
+      }
     }
-    if (b < bytes) even = _mm256_add_ps(even, _mm256_xor_ps(_mm256_loadu_ps(x + 8 * b), clear_bits_sign(c[b])));
-    out[t] = hsum_avx2(_mm256_add_ps(even, odd));
+    for (int j = 0; j < G; ++j) {
+      if (b < bytes)
+        even[j] =
+            _mm256_add_ps(even[j], _mm256_xor_ps(_mm256_loadu_ps(x + size_t(j) * ldx + 8 * b), clear_bits_sign(c[b])));
+      out[size_t(j) * ldo + t] = hsum_avx2(_mm256_add_ps(even[j], odd[j]));
+    }
   }
 }
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// sign_dots_avx2 for G vectors and two tokens at a time: lanes 0-7 of a 512-bit sum are its even sum and
+// sign_dots_avx2 two tokens at a time: lanes 0-7 of a 512-bit sum are its even sum and
 // lanes 8-15 its odd one, a pair of bytes of signs the mask of the lanes whose sign flips (a clear bit).
 template <int G>
 __attribute__((target("avx512f,avx2,fma"))) void sign_dots_avx512(const uint8_t* codes, size_t tokens, size_t stride,
@@ -111,17 +122,13 @@ void sign_dots(const uint8_t* codes, size_t tokens, size_t stride, const float* 
 
 void sign_dots_group(const uint8_t* codes, size_t tokens, size_t stride, const float* x, size_t ldx, int g, int n,
                      float* out, size_t ldo) {
-  if (cpu_has_avx512())
+  if (cpu_has_avx2())
     return for_query_runs<4>(g, [&](auto G, int j) {
-      sign_dots_avx512<decltype(G)::value>(codes, tokens, stride, x + size_t(j) * ldx, ldx, n, out + size_t(j) * ldo,
-                                           ldo);
+      constexpr int kG = decltype(G)::value;
+      (cpu_has_avx512() ? sign_dots_avx512<kG> : sign_dots_avx2<kG>)(codes, tokens, stride, x + size_t(j) * ldx, ldx, n,
+                                                                     out + size_t(j) * ldo, ldo);
     });
-  for (int j = 0; j < g; ++j) {
-    if (cpu_has_avx2())
-      sign_dots_avx2(codes, tokens, stride, x + size_t(j) * ldx, n, out + size_t(j) * ldo);
-    else
-      sign_dots_portable(codes, tokens, stride, x + size_t(j) * ldx, n, out + size_t(j) * ldo);
-  }
+  for (int j = 0; j < g; ++j) sign_dots_portable(codes, tokens, stride, x + size_t(j) * ldx, n, out + size_t(j) * ldo);
 }
 
 }  // namespace kvb
