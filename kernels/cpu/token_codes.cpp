@@ -72,12 +72,9 @@ void dot_blocks_avx512(const TokenCodesView& c, const float* q, size_t t, size_t
     n[u] = from < t1 ? int(std::min<size_t>(16, t1 - from)) : 0;
     live[u] = static_cast<__mmask16>((1u << n[u]) - 1);
   }
-  // The gathers' rows, 1-4 KiB a pass, are fetched a pass ahead: gathers alone left the rows to the
-  // memory's latency.
-  const uint8_t* next = c.codes + (t + 16 * NB) * rb;
-  const uint8_t* end = c.codes + c.tokens * rb;
-  for (size_t o = 0; o < 16 * NB * rb && next + o < end; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(next + o), _MM_HINT_T0);
+  // The next pass's rows (1-4 KiB) are fetched ahead: gathers alone left the rows to the memory's latency.
+  const size_t next = std::min(t + 16 * NB, c.tokens) * rb, stop = std::min(t + 32 * NB, c.tokens) * rb;
+  for (size_t o = next; o < stop; o += 64) _mm_prefetch(reinterpret_cast<const char*>(c.codes + o), _MM_HINT_T0);
   constexpr int per = 32 / B;  // codes a word
   __m512 sum[G][NB];
   for (int j = 0; j < G; ++j)
@@ -89,8 +86,9 @@ void dot_blocks_avx512(const TokenCodesView& c, const float* q, size_t t, size_t
     for (int w = gi * c.group / per; w < (gi + 1) * c.group / per; ++w) {
       __m512i word[NB];
       for (int u = 0; u < NB; ++u)
-        word[u] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[u], rows,
-                                              c.codes + (t + 16 * size_t(u)) * rb + size_t(w) * 4, 1);
+        word[u] = n[u] == 0 ? _mm512_setzero_si512()
+                            : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[u], rows,
+                                                          c.codes + (t + 16 * size_t(u)) * rb + size_t(w) * 4, 1);
 #pragma GCC unroll 1
       for (int m = 0; m < per; ++m) {
         const int i = w * per + m;
@@ -232,9 +230,11 @@ void dot_blocks_avx2(const TokenCodesView& c, const float* q, size_t t, size_t t
     for (int w = gi * c.group / per; w < (gi + 1) * c.group / per; ++w) {
       __m256i word[NB];
       for (int u = 0; u < NB; ++u)
-        word[u] = _mm256_mask_i32gather_epi32(
-            _mm256_setzero_si256(), reinterpret_cast<const int*>(c.codes + (t + 8 * size_t(u)) * rb + size_t(w) * 4),
-            rows, live[u], 1);
+        word[u] = n[u] == 0 ? _mm256_setzero_si256()
+                            : _mm256_mask_i32gather_epi32(
+                                  _mm256_setzero_si256(),
+                                  reinterpret_cast<const int*>(c.codes + (t + 8 * size_t(u)) * rb + size_t(w) * 4),
+                                  rows, live[u], 1);
 #pragma GCC unroll 1
       for (int m = 0; m < per; ++m) {
         const int i = w * per + m;
