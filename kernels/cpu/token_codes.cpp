@@ -112,7 +112,8 @@ void dot_blocks_avx512(const TokenCodesView& c, const float* q, size_t t, size_t
 
 template <int G, int B>
 void dot_avx512(const TokenCodesView& c, const float* q, size_t t0, size_t t1, float* scores, size_t ldo) {
-  constexpr int NB = G <= 2 ? 4 : 2;  // 2 G NB chains, G NB + NB + 2 registers
+  // 2 G NB accumulators (dots and sums) and 2 NB words and codes within the 32 registers
+  constexpr int NB = G <= 2 ? 4 : G == 3 ? 3 : 2;
   for (size_t t = t0; t < t1; t += 16 * NB) dot_blocks_avx512<G, B, NB>(c, q, t, t1, scores + (t - t0), ldo);
 }
 
