@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/avx512.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_rows.hpp"
 #include "kernels/cpu/query_runs.hpp"
@@ -15,12 +16,6 @@ namespace {
 
 int levels_of(int bits) { return (1 << (bits - 1)) - 1; }
 
-int code_at(const TokenCodesView& c, size_t t, int i) {
-  const int per_byte = 8 / c.bits;
-  const int raw = c.codes[t * c.row_bytes() + size_t(i / per_byte)] >> (c.bits * (i % per_byte));
-  return (raw & ((1 << c.bits) - 1)) - levels_of(c.bits);
-}
-
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
 #pragma GCC diagnostic push
@@ -30,10 +25,7 @@ int code_at(const TokenCodesView& c, size_t t, int i) {
 // The fp16 steps of group gi of the n <= 16 tokens from t, as floats (lanes past n zero).
 __m512 steps16_avx512(const TokenCodesView& c, size_t t, int gi, int n) {
   const int groups = c.d / c.group;
-  if (groups == 1 && n == 16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.steps + t)));
-  alignas(32) uint16_t h[16] = {};
-  for (int l = 0; l < n; ++l) h[l] = c.steps[(t + size_t(l)) * size_t(groups) + size_t(gi)];
-  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+  return n == 0 ? _mm512_setzero_ps() : group_halves16(c.steps + t * size_t(groups), groups, gi, n);
 }
 
 // The values of the codes (code - levels) by their low four bits (a permutation's index): 2- and 4-bit codes
@@ -337,6 +329,12 @@ void axpy_kernel(const TokenCodesView& v, const float* p, size_t ldp, int c0, in
 
 }  // namespace
 
+int token_code(const TokenCodesView& c, size_t t, int i) {
+  const int per_byte = 8 / c.bits;
+  const int raw = c.codes[t * c.row_bytes() + size_t(i / per_byte)] >> (c.bits * (i % per_byte));
+  return (raw & ((1 << c.bits) - 1)) - levels_of(c.bits);
+}
+
 void token_codes_dot_ref(const TokenCodesView& k, const float* q, int g, size_t t0, size_t t1, float* scores,
                          size_t ldo) {
   const int groups = k.d / k.group;
@@ -346,7 +344,7 @@ void token_codes_dot_ref(const TokenCodesView& k, const float* q, int g, size_t 
       float sum = 0;
       for (int gi = 0; gi < groups; ++gi) {
         float dot = 0;
-        for (int i = gi * k.group; i < (gi + 1) * k.group; ++i) dot += qj[i] * float(code_at(k, t, i));
+        for (int i = gi * k.group; i < (gi + 1) * k.group; ++i) dot += qj[i] * float(token_code(k, t, i));
         sum += half_to_float(k.steps[t * size_t(groups) + size_t(gi)]) * dot;
       }
       scores[size_t(j) * ldo + (t - t0)] = sum;
@@ -362,7 +360,7 @@ void token_codes_axpy_ref(const TokenCodesView& v, const float* p, int g, size_t
       for (int gi = 0; gi < groups; ++gi) {
         const float w = p[size_t(j) * ldp + t] * half_to_float(v.steps[t * size_t(groups) + size_t(gi)]);
         for (int i = std::max(gi * v.group, c0); i < std::min((gi + 1) * v.group, c1); ++i)
-          aj[i] += w * float(code_at(v, t, i));
+          aj[i] += w * float(token_code(v, t, i));
       }
   }
 }

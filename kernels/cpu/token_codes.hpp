@@ -15,6 +15,9 @@ struct TokenCodesView {
   size_t row_bytes() const { return (size_t(d) * size_t(bits) + 7) / 8; }
 };
 
+// The signed code of token t, channel i.
+int token_code(const TokenCodesView& c, size_t t, int i);
+
 // scores[j * ldo + t - t0] for tokens t in [t0, t1) and the g queries q [g, d]: per token, over the groups
 // in order, sum += step x dot with dot the group's q_j[i] x c summed channel by channel, every product and
 // sum rounded apart. The reference is that loop; the fast form the same numbers bit for bit.

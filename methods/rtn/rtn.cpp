@@ -43,12 +43,6 @@ void RtnSegment::quantize(const float* x, std::vector<uint8_t>& codes, std::vect
   }
 }
 
-int RtnSegment::code(const std::vector<uint8_t>& codes, size_t t, int i) const {
-  const int per_byte = 8 / bits_;
-  const int raw = codes[t * row_bytes_ + size_t(i / per_byte)] >> (bits_ * (i % per_byte));
-  return (raw & ((1 << bits_) - 1)) - levels_;
-}
-
 bool RtnSegment::append_token(const float* k, const float* v, int32_t pos) {
   quantize(k, k_codes_, k_steps_);
   quantize(v, v_codes_, v_steps_);
@@ -78,20 +72,22 @@ void RtnSegment::accumulate_part(const float* p, int g, int, int c0, int c1, flo
 }
 
 std::vector<int> RtnSegment::codes(bool keys) const {
+  const TokenCodesView c = view(keys);
   std::vector<int> out;
   for (size_t t = 0; t < size(); ++t)
-    for (int i = 0; i < d_; ++i) out.push_back(code(keys ? k_codes_ : v_codes_, t, i));
+    for (int i = 0; i < d_; ++i) out.push_back(token_code(c, t, i));
   return out;
 }
 
 void RtnSegment::reconstruct(std::vector<float>& k, std::vector<float>& v) const {
   const int groups = d_ / group_;
-  for (auto [codes, steps, out] : {std::tuple{&k_codes_, &k_steps_, &k}, std::tuple{&v_codes_, &v_steps_, &v}}) {
+  for (auto [keys, out] : {std::pair{true, &k}, std::pair{false, &v}}) {
+    const TokenCodesView c = view(keys);
     out->assign(size() * size_t(d_), 0);
     for (size_t t = 0; t < size(); ++t)
       for (int i = 0; i < d_; ++i)
         (*out)[t * size_t(d_) + size_t(i)] =
-            float(code(*codes, t, i)) * half_to_float((*steps)[t * size_t(groups) + size_t(i / group_)]);
+            float(token_code(c, t, i)) * half_to_float(c.steps[t * size_t(groups) + size_t(i / group_)]);
   }
 }
 

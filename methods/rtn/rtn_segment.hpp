@@ -38,7 +38,6 @@ class RtnSegment final : public Segment {
 
  private:
   void quantize(const float* x, std::vector<uint8_t>& codes, std::vector<uint16_t>& steps) const;
-  int code(const std::vector<uint8_t>& codes, size_t t, int i) const;
   TokenCodesView view(bool keys) const;
 
   int d_, bits_, group_, levels_ = 0;
