@@ -277,8 +277,8 @@ TEST_CASE("GGUF matrices stored in tiles: the blocks' bytes, any rows read back"
         std::vector<uint8_t> w(rows * raw);
         for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
         const auto stored = store(t, w, rows, cols);
-        // the file's bytes, the 32-value types' last tile padded to 16 rows
-        const int padded = info.block_elems == 32 ? (rows + 15) / 16 * 16 : rows;
+        // the file's bytes, the last tile padded to 16 rows
+        const int padded = (rows + 15) / 16 * 16;
         CHECK(stored.size() == size_t(padded) * raw);
         for (int r0 : {3, rows - 2}) {  // inside the first tile, and across the last two
           std::vector<uint8_t> part(2 * raw);
@@ -295,11 +295,13 @@ TEST_CASE("products on stored GGUF rows read nothing past the matrix", "[kernels
   force_portable_kernels(portable);
   std::mt19937 rng(10);
   const size_t page = 4096;
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
-    for (int cols : {32, 96, 224, 416, 576})
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+    for (int cols : {32, 96, 224, 416, 576, 256, 768})
       for (int rows : {1, 3, 17}) {
+        const auto& info = dtype_info(t);
+        if (cols % info.block_elems) continue;
         INFO(dtype_name(t) << " cols " << cols << " rows " << rows);
-        std::vector<uint8_t> w(size_t(rows) * cols / 32 * dtype_info(t).block_bytes);
+        std::vector<uint8_t> w(size_t(rows) * cols / info.block_elems * info.block_bytes);
         for (auto& b : w) b = static_cast<uint8_t>(rng() & 0x3f);  // fp16 scales stay small and finite
         const size_t bytes = stored_bytes(t, rows, cols), span = (bytes + page - 1) / page * page + page;
         void* base = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -320,23 +322,34 @@ TEST_CASE("products on stored GGUF rows read nothing past the matrix", "[kernels
 TEST_CASE("products on GGUF blocks: AVX-512 VNNI, AVX2 and portable kernels give the same numbers", "[kernels]") {
   // Every byte value in the blocks (Q8_0's -128 included) against activations that reach +-127: the
   // pair sums AVX2 saturates at 16 bits come closest to the limit here. Row counts off the 16-row tiles.
+  // The K-quants: every 6-bit scale and min and every signed 8-bit scale (random bytes), activations whose
+  // blocks of 256 reach +-127 in every sub-block.
   std::mt19937 rng(8);
   std::uniform_int_distribution<int> byte(0, 255);
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0})
-    for (auto [n, in, out] :
-         {std::tuple{1, 576, 37}, {3, 64, 9}, {4, 1536, 16}, {9, 576, 21}, {1, 416, 9}, {3, 224, 5}, {8, 96, 48}}) {
-      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K})
+    for (auto [n, in, out] : {std::tuple{1, 576, 37},
+                              {3, 64, 9},
+                              {4, 1536, 16},
+                              {9, 576, 21},
+                              {1, 416, 9},
+                              {3, 224, 5},
+                              {8, 96, 48},
+                              {8, 512, 23},
+                              {5, 768, 7}}) {
       const auto& info = dtype_info(t);
+      if (in % info.block_elems) continue;
+      INFO(dtype_name(t) << " n " << n << " in " << in << " out " << out);
       std::vector<uint8_t> w(size_t(out) * in / info.block_elems * info.block_bytes);
       for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+      const bool second = t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K;
       for (size_t b = 0; b < w.size(); b += info.block_bytes)
         for (size_t at : {size_t{0}, size_t{2}}) {
-          if (at == 2 && t != DType::Q4_1 && t != DType::Q5_1) continue;
+          if (at == 2 && !second) continue;
           const uint16_t h = float_to_half(0.01f * float(byte(rng) - 128) / 128.0f);
-          std::memcpy(&w[b + at], &h, 2);
+          std::memcpy(&w[b + (t == DType::Q6_K ? 208 : at)], &h, 2);
         }
       auto x = randn(size_t(n) * in, rng);
-      for (size_t i = 0; i < x.size(); i += 32) x[i] = (i / 32) % 2 ? 4.0f : -4.0f;  // each block's extreme
+      for (size_t i = 0; i < x.size(); i += 16) x[i] = (i / 16) % 2 ? 4.0f : -4.0f;  // each sub-block's extreme
       std::vector<float> wide(size_t(n) * out), narrow(wide.size()), portable(wide.size());
       const auto stored = store(t, w, out, in);
       linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, wide.data());

@@ -59,7 +59,50 @@ int block_isum(DType t, const uint8_t* qs, const uint8_t* qh_bits, const int8_t*
 
 bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
 
-// How the engine stores a matrix of a 32-value type: in tiles of 16 rows, each tile block by block, one
+constexpr int QKK = 256;
+
+// Q4_K: value = d sc_j q - dmin m_j for sub-blocks j of 32. Returns sum_j sc_j (q4 . q8) and, in
+// `mins`, sum_j m_j (sum of the sub-block's q8), so that the product is d yd isum - dmin yd mins.
+int q4k_isum(const uint8_t* b, const int8_t* q, const int16_t* bsums, int& mins) {
+  const uint8_t* scales = b + 4;
+  const uint8_t* qs = b + 16;
+  int isum = 0;
+  mins = 0;
+  for (int c = 0; c < 4; ++c) {  // 64 values: low nibbles are sub-block 2c, high ones 2c + 1
+    uint8_t sc1, m1, sc2, m2;
+    scale_min_k4(2 * c, scales, sc1, m1);
+    scale_min_k4(2 * c + 1, scales, sc2, m2);
+    int s1 = 0, s2 = 0;
+    for (int l = 0; l < 32; ++l) {
+      s1 += (qs[32 * c + l] & 0xF) * q[64 * c + l];
+      s2 += (qs[32 * c + l] >> 4) * q[64 * c + 32 + l];
+    }
+    isum += sc1 * s1 + sc2 * s2;
+    mins += m1 * (bsums[4 * c] + bsums[4 * c + 1]) + m2 * (bsums[4 * c + 2] + bsums[4 * c + 3]);
+  }
+  return isum;
+}
+
+// Q6_K: value = d sc_k (u6 - 32) for sub-blocks k of 16. Returns sum_k sc_k (u6 . q8 - 32 bsum_k).
+int q6k_isum(const uint8_t* b, const int8_t* q, const int16_t* bsums) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+  int sums[16] = {};
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32, q += 128)
+    for (int l = 0; l < 32; ++l) {
+      const int k = 8 * half + l / 16;
+      sums[k] += ((ql[l] & 0xF) | (qh[l] & 3) << 4) * q[l];
+      sums[k + 2] += ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) * q[l + 32];
+      sums[k + 4] += ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) * q[l + 64];
+      sums[k + 6] += ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) * q[l + 96];
+    }
+  int isum = 0;
+  for (int k = 0; k < 16; ++k) isum += sc[k] * (sums[k] - 32 * bsums[k]);
+  return isum;
+}
+
+// How the engine stores a matrix of these types: in tiles of 16 rows, each tile block by block, one
 // chunk per block of its 16 rows: their quants as 32-bit words, interleaved (word w of rows 0..15, then
 // word w + 1; Q4's and Q5's word w holds values 4w..4w+3 in its low nibbles and 4w+16..4w+19 in its high
 // ones, Q8_0's word w values 4w..4w+3 with the sign bit flipped, i.e. value + 128 as unsigned), Q5's
@@ -68,22 +111,34 @@ bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q6_K; }
 // whose lanes are rows: a block's product for a token is eight VNNI instructions against the token's
 // activations broadcast four bytes at a time, and a row's sum never needs a horizontal add. (Stored row
 // by row, each block cost some five instructions per row and token, and a batch of eight sequences made
-// the GEMVs arithmetic-bound.) The bytes are the file's, moved; a matrix whose rows are not a multiple of
-// 16 has its last tile padded with zero rows.
+// the GEMVs arithmetic-bound.) The K-quants' blocks of 256 are interleaved the same way, every word of
+// the block but its fp16 scales: Q4_K's 32 words of nibbles (word w of bytes 32c..32c+31 holds values
+// 4w..4w+3 of sub-block 2c in its low nibbles and of 2c + 1 in its high ones), then its 3 words of 6-bit
+// scales and mins, then the 16 rows' d and dmin; Q6_K's 32 words of low nibbles, 16 of high bits and 4
+// of 8-bit scales in the file's order, then the 16 d. The bytes are the file's, moved; a matrix whose
+// rows are not a multiple of 16 has its last tile padded with zero rows.
 constexpr int kTileRows = 16;
 
 struct Chunk {
   size_t qh = 0, d = 0, m = 0, bytes = 0;  // offsets in a block's chunk (the quants at 0), its size
 };
 
-constexpr int quant_words(DType t) { return t == DType::Q8_0 ? 8 : 4; }
+// The block's words that are interleaved, and where word w lies in the file's block.
+constexpr int tile_words(DType t) { return t == DType::Q8_0 ? 8 : t == DType::Q4_K ? 35 : t == DType::Q6_K ? 52 : 4; }
+constexpr size_t word_in_block(DType t, int w) {
+  if (t == DType::Q4_K) return w < 32 ? 16 + 4 * size_t(w) : 4 + 4 * size_t(w - 32);
+  return (t == DType::Q6_K ? 0 : qs_offset(t)) + 4 * size_t(w);
+}
+// A second fp16 per row (the min of Q4_1 and Q5_1, Q4_K's dmin) at byte 2 of the block, and the d's.
+constexpr bool has_second_scale(DType t) { return has_min(t) || t == DType::Q4_K; }
+constexpr size_t d_in_block(DType t) { return t == DType::Q6_K ? 208 : 0; }
 
 constexpr Chunk chunk(DType t) {
   Chunk c;
-  c.qh = size_t(quant_words(t)) * 4 * kTileRows;
+  c.qh = size_t(tile_words(t)) * 4 * kTileRows;
   c.d = c.qh + (has_fifth_bit(t) ? 4 * kTileRows : 0);
   c.m = c.d + 2 * kTileRows;
-  c.bytes = c.m + (has_min(t) ? 2 * kTileRows : 0);
+  c.bytes = c.m + (has_second_scale(t) ? 2 * kTileRows : 0);
   return c;
 }
 
@@ -116,8 +171,8 @@ void move_block(DType t, const Chunk& ch, int lane, const uint8_t* from, uint8_t
     std::memcpy(dst, from + (ToTile ? in_block : in_chunk), n);
     return dst;
   };
-  for (int w = 0; w < quant_words(t); ++w) {
-    uint8_t* q = field(size_t(64 * w + 4 * lane), qs_offset(t) + 4 * size_t(w), 4);
+  for (int w = 0; w < tile_words(t); ++w) {
+    uint8_t* q = field(size_t(64 * w + 4 * lane), word_in_block(t, w), 4);
     if (t == DType::Q8_0)
       for (int i = 0; i < 4; ++i) q[i] ^= 0x80;
   }
@@ -128,8 +183,8 @@ void move_block(DType t, const Chunk& ch, int lane, const uint8_t* from, uint8_t
     h = reorder_fifth_bits(h, ToTile);
     std::memcpy(qh, &h, 4);
   }
-  field(ch.d + 2 * size_t(lane), 0, 2);
-  if (has_min(t)) field(ch.m + 2 * size_t(lane), 2, 2);
+  field(ch.d + 2 * size_t(lane), d_in_block(t), 2);
+  if (has_second_scale(t)) field(ch.m + 2 * size_t(lane), 2, 2);
 }
 
 // Asks for the weight bytes 4 KiB past the chunk about to be multiplied (within the matrix). A decode
@@ -145,37 +200,64 @@ inline void prefetch_ahead(const uint8_t* at, size_t bytes, const uint8_t* end) 
 
 // A token's quantized activations as the tile kernels read them: reached through each Q8Row's vectors,
 // every use in a block was a chain of loads (batch 8: 10% of the kernel's time).
+// For the K-quants: q, d and bsums are the token's Q8_K row's; `pairs` holds Q4_K's four words a block of
+// sums per 32 in 16-bit pairs (sub-blocks 2i and 2i + 1 in word i), against which its mins are weighted.
 struct Q8Ptrs {
   const int8_t* q;
   const float *d, *s;
   const int32_t* qsum;
+  const int16_t* bsums;
+  const int32_t* pairs;
 };
 
 // One tile (`rows` <= 16 real rows) against nt tokens: ys[t][0..rows) = the tile's rows . token t. Every
 // path computes each row the same way: per block, the exact integer sum s, then acc = fma(s, d d_x, acc)
-// and, with a min, acc = fma(m, s_x, acc); so all give the same numbers whatever the batch.
+// and, with a min, acc = fma(m, s_x, acc) (Q4_K: acc = fma(mins, -(dmin d_x), acc) with mins its exact
+// sum_j m_j sum(q of sub-block j)); so all give the same numbers whatever the batch and the processor.
 using TileFn = void (*)(DType t, const uint8_t* tile, int blocks, const Q8Ptrs* xs, int nt, float* const* ys, int rows,
                         const uint8_t* end);
 
 void tile_portable(DType t, const uint8_t* tile, int blocks, const Q8Ptrs* xs, int nt, float* const* ys, int rows,
                    const uint8_t*) {
   const Chunk ch = chunk(t);
-  uint8_t blk[34];
+  uint8_t blk[210];
   for (int r = 0; r < rows; ++r) {
     float acc[8] = {};
     for (int b = 0; b < blocks; ++b) {
       move_block<false>(t, ch, r, tile + size_t(b) * ch.bytes, blk);
       for (int k = 0; k < nt; ++k) {
-        const int s = block_isum(t, blk + qs_offset(t), blk + qh_offset(t), xs[k].q + size_t(b) * QK);
-        acc[k] = std::fma(static_cast<float>(s), rdh(blk) * xs[k].d[b], acc[k]);
-        if (has_min(t)) acc[k] = std::fma(rdh(blk + 2), xs[k].s[b], acc[k]);
+        const float dx = rdh(blk + d_in_block(t)) * xs[k].d[b];
+        if (t == DType::Q6_K) {
+          const int s = q6k_isum(blk, xs[k].q + size_t(b) * QKK, xs[k].bsums + size_t(b) * 16);
+          acc[k] = std::fma(static_cast<float>(s), dx, acc[k]);
+        } else if (t == DType::Q4_K) {
+          int mins = 0;
+          const int s = q4k_isum(blk, xs[k].q + size_t(b) * QKK, xs[k].bsums + size_t(b) * 16, mins);
+          acc[k] = std::fma(static_cast<float>(s), dx, acc[k]);
+          acc[k] = std::fma(static_cast<float>(mins), -(rdh(blk + 2) * xs[k].d[b]), acc[k]);
+        } else {
+          const int s = block_isum(t, blk + qs_offset(t), blk + qh_offset(t), xs[k].q + size_t(b) * QK);
+          acc[k] = std::fma(static_cast<float>(s), dx, acc[k]);
+          if (has_min(t)) acc[k] = std::fma(rdh(blk + 2), xs[k].s[b], acc[k]);
+        }
       }
     }
     for (int k = 0; k < nt; ++k) ys[k][r] = acc[k];
   }
 }
 
-inline int32_t word_at(const int8_t* q) {
+// vpshufb controls (the same in every 128-bit lane) that make each 32-bit lane of bytes b0..b3 of that lane
+// (-1: a zero byte): the K-quants' 6- and 8-bit scales, packed four to a word per row, spread out per sub-block.
+__m128i lane_bytes(int b0, int b1, int b2, int b3) {
+  alignas(16) int8_t c[16];
+  for (int l = 0; l < 4; ++l) {
+    const int b[4] = {b0, b1, b2, b3};
+    for (int i = 0; i < 4; ++i) c[4 * l + i] = static_cast<int8_t>(b[i] < 0 ? -128 : 4 * l + b[i]);
+  }
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(c));
+}
+
+inline int32_t word_at(const void* q) {
   int32_t v;
   std::memcpy(&v, q, 4);
   return v;
@@ -189,6 +271,14 @@ namespace gemv_avx2 {
 // pair sums) and madd. Q4's and Q5's pair sums stay below 2 x 31 x 127; Q8_0's unsigned values would
 // saturate them, so its words are taken signed, |w| against q with w's sign (pairs up to 2 x 128 x 127).
 constexpr int kMost = 4;
+
+// A half tile's rows (those of the matrix) of each token's outputs.
+template <int NT>
+void store_half(const __m256 (&acc)[NT], float* const* ys, int half, int rows) {
+  const int n = std::min(8, rows - 8 * half);
+  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int k = 0; k < NT; ++k) _mm256_maskstore_ps(ys[k] + 8 * half, lanes, acc[k]);
+}
 
 template <DType T, int NT>
 void half_tile(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int half, int rows,
@@ -205,7 +295,7 @@ void half_tile(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* 
     for (int k = 0; k < NT; ++k) sum[k] = _mm256_setzero_si256();
     __m256i h = _mm256_setzero_si256();
     if constexpr (has_fifth_bit(T)) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.qh + 32 * half));
-    for (int w = 0; w < quant_words(T); ++w) {
+    for (int w = 0; w < tile_words(T); ++w) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * w + 32 * half));
       if constexpr (T == DType::Q8_0) {
         const __m256i sw = _mm256_xor_si256(raw, flip), aw = _mm256_sign_epi8(sw, sw);
@@ -242,9 +332,147 @@ void half_tile(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* 
       if constexpr (has_min(T)) acc[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[k].s[b]), acc[k]);
     }
   }
-  const int n = std::min(8, rows - 8 * half);
-  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  for (int k = 0; k < NT; ++k) _mm256_maskstore_ps(ys[k] + 8 * half, lanes, acc[k]);
+  store_half(acc, ys, half, rows);
+}
+
+// The K-quants on a half tile: vpdpbusd's sum of four byte products per lane, by maddubs and madd (Q6_K's
+// pair sums reach 2 x 63 x 127, inside 16 bits).
+inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+inline __m256i shuffles(int b0, int b1, int b2, int b3) {
+  return _mm256_broadcastsi128_si256(lane_bytes(b0, b1, b2, b3));
+}
+inline __m256i load_half(const uint8_t* c, int word, int half) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * word + 32 * half));
+}
+
+// Q4_K: per sub-block of 32 (its eight words' nibbles), each token's exact sum times the rows' 6-bit scales;
+// the mins' share from the rows' mins in 16-bit pairs against the token's sums per 32 in pairs.
+template <int NT>
+void q4k_half(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int half, int rows,
+              const uint8_t* end) {
+  constexpr Chunk ch = chunk(DType::Q4_K);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), six = _mm256_set1_epi8(0x3F), top2 = _mm256_set1_epi8(0x30);
+  __m256i byte_at[4], pair_at[2];
+  for (int i = 0; i < 4; ++i) byte_at[i] = shuffles(i, -1, -1, -1);
+  for (int p = 0; p < 2; ++p) pair_at[p] = shuffles(2 * p, -1, 2 * p + 1, -1);
+  __m256 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* c = tile + size_t(b) * ch.bytes;
+    if (half == 0) prefetch_ahead(c, ch.bytes, end);
+    // the 6-bit scales and mins as unpack_scales_mins_k4 takes them apart, a byte a sub-block
+    const __m256i w0 = load_half(c, 32, half), w1 = load_half(c, 33, half), w2 = load_half(c, 34, half);
+    const __m256i sc[2] = {
+        _mm256_and_si256(w0, six),
+        _mm256_or_si256(_mm256_and_si256(w2, low4), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top2))};
+    const __m256i mn[2] = {_mm256_and_si256(w1, six),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), low4),
+                                           _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2))};
+    __m256i isum[NT];
+    for (int k = 0; k < NT; ++k) isum[k] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of words 8 (j / 2) ..
+      const __m256i scale = _mm256_shuffle_epi8(sc[j / 4], byte_at[j % 4]);
+      __m256i u[8];
+      for (int w = 0; w < 8; ++w) {
+        const __m256i raw = load_half(c, 8 * (j / 2) + w, half);
+        u[w] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low4);
+      }
+      for (int k = 0; k < NT; ++k) {
+        const int8_t* q = xs[k].q + size_t(b) * QKK + 32 * j;
+        __m256i s = _mm256_setzero_si256();
+        for (int w = 0; w < 8; ++w) s = dot4(s, u[w], _mm256_set1_epi32(word_at(q + 4 * w)));
+        isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(s, scale));
+      }
+    }
+    __m256i mp[4];
+    for (int i = 0; i < 4; ++i) mp[i] = _mm256_shuffle_epi8(mn[i / 2], pair_at[i % 2]);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + ch.d + 16 * half)));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + ch.m + 16 * half)));
+    for (int k = 0; k < NT; ++k) {
+      __m256i mins = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i)
+        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(mp[i], _mm256_set1_epi32(xs[k].pairs[size_t(b) * 4 + i])));
+      const __m256 xd = _mm256_set1_ps(xs[k].d[b]);
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(d, xd), acc[k]);
+      acc[k] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dm, xd), acc[k]);
+    }
+  }
+  store_half(acc, ys, half, rows);
+}
+
+// Q6_K's values 4w..4w+3 (+ 32 r) of a half block from its low-nibble word l (word w, or w + 8 for odd r)
+// and high-bit word h: the low (r < 2) or high nibbles, with bits 2r, 2r + 1 of h as bits 4-5.
+inline __m256i q6k_values(int r, __m256i l, __m256i h) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  const __m256i lo = _mm256_and_si256(r < 2 ? l : _mm256_srli_epi16(l, 4), low4);
+  const __m256i hb = r == 0   ? _mm256_slli_epi16(h, 4)
+                     : r == 1 ? _mm256_slli_epi16(h, 2)
+                     : r == 2 ? h
+                              : _mm256_srli_epi16(h, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hb, top2));
+}
+
+// Q6_K: per sub-block of 16 (four words), each token's exact sum of the unsigned 6-bit values times the
+// rows' 8-bit scales; the -32 of every value from the scales in 16-bit pairs against the token's sums per 16.
+template <int NT>
+void q6k_half(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int half, int rows,
+              const uint8_t* end) {
+  constexpr Chunk ch = chunk(DType::Q6_K);
+  __m256i top_byte[4], sc_pair[2];
+  for (int i = 0; i < 4; ++i) top_byte[i] = shuffles(-1, -1, -1, i);
+  for (int p = 0; p < 2; ++p) sc_pair[p] = shuffles(-1, 2 * p, -1, 2 * p + 1);
+  __m256 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* c = tile + size_t(b) * ch.bytes;
+    if (half == 0) prefetch_ahead(c, ch.bytes, end);
+    __m256i scw[4];
+    for (int i = 0; i < 4; ++i) scw[i] = load_half(c, 48 + i, half);
+    __m256i isum[NT];
+    for (int k = 0; k < NT; ++k) {
+      __m256i off = _mm256_setzero_si256();
+      for (int p = 0; p < 8; ++p) {
+        const __m256i pair = _mm256_srai_epi16(_mm256_shuffle_epi8(scw[p / 2], sc_pair[p % 2]), 8);
+        off = _mm256_add_epi32(
+            off, _mm256_madd_epi16(pair, _mm256_set1_epi32(word_at(xs[k].bsums + size_t(b) * 16 + 2 * p))));
+      }
+      isum[k] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+    }
+#pragma GCC unroll 16
+    for (int sb = 0; sb < 16; ++sb) {  // sub-block sb = 8 hb + 2 r + wq: values 128 hb + 32 r + 16 wq ..
+      const int hb = sb / 8, r = (sb % 8) / 2, wq = sb % 2;
+      const __m256i scale = _mm256_srai_epi32(_mm256_shuffle_epi8(scw[sb / 4], top_byte[sb % 4]), 24);
+      __m256i u[4];
+      for (int i = 0; i < 4; ++i) {
+        const int w = 4 * wq + i;
+        u[i] = q6k_values(r, load_half(c, 16 * hb + w + 8 * (r % 2), half), load_half(c, 32 + 8 * hb + w, half));
+      }
+      for (int k = 0; k < NT; ++k) {
+        const int8_t* q = xs[k].q + size_t(b) * QKK + 16 * sb;
+        __m256i s = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) s = dot4(s, u[i], _mm256_set1_epi32(word_at(q + 4 * i)));
+        isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(s, scale));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + ch.d + 16 * half)));
+    for (int k = 0; k < NT; ++k)
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(d, _mm256_set1_ps(xs[k].d[b])), acc[k]);
+  }
+  store_half(acc, ys, half, rows);
+}
+
+template <DType T, int NT>
+void half_of(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int half, int rows,
+             const uint8_t* end) {
+  if constexpr (T == DType::Q4_K)
+    q4k_half<NT>(tile, blocks, xs, ys, half, rows, end);
+  else if constexpr (T == DType::Q6_K)
+    q6k_half<NT>(tile, blocks, xs, ys, half, rows, end);
+  else
+    half_tile<T, NT>(tile, blocks, xs, ys, half, rows, end);
 }
 
 template <DType T>
@@ -252,16 +480,16 @@ void tile(DType, const uint8_t* tile, int blocks, const Q8Ptrs* xs, int nt, floa
           const uint8_t* end) {
   for (int half = 0; half < (rows > 8 ? 2 : 1); ++half) switch (nt) {
       case 4:
-        half_tile<T, 4>(tile, blocks, xs, ys, half, rows, end);
+        half_of<T, 4>(tile, blocks, xs, ys, half, rows, end);
         break;
       case 3:
-        half_tile<T, 3>(tile, blocks, xs, ys, half, rows, end);
+        half_of<T, 3>(tile, blocks, xs, ys, half, rows, end);
         break;
       case 2:
-        half_tile<T, 2>(tile, blocks, xs, ys, half, rows, end);
+        half_of<T, 2>(tile, blocks, xs, ys, half, rows, end);
         break;
       default:
-        half_tile<T, 1>(tile, blocks, xs, ys, half, rows, end);
+        half_of<T, 1>(tile, blocks, xs, ys, half, rows, end);
     }
 }
 
@@ -274,6 +502,7 @@ void tile(DType, const uint8_t* tile, int blocks, const Q8Ptrs* xs, int nt, floa
 // caller (GCC PR105593, fixed in 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 namespace gemv_avx512 {
 
 // 32 registers: the block's eight unpacked words and the accumulators of eight tokens.
@@ -327,20 +556,153 @@ void tile_tokens(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const
   for (int k = 0; k < NT; ++k) _mm512_mask_storeu_ps(ys[k], keep, acc[k]);
 }
 
+// The K-quants as gemv_avx2's q4k_half and q6k_half take them, on all 16 rows with VNNI's byte and word products.
+inline __m512i shuffles(int b0, int b1, int b2, int b3) { return _mm512_broadcast_i32x4(lane_bytes(b0, b1, b2, b3)); }
+inline __m512i load_word(const uint8_t* c, int word) { return _mm512_loadu_si512(c + 64 * word); }
+
+template <int NT>
+void q4k_tokens(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int rows, const uint8_t* end) {
+  constexpr Chunk ch = chunk(DType::Q4_K);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), six = _mm512_set1_epi8(0x3F), top2 = _mm512_set1_epi8(0x30);
+  __m512i byte_at[4], pair_at[2];
+  for (int i = 0; i < 4; ++i) byte_at[i] = shuffles(i, -1, -1, -1);
+  for (int p = 0; p < 2; ++p) pair_at[p] = shuffles(2 * p, -1, 2 * p + 1, -1);
+  __m512 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* c = tile + size_t(b) * ch.bytes;
+    prefetch_ahead(c, ch.bytes, end);
+    const __m512i w0 = load_word(c, 32), w1 = load_word(c, 33), w2 = load_word(c, 34);
+    const __m512i sc[2] = {
+        _mm512_and_si512(w0, six),
+        _mm512_or_si512(_mm512_and_si512(w2, low4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), top2))};
+    const __m512i mn[2] = {_mm512_and_si512(w1, six),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), low4),
+                                           _mm512_and_si512(_mm512_srli_epi32(w1, 2), top2))};
+    __m512i isum[NT];
+    for (int k = 0; k < NT; ++k) isum[k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int cc = 0; cc < 4; ++cc) {  // sub-blocks 2 cc (low nibbles of words 8 cc ..) and 2 cc + 1 (high)
+      const __m512i scale_lo = _mm512_shuffle_epi8(sc[cc / 2], byte_at[(2 * cc) % 4]),
+                    scale_hi = _mm512_shuffle_epi8(sc[cc / 2], byte_at[(2 * cc + 1) % 4]);
+      __m512i lo[8], hi[8];
+      for (int w = 0; w < 8; ++w) {
+        const __m512i raw = load_word(c, 8 * cc + w);
+        lo[w] = _mm512_and_si512(raw, low4);
+        hi[w] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+      for (int k = 0; k < NT; ++k) {
+        const int8_t* q = xs[k].q + size_t(b) * QKK + 64 * cc;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int w = 0; w < 8; ++w) {
+          s0 = _mm512_dpbusd_epi32(s0, lo[w], _mm512_set1_epi32(word_at(q + 4 * w)));
+          s1 = _mm512_dpbusd_epi32(s1, hi[w], _mm512_set1_epi32(word_at(q + 32 + 4 * w)));
+        }
+        isum[k] = _mm512_add_epi32(
+            isum[k], _mm512_add_epi32(_mm512_mullo_epi32(s0, scale_lo), _mm512_mullo_epi32(s1, scale_hi)));
+      }
+    }
+    __m512i mp[4];
+    for (int i = 0; i < 4; ++i) mp[i] = _mm512_shuffle_epi8(mn[i / 2], pair_at[i % 2]);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.d)));
+    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.m)));
+    for (int k = 0; k < NT; ++k) {
+      __m512i mins = _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i)
+        mins = _mm512_dpwssd_epi32(mins, mp[i], _mm512_set1_epi32(xs[k].pairs[size_t(b) * 4 + i]));
+      const __m512 xd = _mm512_set1_ps(xs[k].d[b]);
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[k]), _mm512_mul_ps(d, xd), acc[k]);
+      acc[k] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dm, xd), acc[k]);
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+  for (int k = 0; k < NT; ++k) _mm512_mask_storeu_ps(ys[k], keep, acc[k]);
+}
+
+template <int NT>
+void q6k_tokens(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int rows, const uint8_t* end) {
+  constexpr Chunk ch = chunk(DType::Q6_K);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+  __m512i top_byte[4], sc_pair[2];
+  for (int i = 0; i < 4; ++i) top_byte[i] = shuffles(-1, -1, -1, i);
+  for (int p = 0; p < 2; ++p) sc_pair[p] = shuffles(-1, 2 * p, -1, 2 * p + 1);
+  __m512 acc[NT];
+  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* c = tile + size_t(b) * ch.bytes;
+    prefetch_ahead(c, ch.bytes, end);
+    __m512i scw[4];
+    for (int i = 0; i < 4; ++i) scw[i] = load_word(c, 48 + i);
+    __m512i isum[NT];
+    for (int k = 0; k < NT; ++k) {
+      __m512i off = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        const __m512i pair = _mm512_srai_epi16(_mm512_shuffle_epi8(scw[p / 2], sc_pair[p % 2]), 8);
+        off = _mm512_dpwssd_epi32(off, pair, _mm512_set1_epi32(word_at(xs[k].bsums + size_t(b) * 16 + 2 * p)));
+      }
+      isum[k] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(off, 5));
+    }
+#pragma GCC unroll 4
+    for (int part = 0; part < 4; ++part) {  // half hb of the block, words 4 wq .. 4 wq + 3 of its 8 of each kind
+      const int hb = part / 2, wq = part % 2;
+      __m512i u[4][4];  // [r][i]: values 128 hb + 32 r + 4 (4 wq + i) .., sub-block 8 hb + 2 r + wq
+      for (int i = 0; i < 4; ++i) {
+        const int w = 4 * wq + i;
+        const __m512i l0 = load_word(c, 16 * hb + w), l1 = load_word(c, 16 * hb + w + 8),
+                      h = load_word(c, 32 + 8 * hb + w);
+        u[0][i] = _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), top2));
+        u[1][i] = _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(_mm512_slli_epi16(h, 2), top2));
+        u[2][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), _mm512_and_si512(h, top2));
+        u[3][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                                  _mm512_and_si512(_mm512_srli_epi16(h, 2), top2));
+      }
+      __m512i scale[4];
+      for (int r = 0; r < 4; ++r) {
+        const int sb = 8 * hb + 2 * r + wq;
+        scale[r] = _mm512_srai_epi32(_mm512_shuffle_epi8(scw[sb / 4], top_byte[sb % 4]), 24);
+      }
+      for (int k = 0; k < NT; ++k) {
+        const int8_t* q = xs[k].q + size_t(b) * QKK + 128 * hb + 16 * wq;
+        for (int r = 0; r < 4; ++r) {
+          __m512i s = _mm512_setzero_si512();
+          for (int i = 0; i < 4; ++i)
+            s = _mm512_dpbusd_epi32(s, u[r][i], _mm512_set1_epi32(word_at(q + 32 * r + 4 * i)));
+          isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(s, scale[r]));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.d)));
+    for (int k = 0; k < NT; ++k)
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[k]), _mm512_mul_ps(d, _mm512_set1_ps(xs[k].d[b])), acc[k]);
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+  for (int k = 0; k < NT; ++k) _mm512_mask_storeu_ps(ys[k], keep, acc[k]);
+}
+
+template <DType T, int NT>
+void tokens_of(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* ys, int rows, const uint8_t* end) {
+  if constexpr (T == DType::Q4_K)
+    q4k_tokens<NT>(tile, blocks, xs, ys, rows, end);
+  else if constexpr (T == DType::Q6_K)
+    q6k_tokens<NT>(tile, blocks, xs, ys, rows, end);
+  else
+    tile_tokens<T, NT>(tile, blocks, xs, ys, rows, end);
+}
+
 template <DType T>
 void tile(DType, const uint8_t* tile, int blocks, const Q8Ptrs* xs, int nt, float* const* ys, int rows,
           const uint8_t* end) {
   switch (nt) {
     case 8:
-      return tile_tokens<T, 8>(tile, blocks, xs, ys, rows, end);
+      return tokens_of<T, 8>(tile, blocks, xs, ys, rows, end);
     case 4:
-      return tile_tokens<T, 4>(tile, blocks, xs, ys, rows, end);
+      return tokens_of<T, 4>(tile, blocks, xs, ys, rows, end);
     case 3:
-      return tile_tokens<T, 3>(tile, blocks, xs, ys, rows, end);
+      return tokens_of<T, 3>(tile, blocks, xs, ys, rows, end);
     case 2:
-      return tile_tokens<T, 2>(tile, blocks, xs, ys, rows, end);
+      return tokens_of<T, 2>(tile, blocks, xs, ys, rows, end);
     default:
-      return tile_tokens<T, 1>(tile, blocks, xs, ys, rows, end);
+      return tokens_of<T, 1>(tile, blocks, xs, ys, rows, end);
   }
 }
 
@@ -381,46 +743,72 @@ TileKernel tile_kernel(DType t) {
       return tile_kernel_of<DType::Q5_1>();
     case DType::Q8_0:
       return tile_kernel_of<DType::Q8_0>();
+    case DType::Q4_K:
+      return tile_kernel_of<DType::Q4_K>();
+    case DType::Q6_K:
+      return tile_kernel_of<DType::Q6_K>();
     default:
       return tile_kernel_of<DType::Q4_0>();
   }
 }
 
-// The 32-value types' products of the same n tokens: the tokens quantized, then y[b, o] for every product,
-// token b and row o, all the products' tiles over the threads in one parallel region, each tile against
-// the tokens in groups of up to its kernel's most while it is in cache (a batch's weights read from memory
-// once per step).
+// Products of the same n tokens: the tokens quantized (per 32 for the 32-value types, per 256 for the
+// K-quants), then y[b, o] for every product, token b and row o, all the products' tiles over the threads in
+// one parallel region, each tile against the tokens in groups of up to its kernel's most while it is in
+// cache (a batch's weights read from memory once per step).
 void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in) {
-  const int blocks = in / QK;
   struct Job {
     TileKernel k;
+    int blocks;
     size_t tile_bytes;
     const uint8_t* end;  // of the product's tiles (prefetches stop there)
     int first;           // its first tile in the region's numbering
   };
   std::vector<Job> jobs;
   int total = 0;
+  bool blocks32 = false, kquants = false;
   for (const QuantProduct& p : ps) {
-    const int tiles = tile_count(p.out);
+    const int tiles = tile_count(p.out), blocks = in / dtype_info(p.t).block_elems;
     const size_t tile_bytes = size_t(blocks) * chunk(p.t).bytes;
-    jobs.push_back({tile_kernel(p.t), tile_bytes, p.w + size_t(tiles) * tile_bytes, total});
+    jobs.push_back({tile_kernel(p.t), blocks, tile_bytes, p.w + size_t(tiles) * tile_bytes, total});
     total += tiles;
+    (is_kquant(p.t) ? kquants : blocks32) = true;
   }
   // Kept from call to call with their buffers: a decode step makes some two hundred of these calls.
   static thread_local std::vector<Q8Row> kept;
-  if (kept.size() < size_t(n)) kept.resize(size_t(n));
+  static thread_local std::vector<Q8KRow> kept_k;
+  static thread_local std::vector<int32_t> kept_pairs;
+  if (blocks32 && kept.size() < size_t(n)) kept.resize(size_t(n));
+  if (kquants && kept_k.size() < size_t(n)) kept_k.resize(size_t(n));
+  const size_t pairs_per_token = size_t(in / QKK) * 4;
+  if (kquants && kept_pairs.size() < size_t(n) * pairs_per_token) kept_pairs.resize(size_t(n) * pairs_per_token);
   Q8Row* const xs = kept.data();
+  Q8KRow* const xk = kept_k.data();
+  int32_t* const pairs = kept_pairs.data();
 #pragma omp parallel
   {
     // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting.
 #pragma omp for schedule(static)
-    for (int b = 0; b < n; ++b) quantize_row_q8(x + size_t(b) * in, in, xs[b]);
+    for (int b = 0; b < n; ++b) {
+      if (blocks32) quantize_row_q8(x + size_t(b) * in, in, xs[b]);
+      if (kquants) {
+        quantize_row_q8_k(x + size_t(b) * in, in, xk[b]);
+        const int16_t* bs = xk[b].bsums.data();
+        int32_t* out = pairs + size_t(b) * pairs_per_token;
+        for (size_t i = 0; i < pairs_per_token; ++i) {
+          const auto lo = static_cast<uint16_t>(bs[4 * i] + bs[4 * i + 1]);
+          const auto hi = static_cast<uint16_t>(bs[4 * i + 2] + bs[4 * i + 3]);
+          out[i] = static_cast<int32_t>(uint32_t(lo) | uint32_t(hi) << 16);
+        }
+      }
+    }
 #pragma omp for schedule(static)
     for (int i = 0; i < total; ++i) {
       size_t j = jobs.size() - 1;
       while (jobs[j].first > i) --j;
       const QuantProduct& p = ps[j];
       const Job& job = jobs[j];
+      const bool k_type = is_kquant(p.t);
       const int tile = i - job.first, rows = std::min(kTileRows, p.out - tile * kTileRows);
       for (int b = 0; b < n;) {
         const int nt = n - b >= job.k.most ? job.k.most : std::min(4, n - b);
@@ -429,343 +817,20 @@ void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in
         Q8Ptrs group[8];
         float* ys[8];
         for (int k = 0; k < nt; ++k) {
-          const Q8Row& row = xs[b + k];
-          group[k] = {row.q.data(), row.d.data(), row.s.data(), row.qsum.data()};
+          if (k_type) {
+            const Q8KRow& row = xk[b + k];
+            group[k] = {row.q.data(), row.d.data(),     nullptr,
+                        nullptr,      row.bsums.data(), pairs + size_t(b + k) * pairs_per_token};
+          } else {
+            const Q8Row& row = xs[b + k];
+            group[k] = {row.q.data(), row.d.data(), row.s.data(), row.qsum.data(), nullptr, nullptr};
+          }
           ys[k] = p.y + size_t(b + k) * size_t(p.out) + size_t(tile) * kTileRows;
         }
-        job.k.fn(p.t, p.w + size_t(tile) * job.tile_bytes, blocks, group, nt, ys, rows, job.end);
+        job.k.fn(p.t, p.w + size_t(tile) * job.tile_bytes, job.blocks, group, nt, ys, rows, job.end);
         b += nt;
       }
     }
-  }
-}
-
-// ---- K-quants: blocks of 256 against Q8_K activations ----
-
-__attribute__((target("avx2,fma,f16c"))) inline float rdh_f16c(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-constexpr int QKK = 256;
-
-// Q4_K: value = d sc_j q - dmin m_j for sub-blocks j of 32. Returns sum_j sc_j (q4 . q8) and, in
-// `mins`, sum_j m_j (sum of the sub-block's q8), so that the product is d yd isum - dmin yd mins.
-int q4k_isum(const uint8_t* b, const int8_t* q, const int16_t* bsums, int& mins) {
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  int isum = 0;
-  mins = 0;
-  for (int c = 0; c < 4; ++c) {  // 64 values: low nibbles are sub-block 2c, high ones 2c + 1
-    uint8_t sc1, m1, sc2, m2;
-    scale_min_k4(2 * c, scales, sc1, m1);
-    scale_min_k4(2 * c + 1, scales, sc2, m2);
-    int s1 = 0, s2 = 0;
-    for (int l = 0; l < 32; ++l) {
-      s1 += (qs[32 * c + l] & 0xF) * q[64 * c + l];
-      s2 += (qs[32 * c + l] >> 4) * q[64 * c + 32 + l];
-    }
-    isum += sc1 * s1 + sc2 * s2;
-    mins += m1 * (bsums[4 * c] + bsums[4 * c + 1]) + m2 * (bsums[4 * c + 2] + bsums[4 * c + 3]);
-  }
-  return isum;
-}
-
-// Q6_K: value = d sc_k (u6 - 32) for sub-blocks k of 16. Returns sum_k sc_k (u6 . q8 - 32 bsum_k).
-int q6k_isum(const uint8_t* b, const int8_t* q, const int16_t* bsums) {
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-  int sums[16] = {};
-  for (int half = 0; half < 2; ++half, ql += 64, qh += 32, q += 128)
-    for (int l = 0; l < 32; ++l) {
-      const int k = 8 * half + l / 16;
-      sums[k] += ((ql[l] & 0xF) | (qh[l] & 3) << 4) * q[l];
-      sums[k + 2] += ((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) * q[l + 32];
-      sums[k + 4] += ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) * q[l + 64];
-      sums[k + 6] += ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) * q[l + 96];
-    }
-  int isum = 0;
-  for (int k = 0; k < 16; ++k) isum += sc[k] * (sums[k] - 32 * bsums[k]);
-  return isum;
-}
-
-float kquant_block(DType t, const uint8_t* b, const Q8KRow& x, int i) {
-  const int8_t* q = x.q.data() + size_t(i) * QKK;
-  const int16_t* bs = x.bsums.data() + size_t(i) * 16;
-  if (t == DType::Q6_K) return rdh(b + 208) * x.d[i] * static_cast<float>(q6k_isum(b, q, bs));
-  int mins = 0;
-  const int isum = q4k_isum(b, q, bs, mins);
-  return rdh(b) * x.d[i] * static_cast<float>(isum) - rdh(b + 2) * x.d[i] * static_cast<float>(mins);
-}
-
-float kquant_dot_portable(DType t, const uint8_t* row, const Q8KRow& x, int blocks) {
-  const size_t bb = block_bytes(t);
-  float acc = 0;
-  for (int i = 0; i < blocks; ++i) acc += kquant_block(t, row + i * bb, x, i);
-  return acc;
-}
-
-// Eight int32 partial sums of 32 u x s byte products, each 16-bit pair sum weighted by `scales`.
-__attribute__((target("avx2,fma"))) inline __m256i dot_scaled(__m256i u, __m256i s, __m256i scales) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales);
-}
-
-// A 16-bit lane broadcast of word `lo` of each 128-bit lane's source in the low lane and of word `hi`
-// in the high one (a vpshufb mask): hands every sub-block its scale without leaving the registers.
-__attribute__((target("avx2,fma"))) inline __m256i word_mask(int lo, int hi) {
-  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((2 * hi + 1) << 8 | 2 * hi)),
-                          _mm_set1_epi16(static_cast<int16_t>((2 * lo + 1) << 8 | 2 * lo)));
-}
-
-__attribute__((target("avx2,fma,f16c"))) float q4k_dot_avx2(const uint8_t* row, const Q8KRow& x, int blocks) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_mins = _mm_setzero_ps();
-  for (int i = 0; i < blocks; ++i) {
-    const uint8_t* b = row + size_t(i) * 144;
-    const int8_t* q = x.q.data() + size_t(i) * QKK;
-    uint8_t packed[16];
-    unpack_scales_mins_k4(b + 4, packed);
-    const __m256i scales_mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed)));
-    // The mins against the activations' sums per sub-block of 32 (pairs of the sums per 16).
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums.data() + size_t(i) * 16));
-    const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), sums32);
-    acc_mins = _mm_fmadd_ps(_mm_set1_ps(rdh_f16c(b + 2) * x.d[i]), _mm_cvtepi32_ps(mins), acc_mins);
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-    __m256i isum = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {  // 64 values: low nibbles are sub-block 2c, high ones 2c + 1
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
-      const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c));
-      const __m256i qhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32));
-      isum = _mm256_add_epi32(
-          isum, _mm256_add_epi32(dot_scaled(lo, qlo, _mm256_shuffle_epi8(scales, word_mask(2 * c, 2 * c))),
-                                 dot_scaled(hi, qhi, _mm256_shuffle_epi8(scales, word_mask(2 * c + 1, 2 * c + 1)))));
-    }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(rdh_f16c(b) * x.d[i]), acc);
-  }
-  return hsum_avx2(acc) - hsum_sse(acc_mins);
-}
-
-__attribute__((target("avx2,fma,f16c"))) float q6k_dot_avx2(const uint8_t* row, const Q8KRow& x, int blocks) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
-  __m256 offset = _mm256_setzero_ps();  // the -32 of every value, against the activations' sums
-  for (int i = 0; i < blocks; ++i) {
-    const uint8_t* b = row + size_t(i) * 210;
-    const int8_t* q = x.q.data() + size_t(i) * QKK;
-    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums.data() + size_t(i) * 16));
-    // Each half's eight scales (sub-blocks 8 half .. 8 half + 7) in both lanes.
-    const __m256i half_sc[2] = {_mm256_permute2x128_si256(sc, sc, 0x00), _mm256_permute2x128_si256(sc, sc, 0x11)};
-    __m256i isum = _mm256_setzero_si256();
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = b + 64 * half;
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
-      // The four 32-value groups of the half: low or high nibbles of ql, two bits of qh each on top.
-      const __m256i u[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, three), 4)),
-          _mm256_or_si256(_mm256_and_si256(l1, low4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), three), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), three), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), three), 4))};
-      for (int g = 0; g < 4; ++g) {  // the group's two sub-blocks of 16: 2g and 2g + 1 of the half
-        const __m256i scales = _mm256_shuffle_epi8(half_sc[half], word_mask(2 * g, 2 * g + 1));
-        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 128 * half + 32 * g));
-        isum = _mm256_add_epi32(isum, dot_scaled(u[g], qv, scales));
-      }
-    }
-    const __m256 dd = _mm256_set1_ps(rdh_f16c(b + 208) * x.d[i]);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
-    offset = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sc, bsums)), dd, offset);
-  }
-  return hsum_avx2(acc) - 32.0f * hsum_avx2(offset);
-}
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-namespace kquant_avx512 {
-
-// A K-quant row against up to eight tokens: each block's quants unpacked and its sub-block scales spread
-// over the register lanes once for all the tokens; per token, byte pair products (vpmaddubsw, at most
-// 2 x 63 x 128 in 16 bits) weighted by their sub-block's scale and summed into 32-bit lanes (vpdpwssd),
-// every lane exact, then one FMA per block and token into float lanes summed at the row's end.
-constexpr int kMost = 8;
-
-// Token k's Q8_K quants, for Q4_K with each block's sub-blocks of 32 in the order its registers hold the
-// row's nibbles: 0, 2, 1, 3, 4, 6, 5, 7 (low nibbles of bytes 0-63, high ones, then bytes 64-127).
-// For Q4_K also each sub-block of 32's sum of quants times the block's scale (its mins' weights). y[k]:
-// token k's outputs.
-struct Tokens {
-  int n;
-  const int8_t* q[kMost];
-  const Q8KRow* x[kMost];
-  const float* sums[kMost];
-  float* y[kMost];
-};
-
-// Which scale each 16-bit lane of a register takes: lanes j < 16 scale a + j / per, the others b + (j - 16) / per.
-inline __m512i scale_lanes(int a, int b, int per) {
-  alignas(64) int16_t idx[32];
-  for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(j < 16 ? a + j / per : b + (j - 16) / per);
-  return _mm512_load_si512(idx);
-}
-
-template <int NT>
-void q4k_row(const uint8_t* row, int blocks, const Tokens& tk, int o, const uint8_t* end) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  // Sub-blocks (0, 2), (1, 3), (4, 6), (5, 7): 16 pair lanes each.
-  const __m512i lanes[4] = {scale_lanes(0, 2, 16), scale_lanes(1, 3, 16), scale_lanes(4, 6, 16), scale_lanes(5, 7, 16)};
-  __m512 acc[NT];
-  __m256 acc_mins[NT];
-  for (int k = 0; k < NT; ++k) {
-    acc[k] = _mm512_setzero_ps();
-    acc_mins[k] = _mm256_setzero_ps();
-  }
-  for (int i = 0; i < blocks; ++i) {
-    const uint8_t* b = row + size_t(i) * 144;
-    prefetch_ahead(b, 144, end);
-    uint8_t packed[16];
-    unpack_scales_mins_k4(b + 4, packed);
-    const __m128i sm8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
-    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm8));  // scales 0-7, mins 0-7
-    __m512i sc[4];
-    for (int r = 0; r < 4; ++r) sc[r] = _mm512_permutexvar_epi16(lanes[r], sc16);
-    const __m512i raw0 = _mm512_loadu_si512(b + 16), raw1 = _mm512_loadu_si512(b + 80);
-    const __m512i u[4] = {_mm512_and_si512(raw0, low4), _mm512_and_si512(_mm512_srli_epi16(raw0, 4), low4),
-                          _mm512_and_si512(raw1, low4), _mm512_and_si512(_mm512_srli_epi16(raw1, 4), low4)};
-    const float d = rdh_f16c(b);
-    const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm8, 8))),
-                                      _mm256_set1_ps(rdh_f16c(b + 2)));
-    for (int k = 0; k < NT; ++k) {
-      const int8_t* q = tk.q[k] + size_t(i) * QKK;
-      __m512i t = _mm512_setzero_si512();
-      for (int r = 0; r < 4; ++r)
-        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(u[r], _mm512_loadu_si512(q + 64 * r)), sc[r]);
-      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * tk.x[k]->d[size_t(i)]), acc[k]);
-      acc_mins[k] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(tk.sums[k] + size_t(i) * 8), acc_mins[k]);
-    }
-  }
-  for (int k = 0; k < NT; ++k) tk.y[k][o] = _mm512_reduce_add_ps(acc[k]) - hsum_avx2(acc_mins[k]);
-}
-
-template <int NT>
-void q6k_row(const uint8_t* row, int blocks, const Tokens& tk, int o, const uint8_t* end) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
-  // the two 256-bit halves of a register take different 2-bit fields of the same qh bytes
-  const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1),
-                shift_b = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-  // Sub-blocks of 16 (8 pair lanes each): 0-3, 4-7 of the first half of a block, 8-11, 12-15 of the second.
-  const __m512i lanes[4] = {scale_lanes(0, 2, 8), scale_lanes(4, 6, 8), scale_lanes(8, 10, 8), scale_lanes(12, 14, 8)};
-  __m512 acc[NT];
-  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
-  for (int i = 0; i < blocks; ++i) {
-    const uint8_t* b = row + size_t(i) * 210;
-    prefetch_ahead(b, 210, end);
-    const __m256i sc_words = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
-    const __m512i sc16 = _mm512_castsi256_si512(sc_words);
-    __m512i u[4], sc[4];  // per half: values 0-63 and 64-127 of its 128, sub-blocks of 16 in pair lanes of 8
-    for (int half = 0; half < 2; ++half) {
-      const __m512i l = _mm512_loadu_si512(b + 64 * half);
-      const __m512i h =
-          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half)));
-      u[2 * half] = _mm512_or_si512(_mm512_and_si512(l, low4),
-                                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_a), three), 4));
-      u[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
-                                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_b), three), 4));
-      sc[2 * half] = _mm512_permutexvar_epi16(lanes[2 * half], sc16);
-      sc[2 * half + 1] = _mm512_permutexvar_epi16(lanes[2 * half + 1], sc16);
-    }
-    const float d = rdh_f16c(b + 208);
-    for (int k = 0; k < NT; ++k) {
-      const int8_t* q = tk.q[k] + size_t(i) * QKK;
-      // the -32 of every value, against the activations' sums per 16
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tk.x[k]->bsums.data() + size_t(i) * 16));
-      __m512i t = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32(_mm256_madd_epi16(sc_words, bs), 5), 0);
-      t = _mm512_sub_epi32(_mm512_setzero_si512(), t);
-      for (int r = 0; r < 4; ++r)
-        t = _mm512_dpwssd_epi32(t, _mm512_maddubs_epi16(u[r], _mm512_loadu_si512(q + 64 * r)), sc[r]);
-      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(d * tk.x[k]->d[size_t(i)]), acc[k]);
-    }
-  }
-  for (int k = 0; k < NT; ++k) tk.y[k][o] = _mm512_reduce_add_ps(acc[k]);
-}
-
-// Each type's row kernel for 1..kMost tokens.
-using RowFn = void (*)(const uint8_t*, int, const Tokens&, int, const uint8_t*);
-constexpr RowFn kQ4kRows[kMost] = {q4k_row<1>, q4k_row<2>, q4k_row<3>, q4k_row<4>,
-                                   q4k_row<5>, q4k_row<6>, q4k_row<7>, q4k_row<8>};
-constexpr RowFn kQ6kRows[kMost] = {q6k_row<1>, q6k_row<2>, q6k_row<3>, q6k_row<4>,
-                                   q6k_row<5>, q6k_row<6>, q6k_row<7>, q6k_row<8>};
-
-}  // namespace kquant_avx512
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-
-// Q4_K's sub-blocks of 32 in the order kquant_avx512 reads them against the row's nibbles.
-void reorder_for_q4k(const int8_t* q, int blocks, int8_t* out) {
-  constexpr int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-  for (int i = 0; i < blocks; ++i)
-    for (int j = 0; j < 8; ++j) std::memcpy(out + size_t(i) * QKK + 32 * j, q + size_t(i) * QKK + 32 * order[j], 32);
-}
-
-void kquant_gemv(DType t, const uint8_t* w, size_t row_bytes, std::span<const Q8KRow> xs, int blocks, int out,
-                 float* y) {
-  const uint8_t* end = w + size_t(out) * row_bytes;
-  if (has_vnni512()) {
-    using namespace kquant_avx512;
-    const int n = static_cast<int>(xs.size());
-    const bool q4k = t == DType::Q4_K;
-    std::vector<int8_t> reordered(q4k ? size_t(n) * blocks * QKK : 0);
-    std::vector<float> sums(q4k ? size_t(n) * blocks * 8 : 0);
-    std::vector<Tokens> groups;
-    for (int b0 = 0; b0 < n; b0 += kMost) {
-      Tokens tk{};
-      tk.n = std::min(kMost, n - b0);
-      for (int k = 0; k < tk.n; ++k) {
-        const Q8KRow& x = xs[size_t(b0 + k)];
-        tk.x[k] = &x;
-        tk.q[k] = x.q.data();
-        if (q4k) {
-          int8_t* r = reordered.data() + size_t(b0 + k) * blocks * QKK;
-          reorder_for_q4k(x.q.data(), blocks, r);
-          tk.q[k] = r;
-          float* m = sums.data() + size_t(b0 + k) * blocks * 8;
-          for (size_t j = 0; j < size_t(blocks) * 8; ++j)
-            m[j] = x.d[j / 8] * static_cast<float>(x.bsums[2 * j] + x.bsums[2 * j + 1]);
-          tk.sums[k] = m;
-        }
-        tk.y[k] = y + size_t(b0 + k) * out;
-      }
-      groups.push_back(tk);
-    }
-    const RowFn* fns = q4k ? kQ4kRows : kQ6kRows;
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < out; ++o) {
-      const uint8_t* row = w + size_t(o) * row_bytes;
-      for (const Tokens& tk : groups) fns[tk.n - 1](row, blocks, tk, o, end);
-    }
-    return;
-  }
-  const bool avx2 = cpu_has_avx2();
-#pragma omp parallel for schedule(static)
-  for (int o = 0; o < out; ++o) {
-    const uint8_t* row = w + size_t(o) * row_bytes;
-    prefetch_ahead(row, row_bytes, end);
-    for (size_t b = 0; b < xs.size(); ++b)
-      y[b * size_t(out) + o] = !avx2              ? kquant_dot_portable(t, row, xs[b], blocks)
-                               : t == DType::Q4_K ? q4k_dot_avx2(row, xs[b], blocks)
-                                                  : q6k_dot_avx2(row, xs[b], blocks);
   }
 }
 
@@ -962,18 +1027,13 @@ void gemv_quant_ref(DType t, const uint8_t* w, const Q8Row& x, int in, int out, 
 }
 
 size_t stored_bytes(DType t, int rows, int cols) {
-  if (is_kquant(t)) return size_t(rows) * file_row_bytes(t, cols);
-  return size_t(tile_count(rows)) * size_t(cols / QK) * chunk(t).bytes;
+  return size_t(tile_count(rows)) * size_t(cols / dtype_info(t).block_elems) * chunk(t).bytes;
 }
 
 void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst) {
-  if (is_kquant(t)) {
-    std::memcpy(dst, blocks, stored_bytes(t, rows, cols));
-    return;
-  }
   std::memset(dst, 0, stored_bytes(t, rows, cols));  // the last tile's padding rows
   const Chunk ch = chunk(t);
-  const int nb = cols / QK;
+  const int nb = cols / dtype_info(t).block_elems;
   const size_t bb = block_bytes(t);
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int r = 0; r < rows; ++r)
@@ -983,13 +1043,8 @@ void store_rows(DType t, const uint8_t* blocks, int rows, int cols, uint8_t* dst
 }
 
 void load_rows(DType t, const uint8_t* stored, int r0, int rows, int cols, uint8_t* blocks) {
-  const size_t row_bytes = file_row_bytes(t, cols);
-  if (is_kquant(t)) {
-    std::memcpy(blocks, stored + size_t(r0) * row_bytes, size_t(rows) * row_bytes);
-    return;
-  }
   const Chunk ch = chunk(t);
-  const int nb = cols / QK;
+  const int nb = cols / dtype_info(t).block_elems;
   const size_t bb = block_bytes(t);
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int r = r0; r < r0 + rows; ++r)
@@ -1005,15 +1060,7 @@ void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const flo
 }
 
 void linear_quant_tokens_shared(std::span<const QuantProduct> ps, const float* x, int n, int in) {
-  std::vector<QuantProduct> kquants, blocks32;
-  for (const QuantProduct& p : ps) (is_kquant(p.t) ? kquants : blocks32).push_back(p);
-  if (!kquants.empty()) {
-    std::vector<Q8KRow> xs(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static) if (n > 1)
-    for (int b = 0; b < n; ++b) quantize_row_q8_k(x + size_t(b) * in, in, xs[size_t(b)]);
-    for (const QuantProduct& p : kquants) kquant_gemv(p.t, p.w, file_row_bytes(p.t, in), xs, in / QKK, p.out, p.y);
-  }
-  if (!blocks32.empty()) gemv_shared(blocks32, x, n, in);
+  gemv_shared(ps, x, n, in);
   for (const QuantProduct& p : ps)
     if (p.bias) add_bias(p.y, p.bias, n, p.out);
 }

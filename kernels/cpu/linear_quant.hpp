@@ -41,8 +41,8 @@ void quantize_row_q8_k(const float* x, int n, Q8KRow& out);
 // double by the block scales (and, for Q4_K, minus its mins against the activations' sums).
 void gemv_kquant_ref(DType t, const uint8_t* w, const Q8KRow& x, int in, int out, float* y);
 
-// How a matrix [rows, cols] of these types is stored for the products below: the K-quants as the
-// file's blocks; the 32-value types in tiles of 16 rows whose blocks interleave the rows' quants 32 bits
+// How a matrix [rows, cols] of these types is stored for the products below: in tiles of 16 rows whose
+// blocks interleave the rows' quants (for the K-quants every word of the block but its fp16 scales) 32 bits
 // at a time (a vector register is then one word of 16 rows), the last tile padded with zero rows.
 // store_rows writes stored_bytes(t, rows, cols) bytes from the file's blocks; load_rows gives rows
 // r0..r0+rows-1 back as the file's blocks (for dequantize), byte for byte.
@@ -57,8 +57,9 @@ void linear_quant(DType t, const uint8_t* w, const float* bias, const float* x, 
 // n tokens decoded apart (a batch of sequences): row b of y is exactly what linear_quant gives token b
 // alone (its own quantized activations, the same block products), and each weight row is read from
 // memory once for all n. Each output is, block by block, the exact integer sum s of the block product,
-// then acc = fma(s, d x d_x, acc) (and acc = fma(m, s_x, acc) for the types with a min): the AVX-512,
-// AVX2 and portable kernels give the same numbers.
+// then acc = fma(s, d x d_x, acc) (and acc = fma(m, s_x, acc) for the types with a min; for Q4_K
+// acc = fma(mins, -(dmin x d_x), acc), mins its exact sum_j m_j sum(q of sub-block j)): the AVX-512, AVX2
+// and portable kernels give the same numbers.
 void linear_quant_tokens(DType t, const uint8_t* w, const float* bias, const float* x, int n, int in, int out,
                          float* y);
 
