@@ -431,13 +431,14 @@ void q6k_half(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* y
     if (half == 0) prefetch_ahead(c, ch.bytes, end);
     __m256i scw[4];
     for (int i = 0; i < 4; ++i) scw[i] = load_half(c, 48 + i, half);
+    __m256i pairs[8];  // scales 2p and 2p + 1, sign-extended to 16 bits
+    for (int p = 0; p < 8; ++p) pairs[p] = _mm256_srai_epi16(_mm256_shuffle_epi8(scw[p / 2], sc_pair[p % 2]), 8);
     __m256i isum[NT];
     for (int k = 0; k < NT; ++k) {
       __m256i off = _mm256_setzero_si256();
       for (int p = 0; p < 8; ++p) {
-        const __m256i pair = _mm256_srai_epi16(_mm256_shuffle_epi8(scw[p / 2], sc_pair[p % 2]), 8);
         off = _mm256_add_epi32(
-            off, _mm256_madd_epi16(pair, _mm256_set1_epi32(word_at(xs[k].bsums + size_t(b) * 16 + 2 * p))));
+            off, _mm256_madd_epi16(pairs[p], _mm256_set1_epi32(word_at(xs[k].bsums + size_t(b) * 16 + 2 * p))));
       }
       isum[k] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
     }
@@ -633,12 +634,13 @@ void q6k_tokens(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const*
     prefetch_ahead(c, ch.bytes, end);
     __m512i scw[4];
     for (int i = 0; i < 4; ++i) scw[i] = load_word(c, 48 + i);
+    __m512i pairs[8];  // scales 2p and 2p + 1, sign-extended to 16 bits
+    for (int p = 0; p < 8; ++p) pairs[p] = _mm512_srai_epi16(_mm512_shuffle_epi8(scw[p / 2], sc_pair[p % 2]), 8);
     __m512i isum[NT];
     for (int k = 0; k < NT; ++k) {
       __m512i off = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p) {
-        const __m512i pair = _mm512_srai_epi16(_mm512_shuffle_epi8(scw[p / 2], sc_pair[p % 2]), 8);
-        off = _mm512_dpwssd_epi32(off, pair, _mm512_set1_epi32(word_at(xs[k].bsums + size_t(b) * 16 + 2 * p)));
+        off = _mm512_dpwssd_epi32(off, pairs[p], _mm512_set1_epi32(word_at(xs[k].bsums + size_t(b) * 16 + 2 * p)));
       }
       isum[k] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(off, 5));
     }
