@@ -364,6 +364,40 @@ TEST_CASE("products on GGUF blocks: AVX-512 VNNI, AVX2 and portable kernels give
     }
 }
 
+TEST_CASE("products on GGUF blocks at the extremes: the AVX2 kernel's 16-bit pair sums do not saturate", "[kernels]") {
+  // Every value at its largest (nibbles 15, fifth bits set) against activations all +-127: a 16-bit lane
+  // of the pair sums the AVX2 kernel adds before widening comes closest to 32,767 here (30,480 for Q4).
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1})
+    for (float sign : {1.0f, -1.0f}) {
+      INFO(dtype_name(t) << " sign " << sign);
+      const auto& info = dtype_info(t);
+      const int n = 3, in = 256, out = 20;
+      std::vector<uint8_t> w(size_t(out) * in / info.block_elems * info.block_bytes, 0xFF);
+      const uint16_t d = float_to_half(0.01f), m = float_to_half(-0.05f);
+      for (size_t b = 0; b < w.size(); b += info.block_bytes) {
+        std::memcpy(&w[b], &d, 2);
+        if (t == DType::Q4_1 || t == DType::Q5_1) std::memcpy(&w[b + 2], &m, 2);
+      }
+      const std::vector<float> x(size_t(n) * in, sign);
+      std::vector<float> narrow(size_t(n) * out), portable(narrow.size()), ref(narrow.size());
+      const auto stored = store(t, w, out, in);
+      cap_kernels_at_avx2(true);
+      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, narrow.data());
+      cap_kernels_at_avx2(false);
+      force_portable_kernels(true);
+      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, portable.data());
+      force_portable_kernels(false);
+      CHECK(narrow == portable);
+      // and the value itself: every weight d x (15 | 31) - offset (+ m), every activation exactly sign
+      const float value = t == DType::Q4_0   ? 0.01f * 7
+                          : t == DType::Q4_1 ? 0.01f * 15 - 0.05f
+                          : t == DType::Q5_0 ? 0.01f * 15
+                                             : 0.01f * 31 - 0.05f;
+      std::fill(ref.begin(), ref.end(), sign * value * in);
+      CHECK(max_abs_diff(ref, narrow) < 1e-3f * std::abs(value) * in);
+    }
+}
+
 TEST_CASE("products of the same tokens taken together equal each taken alone, bit for bit", "[kernels]") {
   // A layer's q, k and v (or gate and up) in one call: types mixed as in Q4_K_M files (a K-quant among
   // 32-value types), row counts off the 16-row tiles, a bias on some.

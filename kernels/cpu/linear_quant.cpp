@@ -292,31 +292,48 @@ void half_tile(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* 
     const uint8_t* c = tile + size_t(b) * ch.bytes;
     if (half == 0) prefetch_ahead(c, ch.bytes, end);
     __m256i sum[NT];
-    for (int k = 0; k < NT; ++k) sum[k] = _mm256_setzero_si256();
-    __m256i h = _mm256_setzero_si256();
-    if constexpr (has_fifth_bit(T)) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.qh + 32 * half));
-    for (int w = 0; w < tile_words(T); ++w) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * w + 32 * half));
-      if constexpr (T == DType::Q8_0) {
+    if constexpr (T == DType::Q8_0) {
+      for (int k = 0; k < NT; ++k) sum[k] = _mm256_setzero_si256();
+      for (int w = 0; w < tile_words(T); ++w) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * w + 32 * half));
         const __m256i sw = _mm256_xor_si256(raw, flip), aw = _mm256_sign_epi8(sw, sw);
         for (int k = 0; k < NT; ++k) {
           const __m256i q = _mm256_set1_epi32(word_at(xs[k].q + size_t(b) * QK + 4 * w));
           sum[k] =
               _mm256_add_epi32(sum[k], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, sw)), ones16));
         }
-      } else {
-        __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+    } else {
+      constexpr int W = tile_words(T);
+      __m256i lo[W], hi[W];  // the block's values, unsigned: 4w..4w+3 in lo[w], 4w+16..4w+19 in hi[w]
+      const __m256i h =
+          has_fifth_bit(T) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.qh + 32 * half)) : ones16;
+      for (int w = 0; w < W; ++w) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * w + 32 * half));
+        lo[w] = _mm256_and_si256(raw, low4);
+        hi[w] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
         if constexpr (has_fifth_bit(T)) {
           // bit w (and w + 4) of each byte to bit 4
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_sll_epi32(h, _mm_cvtsi32_si128(4 - w)), bit4));
-          hi = _mm256_or_si256(hi, w == 0 ? _mm256_and_si256(h, bit4)
-                                          : _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(w)), bit4));
+          lo[w] = _mm256_or_si256(lo[w], _mm256_and_si256(_mm256_sll_epi32(h, _mm_cvtsi32_si128(4 - w)), bit4));
+          hi[w] = _mm256_or_si256(hi[w], w == 0 ? _mm256_and_si256(h, bit4)
+                                                : _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(w)), bit4));
         }
-        for (int k = 0; k < NT; ++k) {
-          const int8_t* q = xs[k].q + size_t(b) * QK + 4 * w;
-          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(word_at(q))),
-                                                 _mm256_maddubs_epi16(hi, _mm256_set1_epi32(word_at(q + 16))));
-          sum[k] = _mm256_add_epi32(sum[k], _mm256_madd_epi16(pairs, ones16));
+      }
+      // Each token's 16-bit pair sums of `words16` words added before they are widened: a lane of them
+      // holds 4 x words16 products of at most 15 x 128 (Q4) or 31 x 128 (Q5), inside 16 bits; the integer
+      // sum is the same, with one widening a block (Q4) instead of one a word.
+      constexpr int words16 = has_fifth_bit(T) ? 2 : 4;
+      static_assert(W % words16 == 0);
+      for (int k = 0; k < NT; ++k) {
+        const int8_t* q = xs[k].q + size_t(b) * QK;
+        for (int w0 = 0; w0 < W; w0 += words16) {
+          __m256i pairs = _mm256_setzero_si256();
+          for (int w = w0; w < w0 + words16; ++w)
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_add_epi16(_mm256_maddubs_epi16(lo[w], _mm256_set1_epi32(word_at(q + 4 * w))),
+                                        _mm256_maddubs_epi16(hi[w], _mm256_set1_epi32(word_at(q + 4 * w + 16)))));
+          const __m256i wide = _mm256_madd_epi16(pairs, ones16);
+          sum[k] = w0 == 0 ? wide : _mm256_add_epi32(sum[k], wide);
         }
       }
     }
@@ -372,7 +389,6 @@ void q4k_half(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* y
                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2))};
     __m256i isum[NT];
     for (int k = 0; k < NT; ++k) isum[k] = _mm256_setzero_si256();
-#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of words 8 (j / 2) ..
       const __m256i scale = _mm256_shuffle_epi8(sc[j / 4], byte_at[j % 4]);
       __m256i u[8];
