@@ -389,6 +389,7 @@ void q4k_half(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* y
                                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top2))};
     __m256i isum[NT];
     for (int k = 0; k < NT; ++k) isum[k] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of words 8 (j / 2) ..
       const __m256i scale = _mm256_shuffle_epi8(sc[j / 4], byte_at[j % 4]);
       __m256i u[8];
