@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 #include <string_view>
+#include <utility>
 
 #include <cblas.h>
 #include <sys/mman.h>
@@ -174,6 +175,20 @@ std::vector<uint8_t> store(DType t, const std::vector<uint8_t>& blocks, int rows
   load_rows(t, stored.data(), 0, rows, cols, back.data());
   REQUIRE(back == blocks);
   return stored;
+}
+
+// The products of n tokens on stored blocks with the kernels held at AVX2 and at the portable loop.
+std::pair<std::vector<float>, std::vector<float>> avx2_and_portable(DType t, const std::vector<uint8_t>& stored,
+                                                                    const std::vector<float>& x, int n, int in,
+                                                                    int out) {
+  std::vector<float> narrow(size_t(n) * out), portable(narrow.size());
+  cap_kernels_at_avx2(true);
+  linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, narrow.data());
+  cap_kernels_at_avx2(false);
+  force_portable_kernels(true);
+  linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, portable.data());
+  force_portable_kernels(false);
+  return {narrow, portable};
 }
 
 // linear_quant on random blocks of type t (random bytes; fp16 scales from N(0, sd) at the byte offsets
@@ -350,15 +365,10 @@ TEST_CASE("products on GGUF blocks: AVX-512 VNNI, AVX2 and portable kernels give
         }
       auto x = randn(size_t(n) * in, rng);
       for (size_t i = 0; i < x.size(); i += 16) x[i] = (i / 16) % 2 ? 4.0f : -4.0f;  // each sub-block's extreme
-      std::vector<float> wide(size_t(n) * out), narrow(wide.size()), portable(wide.size());
+      std::vector<float> wide(size_t(n) * out);
       const auto stored = store(t, w, out, in);
       linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, wide.data());
-      cap_kernels_at_avx2(true);
-      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, narrow.data());
-      cap_kernels_at_avx2(false);
-      force_portable_kernels(true);
-      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, portable.data());
-      force_portable_kernels(false);
+      const auto [narrow, portable] = avx2_and_portable(t, stored, x, n, in, out);
       CHECK(wide == narrow);
       CHECK(portable == narrow);
     }
@@ -379,21 +389,14 @@ TEST_CASE("products on GGUF blocks at the extremes: the AVX2 kernel's 16-bit pai
         if (t == DType::Q4_1 || t == DType::Q5_1) std::memcpy(&w[b + 2], &m, 2);
       }
       const std::vector<float> x(size_t(n) * in, sign);
-      std::vector<float> narrow(size_t(n) * out), portable(narrow.size()), ref(narrow.size());
-      const auto stored = store(t, w, out, in);
-      cap_kernels_at_avx2(true);
-      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, narrow.data());
-      cap_kernels_at_avx2(false);
-      force_portable_kernels(true);
-      linear_quant_tokens(t, stored.data(), nullptr, x.data(), n, in, out, portable.data());
-      force_portable_kernels(false);
+      const auto [narrow, portable] = avx2_and_portable(t, store(t, w, out, in), x, n, in, out);
       CHECK(narrow == portable);
       // and the value itself: every weight d x (15 | 31) - offset (+ m), every activation exactly sign
       const float value = t == DType::Q4_0   ? 0.01f * 7
                           : t == DType::Q4_1 ? 0.01f * 15 - 0.05f
                           : t == DType::Q5_0 ? 0.01f * 15
                                              : 0.01f * 31 - 0.05f;
-      std::fill(ref.begin(), ref.end(), sign * value * in);
+      const std::vector<float> ref(narrow.size(), sign * value * in);
       CHECK(max_abs_diff(ref, narrow) < 1e-3f * std::abs(value) * in);
     }
 }
