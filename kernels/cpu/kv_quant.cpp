@@ -177,9 +177,9 @@ __attribute__((target("avx2,fma,f16c"))) void fold_queries_avx2(const float* q, 
     _mm256_store_ps(lanes, vb[j]);
     float b = 0;
     for (float x : lanes) b += x;
-    for (int t = c; t < d; ++t) {
-      qsj[t] = qj[t] * half_to_float(sc[t]);
-      b += qj[t] * half_to_float(mn[t]);
+    for (int ch = c; ch < d; ++ch) {
+      qsj[ch] = qj[ch] * half_to_float(sc[ch]);
+      b += qj[ch] * half_to_float(mn[ch]);
     }
     bias[j] = b;
   }

@@ -306,8 +306,8 @@ void half_tile(const uint8_t* tile, int blocks, const Q8Ptrs* xs, float* const* 
     } else {
       constexpr int W = tile_words(T);
       __m256i lo[W], hi[W];  // the block's values, unsigned: 4w..4w+3 in lo[w], 4w+16..4w+19 in hi[w]
-      const __m256i h =
-          has_fifth_bit(T) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.qh + 32 * half)) : ones16;
+      __m256i h = _mm256_setzero_si256();
+      if constexpr (has_fifth_bit(T)) h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + ch.qh + 32 * half));
       for (int w = 0; w < W; ++w) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * w + 32 * half));
         lo[w] = _mm256_and_si256(raw, low4);
