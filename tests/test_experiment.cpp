@@ -703,6 +703,15 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
   CHECK(snap["decode_bytes_ratio_vs_full"].get<double>() > 1.0);
   CHECK(full["decode_bytes_ratio_vs_full"].get<double>() == 0.0);  // the full cache is the reference
   CHECK(snap["decode_speedup_vs_full"].get<double>() > 0.0);
+  // Each row's bound again at the rate its own step's bytes are read (a small model's stay in a cache).
+  for (const auto& r : rows) {
+    const double gbs = r["working_set_bandwidth_gbs"].get<double>();
+    CHECK(gbs > 0.0);
+    CHECK(r["decode_working_set_bound_tokens_per_s"].get<double>() ==
+          Approx(r["batch"].get<double>() * gbs * 1e9 / r["decode_step_bytes"].get<double>()));
+    CHECK(r["decode_working_set_efficiency"].get<double>() ==
+          Approx(r["decode_tokens_per_s"][0].get<double>() / r["decode_working_set_bound_tokens_per_s"].get<double>()));
+  }
 
   // Under a memory cap each configuration decodes at the largest batch whose weights, caches and decode
   // buffers fit: about 3.5 times what one full-cache sequence needs holds three, SnapKV's more.

@@ -51,6 +51,9 @@ struct Row {
   double compress_share = 0;   // compression time / prefill time
   double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
+  // The bound again with the bandwidth at which the step's bytes, read again and again, come in: above the
+  // memory's where they fit in a cache (the backend's measure; 0 where it has none).
+  double working_set_gbs = 0, decode_ws_bound_tps = 0, decode_ws_eff = 0;
   size_t decode_step_bytes = 0;          // what a decode step reads: the weights it multiplies and every cache
   double bytes_ratio = 0;                // the full cache's step bytes over this row's: the speed-up its bytes promise
   double decode_gemv_eff = 0;            // weight bytes / time of the decode step's matrix products, vs bandwidth
@@ -150,6 +153,8 @@ class Table {
                                            "decode tok/s",
                                            "decode bound tok/s",
                                            "decode / bound",
+                                           "working-set GB/s",
+                                           "decode / working-set bound",
                                            "decode GEMV / bandwidth",
                                            "decode vs full",
                                            "step MiB",
@@ -178,6 +183,8 @@ class Table {
           dec ? tps(r.decode_tps) : "n/a",
           dec ? fmt::format("{:.1f}", r.decode_bound_tps) : "n/a",
           dec ? pct(r.decode_eff) : "n/a",
+          r.working_set_gbs > 0 ? fmt::format("{:.1f}", r.working_set_gbs) : "n/a",
+          r.working_set_gbs > 0 ? pct(r.decode_ws_eff) : "n/a",
           r.decode_gemv_eff > 0 ? pct(r.decode_gemv_eff) : "n/a",
           r.decode_speedup > 0 ? fmt::format("{:.2f}x", r.decode_speedup) : "-",
           dec ? fmt::format("{:.1f}", mib(r.decode_step_bytes)) : "n/a",
@@ -213,6 +220,9 @@ nlohmann::json row_json(const Row& r) {
           {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
           {"decode_bound_tokens_per_s", r.decode_bound_tps},
           {"decode_efficiency", r.decode_eff},
+          {"working_set_bandwidth_gbs", r.working_set_gbs},
+          {"decode_working_set_bound_tokens_per_s", r.decode_ws_bound_tps},
+          {"decode_working_set_efficiency", r.decode_ws_eff},
           {"decode_gemv_bandwidth_fraction", r.decode_gemv_eff},
           {"decode_speedup_vs_full", r.decode_speedup},
           {"decode_step_bytes", r.decode_step_bytes},
@@ -322,6 +332,12 @@ class Bench {
       row.decode_step_bytes = weights_read_ + row.kv_bytes;
       row.decode_bound_tps = batch * limits_.bandwidth_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
       row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
+      // After the runs, so that their caches are freed; the measure reads a buffer of the step's size.
+      row.working_set_gbs = b_.measure_working_set_bandwidth(row.decode_step_bytes);
+      if (row.working_set_gbs > 0) {
+        row.decode_ws_bound_tps = batch * row.working_set_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
+        row.decode_ws_eff = row.decode_tps.median / row.decode_ws_bound_tps;
+      }
       if (full && full->decode_step_bytes > 0) {
         row.decode_speedup = row.decode_tps.median / full->decode_tps.median;
         row.bytes_ratio = static_cast<double>(full->decode_step_bytes) / static_cast<double>(row.decode_step_bytes);

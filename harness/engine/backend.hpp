@@ -192,6 +192,10 @@ class Backend {
   virtual void synchronize() {}
   // Measures the GEMM rate and memory bandwidth of the hardware this backend runs on.
   virtual DeviceLimits measure_limits() = 0;
+  // The rate at which a working set of `bytes` is read again and again, GB/s: above the memory's where it
+  // stays in a cache, as a small model's weights do in a server CPU's L3. 0 where not measured (a GPU, whose
+  // L2 holds a small part of any step).
+  virtual double measure_working_set_bandwidth(size_t /*bytes*/) { return 0; }
   // Peak memory held since the last reset: process RSS on the CPU, device allocations on a GPU.
   virtual size_t peak_memory_bytes() const = 0;
   virtual void reset_peak_memory() = 0;
