@@ -23,15 +23,16 @@ double measure_sgemm_gflops(int n, int reps) {
 }
 
 double measure_read_bandwidth_gbs(size_t bytes, int reps) {
-  const size_t n = bytes / sizeof(float);
+  constexpr size_t kLanes = 16;  // independent accumulators, so the loop waits on memory, not on adds
+  const size_t n = std::max<size_t>(bytes / sizeof(float), 1024) / kLanes * kLanes;
+  bytes = n * sizeof(float);
   std::vector<float> x(n);
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i & 7);
   double best = 0;
   volatile float sink = 0;
-  constexpr size_t kLanes = 16;  // independent accumulators, so the loop waits on memory, not on adds
   // A small buffer is read several times per timing, so that the parallel region's start is not timed.
-  const size_t passes = std::max<size_t>(1, (size_t{64} << 20) / std::max<size_t>(bytes, 1));
+  const size_t passes = std::max<size_t>(1, (size_t{64} << 20) / bytes);
   for (int r = 0; r < reps + 1; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     float total = 0;
@@ -40,7 +41,7 @@ double measure_read_bandwidth_gbs(size_t bytes, int reps) {
       float acc[kLanes] = {};
       for (size_t pass = 0; pass < passes; ++pass) {
 #pragma omp for schedule(static) nowait
-        for (size_t i = 0; i < n / kLanes * kLanes; i += kLanes)
+        for (size_t i = 0; i < n; i += kLanes)
           for (size_t k = 0; k < kLanes; ++k) acc[k] += x[i + k];
       }
       for (float a : acc) total += a;
