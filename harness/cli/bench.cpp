@@ -330,12 +330,14 @@ class Bench {
     if (!d_tps.empty()) {
       row.decode_tps = spread(d_tps);
       row.decode_step_bytes = weights_read_ + row.kv_bytes;
-      row.decode_bound_tps = batch * limits_.bandwidth_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
+      // Tokens/s if every step read its bytes at `gbs`.
+      auto bound = [&](double gbs) { return batch * gbs * 1e9 / static_cast<double>(row.decode_step_bytes); };
+      row.decode_bound_tps = bound(limits_.bandwidth_gbs);
       row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
       // After the runs, so that their caches are freed; the measure reads a buffer of the step's size.
       row.working_set_gbs = b_.measure_working_set_bandwidth(row.decode_step_bytes);
       if (row.working_set_gbs > 0) {
-        row.decode_ws_bound_tps = batch * row.working_set_gbs * 1e9 / static_cast<double>(row.decode_step_bytes);
+        row.decode_ws_bound_tps = bound(row.working_set_gbs);
         row.decode_ws_eff = row.decode_tps.median / row.decode_ws_bound_tps;
       }
       if (full && full->decode_step_bytes > 0) {
