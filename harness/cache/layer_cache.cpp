@@ -212,11 +212,15 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
     int unit, seg;
     size_t a, b;  // tokens [a, b) of the segment's logits, or channels [a, b) of a unit's values
   };
-  // Per unit: its segments' scores [g, n] one after another, from offset[unit][seg]; their softmax
-  // rescaling factors [g] from (first_segment[unit] + seg) * g.
-  std::vector<std::vector<size_t>> offset(static_cast<size_t>(units));
-  std::vector<size_t> first_segment(static_cast<size_t>(units));
-  std::vector<Run> logit_runs, value_runs;
+  // Per segment (numbered unit by unit, a unit's from first_segment[unit]): the offset of its scores
+  // [g, n] and, from its number * g, its softmax rescaling factors [g]. The plan is kept from call to
+  // call with its buffers (thirty layers a step), one per calling thread.
+  static thread_local std::vector<size_t> offset, first_segment, channels;
+  static thread_local std::vector<Run> logit_runs, value_runs;
+  offset.clear();
+  first_segment.assign(static_cast<size_t>(units), 0);
+  logit_runs.clear();
+  value_runs.clear();
   size_t total = 0, segments = 0;
   // The first units - units % threads units are read whole, as many to each thread; only the rest are cut,
   // each into a part per thread.
@@ -226,35 +230,48 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
     const int parts = u < whole ? 1 : threads;
     first_segment[size_t(u)] = segments;
     segments += segs.size();
-    std::vector<size_t> channels{0, size_t(d)};
+    channels.assign({0, size_t(d)});
     for (size_t k = 0; k < segs.size(); ++k) {
-      offset[size_t(u)].push_back(total);
+      offset.push_back(total);
       total += size_t(g) * segs[k]->size();
       if (segs[k]->size() == 0) continue;
+      if (parts == 1) {
+        logit_runs.push_back({u, static_cast<int>(k), 0, segs[k]->size()});
+        continue;
+      }
       const std::vector<size_t> cuts = segs[k]->token_cuts(parts);
       for (size_t i = 0; i + 1 < cuts.size(); ++i) logit_runs.push_back({u, static_cast<int>(k), cuts[i], cuts[i + 1]});
       // Channels are cut only where every segment of the head cuts them alike (each channel's segments in order).
       const std::vector<size_t> c = segs[k]->channel_cuts(parts, d);
-      channels = k == 0 || c == channels ? c : std::vector<size_t>{0, size_t(d)};
+      if (k == 0 || c == channels)
+        channels = c;
+      else
+        channels.assign({0, size_t(d)});
     }
     for (size_t i = 0; i + 1 < channels.size(); ++i) value_runs.push_back({u, -1, channels[i], channels[i + 1]});
   }
-  // Kept from call to call (a fresh buffer of a long context's scores would be fresh pages every layer),
-  // one set per calling thread; the region's threads reach them through these pointers.
   static thread_local std::vector<float> scores_kept, rescale_kept, sums_kept;
   scores_kept.resize(std::max(scores_kept.size(), total));
   rescale_kept.resize(std::max(rescale_kept.size(), segments * size_t(g)));
   sums_kept.resize(std::max(sums_kept.size(), size_t(units) * g));
+  // The region's threads reach the caller's thread_local objects through these pointers (a thread_local
+  // named in the region is the executing thread's own).
   float *const scores = scores_kept.data(), *const rescale = rescale_kept.data(), *const sums = sums_kept.data();
+  const size_t* const seg_offset = offset.data();
+  const size_t* const seg_first = first_segment.data();
+  const Run* const logit_list = logit_runs.data();
+  const Run* const value_list = value_runs.data();
+  const size_t logit_count = logit_runs.size(), value_count = value_runs.size();
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(dynamic, 1)
-    for (size_t r = 0; r < logit_runs.size(); ++r) {
-      const Run& run = logit_runs[r];
+    for (size_t r = 0; r < logit_count; ++r) {
+      const Run& run = logit_list[r];
       const LayerCache& cache = *caches[size_t(run.unit / heads)];
       const Segment& seg = *cache.segments(run.unit % heads)[size_t(run.seg)];
       const float* qh = q + size_t(run.unit / heads) * size_t(hq) * d + size_t(run.unit % heads) * g * d;
-      seg.logits_part(qh, g, d, run.a, run.b, scores + offset[size_t(run.unit)][size_t(run.seg)], seg.size());
+      seg.logits_part(qh, g, d, run.a, run.b, scores + seg_offset[seg_first[size_t(run.unit)] + size_t(run.seg)],
+                      seg.size());
     }
 #pragma omp for schedule(static)
     for (int row = 0; row < units * g; ++row) {
@@ -264,29 +281,32 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
       for (size_t k = 0; k < segs.size(); ++k) {
         const size_t n = segs[k]->size();
         if (n == 0) continue;
-        float* sj = scores + offset[size_t(u)][k] + size_t(j) * n;
+        float* sj = scores + seg_offset[seg_first[size_t(u)] + k] + size_t(j) * n;
         const float m_new = std::max(m, max_of(sj, static_cast<int>(n)) * scale);  // see attend_batch
         const float r = std::exp(m - m_new);
         l = l * r + exp_shifted(sj, static_cast<int>(n), m_new, scale);
-        rescale[(first_segment[size_t(u)] + k) * g + size_t(j)] = r;
+        rescale[(seg_first[size_t(u)] + k) * g + size_t(j)] = r;
         m = m_new;
       }
       sums[size_t(row)] = l;
     }
-    std::vector<float> acc(size_t(g) * d);
-#pragma omp for schedule(dynamic, 1)
-    for (size_t r = 0; r < value_runs.size(); ++r) {
-      const Run& run = value_runs[r];
+    static thread_local std::vector<float> acc_kept;
+    acc_kept.resize(std::max(acc_kept.size(), size_t(g) * d));
+    float* const acc = acc_kept.data();
+    // nowait: the region's end is the barrier.
+#pragma omp for schedule(dynamic, 1) nowait
+    for (size_t r = 0; r < value_count; ++r) {
+      const Run& run = value_list[r];
       const int u = run.unit, c0 = static_cast<int>(run.a), c1 = static_cast<int>(run.b);
       const auto& segs = caches[size_t(u / heads)]->segments(u % heads);
-      for (int j = 0; j < g; ++j) std::fill(acc.begin() + j * d + c0, acc.begin() + j * d + c1, 0.0f);
+      for (int j = 0; j < g; ++j) std::fill(acc + j * d + c0, acc + j * d + c1, 0.0f);
       for (size_t k = 0; k < segs.size(); ++k) {
         if (segs[k]->size() == 0) continue;
         for (int j = 0; j < g; ++j) {
-          const float rj = rescale[(first_segment[size_t(u)] + k) * g + size_t(j)];
+          const float rj = rescale[(seg_first[size_t(u)] + k) * g + size_t(j)];
           for (int c = c0; c < c1; ++c) acc[size_t(j) * d + c] *= rj;
         }
-        segs[k]->accumulate_part(scores + offset[size_t(u)][k], g, d, c0, c1, acc.data());
+        segs[k]->accumulate_part(scores + seg_offset[seg_first[size_t(u)] + k], g, d, c0, c1, acc);
       }
       for (int j = 0; j < g; ++j) {
         const float l = sums[size_t(u) * g + size_t(j)];

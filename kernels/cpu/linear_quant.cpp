@@ -1,6 +1,7 @@
 #include "kernels/cpu/linear_quant.hpp"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -783,7 +784,9 @@ void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in
     const uint8_t* end;  // of the product's tiles (prefetches stop there)
     int first;           // its first tile in the region's numbering
   };
-  std::vector<Job> jobs;
+  // Kept from call to call with their buffers: a decode step makes some two hundred of these calls.
+  static thread_local std::vector<Job> jobs;
+  jobs.clear();
   int total = 0;
   bool blocks32 = false, kquants = false;
   for (const QuantProduct& p : ps) {
@@ -793,40 +796,63 @@ void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in
     total += tiles;
     (is_kquant(p.t) ? kquants : blocks32) = true;
   }
-  // Kept from call to call with their buffers: a decode step makes some two hundred of these calls.
-  static thread_local std::vector<Q8Row> kept;
-  static thread_local std::vector<Q8KRow> kept_k;
-  static thread_local std::vector<int32_t> kept_pairs;
-  if (blocks32 && kept.size() < size_t(n)) kept.resize(size_t(n));
-  if (kquants && kept_k.size() < size_t(n)) kept_k.resize(size_t(n));
   const size_t pairs_per_token = size_t(in / QKK) * 4;
-  if (kquants && kept_pairs.size() < size_t(n) * pairs_per_token) kept_pairs.resize(size_t(n) * pairs_per_token);
-  Q8Row* const xs = kept.data();
-  Q8KRow* const xk = kept_k.data();
-  int32_t* const pairs = kept_pairs.data();
-#pragma omp parallel
-  {
-    // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting.
-#pragma omp for schedule(static)
-    for (int b = 0; b < n; ++b) {
-      if (blocks32) quantize_row_q8(x + size_t(b) * in, in, xs[b]);
-      if (kquants) {
-        quantize_row_q8_k(x + size_t(b) * in, in, xk[b]);
-        const int16_t* bs = xk[b].bsums.data();
-        int32_t* out = pairs + size_t(b) * pairs_per_token;
-        for (size_t i = 0; i < pairs_per_token; ++i) {
-          const auto lo = static_cast<uint16_t>(bs[4 * i] + bs[4 * i + 1]);
-          const auto hi = static_cast<uint16_t>(bs[4 * i + 2] + bs[4 * i + 3]);
-          out[i] = static_cast<int32_t>(uint32_t(lo) | uint32_t(hi) << 16);
-        }
+  // The tokens quantized into a thread's own rows (thread_local: the pool's threads persist).
+  struct Quantized {
+    std::vector<Q8Row> xs;
+    std::vector<Q8KRow> xk;
+    std::vector<int32_t> pairs;
+    void fit(int n, bool blocks32, bool kquants, size_t pairs_per_token) {
+      if (blocks32 && xs.size() < size_t(n)) xs.resize(size_t(n));
+      if (kquants && xk.size() < size_t(n)) xk.resize(size_t(n));
+      if (kquants && pairs.size() < size_t(n) * pairs_per_token) pairs.resize(size_t(n) * pairs_per_token);
+    }
+    void quantize(const float* x, int b, int in, bool blocks32, bool kquants, size_t pairs_per_token) {
+      if (blocks32) quantize_row_q8(x + size_t(b) * in, in, xs[size_t(b)]);
+      if (!kquants) return;
+      quantize_row_q8_k(x + size_t(b) * in, in, xk[size_t(b)]);
+      const int16_t* bs = xk[size_t(b)].bsums.data();
+      int32_t* out = pairs.data() + size_t(b) * pairs_per_token;
+      for (size_t i = 0; i < pairs_per_token; ++i) {
+        const auto lo = static_cast<uint16_t>(bs[4 * i] + bs[4 * i + 1]);
+        const auto hi = static_cast<uint16_t>(bs[4 * i + 2] + bs[4 * i + 3]);
+        out[i] = static_cast<int32_t>(uint32_t(lo) | uint32_t(hi) << 16);
       }
     }
+  };
+  static thread_local Quantized shared;
+  // Fewer tokens than threads (one sequence decoding): every thread quantizes them all into its own
+  // rows, the same numbers, and starts on its tiles without waiting for a barrier.
+  const bool each_own = n < omp_get_max_threads();
+  if (!each_own) shared.fit(n, blocks32, kquants, pairs_per_token);
+  // The caller's thread_local objects, reached in the region through pointers (a thread_local named
+  // there is the executing thread's own).
+  Quantized* const common = &shared;
+  const Job* const job_list = jobs.data();
+  const size_t job_count = jobs.size();
+#pragma omp parallel
+  {
+    Quantized* mine = common;
+    if (each_own) {
+      static thread_local Quantized own;
+      mine = &own;
+      mine->fit(n, blocks32, kquants, pairs_per_token);
+      for (int b = 0; b < n; ++b) mine->quantize(x, b, in, blocks32, kquants, pairs_per_token);
+    } else {
+      // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting.
 #pragma omp for schedule(static)
+      for (int b = 0; b < n; ++b) mine->quantize(x, b, in, blocks32, kquants, pairs_per_token);
+    }
+    const Q8Row* const xs = mine->xs.data();
+    const Q8KRow* const xk = mine->xk.data();
+    int32_t* const pairs = mine->pairs.data();
+    // nowait: the region's end is the barrier.
+#pragma omp for schedule(static) nowait
     for (int i = 0; i < total; ++i) {
-      size_t j = jobs.size() - 1;
-      while (jobs[j].first > i) --j;
+      size_t j = job_count - 1;
+      while (job_list[j].first > i) --j;
       const QuantProduct& p = ps[j];
-      const Job& job = jobs[j];
+      const Job& job = job_list[j];
       const bool k_type = is_kquant(p.t);
       const int tile = i - job.first, rows = std::min(kTileRows, p.out - tile * kTileRows);
       for (int b = 0; b < n;) {
