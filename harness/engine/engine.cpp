@@ -169,10 +169,9 @@ std::vector<float> Engine::logits_of_last(const Buffer& x, int n) {
   return out;
 }
 
-std::vector<std::vector<float>> Engine::logits_of_rows(const Buffer& x, int n) {
+std::vector<std::vector<float>> Engine::logits_of_rows(const Buffer& x, int n, Buffer& h, Buffer& logits) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, V = cfg_.vocab_size;
-  Buffer h(b, size_t(n) * H), logits(b, size_t(n) * V);
   norm(*out_norm_, x, n, h);
   b.linear_tokens(h, cfg_.tied_embeddings ? tok_embd_ : output_, nullptr, n, H, V, logits);
   std::vector<std::vector<float>> out(static_cast<size_t>(n), std::vector<float>(static_cast<size_t>(V)));
@@ -409,6 +408,8 @@ void Engine::reset_caches() {
   seq_.caches_.clear();
   for (int l = 0; l < cfg_.n_layers; ++l)
     seq_.caches_.emplace_back(cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, opt_.kv_dtype);
+  // The last decode's working buffers let go too: a prefill's peak memory does not count them.
+  decode_ = {};
 }
 
 PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const PrefillNeeds& needs,
@@ -505,11 +506,12 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
     transforms[size_t(s)] = sq.transform_;
   }
   Backend& b = *backend_;
-  const int H = cfg_.hidden, F = cfg_.intermediate, d = cfg_.head_dim;
+  const int H = cfg_.hidden, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
-
-  Buffer x(b, n * H), h(b, n * H), q(b, n * Q), k(b, n * KV), v(b, n * KV), attn(b, n * Q), proj(b, n * H),
-      mlp_out(b, n * H), gate(b, n * F), up(b, n * F), act(b, n * F);
+  DecodeBuffers& w = decode_buffers(B);
+  Buffer &x = w.x, &h = w.h, &q = w.q, &k = w.k, &v = w.v, &attn = w.attn, &proj = w.proj, &mlp_out = w.mlp_out,
+         &gate = w.gate, &up = w.up, &act = w.act;
+  std::vector<float>&hk = w.hk, &hv = w.hv;
   b.embed(tok_embd_, tokens, H, x);
   // One sequence without a method acting on decoding lets the host caches lag one step: the backend
   // appends to its own copy and the host copies arrive with the step's last download.
@@ -518,7 +520,7 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
   constexpr int kDecodeSlot = 2;
   float* staged = defer ? b.stage(kDecodeSlot, size_t(cfg_.n_layers) * 2 * KV) : nullptr;
   std::vector<bool> deferred(cfg_.n_layers, false);
-  std::vector<float> hk(n * KV), hv(n * KV), hq_rows(observed ? n * Q : 0);
+  std::vector<float> hq_rows(observed ? n * Q : 0);
   std::vector<const LayerCache*> layer_caches(n);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
@@ -553,7 +555,7 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
     if (cfg_.parallel_block) b.add(x, proj, n * H);
   }
   for (Sequence* sq : seqs) ++sq->pos_;
-  auto logits = logits_of_rows(x, B);
+  auto logits = logits_of_rows(x, B, w.head_h, w.logits);
   if (defer) {
     b.fence(kDecodeSlot);
     b.wait(kDecodeSlot);
@@ -562,6 +564,33 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
         append_token(seqs[0]->caches_[l], staged + size_t(2 * l) * KV, staged + size_t(2 * l + 1) * KV, pos[0]);
   }
   return logits;
+}
+
+Engine::DecodeBuffers& Engine::decode_buffers(int batch) {
+  if (decode_.batch == batch) return decode_;
+  Backend& b = *backend_;
+  const size_t n = size_t(batch), H = size_t(cfg_.hidden), F = size_t(cfg_.intermediate),
+               Q = size_t(cfg_.n_heads) * cfg_.head_dim, KV = size_t(cfg_.n_kv_heads) * cfg_.head_dim,
+               V = size_t(cfg_.vocab_size);
+  decode_ = {};  // the old batch's buffers released before the new ones are made
+  decode_.batch = batch;
+  for (auto [buffer, width] : {std::pair{&decode_.x, H},
+                               {&decode_.h, H},
+                               {&decode_.q, Q},
+                               {&decode_.k, KV},
+                               {&decode_.v, KV},
+                               {&decode_.attn, Q},
+                               {&decode_.proj, H},
+                               {&decode_.mlp_out, H},
+                               {&decode_.gate, F},
+                               {&decode_.up, F},
+                               {&decode_.act, F},
+                               {&decode_.head_h, H},
+                               {&decode_.logits, V}})
+    *buffer = Buffer(b, n * width);
+  decode_.hk.assign(n * KV, 0.0f);
+  decode_.hv.assign(n * KV, 0.0f);
+  return decode_;
 }
 
 void Engine::append_token(LayerCache& cache, const float* k, const float* v, int32_t pos) {

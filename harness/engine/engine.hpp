@@ -127,8 +127,9 @@ class Engine {
   std::vector<float> run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
                                  std::vector<double>* next_logprobs, const PrefillCapture* past);
   std::vector<float> logits_of_last(const Buffer& x, int n);
-  // The output head over each of n rows of x, tokens of n sequences (Backend::linear_tokens).
-  std::vector<std::vector<float>> logits_of_rows(const Buffer& x, int n);
+  // The output head over each of n rows of x, tokens of n sequences (Backend::linear_tokens), through
+  // the working buffers h [n, hidden] and logits [n, vocabulary].
+  std::vector<std::vector<float>> logits_of_rows(const Buffer& x, int n, Buffer& h, Buffer& logits);
   // The output head over every row of x but the last, in chunks: log p(ids[t + 1]) for t < n - 1.
   std::vector<double> next_token_logprobs(const Buffer& x, std::span<const int32_t> ids);
   // q, k, v of n rows of normed hidden states h: the projections (with bias), then Qwen3's per-head
@@ -167,6 +168,15 @@ class Engine {
   std::vector<float> tk_, tv_;
   double transform_seconds_ = 0;
   std::vector<float> rep_k_, rep_v_;
+  // decode_batch's working buffers for a batch of `batch` sequences, kept from step to step: allocated
+  // per step, they were a dozen allocations and frees a token, each sweeping the allocator's free lists.
+  struct DecodeBuffers {
+    int batch = 0;
+    Buffer x, h, q, k, v, attn, proj, mlp_out, gate, up, act, head_h, logits;
+    std::vector<float> hk, hv;
+  };
+  DecodeBuffers& decode_buffers(int batch);
+  DecodeBuffers decode_;
 };
 
 }  // namespace kvb
