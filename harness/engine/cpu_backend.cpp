@@ -21,6 +21,7 @@
 #include "kernels/cpu/linear_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/read_bandwidth.hpp"
 
 namespace kvb {
 

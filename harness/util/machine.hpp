@@ -7,12 +7,6 @@ namespace kvb {
 
 // Best fp32 GEMM rate of the BLAS (square n x n x n products, best of `reps`), GFLOP/s.
 double measure_sgemm_gflops(int n = 2048, int reps = 5);
-// Best read bandwidth over a buffer of `bytes` read again and again (parallel sum, best of `reps` each with
-// and without fetching ahead in software), GB/s:
-// by default one larger than the caches, the memory's rate; a smaller one gives the rate at which a
-// working set of that size is read where it stays in a cache (a decode step's weights in a large L3).
-double measure_read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int reps = 5);
-
 // Peak resident memory of this process since start or since the last reset, bytes.
 size_t peak_rss_bytes();
 // Resets the peak to the current resident size (Linux clear_refs); false if not possible.
