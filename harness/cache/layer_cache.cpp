@@ -218,7 +218,7 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
   static thread_local std::vector<size_t> offset, first_segment, channels;
   static thread_local std::vector<Run> logit_runs, value_runs;
   offset.clear();
-  first_segment.assign(static_cast<size_t>(units), 0);
+  first_segment.resize(static_cast<size_t>(units));
   logit_runs.clear();
   value_runs.clear();
   size_t total = 0, segments = 0;

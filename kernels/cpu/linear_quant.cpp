@@ -802,29 +802,29 @@ void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in
     std::vector<Q8Row> xs;
     std::vector<Q8KRow> xk;
     std::vector<int32_t> pairs;
-    void fit(int n, bool blocks32, bool kquants, size_t pairs_per_token) {
-      if (blocks32 && xs.size() < size_t(n)) xs.resize(size_t(n));
-      if (kquants && xk.size() < size_t(n)) xk.resize(size_t(n));
-      if (kquants && pairs.size() < size_t(n) * pairs_per_token) pairs.resize(size_t(n) * pairs_per_token);
-    }
-    void quantize(const float* x, int b, int in, bool blocks32, bool kquants, size_t pairs_per_token) {
-      if (blocks32) quantize_row_q8(x + size_t(b) * in, in, xs[size_t(b)]);
-      if (!kquants) return;
-      quantize_row_q8_k(x + size_t(b) * in, in, xk[size_t(b)]);
-      const int16_t* bs = xk[size_t(b)].bsums.data();
-      int32_t* out = pairs.data() + size_t(b) * pairs_per_token;
-      for (size_t i = 0; i < pairs_per_token; ++i) {
-        const auto lo = static_cast<uint16_t>(bs[4 * i] + bs[4 * i + 1]);
-        const auto hi = static_cast<uint16_t>(bs[4 * i + 2] + bs[4 * i + 3]);
-        out[i] = static_cast<int32_t>(uint32_t(lo) | uint32_t(hi) << 16);
-      }
+  };
+  const auto fit = [&](Quantized& q) {
+    if (blocks32 && q.xs.size() < size_t(n)) q.xs.resize(size_t(n));
+    if (kquants && q.xk.size() < size_t(n)) q.xk.resize(size_t(n));
+    if (kquants && q.pairs.size() < size_t(n) * pairs_per_token) q.pairs.resize(size_t(n) * pairs_per_token);
+  };
+  const auto quantize = [&](Quantized& q, int b) {
+    if (blocks32) quantize_row_q8(x + size_t(b) * in, in, q.xs[size_t(b)]);
+    if (!kquants) return;
+    quantize_row_q8_k(x + size_t(b) * in, in, q.xk[size_t(b)]);
+    const int16_t* bs = q.xk[size_t(b)].bsums.data();
+    int32_t* out = q.pairs.data() + size_t(b) * pairs_per_token;
+    for (size_t i = 0; i < pairs_per_token; ++i) {
+      const auto lo = static_cast<uint16_t>(bs[4 * i] + bs[4 * i + 1]);
+      const auto hi = static_cast<uint16_t>(bs[4 * i + 2] + bs[4 * i + 3]);
+      out[i] = static_cast<int32_t>(uint32_t(lo) | uint32_t(hi) << 16);
     }
   };
   static thread_local Quantized shared;
   // Fewer tokens than threads (one sequence decoding): every thread quantizes them all into its own
   // rows, the same numbers, and starts on its tiles without waiting for a barrier.
   const bool each_own = n < omp_get_max_threads();
-  if (!each_own) shared.fit(n, blocks32, kquants, pairs_per_token);
+  if (!each_own) fit(shared);
   // The caller's thread_local objects, reached in the region through pointers (a thread_local named
   // there is the executing thread's own).
   Quantized* const common = &shared;
@@ -836,12 +836,12 @@ void gemv_shared(std::span<const QuantProduct> ps, const float* x, int n, int in
     if (each_own) {
       static thread_local Quantized own;
       mine = &own;
-      mine->fit(n, blocks32, kquants, pairs_per_token);
-      for (int b = 0; b < n; ++b) mine->quantize(x, b, in, blocks32, kquants, pairs_per_token);
+      fit(own);
+      for (int b = 0; b < n; ++b) quantize(own, b);
     } else {
       // A batch's tokens apart on the threads: one thread quantizing all of them left the other waiting.
 #pragma omp for schedule(static)
-      for (int b = 0; b < n; ++b) mine->quantize(x, b, in, blocks32, kquants, pairs_per_token);
+      for (int b = 0; b < n; ++b) quantize(*mine, b);
     }
     const Q8Row* const xs = mine->xs.data();
     const Q8KRow* const xk = mine->xk.data();

@@ -25,9 +25,8 @@ void fetch_ahead(const float* x, size_t i, size_t n) {
   for (size_t l = 0; l < kStep; l += 16) _mm_prefetch(reinterpret_cast<const char*>(x + i + kAhead + l), _MM_HINT_T0);
 }
 
-// The thread's share of [0, n) in steps of kStep, summed `passes` times. Each width's loop reads the same
-// bytes; the AVX-512 one read a GiB 8-23% faster than 128-bit loads on that Xeon, so the bound is the
-// widest loop the kernels may use.
+// Each loop sums the thread's share of [0, n) `passes` times. They read the same bytes; 512-bit loads read
+// a GiB 8-23% faster than 128-bit ones on that Xeon, so the bound is the widest loop the kernels may use.
 float sum_portable(const float* x, size_t n, size_t passes, bool ahead) {
   float acc[16] = {};  // a line a step, one fetch ahead each: wider steps read slower here
   for (size_t pass = 0; pass < passes; ++pass) {
