@@ -146,7 +146,8 @@ class CpuBackend final : public Backend {
     if (!std::all_of(ps.begin(), ps.end(), [](const Product& p) { return p.w->blocks() != DType::F32; }))
       return Backend::linear_tokens_shared(x, ps, n, in);
     OpTimer t(*this, profiling_, stats_.linear_seconds);
-    std::vector<QuantProduct> qs;
+    std::vector<QuantProduct>& qs = products_;
+    qs.clear();
     for (const Product& p : ps) {
       stats_.linear_flops += 2.0 * n * in * p.out;
       qs.push_back({p.w->blocks(), static_cast<const uint8_t*>(p.w->data()), p.bias ? p.bias->data() : nullptr, p.out,
@@ -252,7 +253,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<RopeTable> rope_;
   std::vector<std::vector<float>> stages_;
   std::vector<float> joined_k_, joined_v_;
-  std::vector<uint8_t> blocks_;  // an embedding row as the file's blocks
+  std::vector<uint8_t> blocks_;         // an embedding row as the file's blocks
+  std::vector<QuantProduct> products_;  // linear_tokens_shared's, kept (a decode step makes some ninety calls)
 };
 
 }  // namespace
