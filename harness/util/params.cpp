@@ -96,20 +96,26 @@ Params::Params(const std::vector<ParamSpec>& specs, const std::map<std::string, 
   }
   for (const auto& s : specs) {
     if (!values_.count(s.name)) values_[s.name] = s.default_value;
-    if (!s.keyed_at_default) unkeyed_defaults_[s.name] = s.default_value;
+    if (!s.keyed_at_default) unkeyed_[s.name] = s.earlier.empty() ? s.default_value : s.earlier;
   }
 }
 
 std::map<std::string, std::string> Params::keyed_values() const {
   auto v = values_;
-  for (const auto& [name, def] : unkeyed_defaults_)
-    if (v.at(name) == def) v.erase(name);
+  for (const auto& [name, earlier] : unkeyed_)
+    if (v.at(name) == earlier) v.erase(name);
   return v;
 }
 
 ParamSpec ParamSpec::added_later() const {
   ParamSpec s = *this;
   s.keyed_at_default = false;
+  return s;
+}
+
+ParamSpec ParamSpec::added_later(std::string earlier_value) const {
+  ParamSpec s = added_later();
+  s.earlier = std::move(earlier_value);
   return s;
 }
 

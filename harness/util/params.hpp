@@ -20,9 +20,11 @@ struct ParamSpec {
   double min = 0, max = 0;           // Int/Float: inclusive range
   std::vector<std::string> choices;  // Choice
   std::string help;
-  // False for a parameter added after results were recorded whose default is the earlier behaviour: at
-  // its default it stays out of result keys (Params::keyed_values), so those results still count.
+  // False for a parameter added after results were recorded: at the value that gives the earlier
+  // behaviour (`earlier`, its default unless given) it stays out of result keys (Params::keyed_values),
+  // so those results still count.
   bool keyed_at_default = true;
+  std::string earlier = {};
 
   static ParamSpec integer(std::string name, long def, long min, long max, std::string help);
   static ParamSpec real(std::string name, double def, double min, double max, std::string help);
@@ -31,8 +33,10 @@ struct ParamSpec {
   // Any non-empty text (e.g. a directory); the default may be empty.
   static ParamSpec text(std::string name, std::string def, std::string help);
   std::string describe() const;  // "int in [1, 512], default 8"
-  // The same parameter marked as added later (keyed_at_default = false).
+  // The same parameter marked as added later (keyed_at_default = false): its default is the earlier
+  // behaviour, or `earlier_value` is (a new default that changes what the method computes).
   ParamSpec added_later() const;
+  ParamSpec added_later(std::string earlier_value) const;
 };
 
 class Params {
@@ -49,12 +53,12 @@ class Params {
   bool get_bool(const std::string& name) const;
   const std::string& get(const std::string& name) const;
   const std::map<std::string, std::string>& values() const { return values_; }
-  // What a result's key holds: the values without the added-later parameters left at their default.
+  // What a result's key holds: the values without the added-later parameters at their earlier behaviour.
   std::map<std::string, std::string> keyed_values() const;
 
  private:
   std::map<std::string, std::string> values_;
-  std::map<std::string, std::string> unkeyed_defaults_;  // added-later parameters: name -> default
+  std::map<std::string, std::string> unkeyed_;  // added-later parameters: name -> the earlier behaviour's value
   std::string owner_;
 };
 
