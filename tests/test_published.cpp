@@ -276,8 +276,10 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   auto record = [&](json cfg, double score) {
     records << json{{"id", "s" + std::to_string(id++)}, {"config", std::move(cfg)}, {"score", score}}.dump() << "\n";
   };
-  record(config("fullkv", 0, json::object(), "qasper"), 0.30);
-  record(config("fullkv", 0, json::object(), "qasper"), 0.50);
+  for (int i = 0; i < 5; ++i) {
+    record(config("fullkv", 0, json::object(), "qasper"), 0.30);
+    record(config("fullkv", 0, json::object(), "qasper"), 0.50);
+  }
   record(config("fullkv", 0, json::object(), "trec"), 0.70);
   record(config("snapkv", 128, {{"window", "8"}}, "qasper"), 0.20);
   records.close();
@@ -302,13 +304,14 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
     FAIL("no cell " << method << " " << column);
     return std::vector<std::string>{};
   };
-  CHECK(find("fullkv", "qasper")[9] == "40.0000");  // mean of 30 and 50
-  // Two samples, 0.3 and 0.5: the bootstrap's resamples have means 0.3, 0.4 and 0.5.
-  CHECK(find("fullkv", "qasper")[10] == "30.0000");
-  CHECK(find("fullkv", "qasper")[11] == "50.0000");
-  CHECK(find("fullkv", "qasper")[12] == "2");
+  CHECK(find("fullkv", "qasper")[9] == "40.0000");  // mean of five 30s and five 50s
+  // The resampled means are 0.3 + 0.02 k for k ~ Binomial(10, 1/2), whose 2.5% and 97.5% points are
+  // k = 2 and 8 (P(k <= 1) = 1.1%, P(k <= 2) = 5.5%).
+  CHECK(find("fullkv", "qasper")[10] == "34.0000");
+  CHECK(find("fullkv", "qasper")[11] == "46.0000");
+  CHECK(find("fullkv", "qasper")[12] == "10");
   CHECK(find("fullkv", "qasper")[13] == "7.7000");
-  CHECK(find("fullkv", "qasper")[14] == "yes");  // 32.30 published lies inside [30, 50]
+  CHECK(find("fullkv", "qasper")[14] == "no");   // 32.30 published lies outside [34, 46]
   CHECK(find("fullkv", "avg")[10].empty());      // an average over columns has no interval of ours
   CHECK(find("fullkv", "avg")[9] == "55.0000");  // (40 + 70) / 2
   CHECK(find("snapkv", "trec")[9].empty());      // not run: no number of ours
@@ -316,7 +319,7 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   std::stringstream md;
   md << std::ifstream(out + "/compare-t1.md").rdbuf();
   CHECK(md.str().find("20.00 (1/2)") != std::string::npos);
-  CHECK(md.str().find("| FullKV | 40.00 [30.00, 50.00] |") != std::string::npos);
+  CHECK(md.str().find("| FullKV | 40.00 [34.00, 46.00] |") != std::string::npos);
   // Our model (m.gguf) is not the paper's: no value is marked as inside our interval.
   CHECK(md.str().find("(in)") == std::string::npos);
   CHECK(md.str().find("Our model is not the paper's") != std::string::npos);

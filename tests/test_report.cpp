@@ -288,3 +288,39 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
   CHECK(s.find("| h2o | +10.00 [") != std::string::npos);
   CHECK(s.find("fullkv") == std::string::npos);
 }
+
+TEST_CASE("reports: runs of another KV dtype or model are rows of their own, never pooled", "[report][stats]") {
+  // The same 20 samples run in fp32 and fp16 on one model, and in fp32 on a second: each row keeps its
+  // 20 pairs (pooled, one row counted every sample two or three times and narrowed the interval).
+  const TempDir dir("report_apart");
+  {
+    std::ofstream out(dir / "r.jsonl");
+    for (const auto& [dtype, model] : {std::pair{"fp32", "a.gguf"}, {"fp16", "a.gguf"}, {"fp32", "b.gguf"}})
+      for (int i = 0; i < 20; ++i) {
+        const json opts = {{"task", "vt"}, {"length", "4096"}};
+        for (const auto& [m, budget, score] :
+             {std::tuple{"fullkv", 0, 0.5 + 0.02 * (i % 5)}, {"snapkv", 128, 0.45 + 0.03 * (i % 4)}}) {
+          json r = record("ruler", opts, m, budget, score);
+          r["id"] = fmt::format("s{}", i);
+          r["config"]["model"] = model;
+          if (std::string(dtype) != "fp32") r["config"]["kv_dtype"] = dtype;
+          out << r.dump() << "\n";
+        }
+      }
+  }
+  const std::string rep = (dir / "rep").string();
+  std::filesystem::create_directories(rep);
+  write_paired_comparison({(dir / "r.jsonl").string()}, "fullkv", rep, {"md"});
+  const std::string t = read(dir / "rep" / "ruler-vs-fullkv.md");
+  INFO(t);
+  CHECK(t.find("| snapkv on a.gguf |") != std::string::npos);
+  CHECK(t.find("| snapkv [fp16] on a.gguf |") != std::string::npos);
+  CHECK(t.find("| snapkv on b.gguf |") != std::string::npos);
+  CHECK(t.find("(n=40)") == std::string::npos);
+  CHECK(t.find("(n=20)") != std::string::npos);
+  write_report({(dir / "r.jsonl").string()}, rep, {"md"});
+  const std::string mb = read(dir / "rep" / "ruler-method-budget.md");
+  INFO(mb);
+  CHECK(mb.find("| snapkv on b.gguf |") != std::string::npos);
+  CHECK(mb.find("n=40") == std::string::npos);
+}

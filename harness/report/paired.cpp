@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@ using nlohmann::json;
 
 struct Run {
   std::string task, variant, method, setting;  // setting: the parameters and GQA mode, as text
+  std::string dtype, model;
   json params;
   KvBudget budget;
   std::string sample;  // what makes two records the same sample: task, options, model, dtype, id
@@ -47,8 +49,9 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       r.params = c.value("params", json::object());
       r.setting = setting_text(r.params, c.value("gqa", "-"));
       r.budget = config_budget(c);
-      r.sample =
-          json::array({r.task, opts, c.value("model", ""), c.value("kv_dtype", "fp32"), j.value("id", "")}).dump();
+      r.dtype = c.value("kv_dtype", "fp32");
+      r.model = c.value("model", "");
+      r.sample = json::array({r.task, opts, r.model, r.dtype, j.value("id", "")}).dump();
       r.score = j["score"].get<double>();
       runs.push_back(std::move(r));
     });
@@ -97,16 +100,22 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
   for (const Run& r : runs)
     if (r.method == base_method && r.setting == base_setting)
       base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
-  // A method's label shows its setting where the records hold several of its settings.
+  // A method's label shows its setting where the records hold several of its settings, its KV dtype and,
+  // where they hold several models, its model: a row never pools two runs of one sample.
   std::map<std::string, std::set<std::string>> method_settings;
-  for (const Run& r : runs) method_settings[r.method].insert(r.setting);
+  std::set<std::string> models;
+  for (const Run& r : runs) {
+    method_settings[r.method].insert(r.setting);
+    models.insert(r.model);
+  }
   // task -> label -> budget -> variant -> differences
   std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;
   for (const Run& r : runs) {
     if (r.method == base_method && r.setting == base_setting) continue;
     const auto it = base.find({r.sample, full_baseline ? KvBudget{} : r.budget});
     if (it == base.end()) continue;
-    const std::string label = r.method + (method_settings[r.method].size() > 1 ? " (" + r.setting + ")" : "");
+    const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") +
+                              (method_settings[r.method].size() > 1 ? " (" + r.setting + ")" : "");
     diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
   }
   if (diffs.empty())
@@ -145,7 +154,11 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
         for (const auto& [variant, d] : it->second) strata.push_back(d);
         const MeanInterval ci = bootstrap_interval(strata);
         const char* mark = ci.low > 0 || ci.high < 0 ? " *" : "";
-        const char* no_spread = ci.n > 1 ? ", constant" : "";
+        // Why a cell of several pairs has no interval: the difference never varies, or too few pairs.
+        const bool constant = std::all_of(strata.begin(), strata.end(), [](const std::vector<double>& d) {
+          return std::all_of(d.begin(), d.end(), [&](double x) { return x == d[0]; });
+        });
+        const char* no_spread = ci.n < 2 ? "" : constant ? ", constant" : ", too few pairs";
         // A difference of mean NLLs over the same windows is the log of the perplexities' ratio.
         if (perplexity)
           row.push_back(ci.has_interval() ? fmt::format("x{:.4f} [x{:.4f}, x{:.4f}]{} (n={})", std::exp(ci.mean),
@@ -159,8 +172,8 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
       t.blocks[0].rows.push_back(row);
     }
     t.note =
-        "Percentile bootstrap of the mean paired difference (4,000 resamples, within each RULER task or "
-        "LongBench dataset); one pair, or a difference constant within every task, gives no interval.";
+        "Percentile bootstrap of the mean paired difference (10,000 resamples, within each RULER task or "
+        "LongBench dataset); fewer than 10 pairs, or a difference constant within every task, give no interval.";
     write_table(t, fmt::format("{}/{}-vs-{}", dir, task, file_name), formats);
     fmt::print("{}\n", to_markdown(t));
   }

@@ -77,6 +77,7 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   // labelled below; the dtype is shown where it is not fp32
   e.params = cfg.value("params", json::object());
   e.dtype = cfg.value("kv_dtype", std::string("fp32"));
+  e.model = cfg.value("model", std::string());
   r.method_configs[e.method].emplace(json::array({e.params, cfg.value("gqa", "-")}).dump(), e.params);
   r.entries.push_back(e);
 }
@@ -126,6 +127,11 @@ Records read_records(const std::vector<std::string>& files) {
   return r;
 }
 
+std::string run_label(const std::string& method, const std::string& dtype, const std::string& model) {
+  return (method == "fullkv" ? "FullKV" : method) + (dtype == "fp32" ? "" : " [" + dtype + "]") +
+         (model.empty() ? "" : " on " + model);
+}
+
 void label_entries(Records& r) {
   // A method's row label is its name, with the parameters that differ between its settings where the
   // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
@@ -141,9 +147,11 @@ void label_entries(Records& r) {
     for (const auto& [k, v] : values)
       if (v.size() > 1) varying[method].insert(k);
   }
+  // Records of several models: each row names its model, so that no row pools two models' samples.
+  std::set<std::string> models;
+  for (const Entry& e : r.entries) models.insert(e.model);
   for (Entry& e : r.entries) {
-    const std::string name =
-        (e.method == "fullkv" ? "FullKV" : e.method) + (e.dtype == "fp32" ? "" : " [" + e.dtype + "]");
+    const std::string name = run_label(e.method, e.dtype, models.size() > 1 ? e.model : "");
     json shown = json::object();
     for (const auto& [k, v] : e.params.items())
       if (varying[e.method].count(k)) shown[k] = v;

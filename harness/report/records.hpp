@@ -29,6 +29,7 @@ struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
   json params;                               // the method's parameters, as recorded
   std::string dtype;                         // the cache's KV dtype
+  std::string model;                         // the model file's name
   KvBudget budget;
   int length = 0;
   double score = 0, kv_share = 1;
@@ -50,6 +51,9 @@ struct Records {
 Records read_records(const std::vector<std::string>& files);
 // Each entry's row label: its method, with the parameters that tell its settings apart.
 void label_entries(Records& r);
+// A row's name: the method, its KV dtype where not fp32 ("snapkv [fp16]"), and the model where given
+// (records of several models: "snapkv on Llama-3.1-8B.gguf").
+std::string run_label(const std::string& method, const std::string& dtype, const std::string& model);
 // The layout a task declares (harness/task/task.hpp); none for a task this build does not know.
 const TaskLayout& layout_of(const std::string& task);
 // How the task's scores print (perplexity tasks: exp of the mean NLL).

@@ -28,12 +28,12 @@ MeanInterval wilson_interval(double successes, int n, double z) {
   return m;
 }
 
-MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average, double level,
-                                int resamples, uint64_t seed) {
+MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata, Average average, double level,
+                                  int resamples, uint64_t seed) {
   MeanInterval m;
-  if (strata.empty()) fail("bootstrap_interval: no samples");
+  if (strata.empty()) fail("percentile_bootstrap: no samples");
   for (const auto& s : strata) {
-    if (s.empty()) fail("bootstrap_interval: an empty stratum");
+    if (s.empty()) fail("percentile_bootstrap: an empty stratum");
     m.n += int(s.size());
   }
   // The statistic from each stratum's sum: pooled over samples, or the mean of the strata's means.
@@ -51,7 +51,7 @@ MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, 
   // every resample gives the mean, and a zero-width interval would claim a certainty the data lacks.
   bool varies = false;
   for (const auto& s : strata) varies = varies || std::any_of(s.begin(), s.end(), [&](double x) { return x != s[0]; });
-  if (!varies) {
+  if (!varies || resamples < 1) {
     m.low = m.high = std::nan("");
     return m;
   }
@@ -78,6 +78,25 @@ MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, 
   m.high = quantile((1 + level) / 2);
   m.method = "bootstrap";
   return m;
+}
+
+MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average) {
+  // A stratum of a few samples adds almost none of its variance to the resamples: in simulation a
+  // "95%" interval covered the mean 49% of the time at 2 samples, 82% at 5, 32% over five strata of
+  // one sample and one of two. Small strata are pooled into one where the cell averages samples
+  // alike (the wider interval of a design that ignores them); otherwise the cell gives none.
+  size_t n = 0;
+  bool small = false;
+  for (const auto& s : strata) {
+    n += s.size();
+    small = small || s.size() < kMinStratum;
+  }
+  if (n < kMinSamples || (small && average == Average::Strata))
+    return percentile_bootstrap(strata, average, 0.95, 0);  // the mean alone
+  if (!small || strata.size() == 1) return percentile_bootstrap(strata, average);
+  std::vector<double> pooled;
+  for (const auto& s : strata) pooled.insert(pooled.end(), s.begin(), s.end());
+  return percentile_bootstrap({pooled}, average);
 }
 
 MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Average average) {

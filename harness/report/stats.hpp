@@ -28,12 +28,19 @@ enum class Average { Samples, Strata };
 // The percentile bootstrap of the mean: each stratum (a RULER task, a LongBench dataset) is resampled
 // within itself, `resamples` times, from a fixed seed; a single stratum is the plain bootstrap over
 // samples. [low, high] are the (1-level)/2 and (1+level)/2 quantiles (numpy's linear interpolation);
-// none where no stratum varies.
-MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
-                                double level = 0.95, int resamples = 4000, uint64_t seed = 20261127);
+// none where no stratum varies (or for no resamples).
+MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
+                                  double level = 0.95, int resamples = 10000, uint64_t seed = 20261127);
+// The floors below which the bootstrap's 95% covers far less than 95%: fewer samples in all, or a
+// stratum of fewer where the cell averages the strata' means, give no interval.
+inline constexpr size_t kMinSamples = 10, kMinStratum = 5;
+// A table's bootstrap interval: percentile_bootstrap's, none below the floors; averaging samples,
+// strata smaller than kMinStratum are resampled as one (a design that ignores them: wider).
+MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples);
 // A cell's interval: Wilson's when the scores are 0/1 (NIAH's exact match, RULER's single-needle
 // tasks) and pooled over samples, otherwise the stratified bootstrap; none (n shown alone) for one
-// sample, or where every stratum holds one value and the bootstrap has nothing to resample.
+// sample, where every stratum holds one value and the bootstrap has nothing to resample, or where it
+// has too few samples (bootstrap_interval).
 MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples);
 
 // How a task's scores print: x 100 (a metric in [0, 1]), or, where they are mean negative

@@ -149,7 +149,7 @@ def summarize(df, by: Sequence[str] | None = None):
     """One row per configuration of a results DataFrame (load_results): its mean score x 100, the
     number of samples `n`, and the 95% interval `ci_low`, `ci_high` (Wilson's for 0/1 scores, else a
     percentile bootstrap over samples resampled within each RULER task or LongBench dataset; None for
-    one sample), the same numbers as kvbench report's summary. `by` names the grouping columns
+    one sample or too few to bootstrap), the same numbers as kvbench report's summary. `by` names the grouping columns
     (default: every `config.*` column but the grid's options and the code version)."""
     import pandas as pd
 
@@ -157,7 +157,17 @@ def summarize(df, by: Sequence[str] | None = None):
         grid = {f"config.options.{o}" for o in _GRID_OPTIONS}
         by = [c for c in df.columns if c.startswith("config.") and c not in grid]
     by = list(by)
-    strata = next((c for c in ("config.options.task", "config.options.dataset") if c in df.columns), None)
+    # Values left nested by load_results (an artifact's digest under config.artifacts.*) group by their
+    # JSON text, as the report's configurations do.
+    nested = [c for c in by if df[c].map(lambda v: isinstance(v, (dict, list))).any()]
+    if nested:
+        df = df.copy()
+        for c in nested:
+            df[c] = df[c].map(lambda v: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+    # A RULER cell's strata are its tasks, a LongBench cell's its datasets: a frame holding both has both
+    # columns, each empty in the other's rows.
+    strata = [c for c in ("config.options.task", "config.options.dataset") if c in df.columns]
+    strata = strata[0] if len(strata) == 1 else strata  # a list of one warns in pandas 2
     rows = []
     for key, g in df.groupby(by, dropna=False, sort=True):
         groups = [s["score"].tolist() for _, s in g.groupby(strata, dropna=False)] if strata else [g["score"].tolist()]

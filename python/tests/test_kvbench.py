@@ -362,10 +362,10 @@ def test_parameters_reach_the_python_method_typed(model):
 def test_summarize_gives_each_configuration_its_interval():
     import pandas as pd
 
-    df = pd.DataFrame({"config.method": ["snapkv"] * 10 + ["h2o"] * 4 + ["fullkv"],
-                       "config.options.task": ["vt", "cwe"] * 5 + ["vt"] * 4 + ["vt"],
-                       "config.options.length": ["4096"] * 15,
-                       "score": [1, 1, 1, 0, 1, 1, 0, 1, 0, 1] + [0.25, 0.5, 0.5, 0.75] + [1.0]})
+    df = pd.DataFrame({"config.method": ["snapkv"] * 10 + ["h2o"] * 12 + ["fullkv"],
+                       "config.options.task": ["vt", "cwe"] * 5 + ["vt"] * 12 + ["vt"],
+                       "config.options.length": ["4096"] * 23,
+                       "score": [1, 1, 1, 0, 1, 1, 0, 1, 0, 1] + [0.25, 0.5, 0.5, 0.75] * 3 + [1.0]})
     s = summarize(df).set_index("config.method")
     assert list(s.index) == ["fullkv", "h2o", "snapkv"]
     snap = s.loc["snapkv"]  # 7 of 10, 0/1 scores: Wilson's interval
@@ -376,3 +376,26 @@ def test_summarize_gives_each_configuration_its_interval():
     assert h2o["interval"] == "bootstrap" and h2o["ci_low"] < 50 < h2o["ci_high"]
     full = s.loc["fullkv"]  # one sample: its n and no interval
     assert full["n"] == 1 and pd.isna(full["ci_low"]) and pd.isna(full["ci_high"]) and full["interval"] == "none"
+
+
+def test_summarize_stratifies_each_task_by_its_own_column():
+    # RULER rows stratify by their task, LongBench rows by their dataset, in one frame; an artifact's
+    # digest left nested by load_results groups like any other setting.
+    import pandas as pd
+
+    from kvbench import _kvbench
+
+    ruler = [0.1 * (i % 10) for i in range(20)]
+    longbench = {"qasper": [0.2, 0.3, 0.25, 0.35, 0.3], "trec": [0.8, 0.9, 0.85, 0.95, 0.9]}
+    rows = [{"config.task": "ruler", "config.options.task": ["vt", "cwe"][i % 2], "score": x}
+            for i, x in enumerate(ruler)]
+    rows += [{"config.task": "longbench", "config.options.dataset": d, "score": x}
+             for d, xs in longbench.items() for x in xs]
+    df = pd.DataFrame(rows)
+    df["config.artifacts.pca"] = [{"digest": "abc"}] * len(df)
+    s = summarize(df).set_index("config.task")
+    want = _kvbench.score_interval(list(longbench.values()), "samples")
+    assert s.loc["longbench", "n"] == 10
+    assert s.loc["longbench", "ci_low"] == pytest.approx(100 * want["ci_low"])
+    assert s.loc["longbench", "ci_high"] == pytest.approx(100 * want["ci_high"])
+    assert s.loc["ruler", "n"] == 20 and s.loc["ruler", "interval"] == "bootstrap"
