@@ -122,8 +122,8 @@ Doc arc(const json& j, Where w) {
 }
 
 // PIQA: {"goal", "sol1", "sol2", "label"}; the released files keep the labels in a file of their own
-// (`labels`, one per line).
-Doc piqa(const json& j, Where w, const std::vector<std::string>& labels) {
+// (`labels`, one per line), the sample's `index` in order (blank lines of the samples file are not samples).
+Doc piqa(const json& j, Where w, const std::vector<std::string>& labels, size_t index) {
   constexpr const char* layout = "PIQA: goal, sol1, sol2 and label";
   const std::string goal = text_field(j, "goal", w, layout);
   const std::vector<std::string> sols = {text_field(j, "sol1", w, layout), text_field(j, "sol2", w, layout)};
@@ -133,9 +133,9 @@ Doc piqa(const json& j, Where w, const std::vector<std::string>& labels) {
   } else {
     if (labels.empty())
       fail("{}:{}: field 'label' is missing (or name the released labels file with option 'labels')", w.path, w.line);
-    if (size_t(w.line) > labels.size())
+    if (index >= labels.size())
       fail("{}:{}: the labels file has {} lines, fewer than the samples", w.path, w.line, labels.size());
-    gold = index_field(json(labels[size_t(w.line) - 1]), "label", 2, w);
+    gold = index_field(json(labels[index]), "label", 2, w);
   }
   Doc d = shared_context("Question: " + goal + "\nAnswer:", sols, gold);
   if (j.contains("id") && j["id"].is_string()) d.id = j["id"];
@@ -169,7 +169,8 @@ Doc winogrande(const json& j, Where w) {
 
 // lm-eval's hellaswag preprocess(): WikiHow's bracketed markers out, "[title]" as a sentence end.
 std::string hellaswag_clean(const std::string& text) {
-  static const std::regex bracketed("\\[.*?\\]");
+  // Python's "." (any character but a newline); ECMAScript's also stops at a carriage return.
+  static const std::regex bracketed("\\[[^\\n]*?\\]");
   std::string t = python_strip(text);
   for (size_t at = 0; (at = t.find(" [title]", at)) != std::string::npos; at += 2) t.replace(at, 8, ". ");
   t = std::regex_replace(t, bracketed, "");
@@ -216,7 +217,7 @@ class MultipleChoice final : public Task {
     for_each_json_line(in, path_, [&](const json& j, int no) {
       const Where w{path_, no};
       if (!j.is_object()) fail("{}:{}: a sample is a JSON object", path_, no);
-      Doc d = dataset_ == "piqa"         ? piqa(j, w, labels)
+      Doc d = dataset_ == "piqa"         ? piqa(j, w, labels, docs_.size())
               : dataset_ == "winogrande" ? winogrande(j, w)
               : dataset_ == "hellaswag"  ? hellaswag(j, w)
                                          : arc(j, w);
@@ -233,6 +234,11 @@ class MultipleChoice final : public Task {
       return true;
     });
     if (docs_.empty()) fail("{}: no samples", path_);
+    // A labels file of another length belongs to other samples (a cut or reordered file): its lines
+    // would be some other sample's answers.
+    if (!labels.empty() && labels.size() != docs_.size())
+      fail("{}: {} lines for the {} samples of {}; the labels file must hold one line per sample, in order",
+           p.get("labels"), labels.size(), docs_.size(), path_);
   }
 
   size_t size() const override { return docs_.size(); }

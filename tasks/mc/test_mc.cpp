@@ -76,6 +76,17 @@ TEST_CASE("mc task: lm-eval's prompts, choices and gold index per benchmark", "[
     CHECK(t->sample(0).choices->gold == 1);
     CHECK(t->sample(1).choices->gold == 0);
     CHECK(t->sample(0).choices->options[0].context == "Question: Open a jar\nAnswer:");
+    // Labels go by sample, not by line: a blank line between samples shifts nothing.
+    const auto gap = mc_task("piqa", write(dir, "gap.jsonl", line + "\n\n" + line + "\n" + line + "\n"),
+                             {{"labels", write(dir, "gap-labels.lst", "0\n1\n1\n")}});
+    CHECK(gap->sample(1).choices->gold == 1);
+    CHECK(gap->sample(2).choices->gold == 1);
+    // A labels file of another length is someone else's: an error, not a silent shift.
+    require_error(
+        [&] {
+          mc_task("piqa", write(dir, "short.jsonl", line + "\n"), {{"labels", write(dir, "long.lst", "1\n0\n1\n")}});
+        },
+        {"long.lst", "3 lines for the 1 samples", "one line per sample"});
     const auto labelled = mc_task("piqa", write(dir, "q.jsonl",
                                                 R"({"goal": "g", "sol1": "a", "sol2": "b", "label": "1"})"
                                                 "\n"));
@@ -103,7 +114,7 @@ TEST_CASE("mc task: lm-eval's prompts, choices and gold index per benchmark", "[
                 write(dir, "h.jsonl",
                       R"({"ind": 7, "activity_label": "Roof shingle removal", "ctx_a": "A man is on a roof.", )"
                       R"("ctx_b": "HE starts", "endings": ["[header] pulling up nails [title] Go.", )"
-                      R"(" ripping  [step] shingles", "a", "b"], "label": "1"})"
+                      R"(" ripping  [step] shingles", "[hea\rder] a", "b"], "label": "1"})"
                       "\n"),
                 {{"metric", "acc_norm"}});
     const Sample s = t->sample(0);
@@ -113,6 +124,7 @@ TEST_CASE("mc task: lm-eval's prompts, choices and gold index per benchmark", "[
     CHECK(s.choices->options[0].text == " pulling up nails. Go.");
     // Python's replace("  ", " ") halves a run of three spaces once: two remain, as lm-eval has them.
     CHECK(s.choices->options[1].text == "ripping  shingles");
+    CHECK(s.choices->options[2].text == " a");  // a carriage return inside a marker: still a marker
     CHECK(s.id.rfind("7-", 0) == 0);
   }
   CHECK(python_capitalize("hELLO wORLD") == "Hello world");
