@@ -158,7 +158,7 @@ const bool registered = register_task(
                  ParamSpec::text("fewshot_file", "",
                                  "the file the few-shot examples are drawn from (default <data>/gsm8k/train.jsonl)"),
                  ParamSpec::integer("num_fewshot", 5, 0, 64, "worked examples before each problem"),
-                 ParamSpec::integer("fewshot_seed", 1234, 0, 1L << 31,
+                 ParamSpec::integer("fewshot_seed", 1234, 0, (1L << 31) - 1,
                                     "the examples' draw (lm-eval's fewshot_random_seed)"),
                  ParamSpec::integer("max_new_tokens", 256, 1, 1 << 20, "tokens to generate (lm-eval's max_gen_toks)")},
      .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<Gsm8k>(ctx, p); },
