@@ -32,7 +32,7 @@ enum class Average { Samples, Strata };
 MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
                                   double level = 0.95, int resamples = 10000, uint64_t seed = 20261127);
 // The floors below which the bootstrap's 95% covers far less than 95%: fewer samples in all, or a
-// stratum of fewer where the cell averages the strata' means, give no interval.
+// stratum of fewer where the cell averages the strata's means, give no interval.
 inline constexpr size_t kMinSamples = 10, kMinStratum = 5;
 // A table's bootstrap interval: percentile_bootstrap's, none below the floors; averaging samples,
 // strata smaller than kMinStratum are resampled as one (a design that ignores them: wider).

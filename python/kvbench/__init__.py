@@ -149,8 +149,8 @@ def summarize(df, by: Sequence[str] | None = None):
     """One row per configuration of a results DataFrame (load_results): its mean score x 100, the
     number of samples `n`, and the 95% interval `ci_low`, `ci_high` (Wilson's for 0/1 scores, else a
     percentile bootstrap over samples resampled within each RULER task or LongBench dataset; None for
-    one sample or too few to bootstrap), the same numbers as kvbench report's summary. `by` names the grouping columns
-    (default: every `config.*` column but the grid's options and the code version)."""
+    one sample or too few to bootstrap), the same numbers as kvbench report's summary. `by` names the
+    grouping columns (default: every `config.*` column but the grid's options and the code version)."""
     import pandas as pd
 
     if by is None:
