@@ -338,6 +338,13 @@ TEST_CASE("LongBench predictions files are scored as eval.py scores them, by len
   require_error([&] { score_predictions_file("longbench/qasper", write("e.jsonl", "\n"), false, ""); },
                 {"e.jsonl", "no predictions"});
   require_error([&] { score_predictions_file("longbench/nope", write("n.jsonl", ok), false, ""); }, {"nope"});
+  // eval.py's round(x, 2) on an exact tie: 1 of 32 right is 3.125, which Python rounds to 3.12.
+  std::string tie;
+  for (int i = 0; i < 32; ++i)
+    tie += fmt::format(R"({{"pred": "{}", "answers": ["3"], "length": 10}})", i == 0 ? "3" : "7") + "\n";
+  CHECK(score_predictions_file("longbench/passage_count", write("tie.jsonl", tie), false, "").score == 3.12);
+  // fuzzywuzzy's ratio tests equality before emptiness: an empty answer matched by an empty line is 100.
+  CHECK(longbench::code_sim("", "") == 1.0);
   // An empty range is NaN (null in the JSON the CLI writes), not a division by zero.
   const auto r = score_predictions_file("longbench/qasper", write("one.jsonl", ok), true, "");
   CHECK(r.score == 100.0);

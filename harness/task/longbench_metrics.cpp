@@ -142,10 +142,11 @@ void lcs_words(const std::vector<std::string>& x, const std::vector<std::string>
   }
 }
 
-// fuzzywuzzy fuzz.ratio with python-Levenshtein: round(100 * 2 LCS / (|a| + |b|)), half to even.
+// fuzzywuzzy fuzz.ratio with python-Levenshtein: round(100 * 2 LCS / (|a| + |b|)), half to even. Its
+// decorators test equality before emptiness: two empty strings are 100.
 int fuzz_ratio(std::string_view a, std::string_view b) {
-  if (a.empty() || b.empty()) return 0;
   if (a == b) return 100;
+  if (a.empty() || b.empty()) return 0;
   const auto x = code_points(a), y = code_points(b);
   std::vector<int> prev(y.size() + 1, 0), cur(y.size() + 1, 0);
   for (size_t i = 1; i <= x.size(); ++i) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -162,7 +163,13 @@ PredictionScores score_predictions_file(const std::string& task_variant, const s
     return true;
   });
   if (r.lines == 0) fail("{}: no predictions", path);
-  auto pct = [](double sum, size_t n) { return std::round(100.0 * sum / double(n) * 100.0) / 100.0; };
+  // eval.py's round(100 * sum / n, 2): Python rounds the double's exact decimal value, an exact tie to
+  // even (3.125 -> 3.12, where std::round(312.5) gives 3.13), as printf's %.2f does.
+  auto pct = [](double sum, size_t n) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.2f", 100.0 * sum / double(n));
+    return std::strtod(text, nullptr);
+  };
   r.score = pct(total, r.lines);
   if (by_length)
     for (int k = 0; k < 3; ++k)
