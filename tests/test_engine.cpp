@@ -125,6 +125,28 @@ TEST_CASE("a prefill continued from a prefix's capture equals the whole prompt's
   }
 }
 
+TEST_CASE("end tokens end generation as end-of-generation tokens do, masked before min_new_tokens", "[engine][model]") {
+  Loaded* L = default_engine();
+  if (!L) return;
+  const auto ids = L->tok->encode("The capital of France is Paris. The capital of Italy is");
+  GenerateOptions opt;
+  opt.max_new_tokens = 4;
+  opt.stop_at_eog = false;
+  const Generation free = generate(*L->engine, *L->tok, ids, opt);
+  REQUIRE(free.tokens.size() == 4);
+  // The second token ends it: one token kept (pred.py's samsum newline).
+  opt.end_tokens = {free.tokens[1]};
+  opt.min_new_tokens = 1;
+  const Generation cut = generate(*L->engine, *L->tok, ids, opt);
+  CHECK(cut.tokens == std::vector<int32_t>{free.tokens[0]});
+  CHECK(cut.stop_reason == "end_token");
+  // The first token cannot be an end token before min_new_tokens: the next most likely comes instead.
+  opt.end_tokens = {free.tokens[0]};
+  const Generation masked = generate(*L->engine, *L->tok, ids, opt);
+  REQUIRE_FALSE(masked.tokens.empty());
+  CHECK(masked.tokens[0] != free.tokens[0]);
+}
+
 TEST_CASE("engine input errors", "[engine][model]") {
   Loaded* L = default_engine();
   if (!L) return;

@@ -55,6 +55,7 @@ void register_sample_command(CLI::App& app) {
               {"answers", s.answers},
               {"max_new_tokens", s.max_new_tokens},
               {"stop", s.stop},
+              {"end_texts", s.end_texts},
               {"chat", s.chat},
               {"meta", s.meta},
               {"prompt_tokens", ids.prefill.size() + ids.after.size()}};

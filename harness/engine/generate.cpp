@@ -80,11 +80,18 @@ class GreedyChoice {
   // min_new_tokens), or nothing when generation has ended; `position` is the sequence's.
   std::optional<int32_t> next(std::vector<float>& logits, int position, int context_length) {
     if (i_ >= opt_.max_new_tokens) return std::nullopt;
-    if (i_ < opt_.min_new_tokens)
+    if (i_ < opt_.min_new_tokens) {
       for (int32_t id : tok_.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
+      for (int32_t id : opt_.end_tokens) logits[static_cast<size_t>(id)] = -INFINITY;
+    }
     const int32_t token = argmax(logits);
-    if (opt_.stop_at_eog && tok_.is_end_of_generation(token) && (i_ > 0 || opt_.first_token_can_stop)) {
+    const bool can_stop = i_ > 0 || opt_.first_token_can_stop;
+    if (opt_.stop_at_eog && tok_.is_end_of_generation(token) && can_stop) {
       g_.stop_reason = "eog";
+      return std::nullopt;
+    }
+    if (can_stop && std::find(opt_.end_tokens.begin(), opt_.end_tokens.end(), token) != opt_.end_tokens.end()) {
+      g_.stop_reason = "end_token";
       return std::nullopt;
     }
     g_.tokens.push_back(token);

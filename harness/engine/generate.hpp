@@ -46,6 +46,7 @@ struct GenerateOptions {
   int max_new_tokens = 128;
   int min_new_tokens = 0;              // end-of-generation tokens cannot be chosen before this many (HF min_length)
   std::vector<std::string> stop;       // stop strings; the text is cut before the first one found
+  std::vector<int32_t> end_tokens;     // more ids that end generation as end-of-generation tokens do
   bool stop_at_eog = true;             // stop at the tokenizer's end-of-generation tokens
   std::vector<int32_t> after_prefill;  // fed after the prefill, uncompressed (PromptIds::after)
   // kvpress's pipeline checks end-of-generation from the second generated token on: a first token
@@ -56,7 +57,7 @@ struct GenerateOptions {
 struct Generation {
   std::vector<int32_t> tokens;  // generated ids (without the end-of-generation token)
   std::string text;
-  std::string stop_reason;  // "eog", "stop_string", "max_new_tokens", "context_full"
+  std::string stop_reason;  // "eog", "end_token", "stop_string", "max_new_tokens", "context_full"
   int prompt_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;

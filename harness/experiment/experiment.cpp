@@ -572,6 +572,11 @@ GenerationSetup generation_setup(const ModelFile& model, const Tokenizer& tok, c
   g.opt.max_new_tokens = s.max_new_tokens;
   g.opt.min_new_tokens = s.min_new_tokens;
   g.opt.stop = s.stop;
+  for (const std::string& text : s.end_texts) {
+    const std::vector<int32_t> end = tok.encode(text, false);
+    if (end.empty()) fail("sample {}: end text '{}' encodes to no token", s.id, text);
+    g.opt.end_tokens.push_back(end.back());
+  }
   return g;
 }
 
@@ -586,8 +591,10 @@ nlohmann::json generation_record(const ModelFile& model, Engine& engine, const T
                               {"max_new_tokens", s.max_new_tokens},
                               {"min_new_tokens", s.min_new_tokens},
                               {"stop", s.stop},
+                              {"end_texts", s.end_texts},
                               {"after_compression_tokens", setup.opt.after_prefill.size()}}},
                             {"prediction", utf8_lossy(g.text)},
+                            {"stop_reason", g.stop_reason},
                             {"answers", s.answers},
                             {"score", task.score(s, g.text)},
                             {"prompt_tokens", g.prompt_tokens},

@@ -215,6 +215,7 @@ void apply_protocol(Sample& s, const Protocol& protocol, std::string context, st
   // kvpress's pipeline decodes greedily to max_new_tokens or the end of generation: no stop strings,
   // no minimum.
   s.stop.clear();
+  s.end_texts.clear();
   s.min_new_tokens = 0;
 }
 

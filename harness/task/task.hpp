@@ -60,7 +60,10 @@ struct Sample {
   int max_new_tokens = 0;
   int min_new_tokens = 0;         // end-of-generation tokens are masked before this many
   std::vector<std::string> stop;  // stop strings (the text is cut before the first)
-  nlohmann::json meta;            // length, depth, category, ...
+  // Texts whose token ends generation as an end-of-generation token does, masked alike before
+  // min_new_tokens: LongBench's pred.py adds encode(text)[-1] to eos_token_id (samsum's "\n").
+  std::vector<std::string> end_texts;
+  nlohmann::json meta;  // length, depth, category, ...
   // Set under protocol=kvpress or kvpress-query-aware: the runner prefills split->context and feeds
   // the rest after compression (`prompt` is then the three parts joined, for display).
   std::optional<PromptSplit> split;

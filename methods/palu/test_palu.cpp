@@ -14,6 +14,10 @@
 
 using namespace kvb;
 
+// The registry-wide tests' random models have layers of 32 K dimensions, which Palu's multiples of 32
+// would keep whole.
+const bool test_params_registered = test::register_method_test_params("palu", {{"rank_multiple", "8"}});
+
 TEST_CASE("palu: calibrated basis, full rank is the model, the cache keeps the rank's share", "[palu][model]") {
   auto path = test::model_file(test::kDefaultModel);
   if (!path || !test::setup_data("python-docs")) return;

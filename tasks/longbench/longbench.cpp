@@ -239,7 +239,9 @@ class LongBench final : public Task {
     s.answers = r.answers;
     s.max_new_tokens = info_.max_new_tokens;
     s.min_new_tokens = official_ ? (dataset_ == "samsum" ? 1 : 0) : 1;
-    if (official_ && dataset_ == "samsum") s.stop = {"\n"};
+    // pred.py's samsum: the newline's token joins the end-of-generation ids, so min_length keeps it from
+    // being the first token (a stop string would end at a first "\n" with nothing generated).
+    if (official_ && dataset_ == "samsum") s.end_texts = {"\n"};
     s.meta = {{"dataset", dataset_},
               {"category", info_.category},
               {"length", r.length},
@@ -334,8 +336,9 @@ std::vector<ParamSpec> options() {
                              "prompt cap in tokens before middle truncation (KVCache-Factory: Llama-3 7950, "
                              "Mistral 31500)"),
           ParamSpec::choice("profile", "pyramidkv2024", {"pyramidkv2024", "official"},
-                            "pyramidkv2024: no chat template, one new token at least; official: pred.py "
-                            "(protocol=kvpress* replaces both with kvpress's)"),
+                            "pyramidkv2024: no chat template, one new token at least; official: pred.py's "
+                            "chat datasets, lengths and samsum stop, with the model's own chat template and "
+                            "max_len still 7950 (protocol=kvpress* replaces both with kvpress's)"),
           protocol_option(), max_context_option()};
 }
 
