@@ -106,7 +106,7 @@ TEST_CASE("no zero-width intervals: constant 0/1 scores get Wilson's, constant o
   CHECK(percentile_bootstrap({{0.25, 0.25}, {-0.5, 0.5}}, Average::Strata).has_interval());
 }
 
-TEST_CASE("too few samples give no bootstrap interval; small strata averaged by sample are pooled", "[stats]") {
+TEST_CASE("too few samples give no bootstrap interval, and small strata averaged by sample are pooled", "[stats]") {
   // What an independent check found printed: six LongBench scores in three datasets of two, 5.35 [5.32,
   // 5.39], where a t-interval over the six gives [-3.35, 14.05].
   const std::vector<std::vector<double>> six = {{0, 0}, {0, 0}, {0.1595, 0.1616}};
