@@ -155,10 +155,7 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
         const MeanInterval ci = bootstrap_interval(strata);
         const char* mark = ci.low > 0 || ci.high < 0 ? " *" : "";
         // Why a cell of several pairs has no interval: the difference never varies, or too few pairs.
-        const bool constant = std::all_of(strata.begin(), strata.end(), [](const std::vector<double>& d) {
-          return std::all_of(d.begin(), d.end(), [&](double x) { return x == d[0]; });
-        });
-        const char* no_spread = ci.n < 2 ? "" : constant ? ", constant" : ", too few pairs";
+        const char* no_spread = ci.n < 2 ? "" : any_spread(strata) ? ", too few pairs" : ", constant";
         // A difference of mean NLLs over the same windows is the log of the perplexities' ratio.
         if (perplexity)
           row.push_back(ci.has_interval() ? fmt::format("x{:.4f} [x{:.4f}, x{:.4f}]{} (n={})", std::exp(ci.mean),

@@ -28,6 +28,12 @@ MeanInterval wilson_interval(double successes, int n, double z) {
   return m;
 }
 
+bool any_spread(const std::vector<std::vector<double>>& strata) {
+  return std::any_of(strata.begin(), strata.end(), [](const std::vector<double>& s) {
+    return std::any_of(s.begin(), s.end(), [&](double x) { return x != s[0]; });
+  });
+}
+
 MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata, Average average, double level,
                                   int resamples, uint64_t seed) {
   MeanInterval m;
@@ -49,9 +55,7 @@ MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata
   m.mean = statistic(sums);
   // One sample per stratum, or every stratum constant (a paired difference of identical scores):
   // every resample gives the mean, and a zero-width interval would claim a certainty the data lacks.
-  bool varies = false;
-  for (const auto& s : strata) varies = varies || std::any_of(s.begin(), s.end(), [&](double x) { return x != s[0]; });
-  if (!varies || resamples < 1) {
+  if (!any_spread(strata) || resamples < 1) {
     m.low = m.high = std::nan("");
     return m;
   }

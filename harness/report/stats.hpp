@@ -31,6 +31,8 @@ enum class Average { Samples, Strata };
 // none where no stratum varies (or for no resamples).
 MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
                                   double level = 0.95, int resamples = 10000, uint64_t seed = 20261127);
+// Whether any stratum holds two different values (else every resample gives the mean).
+bool any_spread(const std::vector<std::vector<double>>& strata);
 // The floors below which the bootstrap's 95% covers far less than 95%: fewer samples in all, or a
 // stratum of fewer where the cell averages the strata's means, give no interval.
 inline constexpr size_t kMinSamples = 10, kMinStratum = 5;
