@@ -2,6 +2,7 @@
 // shared parts against their references and the papers' worked examples.
 #include <algorithm>
 
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <set>
@@ -12,6 +13,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/method/artifact.hpp"
+#include "harness/method/calibration.hpp"
 #include "harness/method/method.hpp"
 #include "harness/method/parts.hpp"
 #include "harness/method/prefill_dump.hpp"
@@ -516,4 +518,29 @@ TEST_CASE("every registered method decodes in a batch exactly as alone, in every
                       {"2 sequences and 1 tokens"});
   Sequence* twice[2] = {batch[0], batch[0]};
   test::require_error([&] { e.decode_batch(twice, two); }, {"sequence 1 is in the batch twice"});
+}
+
+TEST_CASE("read_id_sequences: sequences used as given, bad files named with the sequence and position",
+          "[calibration]") {
+  const test::TempDir dir("ids");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream((dir / name).string()) << text;
+    return (dir / name).string();
+  };
+  CHECK(read_id_sequences(write("a.json", "[[1, 2, 3], [4, 5]]"), 10) ==
+        std::vector<std::vector<int32_t>>{{1, 2, 3}, {4, 5}});
+  CHECK(read_id_sequences(write("b.json", R"({"seqlen": 2, "sequences": [[9, 0]]})"), 10) ==
+        std::vector<std::vector<int32_t>>{{9, 0}});
+  const auto bad = [&](const std::string& text, std::initializer_list<std::string> fragments) {
+    const auto path = write("bad.json", text);
+    test::require_error([&] { read_id_sequences(path, 10); }, fragments);
+  };
+  bad("[[1, 2], [3, 10]]", {"bad.json", "sequence 1 position 1", "10 is not a token id", "0 to 9"});
+  bad("[[1, 2], [-1, 2]]", {"sequence 1 position 0", "-1"});
+  bad("[[1, 2.5]]", {"sequence 0 position 1", "2.5"});
+  bad("[[1]]", {"sequence 0", "at least 2 token ids"});
+  bad("[]", {"bad.json", "non-empty array"});
+  bad(R"({"ids": [[1, 2]]})", {"bad.json", "\"sequences\""});
+  bad("[[1, 2]", {"bad.json"});
+  test::require_error([&] { read_id_sequences((dir / "none.json").string(), 10); }, {"none.json", "cannot read"});
 }

@@ -1,9 +1,12 @@
 #include "harness/method/calibration.hpp"
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 #include "harness/util/text_files.hpp"
 
 namespace kvb {
@@ -28,6 +31,34 @@ std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const st
   }
   if (cur.size() > 1 && total < tokens) out.push_back(std::move(cur));
   return out;
+}
+
+std::vector<std::vector<int32_t>> read_id_sequences(const std::string& path, int vocab) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot read the token id sequences", path);
+  const nlohmann::json doc = with_json_errors(path, [&] { return nlohmann::json::parse(in); });
+  const nlohmann::json& seqs = doc.is_object() && doc.contains("sequences") ? doc.at("sequences") : doc;
+  if (!seqs.is_array() || seqs.empty())
+    fail("{}: expected a non-empty array of token id sequences (or an object with one as \"sequences\")", path);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = seqs[i];
+    if (!s.is_array() || s.size() < 2) fail("{}: sequence {} must be an array of at least 2 token ids", path, i);
+    auto& ids = out.emplace_back();
+    for (size_t j = 0; j < s.size(); ++j) {
+      if (!s[j].is_number_integer() || s[j].get<long long>() < 0 || s[j].get<long long>() >= vocab)
+        fail("{}: sequence {} position {}: {} is not a token id of this model (0 to {})", path, i, j, s[j].dump(),
+             vocab - 1);
+      ids.push_back(s[j].get<int32_t>());
+    }
+  }
+  return out;
+}
+
+ParamSpec id_sequences_option() {
+  return ParamSpec::text("ids", "",
+                         "JSON file of token id sequences ([[id, ...], ...]) to fit on instead of --text, used as "
+                         "given (seq_len and tokens do not apply), e.g. the windows of a paper's own code");
 }
 
 SplitDocuments split_held_out(const std::vector<std::string>& docs, long every, const std::string& command,

@@ -30,6 +30,14 @@ class CalibrationContext {
 std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const std::vector<std::string>& docs, int len,
                                                   size_t tokens);
 
+// Token sequences given as ids: a JSON file holding an array of sequences, or an object whose
+// "sequences" field is one, each an array of at least 2 ids in [0, vocab) (e.g. the calibration windows
+// of a paper's own code, so that both fit on the same tokens). Errors name the file, the sequence and
+// the position.
+std::vector<std::vector<int32_t>> read_id_sequences(const std::string& path, int vocab);
+// The option that names such a file (`ids`), for steps that take either text or ids.
+ParamSpec id_sequences_option();
+
 // Documents split for fitting and validation: every `every`-th is held out, so that held-out text never
 // shares a document with fitted text. Error naming `command` (and `hint`, how to change the split) when
 // either side would be empty.

@@ -89,12 +89,24 @@ class MomentTap final : public PrefillObserver {
 void calibrate_pca(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
   const Params& o = ctx.options;
-  const CalibrationText docs =
-      calibration_text(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca", kPaperText);
-  const auto seqs =
-      token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
-  size_t total = 0;
-  for (const auto& s : seqs) total += s.size();
+  std::vector<std::vector<int32_t>> seqs;
+  std::string described;
+  if (const std::string ids = o.get("ids"); !ids.empty()) {
+    if (!o.get("text").empty()) fail("kvbench calibrate: give --text or --ids, not both");
+    seqs = read_id_sequences(ids, cfg.vocab_size);
+    described = ids + " (token ids, used as given)";
+  } else {
+    const CalibrationText docs =
+        calibration_text(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca", kPaperText);
+    seqs =
+        token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
+    described = docs.described;
+  }
+  size_t total = 0, longest = 0;
+  for (const auto& s : seqs) {
+    total += s.size();
+    longest = std::max(longest, s.size());
+  }
   const int d = cfg.n_kv_heads * cfg.head_dim;
   MomentTap tap(cfg.n_layers, d);
   Progress bar("dynakv pca", total, "tok");
@@ -109,10 +121,10 @@ void calibrate_pca(CalibrationContext& ctx) {
   nlohmann::json body = dynakv_pca_json(pca);
   body["header"] = artifact_header(kDynaKvPcaKind, cfg, ctx.model.path());
   body["header"]["calibration"] = {
-      {"text", docs.described},
+      {"text", described},
       {"tokens", tap.tokens()},
       {"sequences", seqs.size()},
-      {"seq_len", o.get_int("seq_len")},
+      {"seq_len", longest},
       {"moment", "uncentred E[x x^T] of pre-RoPE K and of V, all KV heads jointly, fp64"},
       {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
   write_artifact(out, body);
@@ -179,6 +191,7 @@ void train(CalibrationContext& ctx) {
 std::vector<ParamSpec> pca_options() {
   auto p = calibration_text_options();
   p.push_back(ParamSpec::integer("tokens", 262144, 1, 1L << 40, "calibration tokens (the spec recommends >= 1M)"));
+  p.push_back(id_sequences_option());
   return p;
 }
 

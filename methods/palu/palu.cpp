@@ -82,7 +82,8 @@ const bool registered = register_method(
                                             "set-up's data/python-docs)"),
                             ParamSpec::integer("seq_len", 2048, 16, 1 << 20, "tokens per sequence (BOS + text)"),
                             ParamSpec::integer("tokens", 524288, 1, 1L << 40,
-                                               "calibration tokens (Palu's whitening: 256 x 2,048)")},
+                                               "calibration tokens (Palu's whitening: 256 x 2,048)"),
+                            id_sequences_option()},
                 .run = calibrate}},
      .budgeted = false,
      .changes_model = true});
