@@ -275,8 +275,14 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
   INFO(t);
   CHECK(t.find("| h2o | +0.00 [") != std::string::npos);
   CHECK(t.find("| snapkv | -10.00 [") != std::string::npos);
-  CHECK(t.find("] * (n=30) |") != std::string::npos);                               // snapkv's interval excludes 0
-  CHECK(t.find("] (n=30) |") != std::string::npos);                                 // h2o's does not
+  CHECK(t.find("] * (n=30, p=<0.001) |") != std::string::npos);  // snapkv's difference holds after Holm
+  CHECK(t.find("] (n=30, p=") != std::string::npos);             // h2o's does not
+  CHECK(t.find("over the table's 2 comparisons with an interval") != std::string::npos);  // streamingllm has none
+  Table escaped;
+  escaped.columns = {"Method", "x"};
+  escaped.blocks.emplace_back().rows.push_back({"pooling=max|avg", "(p=<0.001, a>b)"});
+  CHECK(to_latex(escaped).find("pooling=max\\textbar{}avg & (p=\\textless{}0.001, a\\textgreater{}b)") !=
+        std::string::npos);  // OT1 would print < as an inverted exclamation mark
   CHECK(t.find("| streamingllm | +0.00 (n=30, constant) |") != std::string::npos);  // no zero-width interval
   require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "pyramidkv", rep, {"md"}); },
                 {"--baseline pyramidkv", "recorded: fullkv, h2o, snapkv, streamingllm"});
@@ -287,6 +293,34 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
   const std::string s = read(dir / "rep" / "ruler-vs-snapkv.md");
   CHECK(s.find("| h2o | +10.00 [") != std::string::npos);
   CHECK(s.find("fullkv") == std::string::npos);
+}
+
+TEST_CASE("reports: a paired table's marks hold for the table's comparisons together (Holm)", "[report][stats]") {
+  // Six methods, each 4 points better than the full cache on 30 samples give or take 10: alone, each
+  // interval excludes 0 (p about 0.03); as a family of six, none survives Holm's adjustment.
+  const TempDir dir("report_holm");
+  const std::vector<std::string> methods = {"snapkv", "h2o", "pyramidkv", "streamingllm", "kvzip", "keydiff"};
+  {
+    std::ofstream out(dir / "r.jsonl");
+    for (int i = 0; i < 30; ++i) {
+      const json opts = {{"task", "vt"}, {"length", "4096"}};
+      auto rec = [&](const std::string& m, int budget, double score) {
+        json r = record("ruler", opts, m, budget, score);
+        r["id"] = fmt::format("s{}", i);
+        return r.dump() + "\n";
+      };
+      out << rec("fullkv", 0, 0.5);
+      for (const auto& m : methods) out << rec(m, 128, 0.54 + (i % 2 ? 0.1 : -0.1));
+    }
+  }
+  const std::string rep = (dir / "rep").string();
+  std::filesystem::create_directories(rep);
+  write_paired_comparison({(dir / "r.jsonl").string()}, "fullkv", rep, {"md"});
+  const std::string t = read(dir / "rep" / "ruler-vs-fullkv.md");
+  INFO(t);
+  for (const auto& m : methods) CHECK(t.find("| " + m + " | +4.00 [+0.") != std::string::npos);  // excludes 0
+  CHECK(t.find("] * (") == std::string::npos);
+  CHECK(t.find("over the table's 6 comparisons") != std::string::npos);
 }
 
 TEST_CASE("reports: runs of another KV dtype or model are rows of their own, never pooled", "[report][stats]") {
@@ -317,7 +351,7 @@ TEST_CASE("reports: runs of another KV dtype or model are rows of their own, nev
   CHECK(t.find("| snapkv [fp16] on a.gguf |") != std::string::npos);
   CHECK(t.find("| snapkv on b.gguf |") != std::string::npos);
   CHECK(t.find("(n=40)") == std::string::npos);
-  CHECK(t.find("(n=20)") != std::string::npos);
+  CHECK(t.find("(n=20, p=") != std::string::npos);
   write_report({(dir / "r.jsonl").string()}, rep, {"md"});
   const std::string mb = read(dir / "rep" / "ruler-method-budget.md");
   INFO(mb);

@@ -44,6 +44,48 @@ TEST_CASE("the bootstrap's percentiles match the exact resampling distribution",
   CHECK(m.high > m.mean);
 }
 
+TEST_CASE("the bootstrap's p-value: the exact resampling distribution's, and its interval's verdict", "[stats]") {
+  // The four samples above less 0.3: the exact share of the 256 resample means at or below 0 and at or
+  // above 0.
+  const std::vector<double> x = {-0.1, 0.2, 0.6, 0.1};
+  int below = 0, above = 0;
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b)
+      for (int c = 0; c < 4; ++c)
+        for (int d = 0; d < 4; ++d) {
+          const double mean = (x[a] + x[b] + x[c] + x[d]) / 4;
+          below += mean <= 1e-12;
+          above += mean >= -1e-12;
+        }
+  const double exact = 2.0 * std::min(below, above) / 256;
+  CHECK(percentile_bootstrap({x}, Average::Samples, 0.95, 40000).p_zero == Approx(exact).margin(0.005));
+  // p < 0.05 exactly where the 95% interval excludes 0, away from the boundary's Monte Carlo noise.
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> noise;
+  int compared = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<double> y(20);
+    for (double& v : y) v = 0.004 * trial + noise(rng);
+    const auto m = percentile_bootstrap({y});
+    if (m.p_zero > 0.04 && m.p_zero < 0.06) continue;
+    ++compared;
+    CHECK((m.p_zero < 0.05) == (m.low > 0 || m.high < 0));
+  }
+  CHECK(compared > 150);
+  CHECK(std::isnan(percentile_bootstrap({{0.5, 0.5}}).p_zero));  // no resamples, no p-value
+}
+
+TEST_CASE("Holm's adjustment equals statsmodels' multipletests(method='holm')", "[stats]") {
+  const std::vector<double> p = {0.01, 0.04, 0.03, 0.005, 0.5, 0.04};
+  const std::vector<double> want = {0.05, 0.12, 0.12, 0.03, 0.5, 0.12};  // statsmodels 0.15
+  const auto got = holm_adjust(p);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-15));
+  CHECK(holm_adjust(std::vector<double>{0.2, 0.01}) == std::vector<double>{0.2, 0.02});
+  CHECK(holm_adjust(std::vector<double>{0.6, 0.7}) == std::vector<double>{1.0, 1.0});
+  CHECK(holm_adjust(std::vector<double>{}).empty());
+}
+
 TEST_CASE("strata: the pooled mean or the mean of strata means, and one sample shows no interval", "[stats]") {
   const std::vector<std::vector<double>> s = {{1, 1, 1, 1}, {0, 0.5}};
   CHECK(percentile_bootstrap(s, Average::Samples).mean == Approx(4.5 / 6));

@@ -59,6 +59,9 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
   return runs;
 }
 
+// A p-value as a reader compares it with 0.05: three decimals, "<0.001" below.
+std::string p_text(double p) { return p < 0.001 ? "<0.001" : fmt::format("{:.3f}", p); }
+
 }  // namespace
 
 void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
@@ -130,47 +133,74 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     for (const auto& [label, by_budget] : by_label)
       for (const auto& [b, v] : by_budget) budgets.insert(b);
     const bool perplexity = report::scale_of(task) == Scale::Perplexity;
+    // Every cell's interval first: the table's comparisons are one family for Holm's adjustment.
+    struct Cell {
+      MeanInterval ci;
+      bool spread = false;
+      double p_holm = std::nan("");
+    };
+    std::map<std::pair<std::string, KvBudget>, Cell> cells;
+    std::vector<Cell*> tested;
+    for (const auto& [label, by_budget] : by_label)
+      for (const auto& [b, by_variant] : by_budget) {
+        std::vector<std::vector<double>> strata;
+        for (const auto& [variant, d] : by_variant) strata.push_back(d);
+        Cell& c = cells[{label, b}];
+        c.ci = bootstrap_interval(strata);
+        c.spread = any_spread(strata);
+        if (c.ci.has_interval()) tested.push_back(&c);
+      }
+    std::vector<double> p;
+    for (const Cell* c : tested) p.push_back(c->ci.p_zero);
+    const std::vector<double> adjusted = holm_adjust(p);
+    for (size_t i = 0; i < tested.size(); ++i) tested[i]->p_holm = adjusted[i];
+
     Table t;
+    const std::string family = fmt::format(
+        "p: the bootstrap's two-sided p-value adjusted by Holm's method over the table's {} comparison{} with an "
+        "interval; * where that p < 0.05",
+        tested.size(), tested.size() == 1 ? "" : "s");
     t.caption = perplexity ? fmt::format(
                                  "{}: perplexity over {}'s on the same windows (the ratio), with its 95% interval and "
-                                 "the pairs (n); * where the interval excludes 1",
-                                 task, baseline)
+                                 "the pairs (n); {}",
+                                 task, baseline, family)
                            : fmt::format(
                                  "{}: score minus {}'s on the same samples, x 100, with its 95% interval and the pairs "
-                                 "(n); * where the interval excludes 0",
-                                 task, baseline);
+                                 "(n); {}",
+                                 task, baseline, family);
     t.columns = {"Method"};
     for (const KvBudget& b : budgets) t.columns.push_back(b.name());
     t.blocks.emplace_back();
     for (const auto& [label, by_budget] : by_label) {
       std::vector<std::string> row = {label};
       for (const KvBudget& b : budgets) {
-        const auto it = by_budget.find(b);
-        if (it == by_budget.end()) {
+        const auto it = cells.find({label, b});
+        if (it == cells.end()) {
           row.push_back("-");
           continue;
         }
-        std::vector<std::vector<double>> strata;
-        for (const auto& [variant, d] : it->second) strata.push_back(d);
-        const MeanInterval ci = bootstrap_interval(strata);
-        const char* mark = ci.low > 0 || ci.high < 0 ? " *" : "";
+        const MeanInterval& ci = it->second.ci;
+        const char* mark = it->second.p_holm < 0.05 ? " *" : "";
+        const std::string pairs = fmt::format("n={}, p={}", ci.n, p_text(it->second.p_holm));
         // Why a cell of several pairs has no interval: the difference never varies, or too few pairs.
-        const char* no_spread = ci.n < 2 ? "" : any_spread(strata) ? ", too few pairs" : ", constant";
+        const char* no_spread = ci.n < 2 ? "" : it->second.spread ? ", too few pairs" : ", constant";
         // A difference of mean NLLs over the same windows is the log of the perplexities' ratio.
         if (perplexity)
-          row.push_back(ci.has_interval() ? fmt::format("x{:.4f} [x{:.4f}, x{:.4f}]{} (n={})", std::exp(ci.mean),
-                                                        std::exp(ci.low), std::exp(ci.high), mark, ci.n)
+          row.push_back(ci.has_interval() ? fmt::format("x{:.4f} [x{:.4f}, x{:.4f}]{} ({})", std::exp(ci.mean),
+                                                        std::exp(ci.low), std::exp(ci.high), mark, pairs)
                                           : fmt::format("x{:.4f} (n={}{})", std::exp(ci.mean), ci.n, no_spread));
         else
-          row.push_back(ci.has_interval() ? fmt::format("{:+.2f} [{:+.2f}, {:+.2f}]{} (n={})", 100 * ci.mean,
-                                                        100 * ci.low, 100 * ci.high, mark, ci.n)
+          row.push_back(ci.has_interval() ? fmt::format("{:+.2f} [{:+.2f}, {:+.2f}]{} ({})", 100 * ci.mean,
+                                                        100 * ci.low, 100 * ci.high, mark, pairs)
                                           : fmt::format("{:+.2f} (n={}{})", 100 * ci.mean, ci.n, no_spread));
       }
       t.blocks[0].rows.push_back(row);
     }
     t.note =
         "Percentile bootstrap of the mean paired difference (10,000 resamples, within each RULER task or "
-        "LongBench dataset); fewer than 10 pairs, or a difference constant within every task, give no interval.";
+        "LongBench dataset); fewer than 10 pairs, or a difference constant within every task, give no interval. "
+        "The intervals are each comparison's own; with several comparisons some exclude the baseline by chance, "
+        "which Holm's adjusted p accounts for.";
     write_table(t, fmt::format("{}/{}-vs-{}", dir, task, file_name), formats);
     fmt::print("{}\n", to_markdown(t));
   }

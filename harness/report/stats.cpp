@@ -80,8 +80,24 @@ MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata
   };
   m.low = quantile((1 - level) / 2);
   m.high = quantile((1 + level) / 2);
+  const auto below = std::upper_bound(stats.begin(), stats.end(), 0.0) - stats.begin();  // <= 0
+  const auto above = stats.end() - std::lower_bound(stats.begin(), stats.end(), 0.0);    // >= 0
+  m.p_zero = std::min(1.0, 2.0 * double(std::min(below, above) + 1) / double(resamples + 1));
   m.method = "bootstrap";
   return m;
+}
+
+std::vector<double> holm_adjust(std::span<const double> p) {
+  std::vector<size_t> order(p.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] < p[b]; });
+  std::vector<double> out(p.size());
+  double running = 0;
+  for (size_t j = 0; j < order.size(); ++j) {
+    running = std::max(running, std::min(1.0, double(order.size() - j) * p[order[j]]));
+    out[order[j]] = running;
+  }
+  return out;
 }
 
 MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, Average average) {

@@ -1,6 +1,7 @@
 #pragma once
 // Confidence intervals for the scores in the tables: a cell's mean over its samples with a 95%
 // interval, so that a reader can tell a difference between methods from sampling noise.
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -13,6 +14,9 @@ struct MeanInterval {
   int n = 0;
   // NaN when the samples cannot give one (fewer than 2): a table then shows n and no interval.
   double low = 0, high = 0;
+  // The bootstrap's two-sided p-value for a mean of 0 (the smallest 1 - level whose percentile interval
+  // reaches 0, from the same resamples, with the +1 of a Monte Carlo p-value); NaN without resamples.
+  double p_zero = std::nan("");
   const char* method = "none";  // "wilson", "bootstrap", "none"
   bool has_interval() const { return method[0] != 'n'; }
 };
@@ -44,6 +48,10 @@ MeanInterval bootstrap_interval(const std::vector<std::vector<double>>& strata, 
 // sample, where every stratum holds one value and the bootstrap has nothing to resample, or where it
 // has too few samples (bootstrap_interval).
 MeanInterval score_interval(const std::vector<std::vector<double>>& strata, Average average = Average::Samples);
+
+// Holm's step-down adjustment of m p-values (family-wise error): the i-th smallest becomes the largest
+// min(1, (m - j) p_(j)) over j <= i (0-based), in the input's order.
+std::vector<double> holm_adjust(std::span<const double> p);
 
 // How a task's scores print: x 100 (a metric in [0, 1]), or, where they are mean negative
 // log-likelihoods (a perplexity task, TaskLayout::perplexity), as the perplexity exp(mean); an

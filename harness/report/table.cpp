@@ -38,6 +38,16 @@ std::string tex(const std::string& s) {
       case '^':
         out += "\\textasciicircum{}";
         break;
+      // In LaTeX's default (OT1) encoding these print as other glyphs: < as an inverted exclamation mark.
+      case '<':
+        out += "\\textless{}";
+        break;
+      case '>':
+        out += "\\textgreater{}";
+        break;
+      case '|':
+        out += "\\textbar{}";
+        break;
       default:
         out += c;
     }
