@@ -494,7 +494,6 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
     if (std::find(seqs.begin(), seqs.begin() + s, seqs[size_t(s)]) != seqs.begin() + s)
       fail("decode_batch: sequence {} is in the batch twice", s);
     if (sq.pos_ == 0) fail("decode: no sequence; call prefill first");
-    if (sq.pos_ >= cfg_.context_length) fail("decode: the context length {} is full", cfg_.context_length);
     if (cfg_.sliding_window > 0 && sq.pos_ >= cfg_.sliding_window)
       fail(
           "decode: position {} is past the model's sliding attention window ({} tokens), which kvbench does not "

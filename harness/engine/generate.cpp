@@ -95,6 +95,7 @@ class GreedyChoice {
       return std::nullopt;
     }
     g_.tokens.push_back(token);
+    g_.past_context += position >= context_length;
     if (!opt_.stop.empty()) {
       const std::string text = tok_.decode(g_.tokens);
       size_t cut = std::string::npos;
@@ -107,10 +108,6 @@ class GreedyChoice {
       }
     }
     if (++i_ == opt_.max_new_tokens) return std::nullopt;
-    if (position >= context_length) {
-      g_.stop_reason = "context_full";
-      return std::nullopt;
-    }
     return token;
   }
   Generation finish() {

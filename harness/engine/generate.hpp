@@ -57,7 +57,11 @@ struct GenerateOptions {
 struct Generation {
   std::vector<int32_t> tokens;  // generated ids (without the end-of-generation token)
   std::string text;
-  std::string stop_reason;  // "eog", "end_token", "stop_string", "max_new_tokens", "context_full"
+  std::string stop_reason;  // "eog", "end_token", "stop_string", "max_new_tokens"
+  // Generated tokens at positions at or past the model's context length: decoding goes on there, its
+  // rotary positions extrapolated, as transformers' generate does (the references' summaries of an 8K
+  // model's 7,950-token prompts run past it).
+  int past_context = 0;
   int prompt_tokens = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;

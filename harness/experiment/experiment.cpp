@@ -595,6 +595,8 @@ nlohmann::json generation_record(const ModelFile& model, Engine& engine, const T
                               {"after_compression_tokens", setup.opt.after_prefill.size()}}},
                             {"prediction", utf8_lossy(g.text)},
                             {"stop_reason", g.stop_reason},
+                            {"generated_tokens", g.tokens.size()},
+                            {"tokens_past_context", g.past_context},
                             {"answers", s.answers},
                             {"score", task.score(s, g.text)},
                             {"prompt_tokens", g.prompt_tokens},

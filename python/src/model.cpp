@@ -106,6 +106,7 @@ struct Model {
     d["ids"] = g.tokens;
     d["prompt_tokens"] = g.prompt_tokens;
     d["stop_reason"] = g.stop_reason;
+    d["tokens_past_context"] = g.past_context;
     d["prefill_seconds"] = g.prefill_seconds;
     d["decode_seconds"] = g.decode_seconds;
     d["compress_seconds"] = runner ? runner->compress_seconds() : 0.0;
