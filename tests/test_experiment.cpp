@@ -727,4 +727,31 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
   const auto [refused, refused_status] = bench(fmt::format("--memory-cap {:.9f}", 0.5 * one / 1073741824.0));
   CHECK(refused_status != 0);
   CHECK_THAT(refused, Catch::Matchers::Contains("is below what one sequence needs"));
+
+  // Several methods in one run, each with parameters of its own, every one's rows against the same full
+  // cache; --param goes to all.
+  const auto [two, two_status] =
+      bench("--method snapkv --method streamingllm:sinks=2,gqa=repeat --budget 32 --budget 48 --param gqa=native -r 2");
+  INFO(two);
+  REQUIRE(two_status == 0);
+  const auto both = nlohmann::json::parse(two.substr(two.find('{')))["rows"];
+  REQUIRE(both.size() == 5);
+  CHECK(both[0]["cache"] == "full");
+  CHECK(both[1]["cache"] == "snapkv T=32");
+  CHECK(both[2]["cache"] == "snapkv T=48");
+  CHECK(both[3]["cache"] == "streamingllm(sinks=2,gqa=repeat) T=32");
+  CHECK(both[4]["cache"] == "streamingllm(sinks=2,gqa=repeat) T=48");
+  // Its own gqa=repeat over --param's native: a cache per query head, two per KV head here.
+  CHECK(both[3]["kv_bytes"].get<size_t>() == 2 * both[1]["kv_bytes"].get<size_t>());
+  for (size_t i = 1; i < both.size(); ++i) CHECK(both[i]["decode_speedup_vs_full"].get<double>() > 0.0);
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--budget 32", "--budget needs --method"},
+           {"--method snapkv", "--method snapkv needs --budget"},
+           {"--method snapkv:sinks --budget 32", "'sinks' is not key=value"},
+           {"--method streamingllm:sinks=x --budget 32", "sinks"}}) {
+    const auto [bad, bad_status] = bench(args);
+    INFO(args << ": " << bad);
+    CHECK(bad_status != 0);
+    CHECK_THAT(bad, Catch::Matchers::Contains(message));
+  }
 }

@@ -1,6 +1,6 @@
 // kvbench bench: prefill and decode speed at several context lengths, each figure also given as a
 // fraction of the backend's own hardware limits measured in the same run (GEMM rate, memory
-// bandwidth); optionally decode speed with compressed caches (a method at several KV sizes, and the
+// bandwidth); optionally decode speed with compressed caches (methods at several KV sizes, and the
 // same kept tokens stored as low-rank segments) against full attention; and at several batch sizes,
 // B sequences (each its own prompt and cache) decoding together, or at the largest batch that fits
 // a memory cap (KVmix's throughput protocol: 688 prompt tokens, 1,024 new).
@@ -115,9 +115,9 @@ class LowRankStore final : public PrefillObserver {
 };
 
 struct BenchArgs : EngineArgs {
-  std::string model, format = "md", method, plot;
+  std::string model, format = "md", plot;
   std::vector<int> contexts = {512, 2048}, budgets, batches = {1};
-  std::vector<std::string> params;
+  std::vector<std::string> methods, params;
   int repeat = 3, decode_tokens = 32, lowrank = 0;
   double memory_cap_gib = 0;  // > 0: each configuration at the largest batch that fits
 };
@@ -264,7 +264,7 @@ class Bench {
   std::string title() const {
     return fmt::format(
         "{} on {} backend; {} peak {}, bandwidth {:.1f} GB/s, weights read per decode step {:.0f} MiB ({} weights); "
-        "KV cache stored as {}; medians of {} runs (min-max)",
+        "KV cache stored as {}; medians of {} runs (min-max), the configurations taking turns",
         a_.model, b_.name(), limits_.gemm_kind,
         // GFLOP/s where a TFLOP/s figure would round to a digit or two (CPUs)
         limits_.gemm_gflops < 1000 ? fmt::format("{:.0f} GFLOP/s", limits_.gemm_gflops)
@@ -291,47 +291,59 @@ class Bench {
     return j;
   }
 
-  // One configuration at one context and batch size: `make_observer` gives the prefill observer of
-  // each sequence. full: the full cache's row at this context and batch (null for the full cache
-  // itself), for the speed-up and the bytes ratio.
-  Row measure(int ctx, int batch, const std::string& label, const Row* full,
-              const std::function<Observer()>& make_observer) {
+  // The runs of one configuration at one context and batch size, gathered a run at a time so that the
+  // configurations of a context take turns: their ratios then see the same moments of a shared machine.
+  struct Runs {
     Row row;
-    row.context = ctx;
-    row.cache = label;
-    row.batch = batch;
     std::vector<double> p_tps, d_tps;
+    double flops = 0;  // of one prefill, from the first run's profiled one
+  };
+  static Runs start(int ctx, int batch, const std::string& label) {
+    Runs x;
+    x.row.context = ctx;
+    x.row.cache = label;
+    x.row.batch = batch;
+    return x;
+  }
+  // One run: each sequence's prompt prefilled (the first run also profiles one prefill), then all of
+  // them decoded together. `make_observer` gives the prefill observer of each sequence.
+  void run_once(Runs& x, const std::function<Observer()>& make_observer) {
+    Row& row = x.row;
+    const bool first = x.p_tps.empty();
     b_.reset_peak_memory();
-    for (int r = 0; r < a_.repeat; ++r) {
-      std::vector<Observer> holders;
-      std::vector<Sequence> seqs;
-      for (int s = 0; s < batch; ++s) {
-        std::vector<int32_t> ids(ctx);
-        for (auto& id : ids) id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(cfg_.vocab_size));
-        if (r == 0 && s == 0) profile_prefill(ids, make_observer(), row);
-        holders.push_back(make_observer());
-        const auto t0 = std::chrono::steady_clock::now();
-        engine_.prefill(ids, holders.back().observer);
-        b_.synchronize();
-        const double pre_s = seconds_since(t0);
-        p_tps.push_back(ctx / pre_s);
-        row.prefill_tflops = flops_ / pre_s / 1e12;
-        seqs.push_back(engine_.detach());
-      }
-      if (const double d = time_decode(ctx, row, seqs); d > 0) d_tps.push_back(d);
-      row.kv_bytes = 0;
-      for (const auto& sq : seqs) row.kv_bytes += sq.kv_bytes();
+    std::vector<Observer> holders;
+    std::vector<Sequence> seqs;
+    for (int s = 0; s < row.batch; ++s) {
+      std::vector<int32_t> ids(row.context);
+      for (auto& id : ids) id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(cfg_.vocab_size));
+      if (first && s == 0) x.flops = profile_prefill(ids, make_observer(), row);
+      holders.push_back(make_observer());
+      const auto t0 = std::chrono::steady_clock::now();
+      engine_.prefill(ids, holders.back().observer);
+      b_.synchronize();
+      const double pre_s = seconds_since(t0);
+      x.p_tps.push_back(row.context / pre_s);
+      row.prefill_tflops = x.flops / pre_s / 1e12;
+      seqs.push_back(engine_.detach());
     }
-    row.peak_memory = b_.peak_memory_bytes();
-    row.accounted = engine_.weight_bytes() + row.kv_bytes + size_t(batch) * engine_.decode_buffer_bytes();
-    row.prefill_tps = spread(p_tps);
+    if (const double d = time_decode(row.context, row, seqs); d > 0) x.d_tps.push_back(d);
+    row.kv_bytes = 0;
+    for (const auto& sq : seqs) row.kv_bytes += sq.kv_bytes();
+    row.peak_memory = std::max(row.peak_memory, b_.peak_memory_bytes());
+  }
+  // The row of the runs. full: the full cache's row at this context and batch (null for the full cache
+  // itself), for the speed-up and the bytes ratio.
+  Row finish(const Runs& x, const Row* full) {
+    Row row = x.row;
+    row.accounted = engine_.weight_bytes() + row.kv_bytes + size_t(row.batch) * engine_.decode_buffer_bytes();
+    row.prefill_tps = spread(x.p_tps);
     row.linear_eff = row.linear_tflops * 1e3 / limits_.gemm_gflops;
     row.attention_eff = row.attention_tflops * 1e3 / limits_.gemm_gflops;
-    if (!d_tps.empty()) {
-      row.decode_tps = spread(d_tps);
+    if (!x.d_tps.empty()) {
+      row.decode_tps = spread(x.d_tps);
       row.decode_step_bytes = weights_read_ + row.kv_bytes;
       // Tokens/s if every step read its bytes at `gbs`.
-      auto bound = [&](double gbs) { return batch * gbs * 1e9 / static_cast<double>(row.decode_step_bytes); };
+      auto bound = [&](double gbs) { return row.batch * gbs * 1e9 / static_cast<double>(row.decode_step_bytes); };
       row.decode_bound_tps = bound(limits_.bandwidth_gbs);
       row.decode_eff = row.decode_tps.median / row.decode_bound_tps;
       // After the runs, so that their caches are freed; the measure reads a buffer of the step's size.
@@ -375,7 +387,7 @@ class Bench {
   // Per-operation rates and shares from one profiled prefill: profiling synchronises a GPU after
   // every operation, which serialises the host's share of a layer with the device's, so the speed
   // comes from the unprofiled runs.
-  void profile_prefill(const std::vector<int32_t>& ids, Observer probe, Row& row) {
+  double profile_prefill(const std::vector<int32_t>& ids, Observer probe, Row& row) {
     b_.set_profiling(true);
     b_.reset_stats();
     const auto t0 = std::chrono::steady_clock::now();
@@ -383,12 +395,13 @@ class Bench {
     const double s = seconds_since(t0);
     b_.set_profiling(false);
     const OpStats st = b_.stats();
-    flops_ = st.linear_flops + st.attention_flops;
+    const double flops = st.linear_flops + st.attention_flops;
     row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
     row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
     row.linear_share = st.linear_seconds / s;
     row.attention_share = st.attention_seconds / s;
     row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
+    return flops;
   }
 
   // Decode steps after a prompt of `ctx` tokens: those timed (the first of them untimed, as it sends
@@ -434,7 +447,6 @@ class Bench {
   Backend& b_;
   DeviceLimits limits_;
   size_t weights_read_ = 0;
-  double flops_ = 0;  // of one prefill, from the profiled run
   std::mt19937 rng_{0};
 };
 
@@ -444,14 +456,38 @@ void run_bench(const BenchArgs& a) {
   for (int c : a.contexts)
     if (c < 1 || c > cfg.context_length)
       fail("--context {}: must be between 1 and the model's context length {}", c, cfg.context_length);
-  std::unique_ptr<Method> method;
-  if (!a.method.empty()) method = MethodRegistry::get().create(a.method, parse_key_values(a.params), cfg);
-  // A method that sets its own memory (KVmix) runs without KV sizes: one row, no --budget.
-  const bool budgeted = !method || method->budgeted();
-  if (budgeted && a.method.empty() != a.budgets.empty()) fail("--method and --budget go together");
-  if (!budgeted && !a.budgets.empty()) fail("method {} takes no --budget: it sets its own memory", a.method);
+  // Each --method is NAME or NAME:key=value,... (its own parameters over the shared --param ones).
+  struct MethodRun {
+    std::string label;
+    std::unique_ptr<Method> method;
+  };
+  std::vector<MethodRun> methods;
+  for (const std::string& spec : a.methods) {
+    const size_t colon = spec.find(':');
+    std::vector<std::string> kv = a.params;
+    if (colon != std::string::npos)
+      for (size_t b = colon + 1; b <= spec.size();) {
+        const size_t e = std::min(spec.find(',', b), spec.size());
+        const std::string piece = spec.substr(b, e - b);
+        if (piece.find('=') == std::string::npos || piece.front() == '=')
+          fail("--method {}: '{}' is not key=value", spec, piece);
+        kv.push_back(piece);
+        b = e + 1;
+      }
+    const std::string name = spec.substr(0, colon);
+    methods.push_back({colon == std::string::npos ? name : fmt::format("{}({})", name, spec.substr(colon + 1)),
+                       MethodRegistry::get().create(name, parse_key_values(kv), cfg)});
+  }
+  // A method that sets its own memory (KVmix) runs without KV sizes: one row; the others at each --budget.
+  const bool any_budgeted =
+      std::any_of(methods.begin(), methods.end(), [](const MethodRun& r) { return r.method->budgeted(); });
+  if (methods.empty() && !a.budgets.empty()) fail("--budget needs --method");
+  for (const MethodRun& r : methods)
+    if (r.method->budgeted() && a.budgets.empty()) fail("--method {} needs --budget (KV sizes T)", r.label);
+  if (!methods.empty() && !any_budgeted && !a.budgets.empty())
+    fail("--method {} takes no --budget: it sets its own memory", methods.front().label);
   if (a.lowrank < 0 || a.lowrank > cfg.head_dim) fail("--lowrank {}: must be in [1, {}]", a.lowrank, cfg.head_dim);
-  if (a.lowrank && a.method.empty()) fail("--lowrank needs --method and --budget");
+  if (a.lowrank && !any_budgeted) fail("--lowrank needs --method and --budget");
   for (int B : a.batches)
     if (B < 1) fail("--batch {}: must be at least 1", B);
   if (a.memory_cap_gib < 0) fail("--memory-cap {}: must be positive", a.memory_cap_gib);
@@ -461,18 +497,9 @@ void run_bench(const BenchArgs& a) {
   const Table table(a.format == "md");
   const bool json = a.format == "json";
   if (!json) table.header(bench.title());
-  std::vector<Row> rows;
-  // Under a memory cap each configuration runs at its own largest batch (`batch` is then ignored).
-  auto measure = [&](int ctx, int batch, const std::string& label, const Row* full,
-                     const std::function<Observer()>& make_observer) {
-    if (cap) batch = bench.fit_batch(ctx, make_observer, cap);
-    rows.push_back(bench.measure(ctx, batch, label, full, make_observer));
-    if (!json) table.row(rows.back());
-    return rows.back();
-  };
-  auto compressed = [&](KvBudget budget, int rank) {
+  auto compressed = [&](Method& method, KvBudget budget, int rank) {
     Observer h;
-    h.runner = std::make_unique<MethodRunner>(*method, budget);
+    h.runner = std::make_unique<MethodRunner>(method, budget);
     h.observer = h.runner.get();
     if (rank) {
       h.lowrank = std::make_unique<LowRankStore>(*h.runner, rank, cfg.head_dim);
@@ -480,15 +507,36 @@ void run_bench(const BenchArgs& a) {
     }
     return h;
   };
+  struct Config {
+    std::string label;
+    std::function<Observer()> make;
+  };
+  std::vector<Config> configs = {{"full", [] { return Observer{}; }}};
+  for (MethodRun& r : methods) {
+    Method& mm = *r.method;
+    if (!mm.budgeted())
+      configs.push_back({r.label, [&compressed, &mm] { return compressed(mm, KvBudget{}, 0); }});
+    else
+      for (int T : a.budgets) {
+        configs.push_back({fmt::format("{} T={}", r.label, T), [&compressed, &mm, T] { return compressed(mm, T, 0); }});
+        if (a.lowrank)
+          configs.push_back({fmt::format("{} T={} lowrank r={}", r.label, T, a.lowrank),
+                             [&compressed, &mm, T, &a] { return compressed(mm, T, a.lowrank); }});
+      }
+  }
+  std::vector<Row> rows;
   for (int ctx : a.contexts)
     for (int B : cap ? std::vector<int>{0} : a.batches) {
-      const Row full = measure(ctx, B, "full", nullptr, [] { return Observer{}; });
-      if (!budgeted) measure(ctx, B, a.method, &full, [&] { return compressed(KvBudget{}, 0); });
-      for (int T : a.budgets) {
-        measure(ctx, B, fmt::format("{} T={}", a.method, T), &full, [&] { return compressed(T, 0); });
-        if (a.lowrank)
-          measure(ctx, B, fmt::format("{} T={} lowrank r={}", a.method, T, a.lowrank), &full,
-                  [&] { return compressed(T, a.lowrank); });
+      // Under a memory cap each configuration runs at its own largest batch (`batch` is then ignored).
+      std::vector<Bench::Runs> runs;
+      for (const Config& c : configs)
+        runs.push_back(Bench::start(ctx, cap ? bench.fit_batch(ctx, c.make, cap) : B, c.label));
+      for (int r = 0; r < a.repeat; ++r)
+        for (size_t i = 0; i < configs.size(); ++i) bench.run_once(runs[i], configs[i].make);
+      const Row full = bench.finish(runs[0], nullptr);
+      for (size_t i = 0; i < runs.size(); ++i) {
+        rows.push_back(i == 0 ? full : bench.finish(runs[i], &full));
+        if (!json) table.row(rows.back());
       }
     }
   if (!a.plot.empty()) {
@@ -508,9 +556,11 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--repeat,-r", a->repeat, "Runs per context; medians are reported")->check(CLI::PositiveNumber);
   cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded after each prefill (0: prefill only)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--method", a->method, "Also decode with caches compressed by this method");
+  cmd->add_option("--method", a->methods,
+                  "Also decode with caches compressed by this method: NAME or NAME:key=value,... (repeatable; the "
+                  "configurations take turns run by run, so their ratios come from the same stretch of time)");
   cmd->add_option("--budget", a->budgets, "KV sizes T for --method (repeatable)");
-  cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
+  cmd->add_option("--param", a->params, "Parameter key=value of every --method (repeatable)");
   cmd->add_option("--batch,-b", a->batches,
                   "Sequences decoding together, each with its own prompt and cache (repeatable; default 1)");
   cmd->add_option("--memory-cap", a->memory_cap_gib,
