@@ -78,7 +78,7 @@ class GreedyChoice {
   }
   // The token to feed after `logits` (which it may change: end-of-generation masked before
   // min_new_tokens), or nothing when generation has ended; `position` is the sequence's.
-  std::optional<int32_t> next(std::vector<float>& logits, int position, int context_length) {
+  std::optional<int32_t> next(std::vector<float>& logits, int position, const ModelConfig& cfg) {
     if (i_ >= opt_.max_new_tokens) return std::nullopt;
     if (i_ < opt_.min_new_tokens) {
       for (int32_t id : tok_.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
@@ -95,7 +95,7 @@ class GreedyChoice {
       return std::nullopt;
     }
     g_.tokens.push_back(token);
-    g_.past_context += position >= context_length;
+    g_.past_context += position >= cfg.context_length;
     if (!opt_.stop.empty()) {
       const std::string text = tok_.decode(g_.tokens);
       size_t cut = std::string::npos;
@@ -108,6 +108,10 @@ class GreedyChoice {
       }
     }
     if (++i_ == opt_.max_new_tokens) return std::nullopt;
+    if (cfg.sliding_window > 0 && position >= cfg.sliding_window) {  // attention kvbench does not implement
+      g_.stop_reason = "sliding_window";
+      return std::nullopt;
+    }
     return token;
   }
   Generation finish() {
@@ -131,8 +135,7 @@ Generation run(Engine& engine, const Tokenizer& tok, int prompt_tokens, const Ge
   for (int32_t id : opt.after_prefill) logits = engine.decode(id);
   auto t1 = clock::now();
   GreedyChoice choice(tok, opt);
-  while (const auto token = choice.next(logits, engine.position(), engine.config().context_length))
-    logits = engine.decode(*token);
+  while (const auto token = choice.next(logits, engine.position(), engine.config())) logits = engine.decode(*token);
   Generation g = choice.finish();
   g.prompt_tokens = prompt_tokens + static_cast<int>(opt.after_prefill.size());
   g.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -159,7 +162,7 @@ std::vector<Generation> generate_batch(Engine& engine, const Tokenizer& tok, std
   using clock = std::chrono::steady_clock;
   if (first.size() != seqs.size())
     fail("generate_batch: {} sequences and {} rows of first logits", seqs.size(), first.size());
-  const int context_length = engine.config().context_length;
+  const ModelConfig& cfg = engine.config();
   std::vector<GreedyChoice> choices;
   std::vector<double> seconds(seqs.size(), 0.0);
   choices.reserve(seqs.size());
@@ -167,7 +170,7 @@ std::vector<Generation> generate_batch(Engine& engine, const Tokenizer& tok, std
   std::vector<int32_t> tokens;
   auto choose = [&](size_t b, std::vector<float>& logits) {
     const auto t = clock::now();
-    if (const auto token = choices[b].next(logits, seqs[b].position(), context_length)) {
+    if (const auto token = choices[b].next(logits, seqs[b].position(), cfg)) {
       members.push_back(b);
       tokens.push_back(*token);
     }

@@ -57,7 +57,9 @@ struct GenerateOptions {
 struct Generation {
   std::vector<int32_t> tokens;  // generated ids (without the end-of-generation token)
   std::string text;
-  std::string stop_reason;  // "eog", "end_token", "stop_string", "max_new_tokens"
+  // "eog", "end_token", "stop_string", "max_new_tokens", or "sliding_window" (the model's sliding attention
+  // window reached, which kvbench does not implement)
+  std::string stop_reason;
   // Generated tokens at positions at or past the model's context length: decoding goes on there, its
   // rotary positions extrapolated, as transformers' generate does (the references' summaries of an 8K
   // model's 7,950-token prompts run past it).

@@ -88,6 +88,8 @@ MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata
 }
 
 std::vector<double> holm_adjust(std::span<const double> p) {
+  for (double x : p)
+    if (!(x >= 0 && x <= 1)) fail("holm_adjust: {} is not a p-value", x);
   std::vector<size_t> order(p.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] < p[b]; });

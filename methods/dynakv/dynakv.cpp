@@ -92,8 +92,12 @@ void calibrate_pca(CalibrationContext& ctx) {
   std::vector<std::vector<int32_t>> seqs;
   std::string described;
   if (const std::string ids = o.get("ids"); !ids.empty()) {
-    if (!o.get("text").empty()) fail("kvbench calibrate: give --text or --ids, not both");
+    if (!o.get("text").empty()) fail("kvbench calibrate: give --text or -o ids=FILE, not both");
     seqs = read_id_sequences(ids, cfg.vocab_size);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (seqs[i].size() > size_t(cfg.context_length))
+        fail("{}: sequence {} holds {} ids, more than the model's context length {}", ids, i, seqs[i].size(),
+             cfg.context_length);
     described = ids + " (token ids, used as given)";
   } else {
     const CalibrationText docs =
@@ -124,7 +128,7 @@ void calibrate_pca(CalibrationContext& ctx) {
       {"text", described},
       {"tokens", tap.tokens()},
       {"sequences", seqs.size()},
-      {"seq_len", longest},
+      {"seq_len", o.get("ids").empty() ? o.get_int("seq_len") : static_cast<long>(longest)},
       {"moment", "uncentred E[x x^T] of pre-RoPE K and of V, all KV heads jointly, fp64"},
       {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
   write_artifact(out, body);
@@ -433,6 +437,7 @@ class DynaKV final : public Method, public KvTransform {
               pos[t]);
     } else {
       if (n != 1) fail("internal: dynakv transform of {} tokens after the prompt", n);
+      rope_->ensure(pos[0]);  // decoding may go on past the context length, as transformers' does
       s.next_k.assign(xt[0].begin(), xt[0].begin() + width[0][0]);
       s.next_v.assign(xt[1].begin(), xt[1].begin() + width[1][0]);
       s.next_pos = pos[0];

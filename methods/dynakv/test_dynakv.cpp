@@ -523,6 +523,26 @@ TEST_CASE("DynaKV method: all coordinates kept gives the base model's logits (2.
   }
 }
 
+TEST_CASE("DynaKV method: past the context length the rebuilt keys rotate as the model's do", "[dynakv]") {
+  // All coordinates kept: the base model's logits, also at positions 128-139 of a 128-token context,
+  // where the keys rebuilt every step need rotations the method's table did not start with.
+  TinyDynaKv tiny(0.3f);
+  Engine e(*tiny.model);
+  std::vector<int32_t> ids(120);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 13 + 3) % 64);
+  auto m = MethodRegistry::get().create("dynakv", {{"weights", tiny.weights_path}, {"tau", "-1"}}, e.config());
+  MethodRunner runner(*m, KvBudget{});
+  std::vector<std::vector<float>> base = {e.prefill(ids)}, got;
+  for (int32_t t = 0; t < 20; ++t) base.push_back(e.decode(t));
+  got.push_back(e.prefill(ids, &runner));
+  for (int32_t t = 0; t < 20; ++t) got.push_back(e.decode(t));
+  CHECK(e.position() == 140);
+  for (size_t s = 0; s < base.size(); ++s) {
+    INFO("step " << s);
+    CHECK(test::max_abs_diff(got[s], base[s]) < 1e-4f);
+  }
+}
+
 TEST_CASE("DynaKV method: the latent cache decodes what the training side's hard path computes", "[dynakv]") {
   TinyDynaKv tiny(2.0f);
   Engine e(*tiny.model);
