@@ -181,6 +181,22 @@ TEST_CASE("decoding goes on past the context length, rotary positions extrapolat
   test::require_error([&] { short_ctx.prefill(too_long); }, {"65", "context length 64"});
 }
 
+TEST_CASE("generation stops at a sliding attention window, which kvbench does not implement", "[engine][model]") {
+  // Phi-3's random fixture declares a window of 200 tokens; the default model's tokenizer only decodes.
+  Loaded* L = default_engine();
+  if (!L) return;
+  auto m = ModelFile::open(test::fixture("hf_config/phi3_fused.gguf"));
+  REQUIRE(m->config().sliding_window == 200);
+  Engine e(*m);
+  GenerateOptions opt;
+  opt.max_new_tokens = 32;
+  opt.stop_at_eog = false;
+  const Generation g = generate(e, *L->tok, std::vector<int32_t>(190, 3), opt);
+  CHECK(g.stop_reason == "sliding_window");
+  CHECK(g.tokens.size() == 11);  // positions 190 to 200; the last is never fed
+  CHECK(g.past_context == 0);
+}
+
 TEST_CASE("engine input errors", "[engine][model]") {
   Loaded* L = default_engine();
   if (!L) return;
