@@ -150,22 +150,10 @@ TEST_CASE("end tokens end generation as end-of-generation tokens do, masked befo
 TEST_CASE("decoding goes on past the context length, rotary positions extrapolated as transformers does", "[engine]") {
   // The same random weights declared with a context of 64 and of 512: past 64 the short one decodes
   // as the long one does, bit for bit (positions enter only through the rotation's angles).
-  ModelShape s;
-  s.name = "tiny-context";
-  s.layers = 2;
-  s.hidden = 128;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.ffn = 256;
-  s.vocab = 300;
-  const test::TempDir dir("past_context");
+  const test::TempDir dir_short("past_context"), dir_long("past_context");
   std::vector<std::unique_ptr<ModelFile>> models;
-  for (int context : {64, 512}) {
-    s.context = context;
-    const std::string path = (dir / fmt::format("m{}.gguf", context)).string();
-    write_random_model(path, s, DType::F32, 3);
-    models.push_back(ModelFile::open(path));
-  }
+  models.push_back(ModelFile::open(test::tiny_random_model(dir_short, "llama", 2, 3, 64)));
+  models.push_back(ModelFile::open(test::tiny_random_model(dir_long, "llama", 2, 3, 512)));
   Engine short_ctx(*models[0]), long_ctx(*models[1]);
   REQUIRE(short_ctx.config().context_length == 64);
   std::vector<int32_t> ids(60);

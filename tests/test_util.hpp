@@ -126,9 +126,10 @@ class TempDir {
 };
 
 // A small random-weight Llama-family model (harness/model/random_model.hpp) written into `dir`: GQA
-// with 2 query heads per KV head, head size 32, fp32 weights; its path.
+// with 2 query heads per KV head, head size 32, fp32 weights; its path. The weights depend on the shape
+// and the seed, not on the declared context length.
 inline std::string tiny_random_model(const TempDir& dir, const std::string& arch = "llama", int layers = 3,
-                                     uint64_t seed = 7) {
+                                     uint64_t seed = 7, int context = 2048) {
   ModelShape shape;
   shape.name = "tiny-" + arch;
   shape.arch = arch;
@@ -138,7 +139,7 @@ inline std::string tiny_random_model(const TempDir& dir, const std::string& arch
   shape.kv_heads = 2;
   shape.ffn = 256;
   shape.vocab = 300;
-  shape.context = 2048;
+  shape.context = context;
   const std::string path = (dir / (shape.name + ".gguf")).string();
   write_random_model(path, shape, DType::F32, seed);
   return path;
