@@ -132,7 +132,7 @@ struct Observer {
 std::string pct(double x) { return fmt::format("{:.0f}%", 100 * x); }
 std::string tps(const Spread& s) { return fmt::format("{:.1f} ({:.1f}-{:.1f})", s.median, s.min, s.max); }
 
-// Markdown or CSV rows, printed as each configuration finishes.
+// Markdown or CSV rows, printed as the configurations of each context and batch size finish.
 class Table {
  public:
   explicit Table(bool md) : md_(md) {}
