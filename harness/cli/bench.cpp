@@ -470,20 +470,12 @@ void run_bench(const BenchArgs& a) {
   };
   std::vector<MethodRun> methods;
   for (const std::string& spec : a.methods) {
-    const size_t colon = spec.find(':');
-    std::vector<std::string> kv = a.params;
-    if (colon != std::string::npos)
-      for (size_t b = colon + 1; b <= spec.size();) {
-        const size_t e = std::min(spec.find(',', b), spec.size());
-        const std::string piece = spec.substr(b, e - b);
-        if (piece.find('=') == std::string::npos || piece.front() == '=')
-          fail("--method {}: '{}' is not key=value", spec, piece);
-        kv.push_back(piece);
-        b = e + 1;
-      }
-    const std::string name = spec.substr(0, colon);
-    methods.push_back({colon == std::string::npos ? name : fmt::format("{}({})", name, spec.substr(colon + 1)),
-                       MethodRegistry::get().create(name, parse_key_values(kv), cfg)});
+    const NamedParams named = parse_named_params(spec, "--method");
+    std::vector<std::string> kv = a.params, own;
+    for (const auto& [k, v] : named.params) own.push_back(k + "=" + v);
+    kv.insert(kv.end(), own.begin(), own.end());
+    methods.push_back({own.empty() ? named.name : fmt::format("{}({})", named.name, fmt::join(own, ",")),
+                       MethodRegistry::get().create(named.name, parse_key_values(kv), cfg)});
   }
   // A method that sets its own memory (KVmix) runs without KV sizes: one row; the others at each --budget.
   const bool any_budgeted =

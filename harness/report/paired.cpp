@@ -67,18 +67,9 @@ std::string p_text(double p) { return p < 0.001 ? "<0.001" : fmt::format("{:.3f}
 void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
                              const std::string& dir, const std::set<std::string>& formats) {
   const std::vector<Run> runs = read_runs(results);
-  const size_t colon = baseline.find(':');
-  const std::string base_method = baseline.substr(0, colon);
-  std::map<std::string, std::string> want;
-  if (colon != std::string::npos)
-    for (size_t b = colon + 1; b <= baseline.size();) {
-      const size_t e = std::min(baseline.find(',', b), baseline.size());
-      const std::string kv = baseline.substr(b, e - b);
-      const size_t eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) fail("--baseline {}: '{}' is not key=value", baseline, kv);
-      want[kv.substr(0, eq)] = kv.substr(eq + 1);
-      b = e + 1;
-    }
+  const NamedParams named = parse_named_params(baseline, "--baseline");
+  const std::string& base_method = named.name;
+  const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
   // The baseline's setting: the one recorded setting of its method whose parameters match.
   std::set<std::string> methods, settings;
   for (const Run& r : runs) {
@@ -124,8 +115,7 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
   if (diffs.empty())
     fail("--baseline {}: no other method ran the baseline's samples{}", baseline,
          full_baseline ? "" : " at the baseline's KV sizes");
-  const std::string name =
-      baseline.substr(0, colon) + (want.empty() ? "" : "-" + fmt::format("{}", fmt::join(want, "-")));
+  const std::string name = base_method + (want.empty() ? "" : "-" + fmt::format("{}", fmt::join(want, "-")));
   std::string file_name;
   for (char ch : name) file_name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' ? ch : '_';
   for (const auto& [task, by_label] : diffs) {

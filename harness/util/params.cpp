@@ -149,4 +149,19 @@ std::map<std::string, std::string> params_from_yaml(const YAML::Node& node, cons
   return out;
 }
 
+NamedParams parse_named_params(const std::string& spec, const std::string& option) {
+  const size_t colon = spec.find(':');
+  NamedParams out{spec.substr(0, colon), {}};
+  if (colon == std::string::npos) return out;
+  for (size_t b = colon + 1; b <= spec.size();) {
+    const size_t e = std::min(spec.find(',', b), spec.size());
+    const std::string kv = spec.substr(b, e - b);
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) fail("{} {}: '{}' is not key=value", option, spec, kv);
+    out.params.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    b = e + 1;
+  }
+  return out;
+}
+
 }  // namespace kvb

@@ -4,6 +4,7 @@
 // value is an error that lists what is valid.
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace YAML {
@@ -61,6 +62,14 @@ class Params {
   std::map<std::string, std::string> unkeyed_;  // added-later parameters: name -> the earlier behaviour's value
   std::string owner_;
 };
+
+// A method named with its parameters in one command-line value, "NAME" or "NAME:key=value,..." (kvbench
+// bench --method, kvbench report --baseline); a piece that is not key=value is an error naming `option`.
+struct NamedParams {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;  // in the order written
+};
+NamedParams parse_named_params(const std::string& spec, const std::string& option);
 
 // The scalar values of a YAML mapping as text, ready for Params; anything but a mapping of scalars is
 // an error naming `where` (the file) with the line and column.

@@ -461,11 +461,12 @@ KVB_VECTOR_CLONES void rotate_token(float* x, int heads, int d, const float* c, 
 
 void RopeTable::rotate_rows(float* x, int n, int heads, int d, const int32_t* pos, float sign) const {
   const int half = d / 2;
-  for (int t = 0; t < n; ++t)
+  for (int t = 0; t < n; ++t) {
     if (pos[t] < 0 || pos[t] >= rows_)
       fail("internal: RoPE table of {} positions asked for position {} (ensure() it first)", rows_, pos[t]);
-      // A decode batch's rows (8 tokens x 9 heads x 64 at the default model) take under a microsecond on one
-      // thread, less than waking the others.
+  }
+  // A decode batch's rows (8 tokens x 9 heads x 64 at the default model) take under a microsecond on one
+  // thread, less than waking the others.
 #pragma omp parallel for schedule(static) if (size_t(n) * heads * d > 32768)
   for (int t = 0; t < n; ++t)
     rotate_token(x + size_t(t) * heads * d, heads, d, cos_.data() + size_t(pos[t]) * half,

@@ -91,7 +91,8 @@ void calibrate_pca(CalibrationContext& ctx) {
   const Params& o = ctx.options;
   std::vector<std::vector<int32_t>> seqs;
   std::string described;
-  if (const std::string ids = o.get("ids"); !ids.empty()) {
+  const std::string ids = o.get("ids");
+  if (!ids.empty()) {
     if (!o.get("text").empty()) fail("kvbench calibrate: give --text or -o ids=FILE, not both");
     seqs = read_id_sequences(ids, cfg.vocab_size);
     for (size_t i = 0; i < seqs.size(); ++i)
@@ -128,7 +129,7 @@ void calibrate_pca(CalibrationContext& ctx) {
       {"text", described},
       {"tokens", tap.tokens()},
       {"sequences", seqs.size()},
-      {"seq_len", o.get("ids").empty() ? o.get_int("seq_len") : static_cast<long>(longest)},
+      {"seq_len", ids.empty() ? o.get_int("seq_len") : static_cast<long>(longest)},
       {"moment", "uncentred E[x x^T] of pre-RoPE K and of V, all KV heads jointly, fp64"},
       {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
   write_artifact(out, body);
