@@ -305,6 +305,38 @@ TEST_CASE("model gradients of tiny random models equal finite differences of the
     CHECK(kv.grads.size() == 2);
     CHECK(kv.grads.at("blk.1.attn_k.weight") == g.grads.at("blk.1.attn_k.weight"));
     CHECK(kv.grads.at("blk.1.attn_v.weight") == g.grads.at("blk.1.attn_v.weight"));
+    // Targets two ahead (Palu's Fisher loss): the mean cross-entropy of the logits at ids[t + 2], and
+    // gradients that follow the loss it reports.
+    {
+      std::vector<float> logits;
+      const LossOptions two{.logits_out = &logits, .target_offset = 2};
+      const LossGradients g2 = mg.compute(ids, {"blk.0.attn_k.weight"}, nullptr, two);
+      CHECK(g2.n_targets == 17);
+      const int V = shape.vocab;
+      double ce = 0;
+      for (size_t t = 0; t + 2 < ids.size(); ++t) {
+        const float* row = logits.data() + t * size_t(V);
+        const double m = *std::max_element(row, row + V);
+        double z = 0;
+        for (int j = 0; j < V; ++j) z += std::exp(row[j] - m);
+        ce += m + std::log(z) - row[ids[t + 2]];
+      }
+      CHECK(g2.loss == Approx(ce / 17).epsilon(1e-5));
+      CHECK(std::abs(g2.loss - g.loss) > 1e-4);  // not the next-token loss
+      auto& w = mg.weight("blk.0.attn_k.weight");
+      const auto delta = randn(w.size(), 999), w0 = w;
+      const float h = 1e-3f;
+      for (size_t i = 0; i < w.size(); ++i) w[i] = w0[i] + h * delta[i];
+      const double up = mg.compute(ids, {}, nullptr, {.target_offset = 2}).loss;
+      for (size_t i = 0; i < w.size(); ++i) w[i] = w0[i] - h * delta[i];
+      const double down = mg.compute(ids, {}, nullptr, {.target_offset = 2}).loss;
+      w = w0;
+      const double fd = (up - down) / (2.0 * h), analytic = dot(g2.grads.at("blk.0.attn_k.weight"), delta);
+      INFO("offset 2: finite difference " << fd << ", analytic " << analytic);
+      CHECK(std::abs(fd - analytic) <= 2e-3 + 2e-2 * std::abs(analytic));
+      test::require_error([&] { mg.compute(ids, {}, nullptr, {.target_offset = 19}); },
+                          {"target offset of 19", "19 tokens"});
+    }
     test::require_error([&] { mg.compute(ids, {"blk.0.attn_x.weight"}); },
                         {"no model tensor 'blk.0.attn_x.weight'", "attn_k"});
     test::require_error([&] { mg.compute(std::vector<int32_t>{5}, {}); }, {"1 tokens", "at least 2"});

@@ -244,7 +244,10 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     const auto& xL = checkpoints[size_t(L)];
     const float* head = find(head_name).w.data();
     float* d_head = grad(head_name);
-    out.n_targets = n - 1;
+    const int offset = options.target_offset;
+    if (offset < 1 || offset >= n)
+      fail("gradients: a target offset of {} leaves no target in {} tokens (give 1 to {})", offset, n, n - 1);
+    out.n_targets = n - offset;
     const float scale = 1.0f / static_cast<float>(out.n_targets);
     const bool distill = !options.teacher_logits.empty();
     if (distill && options.teacher_logits.size() != size_t(n) * V)
@@ -257,7 +260,7 @@ LossGradients ModelGradients::compute(std::span<const int32_t> ids, const std::s
     const int chunk = std::max(1, loss_chunk_);
     std::vector<float> logits(size_t(std::min(n, chunk)) * V);
     std::vector<int32_t> targets(static_cast<size_t>(n));
-    for (int t = 0; t < n; ++t) targets[t] = t + 1 < n ? ids[t + 1] : -1;
+    for (int t = 0; t < n; ++t) targets[t] = t + offset < n ? ids[t + offset] : -1;
     double total = 0, kl = 0;
     for (int t0 = 0; t0 < n; t0 += chunk) {
       const int rows = std::min(chunk, n - t0);

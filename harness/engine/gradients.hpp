@@ -47,13 +47,16 @@ struct LossOptions {
   std::span<const float> teacher_logits = {};
   double kl_weight = 0;
   std::vector<float>* logits_out = nullptr;  // receives the model's logits [n, vocab]
+  // Position t predicts ids[t + target_offset]. Palu's Fisher step passes already shifted labels to a
+  // transformers model, which shifts them again: its loss predicts the token two ahead (2).
+  int target_offset = 1;
 };
 
 struct LossGradients {
   double loss = 0;    // mean over the targets, natural log
   double ce = 0;      // the cross-entropy part (mean over the targets)
   double kl = 0;      // with teacher logits: KL(teacher || model), mean over the positions
-  int n_targets = 0;  // positions with a next token
+  int n_targets = 0;  // positions with a target (n - target_offset)
   // Gradient of each requested weight, in the weight's own layout (GGUF naming; matrices [rows, cols]
   // row-major as the engine holds them: [out, in]).
   std::map<std::string, std::vector<float>> grads;

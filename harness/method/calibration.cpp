@@ -1,9 +1,11 @@
 #include "harness/method/calibration.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/json_file.hpp"
@@ -94,6 +96,41 @@ CalibrationText calibration_text(const std::string& text, const std::string& dat
 std::vector<ParamSpec> calibration_text_options() {
   return {ParamSpec::text("text", "", "text files or directories (default: set-up's data/python-docs)"),
           ParamSpec::integer("seq_len", 512, 16, 1 << 20, "tokens per sequence (BOS + text)")};
+}
+
+FitSequences fit_sequences(const CalibrationContext& ctx, const std::string& command, const std::string& paper_note) {
+  const ModelConfig& cfg = ctx.model.config();
+  const Params& o = ctx.options;
+  FitSequences f;
+  const std::string ids = o.get("ids");
+  if (!ids.empty()) {
+    if (!o.get("text").empty()) fail("{}: give --text or -o ids=FILE, not both", command);
+    f.seqs = read_id_sequences(ids, cfg.vocab_size);
+    for (size_t i = 0; i < f.seqs.size(); ++i)
+      if (f.seqs[i].size() > size_t(cfg.context_length))
+        fail("{}: sequence {} holds {} ids, more than the model's context length {}", ids, i, f.seqs[i].size(),
+             cfg.context_length);
+    f.described = ids + " (token ids, used as given)";
+  } else {
+    const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, command, paper_note);
+    f.seqs =
+        token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
+    f.described = docs.described;
+  }
+  for (const auto& s : f.seqs) f.seq_len = std::max(f.seq_len, static_cast<long>(s.size()));
+  return f;
+}
+
+ParamSpec group_size_option() {
+  return ParamSpec::integer("group_size", 0, 0, 4096,
+                            "KV heads per group, each group fitted apart (Palu's G-LRD); 0: all the layer's KV "
+                            "heads jointly (J-LRD)");
+}
+
+int heads_per_group(const Params& options, int n_kv_heads, const std::string& command) {
+  const int g = options.integer("group_size") == 0 ? n_kv_heads : options.integer("group_size");
+  if (n_kv_heads % g != 0) fail("{}: group_size {} does not divide the model's {} KV heads", command, g, n_kv_heads);
+  return g;
 }
 
 }  // namespace kvb

@@ -59,4 +59,19 @@ CalibrationText calibration_text(const std::string& text, const std::string& dat
 // The options that choose it: `text` (files or directories) and `seq_len` (tokens per sequence).
 std::vector<ParamSpec> calibration_text_options();
 
+// The sequences a step that takes either text or ids fits on: the `ids` option's file when given
+// (none longer than the model's context), else token_sequences of calibration_text with the `seq_len`
+// and `tokens` options. `described` names them for the artifact's header; `seq_len` is the longest.
+struct FitSequences {
+  std::vector<std::vector<int32_t>> seqs;
+  std::string described;
+  long seq_len = 0;
+};
+FitSequences fit_sequences(const CalibrationContext& ctx, const std::string& command, const std::string& paper_note);
+
+// The option `group_size`: KV heads per group of a grouped low-rank fit (Palu's G-LRD), 0 for all the
+// layer's KV heads jointly; and its value for a model, checked to divide the KV heads.
+ParamSpec group_size_option();
+int heads_per_group(const Params& options, int n_kv_heads, const std::string& command);
+
 }  // namespace kvb

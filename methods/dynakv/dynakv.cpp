@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -62,17 +63,34 @@ class MomentTap final : public PrefillObserver {
     }
     tokens_ += v.layer == 0 ? n : 0;
   }
-  DynaKvPca solve() const {
+  // The eigenvectors of each layer's moment by descending eigenvalue. With groups > 1 the KV heads
+  // split into that many consecutive groups (Palu's G-LRD) and each group's diagonal block of the
+  // moment is solved apart; the basis interleaves the groups (column j: group j mod groups, its
+  // (j / groups)-th eigenvector, zero outside the group's rows), so that keeping the leading g k
+  // coordinates keeps each group's top k, and the eigenvalues follow the same order.
+  DynaKvPca solve(int groups = 1) const {
     DynaKvPca pca;
     pca.d = d_;
+    const int gd = d_ / groups;
     for (const auto& m : moments_) {
       auto& basis = pca.basis.emplace_back();
       auto& vals = pca.eigenvalues.emplace_back();
       for (int z = 0; z < 2; ++z) {
-        std::vector<double> a = m[size_t(z)], vecs;
-        for (double& x : a) x /= double(tokens_);
-        symmetric_eigen(std::move(a), d_, vals[size_t(z)], vecs);
-        basis[size_t(z)].assign(vecs.begin(), vecs.end());
+        basis[size_t(z)].assign(size_t(d_) * d_, 0.0f);
+        vals[size_t(z)].assign(size_t(d_), 0.0);
+        for (int g = 0; g < groups; ++g) {
+          std::vector<double> a(size_t(gd) * gd), gv, vecs;
+          for (int i = 0; i < gd; ++i)
+            for (int j = 0; j < gd; ++j)
+              a[size_t(i) * gd + j] = m[size_t(z)][size_t(g * gd + i) * d_ + g * gd + j] / double(tokens_);
+          symmetric_eigen(std::move(a), gd, gv, vecs);
+          for (int c = 0; c < gd; ++c) {
+            const int col = c * groups + g;
+            vals[size_t(z)][size_t(col)] = gv[size_t(c)];
+            for (int i = 0; i < gd; ++i)
+              basis[size_t(z)][size_t(g * gd + i) * d_ + col] = static_cast<float>(vecs[size_t(i) * gd + c]);
+          }
+        }
       }
     }
     return pca;
@@ -88,31 +106,13 @@ class MomentTap final : public PrefillObserver {
 
 void calibrate_pca(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
-  const Params& o = ctx.options;
-  std::vector<std::vector<int32_t>> seqs;
-  std::string described;
-  const std::string ids = o.get("ids");
-  if (!ids.empty()) {
-    if (!o.get("text").empty()) fail("kvbench calibrate: give --text or -o ids=FILE, not both");
-    seqs = read_id_sequences(ids, cfg.vocab_size);
-    for (size_t i = 0; i < seqs.size(); ++i)
-      if (seqs[i].size() > size_t(cfg.context_length))
-        fail("{}: sequence {} holds {} ids, more than the model's context length {}", ids, i, seqs[i].size(),
-             cfg.context_length);
-    described = ids + " (token ids, used as given)";
-  } else {
-    const CalibrationText docs =
-        calibration_text(o.get("text"), ctx.data_dir, "kvbench calibrate dynakv-pca", kPaperText);
-    seqs =
-        token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
-    described = docs.described;
-  }
-  size_t total = 0, longest = 0;
-  for (const auto& s : seqs) {
-    total += s.size();
-    longest = std::max(longest, s.size());
-  }
+  const FitSequences fit = fit_sequences(ctx, "kvbench calibrate dynakv-pca", kPaperText);
+  const auto& seqs = fit.seqs;
+  size_t total = 0;
+  for (const auto& s : seqs) total += s.size();
   const int d = cfg.n_kv_heads * cfg.head_dim;
+  const int group_size = heads_per_group(ctx.options, cfg.n_kv_heads, "kvbench calibrate dynakv-pca");
+  const int groups = cfg.n_kv_heads / group_size;
   MomentTap tap(cfg.n_layers, d);
   Progress bar("dynakv pca", total, "tok");
   const auto t0 = std::chrono::steady_clock::now();
@@ -121,16 +121,19 @@ void calibrate_pca(CalibrationContext& ctx) {
     bar.advance(s.size());
   }
   bar.finish();
-  const DynaKvPca pca = tap.solve();
+  const DynaKvPca pca = tap.solve(groups);
   const std::string out = ctx.out.empty() ? default_artifact_path(kDynaKvPcaKind, cfg) : ctx.out;
   nlohmann::json body = dynakv_pca_json(pca);
   body["header"] = artifact_header(kDynaKvPcaKind, cfg, ctx.model.path());
   body["header"]["calibration"] = {
-      {"text", described},
+      {"text", fit.described},
       {"tokens", tap.tokens()},
       {"sequences", seqs.size()},
-      {"seq_len", ids.empty() ? o.get_int("seq_len") : static_cast<long>(longest)},
-      {"moment", "uncentred E[x x^T] of pre-RoPE K and of V, all KV heads jointly, fp64"},
+      {"seq_len", fit.seq_len},
+      {"moment", groups == 1 ? "uncentred E[x x^T] of pre-RoPE K and of V, all KV heads jointly, fp64"
+                             : "uncentred E[x x^T] of pre-RoPE K and of V per group of heads, fp64; basis columns "
+                               "interleave the groups"},
+      {"group_size", group_size},
       {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
   write_artifact(out, body);
   fmt::print("wrote {} ({} tokens, d = {})\n", out, tap.tokens(), d);
@@ -197,6 +200,7 @@ std::vector<ParamSpec> pca_options() {
   auto p = calibration_text_options();
   p.push_back(ParamSpec::integer("tokens", 262144, 1, 1L << 40, "calibration tokens (the spec recommends >= 1M)"));
   p.push_back(id_sequences_option());
+  p.push_back(group_size_option());
   return p;
 }
 
@@ -370,6 +374,22 @@ class LatentSegment final : public Segment {
   int head_, d_;
 };
 
+// fixed_ranks: integers separated by '/' (a comma would end the value in `bench --method NAME:k=v,...`).
+std::vector<long> parse_ranks(const std::string& text) {
+  std::vector<long> out;
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (true) {
+    long v = 0;
+    const auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc() || (next != end && *next != '/'))
+      fail("method dynakv: fixed_ranks '{}': expected integers separated by '/' (k0/v0/k1/v1/...)", text);
+    out.push_back(v);
+    if (next == end) return out;
+    p = next + 1;
+  }
+}
+
 class DynaKV final : public Method, public KvTransform {
  public:
   explicit DynaKV(bool snap) : snap_(snap) {}
@@ -378,11 +398,25 @@ class DynaKV final : public Method, public KvTransform {
     d_ = m.n_kv_heads * m.head_dim;
     tau_ = params().get_float("tau");
     const double rate = params().get_float("fixed_rate");
-    if (rate > 0) {
+    const std::string ranks = params().get("fixed_ranks");
+    if (rate > 0 || !ranks.empty()) {
       const LoadedArtifact a =
           load_artifact(kDynaKvPcaKind, params().get("pca"), m, "kvbench calibrate dynakv-pca MODEL");
       weights_ = dynakv_init(dynakv_pca_from(a, m), 0.5, tau_);
-      fixed_ = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
+      const int uniform = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
+      fixed_.assign(size_t(m.n_layers), {uniform, uniform});
+      if (!ranks.empty()) {
+        if (rate > 0) fail("method dynakv: give fixed_rate or fixed_ranks, not both");
+        const std::vector<long> r = parse_ranks(ranks);
+        if (r.size() != 2 * size_t(m.n_layers))
+          fail("method dynakv: fixed_ranks holds {} numbers; expected 2 per layer (K, V) for {} layers: {}", r.size(),
+               m.n_layers, 2 * m.n_layers);
+        for (size_t i = 0; i < r.size(); ++i) {
+          if (r[i] < 1 || r[i] > d_)
+            fail("method dynakv: fixed_ranks[{}] = {} outside 1..{} (the layer's K/V dimensions)", i, r[i], d_);
+          fixed_[i / 2][i % 2] = static_cast<int>(r[i]);
+        }
+      }
       artifacts_ = {{"pca", {{"file", a.path}, {"digest", a.digest}}}};
     } else {
       if (params().get("weights").empty())
@@ -418,10 +452,10 @@ class DynaKV final : public Method, public KvTransform {
       float* x = z == 0 ? k : v;
       const DynaKvMap& map = maps[size_t(z)];
       auto& w = width[size_t(z)];
-      if (fixed_) {
+      if (!fixed_.empty()) {
         xt[size_t(z)].resize(size_t(n) * d_);
         dynakv_rotate(map, x, n, xt[size_t(z)].data());
-        w.assign(size_t(n), fixed_);
+        w.assign(size_t(n), fixed_[size_t(layer)][size_t(z)]);
       } else {
         dynakv_gate(map, x, n, gate_);
         xt[size_t(z)] = std::move(gate_.xt);
@@ -510,7 +544,8 @@ class DynaKV final : public Method, public KvTransform {
   }
 
   bool snap_;
-  int d_ = 0, fixed_ = 0;
+  int d_ = 0;
+  std::vector<std::array<int, 2>> fixed_;  // per layer, K and V: the fixed-rank baseline's widths; empty: the gate
   double tau_ = 0.1;
   DynaKvWeights weights_;
   std::shared_ptr<RopeTable> rope_;
@@ -524,7 +559,11 @@ std::vector<ParamSpec> method_params() {
           ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
           ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
                           "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
-          ParamSpec::text("pca", "", "PCA artifact for fixed_rate (default: this model's)")};
+          ParamSpec::text("fixed_ranks", "",
+                          "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
+                          "ranks)")
+              .added_later(""),
+          ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
 }
 
 std::vector<ParamSpec> snap_params() {

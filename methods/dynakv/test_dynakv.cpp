@@ -619,6 +619,29 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
   CHECK(engine_ce(e, all, &runner) == Approx(mg.compute(all, {}, &fixed).loss).epsilon(1e-4));
 
   const auto& reg = MethodRegistry::get();
+  // Per-layer widths: layer 0 keeps 2 and 6, layer 1 keeps 4 and 4 of the 16 coordinates.
+  {
+    auto per_layer = reg.create("dynakv", {{"fixed_ranks", "2/6/4/4"}, {"pca", tiny.pca_path}}, e.config());
+    MethodRunner r2(*per_layer, KvBudget{});
+    e.prefill(ids, &r2);
+    CHECK(e.kv_bytes() == size_t(10 * (2 + 6 + 4 + 4) * 4 + 2 * 10 * 4));
+  }
+  for (const auto& [ranks, message] :
+       std::vector<std::pair<std::string, std::string>>{{"2/6/4", "holds 3 numbers; expected 2 per layer"},
+                                                        {"2/6/4/17", "fixed_ranks[3] = 17 outside 1..16"},
+                                                        {"2/6/0/4", "fixed_ranks[2] = 0"},
+                                                        {"2,6,4,4", "separated by '/'"},
+                                                        {"2/6//4", "separated by '/'"}})
+    test::require_error(
+        [&] {
+          reg.create("dynakv", {{"fixed_ranks", ranks}, {"pca", tiny.pca_path}}, e.config());
+        },
+        {message});
+  test::require_error(
+      [&] {
+        reg.create("dynakv", {{"fixed_ranks", "2/6/4/4"}, {"fixed_rate", "0.5"}, {"pca", tiny.pca_path}}, e.config());
+      },
+      {"not both"});
   test::require_error([&] { reg.create("dynakv", {}, e.config()); }, {"weights=FILE", "fixed_rate"});
   ModelConfig other = e.config();
   other.fingerprint = "0123456789abcdef";

@@ -1,78 +1,256 @@
 // Palu (Chang et al. 2025, arXiv:2407.21118) as MixedDimKV's Table 9 and DynaKV's Tables 1-4 compare
 // against it: K and V projected to a low rank, the rank-r latent cached and the keys rebuilt (then
-// rotated) at attention time. With one rank for all layers (J-LRD: the layer's KV heads jointly) the
-// whitened SVD of k_proj and v_proj is the projection onto the top eigenvectors of the uncentred
-// second moment of the layer's pre-RoPE keys (values) over the calibration text (README.md §1), which
-// is DynaKV's fixed-rank path on its PCA basis; Palu runs it on a basis of its own calibration.
+// rotated) at attention time. The whitened SVD of k_proj and v_proj (per group of KV heads) is the
+// projection onto the top eigenvectors of the uncentred second moment of the group's pre-RoPE keys
+// (values) over the calibration text (README.md §1), which is DynaKV's fixed-rank path on its PCA
+// basis; Palu runs it on a basis of its own calibration, with ranks from Palu's rank search (uniform, or
+// per layer and K/V from the Fisher information of the projections' weights).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
+#include <set>
 
+#include "harness/engine/gradients.hpp"
 #include "harness/method/artifact.hpp"
 #include "harness/method/calibration.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/progress.hpp"
+#include "methods/palu/rank_search.hpp"
 
 namespace kvb {
+
+namespace palu {
+
+// Python's round halves to even, as nearbyint does in the default rounding mode.
+int round_rank(double rank, int multiple, int dims) {
+  const double blocks = std::nearbyint(rank / multiple);
+  return std::min(dims, std::max(1, static_cast<int>(blocks)) * multiple);
+}
+
+// As Palu's loop computes them, in double: floor of target x f / sum f (at most dims), then one more to each module in
+// ascending order of what the floor cut off while the target is not reached. Its check `dif == 0` compares a double:
+// where the target is not a whole number the first pass gives one to every module, as Palu's code does.
+std::vector<int> fisher_ranks(const std::vector<double>& fisher, int dims, double ratio) {
+  const size_t n = fisher.size();
+  double total = 0, sum = 0;
+  for (double f : fisher) {
+    total += dims;
+    sum += f;
+  }
+  const double target = total * ratio;
+  std::vector<int> rank(n);
+  std::vector<double> wanted(n);
+  for (size_t i = 0; i < n; ++i) {
+    wanted[i] = target * fisher[i] / sum;
+    rank[i] = std::min(dims, static_cast<int>(std::floor(wanted[i])));
+  }
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return wanted[a] - rank[a] < wanted[b] - rank[b]; });
+  double dif = target - std::accumulate(rank.begin(), rank.end(), 0.0);
+  while (dif > 0) {
+    bool grew = false;
+    for (size_t i : order) {
+      if (rank[i] == dims) continue;
+      ++rank[i];
+      grew = true;
+      dif -= 1;
+      if (dif == 0) break;
+    }
+    if (!grew) break;  // every module whole (ratio 1): Palu's loop would not end
+  }
+  return rank;
+}
+
+}  // namespace palu
+
 namespace {
 
 constexpr const char* kBasisDir = "palu";
+constexpr const char* kFisherKind = "palu-fisher";
 
-int palu_rank(double ratio, int multiple, int dims) {
-  // Palu's rank_search (rounding_search_result): max(1, round(ratio dims / multiple)) multiples, Python's
-  // round, i.e. halves to even; never more than the layer has.
-  const double blocks = std::nearbyint(ratio * dims / multiple);
-  return std::min(dims, std::max(1, static_cast<int>(blocks)) * multiple);
+// The basis of `group_size` heads per group (all: Palu's J-LRD, the file kvbench wrote before groups).
+std::string basis_path(const ModelConfig& m, int group_size) {
+  std::string p = default_artifact_path(kBasisDir, m);
+  if (group_size != m.n_kv_heads) p.replace(p.size() - 5, 5, fmt::format(".g{}.json", group_size));
+  return p;
+}
+
+// Per layer, K and V: the mean Fisher information of the projection's weight (the mean of its heads').
+std::vector<double> module_fisher(const LoadedArtifact& a, const ModelConfig& m) {
+  const auto& layers = a.body.at("layers");
+  if (!layers.is_array() || static_cast<int>(layers.size()) != m.n_layers)
+    fail("{}: layers: expected {} entries (the model's layers)", a.path, m.n_layers);
+  std::vector<double> f;
+  for (int l = 0; l < m.n_layers; ++l)
+    for (const char* kind : {"K", "V"}) {
+      const auto& h = layers[size_t(l)].at(kind);
+      if (!h.is_array() || static_cast<int>(h.size()) != m.n_kv_heads)
+        fail("{}: layers[{}].{}: expected {} numbers (one per KV head)", a.path, l, kind, m.n_kv_heads);
+      double s = 0;
+      for (const auto& x : h) {
+        const double v = x.get<double>();
+        if (!std::isfinite(v) || v <= 0)
+          fail("{}: layers[{}].{}: a head's Fisher information {} is not > 0", a.path, l, kind, v);
+        s += v;
+      }
+      f.push_back(s / m.n_kv_heads);
+    }
+  return f;
 }
 
 class Palu final : public Method {
  public:
   void setup() override {
+    const ModelConfig& m = model();
+    const int group_size = heads_per_group(params(), m.n_kv_heads, "method palu");
+    const int groups = m.n_kv_heads / group_size, group_dims = group_size * m.head_dim;
     std::string basis = params().get("basis");
-    if (basis.empty()) basis = default_artifact_path(kBasisDir, model());
+    if (basis.empty()) basis = basis_path(m, group_size);
     if (!std::filesystem::exists(basis))
       fail(
-          "{}: no such palu basis; make one with `kvbench calibrate palu MODEL --text FILES` (the paper fits it on "
+          "{}: no such palu basis; make one with `kvbench calibrate palu MODEL --text FILES{}` (the paper fits it on "
           "WikiText-2)",
-          basis);
-    const int dims = model().n_kv_heads * model().head_dim;
-    const int rank = palu_rank(params().get_float("rank_ratio"), params().integer("rank_multiple"), dims);
+          basis, group_size == m.n_kv_heads ? "" : fmt::format(" -o group_size={}", group_size));
+    const LoadedArtifact b = load_artifact("dynakv-pca", basis, m, "kvbench calibrate palu MODEL");
+    const auto& cal = b.body.value("header", nlohmann::json::object()).value("calibration", nlohmann::json::object());
+    const int fitted = cal.value("group_size", m.n_kv_heads);
+    if (fitted != group_size)
+      fail(
+          "{}: the basis was fitted on groups of {} KV heads, the method asks for {} (group_size); calibrate with "
+          "-o group_size={}",
+          basis, fitted, group_size, params().integer("group_size"));
+
+    const double ratio = params().get_float("rank_ratio");
+    const int multiple = params().integer("rank_multiple");
+    std::vector<int> per_group(2 * size_t(m.n_layers), palu::round_rank(ratio * group_dims, multiple, group_dims));
+    if (params().get("allocation") == "fisher_uniform") {
+      const LoadedArtifact f =
+          load_artifact(kFisherKind, params().get("fisher"), m, "kvbench calibrate palu-fisher MODEL");
+      const auto module = palu::fisher_ranks(module_fisher(f, m), m.n_kv_heads * m.head_dim, ratio);
+      // split_values, then rounding_search_result: each group an equal share (integer division).
+      for (size_t i = 0; i < module.size(); ++i)
+        per_group[i] = palu::round_rank(module[i] / groups, multiple, group_dims);
+      fisher_ = {{"file", f.path}, {"digest", f.digest}};
+    }
+    // The basis interleaves the groups, so the leading groups x r coordinates are each group's top r.
+    std::string ranks;
+    for (int r : per_group) ranks += fmt::format("{}{}", ranks.empty() ? "" : "/", r * groups);
     inner_ = MethodRegistry::get().create("dynakv",
-                                          {{"fixed_rate", fmt::format("{}", static_cast<double>(rank) / dims)},
-                                           {"pca", basis},
-                                           {"gqa", gqa_mode_name(gqa())}},
-                                          model());
+                                          {{"fixed_ranks", ranks}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}}, m);
   }
   PrefillNeeds needs() const override { return inner_->needs(); }
   KvTransform* kv_transform() override { return inner_->kv_transform(); }
   LayerCache compress(const PrefillView& view, const Budget& budget) override { return inner_->compress(view, budget); }
-  nlohmann::json artifacts() const override { return inner_->artifacts(); }
+  nlohmann::json artifacts() const override {
+    nlohmann::json a = inner_->artifacts();
+    if (!fisher_.is_null()) a["fisher"] = fisher_;
+    return a;
+  }
   nlohmann::json layer_stats() const override { return inner_->layer_stats(); }
 
  private:
   std::unique_ptr<Method> inner_;
+  nlohmann::json fisher_;
 };
 
 // DynaKV's PCA step (through the registry) on Palu's text and sequence length, into Palu's artifact.
 void calibrate(CalibrationContext& ctx) {
-  if (ctx.out.empty()) ctx.out = default_artifact_path(kBasisDir, ctx.model.config());
+  const ModelConfig& m = ctx.model.config();
+  if (ctx.out.empty()) ctx.out = basis_path(m, heads_per_group(ctx.options, m.n_kv_heads, "kvbench calibrate palu"));
   MethodRegistry::get().offline_step("calibrate", "dynakv-pca").run(ctx);
+}
+
+// palu/rank_search.py calib_fisher_info: per window, the gradient of the loss with respect to every
+// k_proj and v_proj weight; per weight sqrt(mean over windows of its square); per KV head the mean over
+// its rows. The loss predicts the token `target_offset` ahead (Palu's: 2, see gradients.hpp).
+void calibrate_fisher(CalibrationContext& ctx) {
+  const ModelConfig& cfg = ctx.model.config();
+  const FitSequences fit = fit_sequences(ctx, "kvbench calibrate palu-fisher", "the paper: WikiText-2");
+  const int offset = ctx.options.integer("target_offset");
+  ModelGradients mg(ctx.model);
+  std::set<std::string> names;
+  for (int l = 0; l < cfg.n_layers; ++l)
+    for (const char* w : {"attn_k", "attn_v"}) names.insert(fmt::format("blk.{}.{}.weight", l, w));
+  std::map<std::string, std::vector<double>> squares;
+  size_t total = 0;
+  for (const auto& s : fit.seqs) total += s.size();
+  Progress bar("palu fisher", total, "tok");
+  const auto t0 = std::chrono::steady_clock::now();
+  double loss = 0;
+  for (const auto& s : fit.seqs) {
+    if (s.size() <= size_t(offset))
+      fail("kvbench calibrate palu-fisher: a sequence of {} tokens has no target {} ahead", s.size(), offset);
+    const LossGradients g = mg.compute(s, names, nullptr, {.target_offset = offset});
+    for (const auto& [name, grad] : g.grads) {
+      auto& acc = squares[name];
+      acc.resize(grad.size(), 0.0);
+      for (size_t i = 0; i < grad.size(); ++i) acc[i] += double(grad[i]) * grad[i];
+    }
+    loss += g.loss;
+    bar.advance(s.size(), fmt::format("loss {:.3f}", g.loss));
+  }
+  bar.finish();
+  const size_t n = fit.seqs.size(), per_head = size_t(cfg.head_dim) * size_t(cfg.hidden);
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    nlohmann::json entry;
+    for (const auto& [kind, w] : {std::pair{"K", "attn_k"}, std::pair{"V", "attn_v"}}) {
+      const auto& acc = squares.at(fmt::format("blk.{}.{}.weight", l, w));
+      std::vector<double> heads;
+      for (int h = 0; h < cfg.n_kv_heads; ++h) {
+        double sum = 0;
+        for (size_t i = h * per_head; i < (h + 1) * per_head; ++i) sum += std::sqrt(acc[i] / double(n));
+        heads.push_back(sum / double(per_head));
+      }
+      entry[kind] = heads;
+    }
+    layers.push_back(std::move(entry));
+  }
+  const std::string out = ctx.out.empty() ? default_artifact_path(kFisherKind, cfg) : ctx.out;
+  nlohmann::json body = {{"layers", std::move(layers)}};
+  body["header"] = artifact_header(kFisherKind, cfg, ctx.model.path());
+  body["header"]["calibration"] = {
+      {"text", fit.described},
+      {"sequences", n},
+      {"tokens", total},
+      {"seq_len", fit.seq_len},
+      {"target_offset", offset},
+      {"mean_loss", n ? loss / double(n) : 0.0},
+      {"fisher",
+       "per KV head: the mean over its rows of k_proj's (v_proj's) sqrt(mean over sequences of the "
+       "squared gradient), fp32 gradients summed in fp64"},
+      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+  write_artifact(out, body);
+  fmt::print("wrote {} ({} sequences, {} tokens)\n", out, n, total);
 }
 
 const bool registered = register_method(
     {.name = "palu",
-     .summary = "low-rank K/V (Palu J-LRD, one rank for every layer): the rank-r latent cached, keys rebuilt then "
-                "rotated (Chang et al. 2025)",
+     .summary = "low-rank K/V (Palu: J-LRD or G-LRD, uniform or Fisher ranks): the rank-r latent cached, keys "
+                "rebuilt then rotated (Chang et al. 2025)",
      .params = {ParamSpec::real("rank_ratio", 0.5, 0.001, 1.0,
-                                "share of the layer's K (and V) dimensions kept: the papers' 50%, 40%, 30%, 20%"),
+                                "share of the K (and V) dimensions kept: the papers' 50%, 40%, 30%, 20%"),
                 ParamSpec::integer("rank_multiple", 32, 1, 4096,
-                                   "the rank rounded to a multiple of this, as Palu's rank search rounds it (1: the "
-                                   "share's nearest integer)")
+                                   "each group's rank rounded to a multiple of this, as Palu's rank search rounds it "
+                                   "(1: the share's nearest integer)")
                     .added_later("1"),
-                ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)")},
+                group_size_option().added_later(),
+                ParamSpec::choice("allocation", "uniform", {"uniform", "fisher_uniform"},
+                                  "uniform: one rank everywhere; fisher_uniform: per layer and K/V in proportion to "
+                                  "the Fisher information (Palu's default; kvbench calibrate palu-fisher)")
+                    .added_later(),
+                ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)"),
+                ParamSpec::text("fisher", "",
+                                "Fisher information of kvbench calibrate palu-fisher (default: this "
+                                "model's)")},
      .make = [] { return std::make_unique<Palu>(); },
      .steps = {{.command = "calibrate",
                 .summary = "Palu's low-rank basis per layer, K and V, from the calibration text (the paper: "
@@ -83,8 +261,23 @@ const bool registered = register_method(
                             ParamSpec::integer("seq_len", 2048, 16, 1 << 20, "tokens per sequence (BOS + text)"),
                             ParamSpec::integer("tokens", 524288, 1, 1L << 40,
                                                "calibration tokens (Palu's whitening: 256 x 2,048)"),
-                            id_sequences_option()},
-                .run = calibrate}},
+                            id_sequences_option(), group_size_option()},
+                .run = calibrate},
+               {.command = "calibrate",
+                .name = "palu-fisher",
+                .summary = "Fisher information of k_proj and v_proj per KV head, for Palu's fisher_uniform ranks",
+                .options = {ParamSpec::text("text", "",
+                                            "text files or directories (the paper: WikiText-2; default: "
+                                            "set-up's data/python-docs)"),
+                            ParamSpec::integer("seq_len", 1024, 16, 1 << 20,
+                                               "tokens per sequence (Palu's calib_seqlen: 1,024)"),
+                            ParamSpec::integer("tokens", 2048L * 1024, 1, 1L << 40,
+                                               "calibration tokens (Palu's: 2,048 windows of 1,024)"),
+                            id_sequences_option(),
+                            ParamSpec::integer("target_offset", 2, 1, 16,
+                                               "the loss predicts the token this far ahead (Palu's code: 2, its "
+                                               "labels shifted twice; 1: next-token cross-entropy)")},
+                .run = calibrate_fisher}},
      .budgeted = false,
      .changes_model = true});
 

@@ -36,14 +36,35 @@ kvbench's calibration computes), kept_energy per layer and kind (sum of the kept
 sample_ids (64 vocabulary ids, numpy default_rng(20261206)), and per evaluated position: top8 [[id,
 logit]], the logits at sample_ids, logsumexp, for Palu (`palu`) and the unmodified model (`full`).
 
+--fisher writes a second fixture (default methods/palu/fixtures/palu_fisher_g1_f64.json) for Palu's
+default rank search and a grouped decomposition:
+  5. Fisher information (palu/rank_search.py calib_fisher_info): for each of the first --fisher-windows
+     calibration windows s, the loss of model(input_ids=s[:-1], labels=s[1:]) (the call Palu makes:
+     transformers shifts the labels once more, so position t predicts s[t + 2]; the cross-entropy is
+     written out in float64 where transformers would cast to float32) backpropagated to every
+     k_proj and v_proj weight; per weight sqrt(mean over windows of grad^2); per module the mean of that
+     (fisher_uniform's single group), and per KV head the mean over the head's rows (kvbench's artifact).
+  6. fisher_uniform: ranks per module (layer 0 k_proj, v_proj, layer 1, ...) by Palu's loop (floor of
+     target x f / sum f, then +1 in ascending order of the fraction cut off while dif > 0, the loop's
+     `dif == 0` test on a float included), split_values over the groups (integer division), then
+     rounding_search_result per group.
+  7. G-LRD with --group-size heads per group (1: every KV head apart): each group's rows of k_proj
+     (v_proj) decomposed as in step 3 at its own rank, with the same whitening.
+Its contents: fisher per layer ([K heads], [V heads]) and per module, the module ranks and per-group
+ranks at rank ratios 0.2-0.6 (group sizes 1 and 3), the eigenvalues of the groups' moments (layers 0
+and 29, K and V, each group's first 9), and the logits at --rank-ratio 0.5 with group size 1 (`palu`)
+and of the unmodified model (`full`) in the first fixture's layout.
+
 Usage (from the repo root; needs torch, transformers 5.x, gguf, numpy):
     python3 methods/palu/reference.py --make-ids      # methods/palu/fixtures/palu_calib_ids.json
     python3 methods/palu/reference.py                 # the fixture
+    python3 methods/palu/reference.py --fisher --rank-ratio 0.5 --group-size 1   # the second fixture
 """
 
 import argparse
 import glob
 import json
+import math
 import os
 import random
 import sys
@@ -104,6 +125,66 @@ def whitened_factors(W, XtX, rank):
     return U[:, :rank] @ root, root @ V[:rank, :], s, shifted
 
 
+def fisher_uniform_ranks(fisher, dims, ratio):
+    """Palu's fisher_uniform loop over the modules' mean Fisher information (one group per module)."""
+    total_rank = 0
+    fisher_sum = 0.0
+    select = []
+    for f in fisher:
+        total_rank += dims
+        select.append(dims)
+        fisher_sum += f
+    target_rank = total_rank * ratio
+    wanted = []
+    for i, f in enumerate(fisher):
+        rank_float = target_rank * f / fisher_sum
+        wanted.append(rank_float)
+        select[i] = min(select[i], math.floor(rank_float))
+    indexes = sorted(range(len(fisher)), key=lambda i: wanted[i] - select[i])
+    dif = target_rank - sum(select)
+    while dif > 0:
+        for i in indexes:
+            if select[i] == dims:
+                continue
+            select[i] += 1
+            dif -= 1
+            if dif == 0:
+                break
+    return select
+
+
+def split_and_round(module_ranks, groups, block=32):
+    """split_values, then rounding_search_result: each module's rank // groups per group, rounded."""
+    return [[max(1, round((r // groups) / block)) * block for _ in range(groups)] for r in module_ranks]
+
+
+def fisher_information(model, windows):
+    """calib_fisher_info on float64 weights: per k_proj / v_proj weight sqrt(mean grad^2)."""
+    import torch
+    projs = []
+    for layer in model.model.layers:
+        projs += [layer.self_attn.k_proj, layer.self_attn.v_proj]
+    for p in projs:
+        p.weight.requires_grad_(True)
+    acc = [torch.zeros_like(p.weight) for p in projs]
+    losses = []
+    for s in windows:
+        # model(input_ids=s[:-1], labels=s[1:]): transformers' loss shifts the labels again, so the
+        # logits of s[:-1] at t are scored against s[t + 2]; written out here because transformers'
+        # loss casts the logits to float32.
+        t = torch.tensor([s])
+        logits = model(input_ids=t[:, :-1], use_cache=False).logits[0]
+        loss = torch.nn.functional.cross_entropy(logits[:-1], t[0, 2:])
+        loss.backward()
+        losses.append(float(loss))
+        for a, p in zip(acc, projs):
+            a.add_(p.weight.grad.detach() ** 2)
+            p.weight.grad = None
+    for p in projs:
+        p.weight.requires_grad_(False)
+    return [(a / len(windows)).sqrt() for a in acc], losses
+
+
 def position_summary(row, sample_ids):
     row = row.astype(np.float64)
     top = np.argsort(-row, kind="stable")[:8]
@@ -111,6 +192,89 @@ def position_summary(row, sample_ids):
     return {"top8": [[int(i), float(row[i])] for i in top],
             "samples": [float(row[i]) for i in sample_ids],
             "logsumexp": float(m + np.log(np.sum(np.exp(row - m))))}
+
+
+def logit_entries(vocab_size, args, palu_logits, full_logits):
+    """The fixtures' compared positions: sample ids, positions, Palu's and the unmodified model's summaries;
+    and the largest difference and argmax agreement between the two over those positions."""
+    sample_ids = sorted(int(i) for i in np.random.default_rng(SAMPLE_SEED).choice(vocab_size, N_SAMPLE_IDS,
+                                                                                   replace=False))
+    positions = list(range(args.prefill - 1, args.n))
+    entries = {"sample_ids": sample_ids, "positions": positions,
+               "palu": [position_summary(palu_logits[p], sample_ids) for p in positions],
+               "full": [position_summary(full_logits[p], sample_ids) for p in positions]}
+    diff = float(np.abs(palu_logits[positions] - full_logits[positions]).max())
+    agree = float(np.mean(palu_logits[positions].argmax(-1) == full_logits[positions].argmax(-1)))
+    return entries, diff, agree
+
+
+def fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sha, t0):
+    """Steps 5-7: Palu's Fisher information and fisher_uniform ranks, G-LRD at --group-size."""
+    import torch
+    cfg = model.config
+    layers = model.model.layers
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    H = cfg.num_key_value_heads
+    d = H * head_dim
+    assert H % args.group_size == 0
+    groups = H // args.group_size
+    gd = d // groups
+
+    fisher, losses = fisher_information(model, calib[:args.fisher_windows])
+    module = [float(torch.mean(f)) for f in fisher]
+    heads = [[float(v) for v in f.reshape(H, -1).mean(1)] for f in fisher]
+    t_fisher = time.perf_counter() - t0
+
+    allocations = {}
+    for g_size in sorted({1, H}):
+        for ratio in (0.2, 0.3, 0.4, 0.5, 0.6):
+            ranks = fisher_uniform_ranks(module, d, ratio)
+            allocations[f"g{g_size}_r{ratio}"] = {"group_size": g_size, "rank_ratio": ratio, "module_ranks": ranks,
+                                                  "group_ranks": split_and_round(ranks, H // g_size)}
+    group_ranks = split_and_round(fisher_uniform_ranks(module, d, args.rank_ratio), groups)
+
+    eigen = {}
+    with torch.no_grad():
+        for l, layer in enumerate(layers):
+            for z, (kind, proj) in enumerate((("K", layer.self_attn.k_proj), ("V", layer.self_attn.v_proj))):
+                W = proj.weight.data.clone()
+                for g in range(groups):
+                    r = group_ranks[2 * l + z][g]
+                    L, R, s, shifted = whitened_factors(W[g * gd:(g + 1) * gd], xtx[l], r)
+                    assert not shifted
+                    if l in (0, 29):
+                        eigen.setdefault(str(l), {}).setdefault(kind, []).append(
+                            [float(v) for v in (s[:9] ** 2).numpy() / n_tokens])
+                    proj.weight.data[g * gd:(g + 1) * gd] = L @ R
+        palu_logits = model(torch.tensor([ids]), use_cache=False).logits[0].numpy()
+
+    entries, diff, agree = logit_entries(cfg.vocab_size, args, palu_logits, full_logits)
+    doc = {
+        "description": "Palu's Fisher information, fisher_uniform ranks and G-LRD against the unmodified model, "
+                       "SmolLM2-135M-Instruct in float64 (methods/palu/reference.py --fisher)",
+        "model_sha256": model_sha,
+        "versions": gr.versions(),
+        "settings": {"dtype": "float64", "attn_implementation": "eager", "rank_ratio": args.rank_ratio,
+                     "group_size": args.group_size, "rank_block": 32,
+                     "calib_ids": os.path.relpath(args.calib_ids, gr.REPO_ROOT),
+                     "fisher_windows": args.fisher_windows, "target_offset": 2},
+        "calibration_tokens": n_tokens,
+        "fisher_losses": losses,
+        "fisher_heads": [{"K": heads[2 * l], "V": heads[2 * l + 1]} for l in range(len(layers))],
+        "fisher_modules": module,
+        "allocations": allocations,
+        "group_ranks": group_ranks,
+        "group_eigenvalues": eigen,
+        "ids": ids,
+        "prefill": args.prefill,
+        **entries,
+    }
+    gr.write_json(args.fisher_fixture, doc)
+    kept = sum(sum(g) for g in group_ranks) / (2 * len(layers) * d)
+    print(json.dumps({"fixture": args.fisher_fixture, "kept_share": kept, "fisher_losses": losses,
+                      "max_abs_palu_vs_full": diff, "argmax_agreement_palu_vs_full": agree,
+                      "module_ranks": fisher_uniform_ranks(module, d, args.rank_ratio),
+                      "seconds": {"fisher": round(t_fisher, 1), "total": round(time.perf_counter() - t0, 1)}}))
 
 
 def main():
@@ -126,6 +290,11 @@ def main():
     ap.add_argument("--rank-ratio", type=float, default=0.4)
     ap.add_argument("--fixture", default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_r64_f64.json"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fisher", action="store_true", help="write the Fisher / G-LRD fixture instead")
+    ap.add_argument("--fisher-windows", type=int, default=4, help="calibration windows of the Fisher pass")
+    ap.add_argument("--group-size", type=int, default=1, help="KV heads per group of the --fisher fixture")
+    ap.add_argument("--fisher-fixture",
+                    default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_fisher_g1_f64.json"))
     args = ap.parse_args()
     if args.make_ids:
         make_ids(args)
@@ -168,6 +337,10 @@ def main():
         full_logits = model(torch.tensor([ids]), use_cache=False).logits[0].numpy()
     t_calib = time.perf_counter() - t0
 
+    if args.fisher:
+        fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sha, t0)
+        return
+
     # Steps 3-4: the factored projections, rank r for every layer, K and V.
     eigen, energy, shifted_any = {}, {"K": [], "V": []}, False
     for l, layer in enumerate(layers):
@@ -183,9 +356,7 @@ def main():
         palu_logits = model(torch.tensor([ids]), use_cache=False).logits[0].numpy()
     t_done = time.perf_counter() - t0
 
-    sample_ids = sorted(int(i) for i in np.random.default_rng(SAMPLE_SEED).choice(cfg.vocab_size, N_SAMPLE_IDS,
-                                                                                   replace=False))
-    positions = list(range(args.prefill - 1, args.n))
+    entries, diff, agree = logit_entries(cfg.vocab_size, args, palu_logits, full_logits)
     doc = {
         "description": "Palu (whitened SVD of k_proj and v_proj, J-LRD, uniform rank) against the unmodified "
                        "model, SmolLM2-135M-Instruct in float64 (methods/palu/reference.py)",
@@ -200,17 +371,12 @@ def main():
         "prefill": args.prefill,
         "eigenvalues": eigen,
         "kept_energy": energy,
-        "sample_ids": sample_ids,
-        "positions": positions,
-        "palu": [position_summary(palu_logits[p], sample_ids) for p in positions],
-        "full": [position_summary(full_logits[p], sample_ids) for p in positions],
+        **entries,
     }
     gr.write_json(args.fixture, doc)
-    diff = np.abs(palu_logits[positions] - full_logits[positions]).max()
-    agree = np.mean(palu_logits[positions].argmax(-1) == full_logits[positions].argmax(-1))
     print(json.dumps({"fixture": args.fixture, "rank": rank, "calibration_tokens": n_tokens,
-                      "cholesky_shifted": shifted_any, "max_abs_palu_vs_full": float(diff),
-                      "argmax_agreement_palu_vs_full": float(agree),
+                      "cholesky_shifted": shifted_any, "max_abs_palu_vs_full": diff,
+                      "argmax_agreement_palu_vs_full": agree,
                       "kept_energy_min": {k: min(v) for k, v in energy.items()},
                       "seconds": {"calibration": round(t_calib, 1), "total": round(t_done, 1)}}))
 

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "methods/palu/rank_search.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -92,6 +96,44 @@ LogitGap logit_gap(const std::vector<float>& got, const nlohmann::json& ref, con
   return g;
 }
 
+struct ForcedGaps {
+  double to_palu = 0, to_full = 0;
+};
+// The reference's ids as a prefill of its `prefill` ids and forced decode steps, through `m` (nullptr:
+// the unmodified model); the largest logit gaps to the reference's Palu and unmodified positions.
+ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, double tol) {
+  const std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
+  const std::vector<int> sample_ids = ref["sample_ids"].get<std::vector<int>>();
+  const size_t prefill = ref["prefill"].get<size_t>();
+  std::optional<MethodRunner> runner;
+  if (m) runner.emplace(*m, KvBudget{});
+  ForcedGaps out;
+  std::vector<float> logits = engine.prefill(std::span(ids).first(prefill), runner ? &*runner : nullptr);
+  for (size_t p = 0; p < ref["full"].size(); ++p) {
+    INFO("position " << prefill - 1 + p);
+    const LogitGap full = logit_gap(logits, ref["full"][p], sample_ids, tol);
+    out.to_full = std::max(out.to_full, full.max_abs);
+    if (m) {
+      const LogitGap g = logit_gap(logits, ref["palu"][p], sample_ids, tol);
+      CHECK(g.top_agrees);
+      out.to_palu = std::max(out.to_palu, g.max_abs);
+    }
+    if (prefill + p < ids.size()) logits = engine.decode(ids[prefill + p]);
+  }
+  return out;
+}
+
+// Runs Palu's calibration step `name` with `options` into `out`; returns the artifact's JSON.
+nlohmann::json calibrate(const std::string& name, Engine& engine, const ModelFile& model, const Tokenizer& tok,
+                         const std::map<std::string, std::string>& options, const std::string& out) {
+  const OfflineStep step = MethodRegistry::get().offline_step("calibrate", name);
+  CalibrationContext ctx{
+      model, tok, engine, Params(step.options, options, "kvbench calibrate " + name), out, default_data_dir(), false};
+  step.run(ctx);
+  std::ifstream in(out);
+  return nlohmann::json::parse(in);
+}
+
 }  // namespace
 
 // methods/palu/reference.py: Palu's own pipeline (its calibration windows, the whitened SVD of k_proj
@@ -109,14 +151,8 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   Engine engine(*model);
   const test::TempDir dir("palu_ref");
   const auto basis = (dir / "basis.json").string();
-  const OfflineStep step = MethodRegistry::get().offline_step("calibrate", "palu");
-  Params options(step.options, {{"ids", test::source_path(ref["settings"]["calib_ids"].get<std::string>())}},
-                 "kvbench calibrate palu");
-  CalibrationContext ctx{*model, *tok, engine, std::move(options), basis, default_data_dir(), false};
-  step.run(ctx);
-
-  std::ifstream bin(basis);
-  const auto body = nlohmann::json::parse(bin);
+  const auto body = calibrate("palu", engine, *model, *tok,
+                              {{"ids", test::source_path(ref["settings"]["calib_ids"].get<std::string>())}}, basis);
   CHECK(body["header"]["calibration"]["tokens"] == ref["calibration_tokens"]);
   double worst_eigen = 0;
   for (const auto& [layer, kinds] : ref["eigenvalues"].items())
@@ -128,33 +164,108 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   INFO("largest relative eigenvalue difference " << worst_eigen);
   CHECK(worst_eigen < 1e-5);
 
-  const std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
-  const std::vector<int> sample_ids = ref["sample_ids"].get<std::vector<int>>();
-  const size_t prefill = ref["prefill"].get<size_t>();
   constexpr double kTol = 1e-3;
-  double full_worst = 0;
-  {
-    std::vector<float> l = engine.prefill(std::span(ids).first(prefill));
-    for (size_t p = 0; p < ref["full"].size(); ++p) {
-      full_worst = std::max(full_worst, logit_gap(l, ref["full"][p], sample_ids, kTol).max_abs);
-      if (prefill + p < ids.size()) l = engine.decode(ids[prefill + p]);
-    }
-  }
+  const double full_worst = forced_gaps(engine, nullptr, ref, kTol).to_full;
   INFO("unmodified model: largest logit difference " << full_worst);
   CHECK(full_worst < kTol);
   auto m = MethodRegistry::get().create("palu", {{"basis", basis}, {"rank_ratio", "0.4"}}, engine.config());
-  MethodRunner runner(*m, KvBudget{});
-  double worst = 0, palu_to_full = 0;
-  std::vector<float> logits = engine.prefill(std::span(ids).first(prefill), &runner);
-  for (size_t p = 0; p < ref["palu"].size(); ++p) {
-    INFO("position " << prefill - 1 + p);
-    const LogitGap g = logit_gap(logits, ref["palu"][p], sample_ids, kTol);
-    CHECK(g.top_agrees);
-    worst = std::max(worst, g.max_abs);
-    palu_to_full = std::max(palu_to_full, logit_gap(logits, ref["full"][p], sample_ids, kTol).max_abs);
-    if (prefill + p < ids.size()) logits = engine.decode(ids[prefill + p]);
+  const ForcedGaps g = forced_gaps(engine, m.get(), ref, kTol);
+  INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
+  CHECK(g.to_palu < kTol);
+  CHECK(g.to_full > 1000 * kTol);  // the test tells Palu's projection from none
+}
+
+// methods/palu/reference.py --fisher: Palu's Fisher information (its loss predicting two tokens ahead),
+// its fisher_uniform rank search and G-LRD with every KV head apart, in float64. The rank search on the
+// reference's Fisher values must give its ranks exactly; kvbench's own Fisher values (fp32 gradients)
+// must be close to the reference's and give the same ranks; the grouped basis must have the groups'
+// spectra; and Palu's per-layer, per-head projection must give the reference's logits.
+TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py --fisher)", "[palu][model]") {
+  std::ifstream in(test::source_path("methods/palu/fixtures/palu_fisher_g1_f64.json"));
+  REQUIRE(in);
+  const auto ref = nlohmann::json::parse(in);
+  const int H = 3, d = 192;
+  auto group_ranks = [](const std::vector<int>& module, int groups) {
+    std::vector<std::vector<int>> out;
+    for (int r : module) out.emplace_back(size_t(groups), palu::round_rank(r / groups, 32, d / groups));
+    return out;
+  };
+  const auto fisher_ref = ref["fisher_modules"].get<std::vector<double>>();
+  for (const auto& [key, a] : ref["allocations"].items()) {
+    INFO(key);
+    const auto module = palu::fisher_ranks(fisher_ref, d, a["rank_ratio"].get<double>());
+    CHECK(module == a["module_ranks"].get<std::vector<int>>());
+    CHECK(group_ranks(module, H / a["group_size"].get<int>()) == a["group_ranks"].get<std::vector<std::vector<int>>>());
   }
-  INFO("largest logit difference to Palu " << worst << ", to the unmodified model " << palu_to_full);
-  CHECK(worst < kTol);
-  CHECK(palu_to_full > 1000 * kTol);  // the test tells Palu's projection from none
+  // The loop's float test: a target that is not whole gives every module one more in its first pass.
+  CHECK(palu::fisher_ranks({1.0, 1.0, 2.0}, 10, 0.55) == std::vector<int>{5, 5, 9});
+  CHECK(palu::fisher_ranks({1.0, 3.0}, 10, 0.5) == std::vector<int>{3, 7});
+  CHECK(palu::fisher_ranks({1.0, 1.0}, 4, 1.0) == std::vector<int>{4, 4});
+
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  auto tok = load_tokenizer(*model);
+  Engine engine(*model);
+  const test::TempDir dir("palu_fisher");
+  // Fisher on the reference's first windows.
+  std::ifstream cin(test::source_path(ref["settings"]["calib_ids"].get<std::string>()));
+  auto windows = nlohmann::json::parse(cin)["sequences"];
+  windows.erase(windows.begin() + ref["settings"]["fisher_windows"].get<long>(), windows.end());
+  const auto ids_file = (dir / "fisher_ids.json").string();
+  std::ofstream(ids_file) << windows.dump();
+  const auto fisher_file = (dir / "fisher.json").string();
+  const auto fisher = calibrate("palu-fisher", engine, *model, *tok, {{"ids", ids_file}}, fisher_file);
+  double worst = 0;
+  std::vector<double> modules;
+  for (size_t l = 0; l < ref["fisher_heads"].size(); ++l)
+    for (const char* kind : {"K", "V"}) {
+      double mean = 0;
+      for (int h = 0; h < H; ++h) {
+        const double got = fisher["layers"][l][kind][size_t(h)].get<double>();
+        worst = std::max(worst, std::abs(got / ref["fisher_heads"][l][kind][size_t(h)].get<double>() - 1));
+        mean += got / H;
+      }
+      modules.push_back(mean);
+    }
+  INFO("largest relative Fisher difference " << worst);
+  CHECK(worst < 2e-3);
+  CHECK(group_ranks(palu::fisher_ranks(modules, d, 0.5), H) == ref["group_ranks"].get<std::vector<std::vector<int>>>());
+
+  // G-LRD, one head per group: each group's moment solved apart, the basis interleaving the groups.
+  const auto basis_file = (dir / "basis_g1.json").string();
+  const auto basis = calibrate(
+      "palu", engine, *model, *tok,
+      {{"ids", test::source_path(ref["settings"]["calib_ids"].get<std::string>())}, {"group_size", "1"}}, basis_file);
+  CHECK(basis["header"]["calibration"]["group_size"] == 1);
+  double worst_eigen = 0;
+  for (const auto& [layer, kinds] : ref["group_eigenvalues"].items())
+    for (const auto& [kind, groups] : kinds.items()) {
+      const auto& got = basis["layers"][size_t(std::stoi(layer))][kind]["eigenvalues"];
+      for (size_t g = 0; g < groups.size(); ++g)
+        for (size_t i = 0; i < groups[g].size(); ++i)
+          worst_eigen = std::max(worst_eigen, std::abs(got[i * H + g].get<double>() / groups[g][i].get<double>() - 1));
+    }
+  INFO("largest relative group eigenvalue difference " << worst_eigen);
+  CHECK(worst_eigen < 1e-5);
+
+  // A basis of other groups is refused, naming the calibration that fits.
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create("palu", {{"basis", basis_file}}, engine.config());
+      },
+      {"groups of 1 KV heads", "-o group_size=0"});
+  auto m = MethodRegistry::get().create("palu",
+                                        {{"basis", basis_file},
+                                         {"fisher", fisher_file},
+                                         {"group_size", "1"},
+                                         {"allocation", "fisher_uniform"},
+                                         {"rank_ratio", ref["settings"]["rank_ratio"].dump()}},
+                                        engine.config());
+  constexpr double kTol = 1e-3;
+  const ForcedGaps g = forced_gaps(engine, m.get(), ref, kTol);
+  INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
+  CHECK(g.to_palu < kTol);
+  CHECK(g.to_full > 1000 * kTol);
+  CHECK(m->artifacts()["fisher"]["file"] == fisher_file);
 }
