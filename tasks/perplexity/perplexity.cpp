@@ -51,6 +51,8 @@ class Perplexity final : public Task {
     if (compress_at_ >= seq_len_)
       fail("task perplexity: compress_at {} must be below seq_len {} (0: the whole window in one prefill)",
            compress_at_, seq_len_);
+    if (dataset_ == "text" && p.get("file").empty())
+      fail("task perplexity: dataset text is the file given; add file=PATH");
     path_ = p.get("file").empty() ? fmt::format("{}/perplexity/{}.txt", ctx.data_dir, dataset_) : p.get("file");
     const std::string text = read_text(path_);
     ids_ = p.get("bos") == "tokenizer" ? ctx.tokenizer->encode_prompt(text) : ctx.tokenizer->encode(text);
@@ -94,8 +96,8 @@ const bool registered = register_task(
     {.name = "perplexity",
      .summary = "perplexity of a text file in windows of seq_len tokens, the compression in the prefill or over "
                 "a compressed prefix (--data DIR/perplexity/<dataset>.txt)",
-     .options = {ParamSpec::choice("dataset", "wikitext2", {"wikitext2", "c4", "pg19"},
-                                   "which text (names the file and the table column)"),
+     .options = {ParamSpec::choice("dataset", "wikitext2", {"wikitext2", "c4", "pg19", "text"},
+                                   "which text (names the file and the table column; text: the file given)"),
                  ParamSpec::text("file", "",
                                  "the text: a .txt file, or a .jsonl of {\"text\": ...} lines joined by "
                                  "blank lines (default <data>/perplexity/<dataset>.txt)"),
@@ -112,7 +114,7 @@ const bool registered = register_task(
      .layout = {.title = "Perplexity",
                 .column_option = "dataset",
                 .default_column = "wikitext2",
-                .columns = {{"wikitext2", "WikiText-2"}, {"c4", "C4"}, {"pg19", "PG-19"}},
+                .columns = {{"wikitext2", "WikiText-2"}, {"c4", "C4"}, {"pg19", "PG-19"}, {"text", "Text"}},
                 .note = "Perplexity (lower is better): exp of the mean over windows of each window's mean "
                         "next-token negative log-likelihood; Avg. = exp of the mean over the {shown} texts "
                         "shown{left_out}",

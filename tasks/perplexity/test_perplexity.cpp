@@ -91,6 +91,17 @@ TEST_CASE("perplexity task: consecutive windows of seq_len tokens, from a text o
       },
       {"compress_at 64", "below seq_len 64"});
   require_error([&] { t->score(Sample{}, ""); }, {"perplexity"});
+  // A text of the user's own: its column says "Text"; without a file it is an error.
+  CHECK(ppl_task((dir / "a.txt").string(), {{"seq_len", "64"}, {"dataset", "text"}})->sample(0).meta["dataset"] ==
+        "text");
+  require_error(
+      [&] {
+        TaskContext ctx;
+        ctx.tokenizer = tok.get();
+        ctx.options = {{"dataset", "text"}};
+        TaskRegistry::get().create("perplexity", ctx);
+      },
+      {"dataset text", "file=PATH"});
 }
 
 TEST_CASE("perplexity on the default model: transformers' window NLLs, the compressed prefix, the report",
