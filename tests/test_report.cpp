@@ -295,6 +295,41 @@ TEST_CASE("reports: paired differences from a baseline on the same samples, with
   CHECK(s.find("fullkv") == std::string::npos);
 }
 
+TEST_CASE("reports: a baseline named by a parameter added later picks the records made without it", "[report][stats]") {
+  // Palu's group_size was added after results were recorded: at its earlier behaviour (0) records leave it
+  // out, so naming group_size=0 must pick them and not the G-LRD setting.
+  const TempDir dir("report_added_later");
+  {
+    std::ofstream out(dir / "r.jsonl");
+    for (int i = 0; i < 12; ++i) {
+      const json opts = {{"task", "vt"}, {"length", "4096"}};
+      auto rec = [&](const json& params, double score) {
+        json r = record("ruler", opts, "palu", 0, score);
+        r["config"]["params"] = params;
+        r["id"] = fmt::format("s{}", i);
+        return r.dump() + "\n";
+      };
+      out << rec({{"rank_ratio", "0.5"}}, 0.5 + 0.01 * (i % 3));
+      out << rec({{"rank_ratio", "0.5"}, {"group_size", "1"}}, 0.4 + 0.01 * (i % 3));
+    }
+  }
+  const std::string rep = (dir / "rep").string();
+  std::filesystem::create_directories(rep);
+  require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "palu", rep, {"md"}); },
+                {"2 recorded settings of palu match"});
+  write_paired_comparison({(dir / "r.jsonl").string()}, "palu:group_size=0", rep, {"md"});
+  const std::string t = read(dir / "rep" / "ruler-vs-palu-group_size_0.md");
+  INFO(t);
+  CHECK(t.find("| palu (group_size=1) | -10.00 (n=12, constant) |") != std::string::npos);
+  // The score tables keep the two settings apart (they once pooled them into one row of 24 samples).
+  write_report({(dir / "r.jsonl").string()}, rep, {"md"});
+  const std::string mb = read(dir / "rep" / "ruler-method-budget.md");
+  INFO(mb);
+  CHECK(mb.find("| palu (group_size=0) | 51.00 [") != std::string::npos);
+  CHECK(mb.find("| palu (group_size=1) | 41.00 [") != std::string::npos);
+  CHECK(mb.find("n=24") == std::string::npos);
+}
+
 TEST_CASE("reports: a paired table's marks hold for the table's comparisons together (Holm)", "[report][stats]") {
   // Six methods, each 4 points better than the full cache on 30 samples give or take 10: alone, each
   // interval excludes 0 (p about 0.03); as a family of six, none survives Holm's adjustment.

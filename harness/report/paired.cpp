@@ -46,8 +46,10 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       const json opts = c.value("options", json::object());
       r.variant = opts.value("task", opts.value("dataset", ""));
       r.method = c.value("method", "fullkv");
-      r.params = c.value("params", json::object());
-      r.setting = setting_text(r.params, c.value("gqa", "-"));
+      const json recorded = c.value("params", json::object());
+      r.setting = setting_text(recorded, c.value("gqa", "-"));
+      r.params = report::completed_params(r.method, recorded);
+      if (const std::string gqa = c.value("gqa", "-"); gqa != "-" && !r.params.contains("gqa")) r.params["gqa"] = gqa;
       r.budget = config_budget(c);
       r.dtype = c.value("kv_dtype", "fp32");
       r.model = c.value("model", "");
@@ -96,26 +98,39 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
       base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
   // A method's label shows its setting where the records hold several of its settings, its KV dtype and,
   // where they hold several models, its model: a row never pools two runs of one sample.
-  std::map<std::string, std::set<std::string>> method_settings;
+  std::map<std::string, std::map<std::string, json>> method_settings;  // method -> setting -> its parameters
   std::set<std::string> models;
   for (const Run& r : runs) {
-    method_settings[r.method].insert(r.setting);
+    method_settings[r.method].emplace(r.setting, r.params);
     models.insert(r.model);
   }
+  std::map<std::string, std::set<std::string>> varying;  // the parameters a method's labels show
+  for (const auto& [method, by_setting] : method_settings) {
+    std::vector<json> all;
+    for (const auto& [setting, params] : by_setting) all.push_back(params);
+    varying[method] = report::varying_params(all);
+  }
+  auto setting_label = [&](const Run& r) {
+    if (method_settings[r.method].size() < 2) return std::string();
+    json shown = json::object();
+    for (const auto& [k, v] : r.params.items())
+      if (varying[r.method].count(k)) shown[k] = v;
+    return " (" + params_text(shown.empty() ? r.params : shown) + ")";
+  };
   // task -> label -> budget -> variant -> differences
   std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;
   for (const Run& r : runs) {
     if (r.method == base_method && r.setting == base_setting) continue;
     const auto it = base.find({r.sample, full_baseline ? KvBudget{} : r.budget});
     if (it == base.end()) continue;
-    const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") +
-                              (method_settings[r.method].size() > 1 ? " (" + r.setting + ")" : "");
+    const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") + setting_label(r);
     diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
   }
   if (diffs.empty())
     fail("--baseline {}: no other method ran the baseline's samples{}", baseline,
          full_baseline ? "" : " at the baseline's KV sizes");
-  const std::string name = base_method + (want.empty() ? "" : "-" + fmt::format("{}", fmt::join(want, "-")));
+  std::string name = base_method;
+  for (const auto& [k, v] : want) name += fmt::format("-{}={}", k, v);
   std::string file_name;
   for (char ch : name) file_name += std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' ? ch : '_';
   for (const auto& [task, by_label] : diffs) {

@@ -132,28 +132,42 @@ std::string run_label(const std::string& method, const std::string& dtype, const
          (model.empty() ? "" : " on " + model);
 }
 
+json completed_params(const std::string& method, const json& params) {
+  json out = params;
+  const auto known = MethodRegistry::get().names();
+  if (std::find(known.begin(), known.end(), method) == known.end()) return out;
+  for (const ParamSpec& s : MethodRegistry::get().param_specs(method))
+    if (!s.keyed_at_default && !out.contains(s.name)) out[s.name] = s.earlier.empty() ? s.default_value : s.earlier;
+  return out;
+}
+
+std::set<std::string> varying_params(const std::vector<json>& settings) {
+  std::map<std::string, std::set<std::string>> values;
+  for (const json& params : settings)
+    for (const auto& [k, v] : params.items()) values[k].insert(v.dump());
+  std::set<std::string> out;
+  for (const auto& [k, v] : values)
+    if (v.size() > 1) out.insert(k);
+  return out;
+}
+
 void label_entries(Records& r) {
   // A method's row label is its name, with the parameters that differ between its settings where the
   // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
   std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
   for (const auto& [method, configs] : r.method_configs) {
-    std::map<std::string, std::set<std::string>> values;
-    for (const auto& [setting, params] : configs) {
-      for (const auto& [k, v] : params.items()) {
-        values[k].insert(v.dump());
-      }
-    }
-    // A key only some settings have (a base's own parameter) is shown when its values differ.
-    for (const auto& [k, v] : values)
-      if (v.size() > 1) varying[method].insert(k);
+    std::vector<json> settings;
+    for (const auto& [setting, params] : configs) settings.push_back(completed_params(method, params));
+    varying[method] = varying_params(settings);
   }
   // Records of several models: each row names its model, so that no row pools two models' samples.
   std::set<std::string> models;
   for (const Entry& e : r.entries) models.insert(e.model);
   for (Entry& e : r.entries) {
     const std::string name = run_label(e.method, e.dtype, models.size() > 1 ? e.model : "");
+    const json completed = completed_params(e.method, e.params);
     json shown = json::object();
-    for (const auto& [k, v] : e.params.items())
+    for (const auto& [k, v] : completed.items())
       if (varying[e.method].count(k)) shown[k] = v;
     if (r.method_configs[e.method].size() > 1)
       e.group->distinct = shown.empty() ? params_text(e.params) : params_text(shown);

@@ -3,6 +3,7 @@
 // tables group by (entries) and pooled by configuration (groups), with the rows' method labels.
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,13 @@ struct Records {
 Records read_records(const std::vector<std::string>& files);
 // Each entry's row label: its method, with the parameters that tell its settings apart.
 void label_entries(Records& r);
+// A record's parameters with each one its method gained after the record was made (left out of keys
+// at its earlier behaviour) set to that earlier value, so that settings compare by what they ran; as
+// recorded for a method this build does not know.
+json completed_params(const std::string& method, const json& params);
+// The names whose values differ between a method's settings (each its completed parameters); a name
+// only some settings have (a base's own parameter) counts where its values differ.
+std::set<std::string> varying_params(const std::vector<json>& settings);
 // A row's name: the method, its KV dtype where not fp32 ("snapkv [fp16]"), and the model where given
 // (records of several models: "snapkv on Llama-3.1-8B.gguf").
 std::string run_label(const std::string& method, const std::string& dtype, const std::string& model);
