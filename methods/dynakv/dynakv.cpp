@@ -104,6 +104,18 @@ class MomentTap final : public PrefillObserver {
   size_t tokens_ = 0;
 };
 
+// A basis fitted per group of heads (Palu's G-LRD, -o group_size) is block-diagonal with its columns
+// interleaved: DynaKV's gates and its fixed_rate assume one basis by descending eigenvalue.
+void refuse_grouped(const LoadedArtifact& a, const ModelConfig& m, const std::string& what) {
+  const auto& h = a.body.value("header", nlohmann::json::object());
+  const int g = h.value("calibration", nlohmann::json::object()).value("group_size", m.n_kv_heads);
+  if (g != m.n_kv_heads)
+    fail(
+        "{}: a basis fitted per group of {} KV heads (group_size) serves palu's fixed_ranks only, not {}; "
+        "calibrate without group_size",
+        a.path, g, what);
+}
+
 void calibrate_pca(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
   const FitSequences fit = fit_sequences(ctx, "kvbench calibrate dynakv-pca", kPaperText);
@@ -160,6 +172,7 @@ void train(CalibrationContext& ctx) {
   t.progress = ctx.progress;
 
   const LoadedArtifact pa = load_artifact(kDynaKvPcaKind, o.get("pca"), cfg, "kvbench calibrate dynakv-pca MODEL");
+  refuse_grouped(pa, cfg, "DynaKV's training");
   DynaKvWeights weights = dynakv_init(dynakv_pca_from(pa, cfg), t.init_rate, t.tau);
   const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, "kvbench train dynakv", kPaperText);
   const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
@@ -402,6 +415,7 @@ class DynaKV final : public Method, public KvTransform {
     if (rate > 0 || !ranks.empty()) {
       const LoadedArtifact a =
           load_artifact(kDynaKvPcaKind, params().get("pca"), m, "kvbench calibrate dynakv-pca MODEL");
+      if (ranks.empty()) refuse_grouped(a, m, "fixed_rate");
       weights_ = dynakv_init(dynakv_pca_from(a, m), 0.5, tau_);
       const int uniform = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
       fixed_.assign(size_t(m.n_layers), {uniform, uniform});

@@ -85,17 +85,20 @@ std::string basis_path(const ModelConfig& m, int group_size) {
 
 // Per layer, K and V: the mean Fisher information of the projection's weight (the mean of its heads').
 std::vector<double> module_fisher(const LoadedArtifact& a, const ModelConfig& m) {
-  const auto& layers = a.body.at("layers");
-  if (!layers.is_array() || static_cast<int>(layers.size()) != m.n_layers)
-    fail("{}: layers: expected {} entries (the model's layers)", a.path, m.n_layers);
+  if (!a.body.contains("layers") || !a.body["layers"].is_array() ||
+      static_cast<int>(a.body["layers"].size()) != m.n_layers)
+    fail("{}: layers: expected an array of {} entries (the model's layers)", a.path, m.n_layers);
+  const auto& layers = a.body["layers"];
   std::vector<double> f;
   for (int l = 0; l < m.n_layers; ++l)
     for (const char* kind : {"K", "V"}) {
-      const auto& h = layers[size_t(l)].at(kind);
-      if (!h.is_array() || static_cast<int>(h.size()) != m.n_kv_heads)
+      const auto& layer = layers[size_t(l)];
+      if (!layer.is_object() || !layer.contains(kind) || !layer[kind].is_array() ||
+          static_cast<int>(layer[kind].size()) != m.n_kv_heads)
         fail("{}: layers[{}].{}: expected {} numbers (one per KV head)", a.path, l, kind, m.n_kv_heads);
       double s = 0;
-      for (const auto& x : h) {
+      for (const auto& x : layer[kind]) {
+        if (!x.is_number()) fail("{}: layers[{}].{}: expected numbers", a.path, l, kind);
         const double v = x.get<double>();
         if (!std::isfinite(v) || v <= 0)
           fail("{}: layers[{}].{}: a head's Fisher information {} is not > 0", a.path, l, kind, v);
@@ -131,6 +134,9 @@ class Palu final : public Method {
     const double ratio = params().get_float("rank_ratio");
     const int multiple = params().integer("rank_multiple");
     std::vector<int> per_group(2 * size_t(m.n_layers), palu::round_rank(ratio * group_dims, multiple, group_dims));
+    if (params().get("allocation") != "fisher_uniform" && !params().get("fisher").empty())
+      fail("method palu: fisher= is read by allocation=fisher_uniform only (allocation is {})",
+           params().get("allocation"));
     if (params().get("allocation") == "fisher_uniform") {
       const LoadedArtifact f =
           load_artifact(kFisherKind, params().get("fisher"), m, "kvbench calibrate palu-fisher MODEL");
@@ -173,8 +179,14 @@ void calibrate(CalibrationContext& ctx) {
 // its rows. The loss predicts the token `target_offset` ahead (Palu's: 2, see gradients.hpp).
 void calibrate_fisher(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
-  const FitSequences fit = fit_sequences(ctx, "kvbench calibrate palu-fisher", "the paper: WikiText-2");
+  FitSequences fit = fit_sequences(ctx, "kvbench calibrate palu-fisher", "the paper: WikiText-2");
   const int offset = ctx.options.integer("target_offset");
+  // Palu's windows all hold seq_len tokens: a shorter last piece of the text is left out.
+  if (ctx.options.get("ids").empty())
+    std::erase_if(fit.seqs, [&](const auto& s) { return s.size() < size_t(ctx.options.integer("seq_len")); });
+  if (fit.seqs.empty())
+    fail("kvbench calibrate palu-fisher: the text holds no window of seq_len {} tokens",
+         ctx.options.integer("seq_len"));
   ModelGradients mg(ctx.model);
   std::set<std::string> names;
   for (int l = 0; l < cfg.n_layers; ++l)
@@ -249,8 +261,9 @@ const bool registered = register_method(
                     .added_later(),
                 ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)"),
                 ParamSpec::text("fisher", "",
-                                "Fisher information of kvbench calibrate palu-fisher (default: this "
-                                "model's)")},
+                                "Fisher information of kvbench calibrate palu-fisher for allocation=fisher_uniform "
+                                "(default: this model's)")
+                    .added_later()},
      .make = [] { return std::make_unique<Palu>(); },
      .steps = {{.command = "calibrate",
                 .summary = "Palu's low-rank basis per layer, K and V, from the calibration text (the paper: "

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -71,6 +72,10 @@ TEST_CASE("palu: calibrated basis, full rank is the model, the cache keeps the r
   // Results recorded before the rounding (the share's nearest integer) keep their keys.
   auto exact = MethodRegistry::get().create("palu", {{"basis", basis}, {"rank_multiple", "1"}}, engine.config());
   CHECK(!exact->params().keyed_values().count("rank_multiple"));
+  // The parameters added since keep the keys of results recorded before them.
+  std::set<std::string> keys;
+  for (const auto& [k, v] : exact->params().keyed_values()) keys.insert(k);
+  CHECK(keys == std::set<std::string>{"basis", "gqa", "rank_ratio"});
   auto rounded = MethodRegistry::get().create("palu", {{"basis", basis}}, engine.config());
   CHECK(rounded->params().keyed_values().at("rank_multiple") == "32");
 }
@@ -249,6 +254,18 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
   INFO("largest relative group eigenvalue difference " << worst_eigen);
   CHECK(worst_eigen < 1e-5);
 
+  // A grouped basis serves Palu only; fisher= without Fisher ranks is a mistake.
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create("dynakv", {{"fixed_rate", "0.5"}, {"pca", basis_file}}, engine.config());
+      },
+      {"basis_g1.json", "serves palu's fixed_ranks only"});
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create("palu", {{"basis", basis_file}, {"group_size", "1"}, {"fisher", fisher_file}},
+                                     engine.config());
+      },
+      {"fisher= is read by allocation=fisher_uniform only"});
   // A basis of other groups is refused, naming the calibration that fits.
   test::require_error(
       [&] {
