@@ -1,5 +1,9 @@
 // LongBench metrics against golden scores from the reference packages (rouge 1.0.1, fuzzywuzzy with
 // python-Levenshtein, jieba 0.42.1) and LongBench's metric rules: tools/reference/longbench_metrics.py.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "harness/model/model_file.hpp"
 #include "harness/task/jieba.hpp"
 #include "harness/task/longbench_metrics.hpp"
@@ -186,6 +190,37 @@ TEST_CASE("LongBench task: official files, templates, middle truncation, profile
   CHECK(c.prompt.size() > 20);
   CHECK(c.prompt.substr(c.prompt.size() - 9) == "\n\nAnswer:");
 
+  // transformers 4.x's clean_up_tokenization on each decoded half and on the scored prediction: on where
+  // asked, or where the tokenizer's config sets it (auto; a GGUF file carries no such setting).
+  {
+    const TempDir dir("longbench_clean_up");
+    std::filesystem::create_directories(dir / "longbench");
+    std::string context;
+    for (int i = 0; i < 80; ++i) context += "Mara , the writer , wrote it . ";
+    std::ofstream(dir / "longbench" / "qasper.jsonl")
+        << nlohmann::json{{"input", "Who wrote it ?"}, {"context", context}, {"answers", {"Mara"}}, {"_id", "c1"}}
+               .dump()
+        << "\n";
+    auto make = [&](const std::string& clean) {
+      TaskContext ctx;
+      ctx.tokenizer = tok.get();
+      ctx.data_dir = dir.path().string();
+      ctx.options = {{"dataset", "qasper"}, {"max_len", "300"}, {"clean_up_spaces", clean}};
+      return TaskRegistry::get().create("longbench", ctx);
+    };
+    const Sample plain = make("false")->sample(0), cleaned = make("true")->sample(0);
+    CHECK(plain.meta["truncated"] == true);
+    CHECK(plain.prompt.find("Mara , the writer") != std::string::npos);
+    CHECK(cleaned.meta["clean_up_spaces"] == true);
+    CHECK(cleaned.prompt.find(" ,") == std::string::npos);
+    CHECK(cleaned.prompt.find(" .") == std::string::npos);
+    CHECK(cleaned.prompt.find("Mara, the writer, wrote it.") != std::string::npos);
+    CHECK(cleaned.prompt.find("Who wrote it?") != std::string::npos);
+    CHECK_FALSE(make("auto")->sample(0).meta.contains("clean_up_spaces"));
+    // qa_f1 drops punctuation, so "do n't" is where the clean-up changes a score: "don't" -> "dont".
+    CHECK(make("true")->score(cleaned, "Mara do n't") == Approx(2.0 / 3));
+    CHECK(make("false")->score(plain, "Mara do n't") == Approx(0.5));
+  }
   auto official = longbench_task(*tok, "longbench/data", {{"dataset", "qasper"}, {"profile", "official"}});
   CHECK(official->sample(0).chat);
   CHECK(official->sample(0).min_new_tokens == 0);

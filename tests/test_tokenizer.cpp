@@ -1,3 +1,6 @@
+#include <filesystem>
+#include <fstream>
+
 #include "harness/model/gguf_writer.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/bpe.hpp"
@@ -267,4 +270,28 @@ TEST_CASE("Regex::find_all_groups gives each match's groups as Python's re.finda
   CHECK(m[2].whole.second == text.size());
   CHECK(Regex("a+").find_all_groups("baaab")[0].groups.empty());
   CHECK(Regex("x*").find_all_groups("abc").empty());  // empty matches are skipped, as find_all skips them
+}
+
+// Expected texts from transformers 5.25's PreTrainedTokenizerBase.clean_up_tokenization on the same inputs.
+TEST_CASE("clean_up_tokenization as transformers writes it, and the config that turns it on", "[tokenizer]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"Hello , world . Is it ? Yes ! I do n't know .", "Hello, world. Is it? Yes! I don't know."},
+      {"He 's here , they 're there ; I 've been , I 'm fine", "He's here, they're there ; I've been, I'm fine"},
+      {"a ' b ' c", "a'b'c"},
+      {"x  . y", "x . y"},
+      {" ' ' ", "'' "},
+      {"self .x = foo (a , b) ! ?", "self.x = foo (a, b)!?"},
+      {"no change here.", "no change here."},
+      {". , leading", "., leading"}};
+  for (const auto& [in, out] : cases) CHECK(clean_up_tokenization(in) == out);
+
+  // A model directory's tokenizer_config.json sets it; GGUF files and configs without it leave it unset.
+  const test::TempDir dir("clean_up");
+  std::filesystem::copy_file(test::fixture("tokenizer/synthetic/qwen2.json"), dir / "tokenizer.json");
+  CHECK_FALSE(load_tokenizer_file(dir.path().string())->clean_up_tokenization_spaces().has_value());
+  std::ofstream(dir / "tokenizer_config.json") << R"({"clean_up_tokenization_spaces": true})";
+  CHECK(load_tokenizer_file(dir.path().string())->clean_up_tokenization_spaces() == true);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"clean_up_tokenization_spaces": "yes"})";
+  test::require_error([&] { load_tokenizer_file(dir.path().string()); },
+                      {"tokenizer_config.json", "clean_up_tokenization_spaces", "true or false"});
 }

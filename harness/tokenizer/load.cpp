@@ -1,5 +1,7 @@
 // Chooses the tokenizer implementation for a model from what its files declare.
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "harness/model/gguf.hpp"
 #include "harness/model/model_file.hpp"
@@ -7,6 +9,7 @@
 #include "harness/tokenizer/spm.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 
 namespace kvb {
 namespace {
@@ -23,7 +26,7 @@ std::unique_ptr<Tokenizer> from_gguf(const GGUFFile& f) {
   fail("{}: tokenizer.ggml.model = '{}' is not supported (expected 'gpt2' or 'llama')", f.path(), model);
 }
 
-std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
+std::unique_ptr<Tokenizer> from_dir_files(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path json = fs::path(dir) / "tokenizer.json";
   const fs::path spm = fs::path(dir) / "tokenizer.model";
@@ -38,6 +41,21 @@ std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   }
   if (fs::exists(spm)) return SpmTokenizer::from_file(spm.string());
   fail("{}: no tokenizer.json or tokenizer.model found", dir);
+}
+
+std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
+  auto tok = from_dir_files(dir);
+  const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
+  if (std::filesystem::exists(cfg)) {
+    std::ifstream in(cfg);
+    const nlohmann::json c = with_json_errors(cfg.string(), [&] { return nlohmann::json::parse(in); });
+    if (c.contains("clean_up_tokenization_spaces")) {
+      if (!c["clean_up_tokenization_spaces"].is_boolean())
+        fail("{}: field 'clean_up_tokenization_spaces' must be true or false", cfg.string());
+      tok->set_clean_up_tokenization_spaces(c["clean_up_tokenization_spaces"].get<bool>());
+    }
+  }
+  return tok;
 }
 
 }  // namespace

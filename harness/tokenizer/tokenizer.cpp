@@ -122,4 +122,22 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return out;
 }
 
+std::string clean_up_tokenization(std::string text) {
+  static const std::pair<std::string_view, std::string_view> kSteps[] = {
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kSteps) {
+    std::string out;
+    out.reserve(text.size());
+    size_t at = 0;
+    for (size_t hit; (hit = text.find(from, at)) != std::string::npos; at = hit + from.size()) {
+      out.append(text, at, hit - at);
+      out.append(to);
+    }
+    out.append(text, at);
+    text = std::move(out);
+  }
+  return text;
+}
+
 }  // namespace kvb

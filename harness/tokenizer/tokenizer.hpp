@@ -49,6 +49,10 @@ class Tokenizer {
   virtual std::string kind() const = 0;  // "bpe (smollm)", "sentencepiece", ...
 
   const SpecialTokens& special() const { return special_; }
+  // tokenizer_config.json's clean_up_tokenization_spaces, where the model's directory has one (GGUF
+  // files do not carry it): transformers 4.x's decode then applies clean_up_tokenization.
+  std::optional<bool> clean_up_tokenization_spaces() const { return clean_up_; }
+  void set_clean_up_tokenization_spaces(std::optional<bool> on) { clean_up_ = on; }
   bool is_end_of_generation(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   const AddedToken* added_token(int32_t id) const;
@@ -63,10 +67,15 @@ class Tokenizer {
   SpecialTokens special_;
 
  private:
+  std::optional<bool> clean_up_;
   std::vector<AddedToken> added_;
   std::vector<int32_t> added_by_id_;          // index into added_, or -1, by token id
   std::array<bool, 256> added_first_byte_{};  // lets encode skip positions no added token starts at
 };
+
+// transformers' clean_up_tokenization: " ." -> ".", " ?", " !", " ,", " ' " -> "'", " n't", " 'm", " 's",
+// " 've", " 're" (each replaced over the whole text, in that order).
+std::string clean_up_tokenization(std::string text);
 
 // BOS/EOS/UNK/PAD ids and add-BOS/EOS flags from GGUF metadata (tokenizer.ggml.*), checked against
 // the vocabulary size, with end-of-generation ids from eos, eot and eom.

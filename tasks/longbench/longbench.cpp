@@ -205,6 +205,8 @@ class LongBench final : public Task {
         dataset_(p.get("dataset")),
         max_len_(p.integer("max_len")),
         official_(p.get("profile") == "official"),
+        clean_up_(p.get("clean_up_spaces") == "true" ||
+                  (p.get("clean_up_spaces") == "auto" && tok_.clean_up_tokenization_spaces().value_or(false))),
         protocol_(protocol_from(p)) {
     template_ = longbench::prompt_template(dataset_);
     if (protocol_.name != "native") split_ = longbench::kvpress_template(dataset_);
@@ -228,8 +230,7 @@ class LongBench final : public Task {
     bool truncated = false;
     if (static_cast<int>(ids.size()) > max_len_) {
       const size_t half = static_cast<size_t>(max_len_ / 2);
-      prompt = utf8_lossy(tok_.decode(std::span(ids).first(half), true)) +
-               utf8_lossy(tok_.decode(std::span(ids).last(half), true));
+      prompt = decoded(std::span(ids).first(half)) + decoded(std::span(ids).last(half));
       truncated = true;
     }
     Sample s;
@@ -247,7 +248,16 @@ class LongBench final : public Task {
               {"length", r.length},
               {"truncated", truncated},
               {"all_classes", r.all_classes}};
+    if (clean_up_) s.meta["clean_up_spaces"] = true;
     return s;
+  }
+
+  // Text of ids as the papers' transformers 4.x decodes it (skip_special_tokens=True): a character cut
+  // at either end becomes U+FFFD, and clean_up_tokenization applies where the tokenizer's config sets
+  // clean_up_tokenization_spaces (clean_up_spaces=auto) or the option asks for it.
+  std::string decoded(std::span<const int32_t> ids) const {
+    std::string text = utf8_lossy(tok_.decode(ids, true));
+    return clean_up_ ? clean_up_tokenization(std::move(text)) : text;
   }
 
   // kvpress's LongBench: its split of the prompt, no truncation, max_new_tokens + 20 (its generous
@@ -262,6 +272,7 @@ class LongBench final : public Task {
               {"length", r.length},
               {"truncated", false},
               {"all_classes", r.all_classes}};
+    if (clean_up_) s.meta["clean_up_spaces"] = true;
     std::string input = r.input;
     if (split_->prefix_ends_input && input.ends_with(split_->answer_prefix))
       input.resize(input.size() - split_->answer_prefix.size());
@@ -270,9 +281,12 @@ class LongBench final : public Task {
     return s;
   }
 
+  // A prediction of this harness is scored as the papers' decode would have written it (pred.py's
+  // tokenizer.decode); the record keeps the text as generated.
   double score(const Sample& s, const std::string& prediction) const override {
-    return longbench::score(dataset_, prediction, s.answers, s.meta.at("all_classes").get<std::vector<std::string>>(),
-                            jieba_);
+    return longbench::score(dataset_,
+                            s.meta.value("clean_up_spaces", false) ? clean_up_tokenization(prediction) : prediction,
+                            s.answers, s.meta.at("all_classes").get<std::vector<std::string>>(), jieba_);
   }
 
  private:
@@ -321,7 +335,7 @@ class LongBench final : public Task {
   std::string dataset_, template_, path_;
   Dataset info_{};
   int max_len_;
-  bool official_;
+  bool official_, clean_up_;
   Protocol protocol_;
   std::optional<longbench::SplitTemplate> split_;  // kvpress's, under a kvpress protocol
   const longbench::Jieba* jieba_ = nullptr;        // the segmenter of the Chinese metrics
@@ -339,7 +353,14 @@ std::vector<ParamSpec> options() {
                             "pyramidkv2024: no chat template, one new token at least; official: pred.py's "
                             "chat datasets, lengths and samsum stop, with the model's own chat template and "
                             "max_len still 7950 (protocol=kvpress* replaces both with kvpress's)"),
-          protocol_option(), max_context_option()};
+          protocol_option(),
+          max_context_option(),
+          ParamSpec::choice("clean_up_spaces", "false", {"false", "true", "auto"},
+                            "transformers 4.x's clean_up_tokenization (\" .\" -> \".\" ...) on the truncated prompt's "
+                            "halves and the prediction, as pred.py's decode applies it; auto: where the model "
+                            "directory's tokenizer_config.json sets clean_up_tokenization_spaces (Llama-3's does; "
+                            "GGUF files carry no such setting)")
+              .added_later()};
 }
 
 // The papers' LongBench table: the datasets by category, the Chinese ones closing each category.
