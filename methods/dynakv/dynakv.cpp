@@ -104,16 +104,23 @@ class MomentTap final : public PrefillObserver {
   size_t tokens_ = 0;
 };
 
+// The basis's groups of KV heads (its calibration's group_size; 1 for a basis of all heads jointly).
+int basis_groups(const LoadedArtifact& a, const ModelConfig& m) {
+  const auto& h = a.body.value("header", nlohmann::json::object());
+  const int g = h.value("calibration", nlohmann::json::object()).value("group_size", m.n_kv_heads);
+  if (g < 1 || m.n_kv_heads % g != 0)
+    fail("{}: header.calibration.group_size {} does not divide the model's {} KV heads", a.path, g, m.n_kv_heads);
+  return m.n_kv_heads / g;
+}
+
 // A basis fitted per group of heads (Palu's G-LRD, -o group_size) is block-diagonal with its columns
 // interleaved: DynaKV's gates and its fixed_rate assume one basis by descending eigenvalue.
 void refuse_grouped(const LoadedArtifact& a, const ModelConfig& m, const std::string& what) {
-  const auto& h = a.body.value("header", nlohmann::json::object());
-  const int g = h.value("calibration", nlohmann::json::object()).value("group_size", m.n_kv_heads);
-  if (g != m.n_kv_heads)
+  if (const int groups = basis_groups(a, m); groups != 1)
     fail(
         "{}: a basis fitted per group of {} KV heads (group_size) serves palu's fixed_ranks only, not {}; "
         "calibrate without group_size",
-        a.path, g, what);
+        a.path, m.n_kv_heads / groups, what);
 }
 
 void calibrate_pca(CalibrationContext& ctx) {
@@ -387,19 +394,41 @@ class LatentSegment final : public Segment {
   int head_, d_;
 };
 
-// fixed_ranks: integers separated by '/' (a comma would end the value in `bench --method NAME:k=v,...`).
-std::vector<long> parse_ranks(const std::string& text) {
-  std::vector<long> out;
+// fixed_ranks: one entry per layer and K/V separated by '/' (a comma would end the value in `bench
+// --method NAME:k=v,...`), each a width or, on a grouped basis, the groups' ranks joined by '+'.
+std::vector<std::vector<long>> parse_ranks(const std::string& text) {
+  std::vector<std::vector<long>> out(1);
   const char* p = text.data();
   const char* end = p + text.size();
   while (true) {
     long v = 0;
     const auto [next, ec] = std::from_chars(p, end, v);
-    if (ec != std::errc() || (next != end && *next != '/'))
-      fail("method dynakv: fixed_ranks '{}': expected integers separated by '/' (k0/v0/k1/v1/...)", text);
-    out.push_back(v);
+    if (ec != std::errc() || (next != end && *next != '/' && *next != '+'))
+      fail(
+          "method dynakv: fixed_ranks '{}': expected integers separated by '/' (k0/v0/k1/v1/...), a grouped "
+          "basis's groups joined by '+'",
+          text);
+    out.back().push_back(v);
     if (next == end) return out;
+    if (*next == '/') out.emplace_back();
     p = next + 1;
+  }
+}
+
+// On an interleaved grouped basis (column j: group j mod G, its (j div G)-th vector), group g keeping
+// ranks[g]: those columns first, each set in its order, so that a width of their sum keeps exactly them.
+void keep_group_columns(std::vector<float>& basis, std::vector<double>& eigenvalues, int d,
+                        const std::vector<long>& ranks) {
+  const int G = static_cast<int>(ranks.size());
+  std::vector<int> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int j = 0; j < d; ++j)
+      if ((j / G < ranks[size_t(j % G)]) == (pass == 0)) order.push_back(j);
+  const std::vector<float> b = basis;
+  const std::vector<double> e = eigenvalues;
+  for (int c = 0; c < d; ++c) {
+    eigenvalues[size_t(c)] = e[size_t(order[size_t(c)])];
+    for (int i = 0; i < d; ++i) basis[size_t(i) * d + c] = b[size_t(i) * d + order[size_t(c)]];
   }
 }
 
@@ -416,21 +445,34 @@ class DynaKV final : public Method, public KvTransform {
       const LoadedArtifact a =
           load_artifact(kDynaKvPcaKind, params().get("pca"), m, "kvbench calibrate dynakv-pca MODEL");
       if (ranks.empty()) refuse_grouped(a, m, "fixed_rate");
-      weights_ = dynakv_init(dynakv_pca_from(a, m), 0.5, tau_);
+      DynaKvPca pca = dynakv_pca_from(a, m);
       const int uniform = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
       fixed_.assign(size_t(m.n_layers), {uniform, uniform});
       if (!ranks.empty()) {
         if (rate > 0) fail("method dynakv: give fixed_rate or fixed_ranks, not both");
-        const std::vector<long> r = parse_ranks(ranks);
+        const auto r = parse_ranks(ranks);
         if (r.size() != 2 * size_t(m.n_layers))
-          fail("method dynakv: fixed_ranks holds {} numbers; expected 2 per layer (K, V) for {} layers: {}", r.size(),
+          fail("method dynakv: fixed_ranks holds {} entries; expected 2 per layer (K, V) for {} layers: {}", r.size(),
                m.n_layers, 2 * m.n_layers);
+        const int groups = basis_groups(a, m), gd = d_ / groups;
         for (size_t i = 0; i < r.size(); ++i) {
-          if (r[i] < 1 || r[i] > d_)
-            fail("method dynakv: fixed_ranks[{}] = {} outside 1..{} (the layer's K/V dimensions)", i, r[i], d_);
-          fixed_[i / 2][i % 2] = static_cast<int>(r[i]);
+          const bool per_group = r[i].size() > 1;
+          if (per_group && static_cast<int>(r[i].size()) != groups)
+            fail("method dynakv: fixed_ranks[{}] gives {} group ranks; the basis {} has {} groups", i, r[i].size(),
+                 a.path, groups);
+          const long most = per_group ? gd : d_;
+          long width = 0;
+          for (long x : r[i]) {
+            if (x < 1 || x > most)
+              fail("method dynakv: fixed_ranks[{}] = {} outside 1..{} (the {} K/V dimensions)", i, x, most,
+                   per_group ? "group's" : "layer's");
+            width += x;
+          }
+          if (per_group) keep_group_columns(pca.basis[i / 2][i % 2], pca.eigenvalues[i / 2][i % 2], d_, r[i]);
+          fixed_[i / 2][i % 2] = static_cast<int>(width);
         }
       }
+      weights_ = dynakv_init(pca, 0.5, tau_);
       artifacts_ = {{"pca", {{"file", a.path}, {"digest", a.digest}}}};
     } else {
       if (params().get("weights").empty())

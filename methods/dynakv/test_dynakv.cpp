@@ -627,11 +627,12 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
     CHECK(e.kv_bytes() == size_t(10 * (2 + 6 + 4 + 4) * 4 + 2 * 10 * 4));
   }
   for (const auto& [ranks, message] :
-       std::vector<std::pair<std::string, std::string>>{{"2/6/4", "holds 3 numbers; expected 2 per layer"},
+       std::vector<std::pair<std::string, std::string>>{{"2/6/4", "holds 3 entries; expected 2 per layer"},
                                                         {"2/6/4/17", "fixed_ranks[3] = 17 outside 1..16"},
                                                         {"2/6/0/4", "fixed_ranks[2] = 0"},
                                                         {"2,6,4,4", "separated by '/'"},
-                                                        {"2/6//4", "separated by '/'"}})
+                                                        {"2/6//4", "separated by '/'"},
+                                                        {"1+1/6/4/4", "gives 2 group ranks; the basis"}})
     test::require_error(
         [&] {
           reg.create("dynakv", {{"fixed_ranks", ranks}, {"pca", tiny.pca_path}}, e.config());

@@ -6,6 +6,7 @@
 // basis; Palu runs it on a basis of its own calibration, with ranks from Palu's rank search (uniform, or
 // per layer and K/V from the Fisher information of the projections' weights).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -83,8 +84,9 @@ std::string basis_path(const ModelConfig& m, int group_size) {
   return p;
 }
 
-// Per layer, K and V: the mean Fisher information of the projection's weight (the mean of its heads').
-std::vector<double> module_fisher(const LoadedArtifact& a, const ModelConfig& m) {
+// Per layer, K and V, and per group of `group_size` KV heads: the mean Fisher information of the
+// projection's rows of that group (the mean of its heads'), module by module.
+std::vector<double> group_fisher(const LoadedArtifact& a, const ModelConfig& m, int group_size) {
   if (!a.body.contains("layers") || !a.body["layers"].is_array() ||
       static_cast<int>(a.body["layers"].size()) != m.n_layers)
     fail("{}: layers: expected an array of {} entries (the model's layers)", a.path, m.n_layers);
@@ -97,14 +99,18 @@ std::vector<double> module_fisher(const LoadedArtifact& a, const ModelConfig& m)
           static_cast<int>(layer[kind].size()) != m.n_kv_heads)
         fail("{}: layers[{}].{}: expected {} numbers (one per KV head)", a.path, l, kind, m.n_kv_heads);
       double s = 0;
-      for (const auto& x : layer[kind]) {
+      for (int h = 0; h < m.n_kv_heads; ++h) {
+        const auto& x = layer[kind][size_t(h)];
         if (!x.is_number()) fail("{}: layers[{}].{}: expected numbers", a.path, l, kind);
         const double v = x.get<double>();
         if (!std::isfinite(v) || v <= 0)
           fail("{}: layers[{}].{}: a head's Fisher information {} is not > 0", a.path, l, kind, v);
         s += v;
+        if ((h + 1) % group_size == 0) {
+          f.push_back(s / group_size);
+          s = 0;
+        }
       }
-      f.push_back(s / m.n_kv_heads);
     }
   return f;
 }
@@ -133,24 +139,39 @@ class Palu final : public Method {
 
     const double ratio = params().get_float("rank_ratio");
     const int multiple = params().integer("rank_multiple");
-    std::vector<int> per_group(2 * size_t(m.n_layers), palu::round_rank(ratio * group_dims, multiple, group_dims));
-    if (params().get("allocation") != "fisher_uniform" && !params().get("fisher").empty())
-      fail("method palu: fisher= is read by allocation=fisher_uniform only (allocation is {})",
-           params().get("allocation"));
-    if (params().get("allocation") == "fisher_uniform") {
+    const std::string allocation = params().get("allocation");
+    // Each module's groups' ranks (k_proj, v_proj of layer 0, then layer 1, ...).
+    std::vector<std::vector<int>> ranks(
+        2 * size_t(m.n_layers),
+        std::vector<int>(size_t(groups), palu::round_rank(ratio * group_dims, multiple, group_dims)));
+    if (allocation == "uniform" && !params().get("fisher").empty())
+      fail("method palu: fisher= is read by the Fisher rank searches only (allocation is uniform)");
+    if (allocation != "uniform") {
       const LoadedArtifact f =
           load_artifact(kFisherKind, params().get("fisher"), m, "kvbench calibrate palu-fisher MODEL");
-      const auto module = palu::fisher_ranks(module_fisher(f, m), m.n_kv_heads * m.head_dim, ratio);
-      // split_values, then rounding_search_result: each group an equal share (integer division).
-      for (size_t i = 0; i < module.size(); ++i)
-        per_group[i] = palu::round_rank(module[i] / groups, multiple, group_dims);
+      if (allocation == "fisher_uniform") {
+        // One rank per module, then split_values and rounding_search_result: each group an equal share.
+        const auto module = palu::fisher_ranks(group_fisher(f, m, m.n_kv_heads), m.n_kv_heads * m.head_dim, ratio);
+        for (size_t i = 0; i < module.size(); ++i)
+          ranks[i].assign(size_t(groups), palu::round_rank(module[i] / groups, multiple, group_dims));
+      } else {
+        // fisher: a rank per group from the group's own Fisher information, each rounded.
+        const auto group = palu::fisher_ranks(group_fisher(f, m, group_size), group_dims, ratio);
+        for (size_t i = 0; i < group.size(); ++i)
+          ranks[i / size_t(groups)][i % size_t(groups)] = palu::round_rank(group[i], multiple, group_dims);
+      }
       fisher_ = {{"file", f.path}, {"digest", f.digest}};
     }
-    // The basis interleaves the groups, so the leading groups x r coordinates are each group's top r.
-    std::string ranks;
-    for (int r : per_group) ranks += fmt::format("{}{}", ranks.empty() ? "" : "/", r * groups);
+    // The basis interleaves the groups, so the leading groups x r coordinates are each group's top r;
+    // groups of unequal ranks are named one by one ("a+b+c").
+    std::string fixed;
+    for (const auto& r : ranks) {
+      const bool equal = std::all_of(r.begin(), r.end(), [&](int x) { return x == r[0]; });
+      fixed += fixed.empty() ? "" : "/";
+      fixed += equal ? fmt::format("{}", r[0] * groups) : fmt::format("{}", fmt::join(r, "+"));
+    }
     inner_ = MethodRegistry::get().create("dynakv",
-                                          {{"fixed_ranks", ranks}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}}, m);
+                                          {{"fixed_ranks", fixed}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}}, m);
   }
   PrefillNeeds needs() const override { return inner_->needs(); }
   KvTransform* kv_transform() override { return inner_->kv_transform(); }
@@ -255,9 +276,10 @@ const bool registered = register_method(
                                    "(1: the share's nearest integer)")
                     .added_later("1"),
                 group_size_option().added_later(),
-                ParamSpec::choice("allocation", "uniform", {"uniform", "fisher_uniform"},
+                ParamSpec::choice("allocation", "uniform", {"uniform", "fisher_uniform", "fisher"},
                                   "uniform: one rank everywhere; fisher_uniform: per layer and K/V in proportion to "
-                                  "the Fisher information (Palu's default; kvbench calibrate palu-fisher)")
+                                  "the Fisher information, equal in its groups (Palu's default); fisher: per group "
+                                  "(kvbench calibrate palu-fisher)")
                     .added_later(),
                 ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)"),
                 ParamSpec::text("fisher", "",

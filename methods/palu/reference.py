@@ -50,10 +50,13 @@ default rank search and a grouped decomposition:
      rounding_search_result per group.
   7. G-LRD with --group-size heads per group (1: every KV head apart): each group's rows of k_proj
      (v_proj) decomposed as in step 3 at its own rank, with the same whitening.
+  8. The `fisher` search: the same loop over each group's mean Fisher information (module by module,
+     groups of `group_dims` dimensions), then rounding_search_result per group; no split.
 Its contents: fisher per layer ([K heads], [V heads]) and per module, the module ranks and per-group
-ranks at rank ratios 0.2-0.6 (group sizes 1 and 3), the eigenvalues of the groups' moments (layers 0
-and 29, K and V, each group's first 9), and the logits at --rank-ratio 0.5 with group size 1 (`palu`)
-and of the unmodified model (`full`) in the first fixture's layout.
+ranks at rank ratios 0.2-0.6 (group sizes 1 and 3) of fisher_uniform (`allocations`) and the group
+ranks of fisher (`allocations_fisher`), the eigenvalues of the groups' moments (layers 0 and 29, K and
+V, each group's first 9), and the logits at --rank-ratio with --group-size of fisher_uniform (`palu`),
+of fisher (`palu_fisher`) and of the unmodified model (`full`) in the first fixture's layout.
 
 Usage (from the repo root; needs torch, transformers 5.x, gguf, numpy):
     python3 methods/palu/reference.py --make-ids      # methods/palu/fixtures/palu_calib_ids.json
@@ -126,7 +129,8 @@ def whitened_factors(W, XtX, rank):
 
 
 def fisher_uniform_ranks(fisher, dims, ratio):
-    """Palu's fisher_uniform loop over the modules' mean Fisher information (one group per module)."""
+    """Palu's rank loop over mean Fisher information values of `dims` dimensions each: the modules' in
+    fisher_uniform (one group per module), the groups' (module by module) in fisher."""
     total_rank = 0
     fisher_sum = 0.0
     select = []
@@ -153,6 +157,11 @@ def fisher_uniform_ranks(fisher, dims, ratio):
     return select
 
 
+def round_ranks(ranks, block=32):
+    """rounding_search_result on one module's list of group ranks."""
+    return [max(1, round(r / block)) * block for r in ranks]
+
+
 def split_and_round(module_ranks, groups, block=32):
     """split_values, then rounding_search_result: each module's rank // groups per group, rounded."""
     return [[max(1, round((r // groups) / block)) * block for _ in range(groups)] for r in module_ranks]
@@ -176,7 +185,7 @@ def fisher_information(model, windows):
         logits = model(input_ids=t[:, :-1], use_cache=False).logits[0]
         loss = torch.nn.functional.cross_entropy(logits[:-1], t[0, 2:])
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         for a, p in zip(acc, projs):
             a.add_(p.weight.grad.detach() ** 2)
             p.weight.grad = None
@@ -225,28 +234,50 @@ def fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sh
     heads = [[float(v) for v in f.reshape(H, -1).mean(1)] for f in fisher]
     t_fisher = time.perf_counter() - t0
 
-    allocations = {}
+    def group_means(g_count):
+        """Palu's fisher search: torch.mean of each group's rows of each module, module by module."""
+        return [float(torch.mean(x)) for f in fisher for x in f.reshape(g_count, -1, f.shape[1])]
+
+    def fisher_group_ranks(g_count, ratio):
+        flat = fisher_uniform_ranks(group_means(g_count), d // g_count, ratio)
+        return [round_ranks(flat[i:i + g_count]) for i in range(0, len(flat), g_count)]
+
+    allocations, allocations_fisher = {}, {}
     for g_size in sorted({1, H}):
         for ratio in (0.2, 0.3, 0.4, 0.5, 0.6):
             ranks = fisher_uniform_ranks(module, d, ratio)
             allocations[f"g{g_size}_r{ratio}"] = {"group_size": g_size, "rank_ratio": ratio, "module_ranks": ranks,
                                                   "group_ranks": split_and_round(ranks, H // g_size)}
+            allocations_fisher[f"g{g_size}_r{ratio}"] = {"group_size": g_size, "rank_ratio": ratio,
+                                                         "group_ranks": fisher_group_ranks(H // g_size, ratio)}
     group_ranks = split_and_round(fisher_uniform_ranks(module, d, args.rank_ratio), groups)
+    group_ranks_fisher = fisher_group_ranks(groups, args.rank_ratio)
 
+    originals = [(layer.self_attn.k_proj.weight.data.clone(), layer.self_attn.v_proj.weight.data.clone())
+                 for layer in layers]
     eigen = {}
-    with torch.no_grad():
-        for l, layer in enumerate(layers):
-            for z, (kind, proj) in enumerate((("K", layer.self_attn.k_proj), ("V", layer.self_attn.v_proj))):
-                W = proj.weight.data.clone()
-                for g in range(groups):
-                    r = group_ranks[2 * l + z][g]
-                    L, R, s, shifted = whitened_factors(W[g * gd:(g + 1) * gd], xtx[l], r)
-                    assert not shifted
-                    if l in (0, 29):
-                        eigen.setdefault(str(l), {}).setdefault(kind, []).append(
-                            [float(v) for v in (s[:9] ** 2).numpy() / n_tokens])
-                    proj.weight.data[g * gd:(g + 1) * gd] = L @ R
-        palu_logits = model(torch.tensor([ids]), use_cache=False).logits[0].numpy()
+    for l in (0, 29):
+        for z, kind in enumerate(("K", "V")):
+            W = originals[l][z]
+            eigen.setdefault(str(l), {})[kind] = [
+                [float(v) for v in (whitened_factors(W[g * gd:(g + 1) * gd], xtx[l], 1)[2][:9] ** 2).numpy() / n_tokens]
+                for g in range(groups)]
+
+    def logits_with(ranks):
+        """The model with Palu's factored k_proj / v_proj at these group ranks (from the original weights)."""
+        with torch.no_grad():
+            for l, layer in enumerate(layers):
+                for z, proj in enumerate((layer.self_attn.k_proj, layer.self_attn.v_proj)):
+                    W = originals[l][z]
+                    proj.weight.data = W.clone()
+                    for g in range(groups):
+                        L, R, _, shifted = whitened_factors(W[g * gd:(g + 1) * gd], xtx[l], ranks[2 * l + z][g])
+                        assert not shifted
+                        proj.weight.data[g * gd:(g + 1) * gd] = L @ R
+            return model(torch.tensor([ids]), use_cache=False).logits[0].numpy()
+
+    palu_logits = logits_with(group_ranks)
+    fisher_logits = logits_with(group_ranks_fisher)
 
     entries, diff, agree = logit_entries(cfg.vocab_size, args, palu_logits, full_logits)
     doc = {
@@ -264,16 +295,23 @@ def fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sh
         "fisher_modules": module,
         "allocations": allocations,
         "group_ranks": group_ranks,
+        "fisher_group_means": {str(g_size): group_means(H // g_size) for g_size in sorted({1, H})},
+        "allocations_fisher": allocations_fisher,
+        "group_ranks_fisher": group_ranks_fisher,
         "group_eigenvalues": eigen,
         "ids": ids,
         "prefill": args.prefill,
         **entries,
+        "palu_fisher": [position_summary(fisher_logits[p], entries["sample_ids"]) for p in entries["positions"]],
     }
     gr.write_json(args.fisher_fixture, doc)
     kept = sum(sum(g) for g in group_ranks) / (2 * len(layers) * d)
     print(json.dumps({"fixture": args.fisher_fixture, "kept_share": kept, "fisher_losses": losses,
                       "max_abs_palu_vs_full": diff, "argmax_agreement_palu_vs_full": agree,
                       "module_ranks": fisher_uniform_ranks(module, d, args.rank_ratio),
+                      "kept_share_fisher": sum(sum(g) for g in group_ranks_fisher) / (2 * len(layers) * d),
+                      "max_abs_fisher_vs_full": float(np.abs(fisher_logits[entries["positions"]] -
+                                                             full_logits[entries["positions"]]).max()),
                       "seconds": {"fisher": round(t_fisher, 1), "total": round(time.perf_counter() - t0, 1)}}))
 
 

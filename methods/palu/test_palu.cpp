@@ -105,8 +105,9 @@ struct ForcedGaps {
   double to_palu = 0, to_full = 0;
 };
 // The reference's ids as a prefill of its `prefill` ids and forced decode steps, through `m` (nullptr:
-// the unmodified model); the largest logit gaps to the reference's Palu and unmodified positions.
-ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, double tol) {
+// the unmodified model); the largest logit gaps to the reference's positions under `key` (a Palu
+// setting) and to its unmodified ones.
+ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, const std::string& key, double tol) {
   const std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   const std::vector<int> sample_ids = ref["sample_ids"].get<std::vector<int>>();
   const size_t prefill = ref["prefill"].get<size_t>();
@@ -119,7 +120,7 @@ ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, dou
     const LogitGap full = logit_gap(logits, ref["full"][p], sample_ids, tol);
     out.to_full = std::max(out.to_full, full.max_abs);
     if (m) {
-      const LogitGap g = logit_gap(logits, ref["palu"][p], sample_ids, tol);
+      const LogitGap g = logit_gap(logits, ref[key][p], sample_ids, tol);
       CHECK(g.top_agrees);
       out.to_palu = std::max(out.to_palu, g.max_abs);
     }
@@ -170,11 +171,11 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   CHECK(worst_eigen < 1e-5);
 
   constexpr double kTol = 1e-3;
-  const double full_worst = forced_gaps(engine, nullptr, ref, kTol).to_full;
+  const double full_worst = forced_gaps(engine, nullptr, ref, "palu", kTol).to_full;
   INFO("unmodified model: largest logit difference " << full_worst);
   CHECK(full_worst < kTol);
   auto m = MethodRegistry::get().create("palu", {{"basis", basis}, {"rank_ratio", "0.4"}}, engine.config());
-  const ForcedGaps g = forced_gaps(engine, m.get(), ref, kTol);
+  const ForcedGaps g = forced_gaps(engine, m.get(), ref, "palu", kTol);
   INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
   CHECK(g.to_palu < kTol);
   CHECK(g.to_full > 1000 * kTol);  // the test tells Palu's projection from none
@@ -201,6 +202,22 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
     const auto module = palu::fisher_ranks(fisher_ref, d, a["rank_ratio"].get<double>());
     CHECK(module == a["module_ranks"].get<std::vector<int>>());
     CHECK(group_ranks(module, H / a["group_size"].get<int>()) == a["group_ranks"].get<std::vector<std::vector<int>>>());
+  }
+  // The fisher search: the same loop over each group's Fisher information, each group's rank rounded.
+  auto rounded = [](const std::vector<int>& flat, int groups) {
+    std::vector<std::vector<int>> out;
+    for (size_t i = 0; i < flat.size(); i += size_t(groups)) {
+      out.emplace_back();
+      for (int g = 0; g < groups; ++g) out.back().push_back(palu::round_rank(flat[i + size_t(g)], 32, d / groups));
+    }
+    return out;
+  };
+  for (const auto& [key, a] : ref["allocations_fisher"].items()) {
+    INFO("fisher " << key);
+    const int groups = H / a["group_size"].get<int>();
+    const auto means = ref["fisher_group_means"][a["group_size"].dump()].get<std::vector<double>>();
+    CHECK(rounded(palu::fisher_ranks(means, d / groups, a["rank_ratio"].get<double>()), groups) ==
+          a["group_ranks"].get<std::vector<std::vector<int>>>());
   }
   // The loop's float test: a target that is not whole gives every module one more in its first pass.
   CHECK(palu::fisher_ranks({1.0, 1.0, 2.0}, 10, 0.55) == std::vector<int>{5, 5, 9});
@@ -236,6 +253,12 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
   INFO("largest relative Fisher difference " << worst);
   CHECK(worst < 2e-3);
   CHECK(group_ranks(palu::fisher_ranks(modules, d, 0.5), H) == ref["group_ranks"].get<std::vector<std::vector<int>>>());
+  std::vector<double> heads;  // one head per group: the fisher search's groups
+  for (size_t l = 0; l < ref["fisher_heads"].size(); ++l)
+    for (const char* kind : {"K", "V"})
+      for (int h = 0; h < H; ++h) heads.push_back(fisher["layers"][l][kind][size_t(h)].get<double>());
+  CHECK(rounded(palu::fisher_ranks(heads, d / H, 0.5), H) ==
+        ref["group_ranks_fisher"].get<std::vector<std::vector<int>>>());
 
   // G-LRD, one head per group: each group's moment solved apart, the basis interleaving the groups.
   const auto basis_file = (dir / "basis_g1.json").string();
@@ -265,24 +288,27 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
         MethodRegistry::get().create("palu", {{"basis", basis_file}, {"group_size", "1"}, {"fisher", fisher_file}},
                                      engine.config());
       },
-      {"fisher= is read by allocation=fisher_uniform only"});
+      {"fisher= is read by the Fisher rank searches only"});
   // A basis of other groups is refused, naming the calibration that fits.
   test::require_error(
       [&] {
         MethodRegistry::get().create("palu", {{"basis", basis_file}}, engine.config());
       },
       {"groups of 1 KV heads", "-o group_size=0"});
-  auto m = MethodRegistry::get().create("palu",
-                                        {{"basis", basis_file},
-                                         {"fisher", fisher_file},
-                                         {"group_size", "1"},
-                                         {"allocation", "fisher_uniform"},
-                                         {"rank_ratio", ref["settings"]["rank_ratio"].dump()}},
-                                        engine.config());
   constexpr double kTol = 1e-3;
-  const ForcedGaps g = forced_gaps(engine, m.get(), ref, kTol);
-  INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
-  CHECK(g.to_palu < kTol);
-  CHECK(g.to_full > 1000 * kTol);
-  CHECK(m->artifacts()["fisher"]["file"] == fisher_file);
+  for (const auto& [allocation, key] : {std::pair{"fisher_uniform", "palu"}, std::pair{"fisher", "palu_fisher"}}) {
+    INFO(allocation);
+    auto m = MethodRegistry::get().create("palu",
+                                          {{"basis", basis_file},
+                                           {"fisher", fisher_file},
+                                           {"group_size", "1"},
+                                           {"allocation", allocation},
+                                           {"rank_ratio", ref["settings"]["rank_ratio"].dump()}},
+                                          engine.config());
+    const ForcedGaps g = forced_gaps(engine, m.get(), ref, key, kTol);
+    INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
+    CHECK(g.to_palu < kTol);
+    CHECK(g.to_full > 1000 * kTol);
+    CHECK(m->artifacts()["fisher"]["file"] == fisher_file);
+  }
 }
