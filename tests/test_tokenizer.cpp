@@ -291,6 +291,8 @@ TEST_CASE("clean_up_tokenization as transformers writes it, and the config that 
   CHECK_FALSE(load_tokenizer_file(dir.path().string())->clean_up_tokenization_spaces().has_value());
   std::ofstream(dir / "tokenizer_config.json") << R"({"clean_up_tokenization_spaces": true})";
   CHECK(load_tokenizer_file(dir.path().string())->clean_up_tokenization_spaces() == true);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"clean_up_tokenization_spaces": null})";
+  CHECK_FALSE(load_tokenizer_file(dir.path().string())->clean_up_tokenization_spaces().has_value());
   std::ofstream(dir / "tokenizer_config.json") << R"({"clean_up_tokenization_spaces": "yes"})";
   test::require_error([&] { load_tokenizer_file(dir.path().string()); },
                       {"tokenizer_config.json", "clean_up_tokenization_spaces", "true or false"});

@@ -49,7 +49,7 @@ std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   if (std::filesystem::exists(cfg)) {
     std::ifstream in(cfg);
     const nlohmann::json c = with_json_errors(cfg.string(), [&] { return nlohmann::json::parse(in); });
-    if (c.contains("clean_up_tokenization_spaces")) {
+    if (c.contains("clean_up_tokenization_spaces") && !c["clean_up_tokenization_spaces"].is_null()) {
       if (!c["clean_up_tokenization_spaces"].is_boolean())
         fail("{}: field 'clean_up_tokenization_spaces' must be true or false", cfg.string());
       tok->set_clean_up_tokenization_spaces(c["clean_up_tokenization_spaces"].get<bool>());

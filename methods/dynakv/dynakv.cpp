@@ -617,7 +617,7 @@ std::vector<ParamSpec> method_params() {
                           "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
           ParamSpec::text("fixed_ranks", "",
                           "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
-                          "ranks)")
+                          "ranks); on a basis fitted per group of heads, an entry a+b+c gives each group's rank")
               .added_later(""),
           ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
 }

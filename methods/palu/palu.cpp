@@ -3,8 +3,8 @@
 // rotated) at attention time. The whitened SVD of k_proj and v_proj (per group of KV heads) is the
 // projection onto the top eigenvectors of the uncentred second moment of the group's pre-RoPE keys
 // (values) over the calibration text (README.md §1), which is DynaKV's fixed-rank path on its PCA
-// basis; Palu runs it on a basis of its own calibration, with ranks from Palu's rank search (uniform, or
-// per layer and K/V from the Fisher information of the projections' weights).
+// basis; Palu runs it on a basis of its own calibration, with ranks from Palu's rank searches (uniform;
+// per layer and K/V, or per group of heads, from the Fisher information of the projections' weights).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -37,12 +37,18 @@ int round_rank(double rank, int multiple, int dims) {
 // As Palu's loop computes them, in double: floor of target x f / sum f (at most dims), then one more to each module in
 // ascending order of what the floor cut off while the target is not reached. Its check `dif == 0` compares a double:
 // where the target is not a whole number the first pass gives one to every module, as Palu's code does.
-std::vector<int> fisher_ranks(const std::vector<double>& fisher, int dims, double ratio) {
+std::vector<int> fisher_ranks(const std::vector<double>& fisher, int dims, double ratio, int per_module) {
   const size_t n = fisher.size();
+  if (per_module < 1 || n % size_t(per_module) != 0)
+    fail("palu rank search: {} Fisher values in modules of {}", n, per_module);
   double total = 0, sum = 0;
-  for (double f : fisher) {
-    total += dims;
-    sum += f;
+  for (size_t i = 0; i < n; i += size_t(per_module)) {  // fisher_sum += sum(fisher_list), module by module
+    double module = 0;
+    for (int g = 0; g < per_module; ++g) {
+      total += dims;
+      module += fisher[i + size_t(g)];
+    }
+    sum += module;
   }
   const double target = total * ratio;
   std::vector<int> rank(n);
@@ -156,7 +162,7 @@ class Palu final : public Method {
           ranks[i].assign(size_t(groups), palu::round_rank(module[i] / groups, multiple, group_dims));
       } else {
         // fisher: a rank per group from the group's own Fisher information, each rounded.
-        const auto group = palu::fisher_ranks(group_fisher(f, m, group_size), group_dims, ratio);
+        const auto group = palu::fisher_ranks(group_fisher(f, m, group_size), group_dims, ratio, groups);
         for (size_t i = 0; i < group.size(); ++i)
           ranks[i / size_t(groups)][i % size_t(groups)] = palu::round_rank(group[i], multiple, group_dims);
       }
@@ -206,8 +212,8 @@ void calibrate_fisher(CalibrationContext& ctx) {
   if (ctx.options.get("ids").empty())
     std::erase_if(fit.seqs, [&](const auto& s) { return s.size() < size_t(ctx.options.integer("seq_len")); });
   if (fit.seqs.empty())
-    fail("kvbench calibrate palu-fisher: the text holds no window of seq_len {} tokens",
-         ctx.options.integer("seq_len"));
+    fail("kvbench calibrate palu-fisher: no full window of seq_len {} tokens within --tokens {} of the text",
+         ctx.options.integer("seq_len"), ctx.options.get_int("tokens"));
   ModelGradients mg(ctx.model);
   std::set<std::string> names;
   for (int l = 0; l < cfg.n_layers; ++l)
@@ -283,8 +289,8 @@ const bool registered = register_method(
                     .added_later(),
                 ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)"),
                 ParamSpec::text("fisher", "",
-                                "Fisher information of kvbench calibrate palu-fisher for allocation=fisher_uniform "
-                                "(default: this model's)")
+                                "Fisher information of kvbench calibrate palu-fisher for allocation=fisher_uniform or "
+                                "fisher (default: this model's)")
                     .added_later()},
      .make = [] { return std::make_unique<Palu>(); },
      .steps = {{.command = "calibrate",
@@ -300,7 +306,7 @@ const bool registered = register_method(
                 .run = calibrate},
                {.command = "calibrate",
                 .name = "palu-fisher",
-                .summary = "Fisher information of k_proj and v_proj per KV head, for Palu's fisher_uniform ranks",
+                .summary = "Fisher information of k_proj and v_proj per KV head, for Palu's Fisher rank searches",
                 .options = {ParamSpec::text("text", "",
                                             "text files or directories (the paper: WikiText-2; default: "
                                             "set-up's data/python-docs)"),

@@ -128,16 +128,18 @@ def whitened_factors(W, XtX, rank):
     return U[:, :rank] @ root, root @ V[:rank, :], s, shifted
 
 
-def fisher_uniform_ranks(fisher, dims, ratio):
+def fisher_uniform_ranks(fisher, dims, ratio, per_module=1):
     """Palu's rank loop over mean Fisher information values of `dims` dimensions each: the modules' in
-    fisher_uniform (one group per module), the groups' (module by module) in fisher."""
+    fisher_uniform (one group per module), the groups' (per_module of them, module by module) in fisher,
+    whose fisher_sum adds each module's sum(fisher_list)."""
     total_rank = 0
     fisher_sum = 0.0
     select = []
-    for f in fisher:
-        total_rank += dims
-        select.append(dims)
-        fisher_sum += f
+    for i in range(0, len(fisher), per_module):
+        fisher_list = fisher[i:i + per_module]
+        total_rank += dims * per_module
+        select += [dims] * per_module
+        fisher_sum += sum(fisher_list)
     target_rank = total_rank * ratio
     wanted = []
     for i, f in enumerate(fisher):
@@ -239,7 +241,7 @@ def fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sh
         return [float(torch.mean(x)) for f in fisher for x in f.reshape(g_count, -1, f.shape[1])]
 
     def fisher_group_ranks(g_count, ratio):
-        flat = fisher_uniform_ranks(group_means(g_count), d // g_count, ratio)
+        flat = fisher_uniform_ranks(group_means(g_count), d // g_count, ratio, g_count)
         return [round_ranks(flat[i:i + g_count]) for i in range(0, len(flat), g_count)]
 
     allocations, allocations_fisher = {}, {}

@@ -216,7 +216,7 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
     INFO("fisher " << key);
     const int groups = H / a["group_size"].get<int>();
     const auto means = ref["fisher_group_means"][a["group_size"].dump()].get<std::vector<double>>();
-    CHECK(rounded(palu::fisher_ranks(means, d / groups, a["rank_ratio"].get<double>()), groups) ==
+    CHECK(rounded(palu::fisher_ranks(means, d / groups, a["rank_ratio"].get<double>(), groups), groups) ==
           a["group_ranks"].get<std::vector<std::vector<int>>>());
   }
   // The loop's float test: a target that is not whole gives every module one more in its first pass.
@@ -257,7 +257,7 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
   for (size_t l = 0; l < ref["fisher_heads"].size(); ++l)
     for (const char* kind : {"K", "V"})
       for (int h = 0; h < H; ++h) heads.push_back(fisher["layers"][l][kind][size_t(h)].get<double>());
-  CHECK(rounded(palu::fisher_ranks(heads, d / H, 0.5), H) ==
+  CHECK(rounded(palu::fisher_ranks(heads, d / H, 0.5, H), H) ==
         ref["group_ranks_fisher"].get<std::vector<std::vector<int>>>());
 
   // G-LRD, one head per group: each group's moment solved apart, the basis interleaving the groups.

@@ -355,11 +355,13 @@ std::vector<ParamSpec> options() {
                             "max_len still 7950 (protocol=kvpress* replaces both with kvpress's)"),
           protocol_option(),
           max_context_option(),
-          ParamSpec::choice("clean_up_spaces", "false", {"false", "true", "auto"},
-                            "transformers 4.x's clean_up_tokenization (\" .\" -> \".\" ...) on the truncated prompt's "
-                            "halves and the prediction, as pred.py's decode applies it; auto: where the model "
-                            "directory's tokenizer_config.json sets clean_up_tokenization_spaces (Llama-3's does; "
-                            "GGUF files carry no such setting)")
+          ParamSpec::choice(
+              "clean_up_spaces", "false", {"false", "true", "auto"},
+              "transformers 4.x's clean_up_tokenization (\" .\" -> \".\" ...) on the truncated prompt's "
+              "halves and the prediction, as pred.py's decode applies it; auto: where the model "
+              "directory's tokenizer_config.json sets clean_up_tokenization_spaces (Llama-3's does; "
+              "GGUF files carry no such setting; where it is absent, auto is false, while transformers before "
+              "4.45 cleaned up: set true for those)")
               .added_later()};
 }
 
