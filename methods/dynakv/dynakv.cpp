@@ -456,19 +456,22 @@ class DynaKV final : public Method, public KvTransform {
                m.n_layers, 2 * m.n_layers);
         const int groups = basis_groups(a, m), gd = d_ / groups;
         for (size_t i = 0; i < r.size(); ++i) {
-          const bool per_group = r[i].size() > 1;
-          if (per_group && static_cast<int>(r[i].size()) != groups)
-            fail("method dynakv: fixed_ranks[{}] gives {} group ranks; the basis {} has {} groups", i, r[i].size(),
-                 a.path, groups);
-          const long most = per_group ? gd : d_;
+          if (const int n = static_cast<int>(r[i].size()); n != groups)
+            fail(
+                "method dynakv: fixed_ranks[{}] gives {} group ranks; the basis {} was fitted on groups of {} KV heads "
+                "(one rank per group){}",
+                i, n, a.path, m.n_kv_heads / groups,
+                m.n_kv_heads % n == 0 ? fmt::format("; {} group ranks need a basis calibrated with -o group_size={}", n,
+                                                    n == 1 ? 0 : m.n_kv_heads / n)
+                                      : "");
           long width = 0;
           for (long x : r[i]) {
-            if (x < 1 || x > most)
-              fail("method dynakv: fixed_ranks[{}] = {} outside 1..{} (the {} K/V dimensions)", i, x, most,
-                   per_group ? "group's" : "layer's");
+            if (x < 1 || x > gd)
+              fail("method dynakv: fixed_ranks[{}] = {} outside 1..{} (the {} K/V dimensions)", i, x, gd,
+                   groups > 1 ? "group's" : "layer's");
             width += x;
           }
-          if (per_group) keep_group_columns(pca.basis[i / 2][i % 2], pca.eigenvalues[i / 2][i % 2], d_, r[i]);
+          if (groups > 1) keep_group_columns(pca.basis[i / 2][i % 2], pca.eigenvalues[i / 2][i % 2], d_, r[i]);
           fixed_[i / 2][i % 2] = static_cast<int>(width);
         }
       }
@@ -617,7 +620,7 @@ std::vector<ParamSpec> method_params() {
                           "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
           ParamSpec::text("fixed_ranks", "",
                           "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
-                          "ranks); on a basis fitted per group of heads, an entry a+b+c gives each group's rank")
+                          "ranks); on a basis fitted per group of heads, each entry a+b+c gives every group's rank")
               .added_later(""),
           ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
 }

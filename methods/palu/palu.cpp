@@ -134,14 +134,6 @@ class Palu final : public Method {
           "{}: no such palu basis; make one with `kvbench calibrate palu MODEL --text FILES{}` (the paper fits it on "
           "WikiText-2)",
           basis, group_size == m.n_kv_heads ? "" : fmt::format(" -o group_size={}", group_size));
-    const LoadedArtifact b = load_artifact("dynakv-pca", basis, m, "kvbench calibrate palu MODEL");
-    const auto& cal = b.body.value("header", nlohmann::json::object()).value("calibration", nlohmann::json::object());
-    const int fitted = cal.value("group_size", m.n_kv_heads);
-    if (fitted != group_size)
-      fail(
-          "{}: the basis was fitted on groups of {} KV heads, the method asks for {} (group_size); calibrate with "
-          "-o group_size={}",
-          basis, fitted, group_size, params().integer("group_size"));
 
     const double ratio = params().get_float("rank_ratio");
     const int multiple = params().integer("rank_multiple");
@@ -168,14 +160,9 @@ class Palu final : public Method {
       }
       fisher_ = {{"file", f.path}, {"digest", f.digest}};
     }
-    // The basis interleaves the groups, so the leading groups x r coordinates are each group's top r;
-    // groups of unequal ranks are named one by one ("a+b+c").
+    // Each module's groups' ranks joined by '+' ("a+b+c"); DynaKV refuses a basis fitted on other groups.
     std::string fixed;
-    for (const auto& r : ranks) {
-      const bool equal = std::all_of(r.begin(), r.end(), [&](int x) { return x == r[0]; });
-      fixed += fixed.empty() ? "" : "/";
-      fixed += equal ? fmt::format("{}", r[0] * groups) : fmt::format("{}", fmt::join(r, "+"));
-    }
+    for (const auto& r : ranks) fixed += fmt::format("{}{}", fixed.empty() ? "" : "/", fmt::join(r, "+"));
     inner_ = MethodRegistry::get().create("dynakv",
                                           {{"fixed_ranks", fixed}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}}, m);
   }
