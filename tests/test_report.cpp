@@ -129,6 +129,12 @@ TEST_CASE("reports: a method's rows name only the parameters that differ between
       out << r.dump() << "\n";
     }
     out << record("ruler", {{"task", "vt"}, {"length", "4096"}}, "snapkv", 64, 0.0).dump() << "\n";
+    // Settings that differ only in the GQA mode: each row names its mode (one label for both, before).
+    for (const char* gqa : {"native", "repeat"}) {
+      json r = record("ruler", {{"task", "vt"}, {"length", "4096"}}, "h2o", 64, 0.5);
+      r["config"]["gqa"] = gqa;
+      out << r.dump() << "\n";
+    }
   }
   write_report({dir.path().string()}, (dir / "rep").string(), {"md"});
   const std::string t = read(dir / "rep" / "ruler-method-budget.md");
@@ -136,6 +142,8 @@ TEST_CASE("reports: a method's rows name only the parameters that differ between
   CHECK(t.find("| kvcrush (base=h2o) |") != std::string::npos);
   CHECK(t.find("| kvcrush (base=snapkv) |") != std::string::npos);
   CHECK(t.find("| snapkv |") != std::string::npos);
+  CHECK(t.find("| h2o (gqa=native) |") != std::string::npos);
+  CHECK(t.find("| h2o (gqa=repeat) |") != std::string::npos);
 }
 
 TEST_CASE("reports: compression-ratio runs get their own columns and blocks beside KV sizes", "[report]") {

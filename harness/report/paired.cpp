@@ -48,8 +48,7 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       r.method = c.value("method", "fullkv");
       const json recorded = c.value("params", json::object());
       r.setting = setting_text(recorded, c.value("gqa", "-"));
-      r.params = report::completed_params(r.method, recorded);
-      if (const std::string gqa = c.value("gqa", "-"); gqa != "-" && !r.params.contains("gqa")) r.params["gqa"] = gqa;
+      r.params = report::completed_params(r.method, recorded, c.value("gqa", "-"));
       r.budget = config_budget(c);
       r.dtype = c.value("kv_dtype", "fp32");
       r.model = c.value("model", "");
@@ -104,18 +103,11 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     method_settings[r.method].emplace(r.setting, r.params);
     models.insert(r.model);
   }
-  std::map<std::string, std::set<std::string>> varying;  // the parameters a method's labels show
-  for (const auto& [method, by_setting] : method_settings) {
-    std::vector<json> all;
-    for (const auto& [setting, params] : by_setting) all.push_back(params);
-    varying[method] = report::varying_params(all);
-  }
+  std::map<std::string, std::map<std::string, std::string>> texts;  // method -> setting -> its text
+  for (const auto& [method, by_setting] : method_settings) texts[method] = report::setting_texts(by_setting);
   auto setting_label = [&](const Run& r) {
-    if (method_settings[r.method].size() < 2) return std::string();
-    json shown = json::object();
-    for (const auto& [k, v] : r.params.items())
-      if (varying[r.method].count(k)) shown[k] = v;
-    return " (" + params_text(shown.empty() ? r.params : shown) + ")";
+    const std::string& text = texts[r.method][r.setting];
+    return text.empty() ? text : " (" + text + ")";
   };
   // task -> label -> budget -> variant -> differences
   std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;

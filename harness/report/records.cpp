@@ -78,7 +78,9 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   e.params = cfg.value("params", json::object());
   e.dtype = cfg.value("kv_dtype", std::string("fp32"));
   e.model = cfg.value("model", std::string());
-  r.method_configs[e.method].emplace(json::array({e.params, cfg.value("gqa", "-")}).dump(), e.params);
+  const std::string gqa = cfg.value("gqa", "-");
+  e.setting = json::array({e.params, gqa}).dump();
+  r.method_configs[e.method].emplace(e.setting, completed_params(e.method, e.params, gqa));
   r.entries.push_back(e);
 }
 
@@ -132,15 +134,20 @@ std::string run_label(const std::string& method, const std::string& dtype, const
          (model.empty() ? "" : " on " + model);
 }
 
-json completed_params(const std::string& method, const json& params) {
+json completed_params(const std::string& method, const json& params, const std::string& gqa) {
   json out = params;
   const auto known = MethodRegistry::get().names();
-  if (std::find(known.begin(), known.end(), method) == known.end()) return out;
-  for (const ParamSpec& s : MethodRegistry::get().param_specs(method))
-    if (!s.keyed_at_default && !out.contains(s.name)) out[s.name] = s.earlier.empty() ? s.default_value : s.earlier;
+  if (std::find(known.begin(), known.end(), method) != known.end())
+    for (const ParamSpec& s : MethodRegistry::get().param_specs(method))
+      if (!s.keyed_at_default && !out.contains(s.name)) out[s.name] = s.earlier.empty() ? s.default_value : s.earlier;
+  if (gqa != "-" && !gqa.empty() && !out.contains("gqa")) out["gqa"] = gqa;
   return out;
 }
 
+namespace {
+
+// The names whose values differ between a method's settings (each its completed parameters); a name
+// only some settings have (a base's own parameter) counts where its values differ.
 std::set<std::string> varying_params(const std::vector<json>& settings) {
   std::map<std::string, std::set<std::string>> values;
   for (const json& params : settings)
@@ -151,26 +158,37 @@ std::set<std::string> varying_params(const std::vector<json>& settings) {
   return out;
 }
 
+}  // namespace
+
+std::map<std::string, std::string> setting_texts(const std::map<std::string, json>& settings) {
+  std::map<std::string, std::string> out;
+  if (settings.size() < 2) {
+    for (const auto& [setting, params] : settings) out[setting] = "";
+    return out;
+  }
+  std::vector<json> all;
+  for (const auto& [setting, params] : settings) all.push_back(params);
+  const std::set<std::string> varying = varying_params(all);
+  for (const auto& [setting, params] : settings) {
+    json shown = json::object();
+    for (const auto& [k, v] : params.items())
+      if (varying.count(k)) shown[k] = v;
+    out[setting] = params_text(shown.empty() ? params : shown);
+  }
+  return out;
+}
+
 void label_entries(Records& r) {
   // A method's row label is its name, with the parameters that differ between its settings where the
   // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
-  std::map<std::string, std::set<std::string>> varying;  // method -> parameter names whose values differ
-  for (const auto& [method, configs] : r.method_configs) {
-    std::vector<json> settings;
-    for (const auto& [setting, params] : configs) settings.push_back(completed_params(method, params));
-    varying[method] = varying_params(settings);
-  }
+  std::map<std::string, std::map<std::string, std::string>> texts;  // method -> setting -> its text
+  for (const auto& [method, settings] : r.method_configs) texts[method] = setting_texts(settings);
   // Records of several models: each row names its model, so that no row pools two models' samples.
   std::set<std::string> models;
   for (const Entry& e : r.entries) models.insert(e.model);
   for (Entry& e : r.entries) {
     const std::string name = run_label(e.method, e.dtype, models.size() > 1 ? e.model : "");
-    const json completed = completed_params(e.method, e.params);
-    json shown = json::object();
-    for (const auto& [k, v] : completed.items())
-      if (varying[e.method].count(k)) shown[k] = v;
-    if (r.method_configs[e.method].size() > 1)
-      e.group->distinct = shown.empty() ? params_text(e.params) : params_text(shown);
+    e.group->distinct = texts[e.method][e.setting];
     e.label = e.group->distinct.empty() ? name : name + " (" + e.group->distinct + ")";
   }
 }

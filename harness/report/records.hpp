@@ -28,6 +28,7 @@ struct Group {
 // One record, reduced to what the tables group by.
 struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
+  std::string setting;                       // the parameters and GQA mode, as text
   json params;                               // the method's parameters, as recorded
   std::string dtype;                         // the cache's KV dtype
   std::string model;                         // the model file's name
@@ -44,7 +45,7 @@ struct Entry {
 struct Records {
   std::map<std::string, Group> groups;  // by configuration, the grid's parts pooled
   std::vector<Entry> entries;           // one per record; each points into groups
-  // method -> its distinct settings (parameters and GQA mode, as text) -> their parameters
+  // method -> its distinct settings (parameters and GQA mode, as text) -> their completed parameters
   std::map<std::string, std::map<std::string, json>> method_configs;
 };
 
@@ -54,11 +55,12 @@ Records read_records(const std::vector<std::string>& files);
 void label_entries(Records& r);
 // A record's parameters with each one its method gained after the record was made (left out of keys
 // at its earlier behaviour) set to that earlier value, so that settings compare by what they ran; as
-// recorded for a method this build does not know.
-json completed_params(const std::string& method, const json& params);
-// The names whose values differ between a method's settings (each its completed parameters); a name
-// only some settings have (a base's own parameter) counts where its values differ.
-std::set<std::string> varying_params(const std::vector<json>& settings);
+// recorded for a method this build does not know. The GQA mode joins them where it is not "-".
+json completed_params(const std::string& method, const json& params, const std::string& gqa);
+// Per setting of one method (setting -> its completed parameters): the text that tells it from the
+// method's other settings, the parameters whose values differ (all of them where none differs); empty
+// for a method of one setting.
+std::map<std::string, std::string> setting_texts(const std::map<std::string, json>& settings);
 // A row's name: the method, its KV dtype where not fp32 ("snapkv [fp16]"), and the model where given
 // (records of several models: "snapkv on Llama-3.1-8B.gguf").
 std::string run_label(const std::string& method, const std::string& dtype, const std::string& model);
