@@ -1,0 +1,56 @@
+// Hadamard rotations (kernels/cpu/hadamard.hpp) against their definition: orthonormal, the fast
+// transform equal to the reference matrix, the transpose its inverse.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/hadamard.hpp"
+
+using namespace kvb;
+
+TEST_CASE("hadamard: Sylvester and Paley orders, orthonormal, the fast transform is the matrix",
+          "[kernels][hadamard]") {
+  CHECK(hadamard_order(64) == 1);
+  CHECK(hadamard_order(96) == 12);
+  CHECK(hadamard_order(160) == 20);
+  CHECK(hadamard_order(224) == 224);  // 28, 56 and 112 are not one more than a prime
+  CHECK(hadamard_order(6) == 0);
+  CHECK(hadamard_order(0) == 0);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (int n : {1, 2, 4, 8, 32, 64, 96, 160, 192, 224, 320}) {
+    INFO("n = " << n);
+    const std::vector<double> H = hadamard_matrix_ref(n);
+    double worst = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        CHECK(std::abs(std::abs(H[size_t(i) * n + j]) * std::sqrt(double(n)) - 1) < 1e-12);
+        double s = 0;
+        for (int c = 0; c < n; ++c) s += H[size_t(i) * n + c] * H[size_t(j) * n + c];
+        worst = std::max(worst, std::abs(s - (i == j ? 1.0 : 0.0)));
+      }
+    CHECK(worst < 1e-12);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    for (bool transpose : {false, true}) {
+      std::vector<float> y = x;
+      hadamard_rotate(y.data(), n, transpose);
+      for (int i = 0; i < n; ++i) {
+        double want = 0;
+        for (int c = 0; c < n; ++c) want += (transpose ? H[size_t(c) * n + i] : H[size_t(i) * n + c]) * x[size_t(c)];
+        CHECK(std::abs(y[size_t(i)] - want) < 1e-5);
+      }
+      hadamard_rotate(y.data(), n, !transpose);
+      for (int i = 0; i < n; ++i) CHECK(std::abs(y[size_t(i)] - x[size_t(i)]) < 1e-5);
+    }
+  }
+  // Sylvester in natural order, as Palu's butterflies: row 1 of S_4 is (1, -1, 1, -1) / 2.
+  const std::vector<double> s4 = hadamard_matrix_ref(4);
+  CHECK(s4[4] == 0.5);
+  CHECK(s4[5] == -0.5);
+  CHECK(s4[6] == 0.5);
+  CHECK(s4[7] == -0.5);
+  std::vector<float> bad(6, 1.0f);
+  CHECK_THROWS(hadamard_rotate(bad.data(), 6));
+}
