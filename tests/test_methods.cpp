@@ -186,6 +186,45 @@ TEST_CASE("window scorer equals its reference, pooling edges, GQA mean", "[metho
   CHECK(top_k_sorted({0.5f, 0.9f, 0.5f, 0.1f}, 2) == std::vector<int32_t>{0, 1});  // tie to lower position
 }
 
+TEST_CASE("fake_quantize: Palu's per-token quantizer, asymmetric and symmetric, groups, clip", "[methods][palu]") {
+  // Asymmetric 2 bits over [-1, 2]: scale 1, zero point 1; 0.4 rounds to 0, 1.5 to 2 (half to even).
+  std::vector<float> x = {-1.0f, 0.4f, 1.5f, 2.0f};
+  LatentQuant q;
+  q.bits = 2;
+  fake_quantize(x.data(), 4, q);
+  CHECK(x == std::vector<float>{-1.0f, 0.0f, 2.0f, 2.0f});
+  // Symmetric 3 bits: scale max|x| / 3, codes in [-4, 3]; in groups of two, each its own scale.
+  x = {-3.0f, 1.2f, 0.5f, -0.25f};
+  q.bits = 3;
+  q.sym = true;
+  q.group_size = 2;
+  fake_quantize(x.data(), 4, q);
+  CHECK(x[0] == -3.0f);
+  CHECK(x[1] == 1.0f);
+  CHECK(x[2] == Approx(0.5f));
+  CHECK(x[3] == Approx(-1.0f / 3));  // -1.5 steps round to -2
+  // Clip shrinks the range: 0.5 x max 4 gives scale 2 / 3 at 2 bits symmetric (codes -2..1).
+  x = {4.0f, -4.0f, 0.0f};
+  q.bits = 2;
+  q.group_size = 0;
+  q.clip = 0.5;
+  fake_quantize(x.data(), 3, q);
+  CHECK(x[0] == Approx(2.0f));
+  CHECK(x[1] == Approx(-4.0f));
+  CHECK(x[2] == 0.0f);
+  // A constant positive latent: the range floored at 1e-5 and the zero point clamped to 0 leave it at
+  // 1e-5, as Palu's formula does.
+  x = {0.25f, 0.25f};
+  q = LatentQuant{};
+  q.bits = 3;
+  fake_quantize(x.data(), 2, q);
+  CHECK(x[0] == Approx(1e-5f));
+  CHECK(q.stored_bits(64) == 64 * 3 + 32);
+  q.sym = true;
+  q.group_size = 32;
+  CHECK(q.stored_bits(64) == 64 * 3 + 2 * 16);
+}
+
 TEST_CASE("SnapKV keeps the window and a one-hot target with its pooled neighbourhood", "[methods]") {
   SyntheticLayer L(256, 2, 1, 16, 8, 7, 0.01f);  // near-uniform attention
   // Make every window query attend strongly to position 100: align its key with the queries.

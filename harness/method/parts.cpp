@@ -244,4 +244,63 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
   return caps;
 }
 
+size_t LatentQuant::stored_bits(int n) const {
+  const int groups = group_size > 0 ? (n + group_size - 1) / group_size : 1;
+  return size_t(n) * size_t(bits) + size_t(groups) * (sym ? 16 : 32);
+}
+
+std::vector<ParamSpec> latent_quant_params() {
+  return {ParamSpec::integer("latent_bits", 16, 2, 16,
+                             "bits of each latent value, quantized per token as Palu's --lt_bits (16: not quantized)")
+              .added_later(),
+          ParamSpec::integer("latent_group_size", 0, 0, 4096,
+                             "latent values per scale (Palu's --lt_group_size); 0: each head group's whole latent")
+              .added_later(),
+          ParamSpec::boolean("latent_sym", false, "symmetric latent quantization (Palu's --lt_sym)").added_later(),
+          ParamSpec::real("latent_clip", 1.0, 0.0, 1.0, "clip ratio of the latent's range (Palu's --lt_clip_ratio)")
+              .added_later(),
+          ParamSpec::boolean("latent_hadamard", false,
+                             "rotate each head group's latent by a Hadamard matrix before quantizing (Palu's "
+                             "--lt_hadamard, fused into its factors)")
+              .added_later()};
+}
+
+LatentQuant latent_quant_of(const Params& p) {
+  LatentQuant q;
+  q.bits = p.integer("latent_bits");
+  q.group_size = p.integer("latent_group_size");
+  q.sym = p.get_bool("latent_sym");
+  q.clip = p.get_float("latent_clip");
+  q.hadamard = p.get_bool("latent_hadamard");
+  return q;
+}
+
+void fake_quantize(float* x, int n, const LatentQuant& q) {
+  const int g = q.group_size > 0 ? q.group_size : n;
+  for (int start = 0; start < n; start += g) {
+    float* v = x + start;
+    const int m = std::min(g, n - start);
+    if (q.sym) {
+      float top = 0;
+      for (int i = 0; i < m; ++i) top = std::max(top, std::abs(v[i]));
+      top = std::max(top, 1e-5f) * static_cast<float>(q.clip);
+      const float qmax = static_cast<float>((1 << (q.bits - 1)) - 1), qmin = -qmax - 1;
+      const float scale = top / qmax;
+      for (int i = 0; i < m; ++i) v[i] = std::clamp(std::nearbyint(v[i] / scale), qmin, qmax) * scale;
+    } else {
+      float hi = v[0], lo = v[0];
+      for (int i = 1; i < m; ++i) {
+        hi = std::max(hi, v[i]);
+        lo = std::min(lo, v[i]);
+      }
+      hi *= static_cast<float>(q.clip);
+      lo *= static_cast<float>(q.clip);
+      const float qmax = static_cast<float>((1 << q.bits) - 1);
+      const float scale = std::max(hi - lo, 1e-5f) / qmax;
+      const float zero = std::clamp(std::nearbyint(-lo / scale), 0.0f, qmax);
+      for (int i = 0; i < m; ++i) v[i] = (std::clamp(std::nearbyint(v[i] / scale) + zero, 0.0f, qmax) - zero) * scale;
+    }
+  }
+}
+
 }  // namespace kvb

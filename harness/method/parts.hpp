@@ -64,4 +64,24 @@ std::vector<std::vector<int>> per_head_budgets(const std::vector<std::vector<dou
 // the window [S - w, S).
 std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, const std::vector<int>& caps, int S, int w);
 
+// Palu's quantization of low-rank latents (its --lt_bits, --lt_group_size, --lt_sym, --lt_clip_ratio,
+// --lt_hadamard): the options latent_bits (16: off), latent_group_size (values per scale; 0: a group's
+// whole latent), latent_sym, latent_clip and latent_hadamard, every one added later.
+struct LatentQuant {
+  int bits = 16, group_size = 0;
+  bool sym = false, hadamard = false;
+  double clip = 1.0;
+  bool on() const { return bits < 16; }
+  // Stored bits of a latent of n values: n codes and, per scale group, an fp16 scale (and, asymmetric,
+  // an fp16 zero point, which Palu keeps as a rounded float).
+  size_t stored_bits(int n) const;
+};
+std::vector<ParamSpec> latent_quant_params();
+LatentQuant latent_quant_of(const Params& p);
+// x[0..n) quantized and dequantized in place as Palu's quantize_tensor: per scale group, asymmetric
+// scale = max(max - min, 1e-5) / (2^b - 1) and zero point round(-min / scale) in [0, 2^b - 1], or
+// symmetric scale = max(max |x|, 1e-5) / (2^(b-1) - 1) and codes in [-2^(b-1), 2^(b-1) - 1]; max and
+// min (max |x|) times clip; rounding half to even, as torch.round.
+void fake_quantize(float* x, int n, const LatentQuant& q);
+
 }  // namespace kvb

@@ -36,6 +36,7 @@
 #include "harness/util/error.hpp"
 #include "harness/util/linalg.hpp"
 #include "harness/util/progress.hpp"
+#include "kernels/cpu/hadamard.hpp"
 #include "kernels/cpu/kv_rows.hpp"
 #include "methods/dynakv/maps.hpp"
 #include "methods/dynakv/train_hook.hpp"
@@ -272,7 +273,13 @@ struct LatentStore {
     v_width.push_back(static_cast<uint16_t>(wv));
     pos.push_back(p);
   }
-  size_t bytes() const { return (k.size() + v.size()) * kv_dtype_bytes(dtype) + 2 * sizeof(uint16_t) * pos.size(); }
+  size_t quant_bits = 0;  // a token's stored bits, K and V, where the latent is quantized (README.md §4b)
+
+  size_t bytes() const {
+    const size_t latent =
+        quant_bits ? (pos.size() * quant_bits + 7) / 8 : (k.size() + v.size()) * kv_dtype_bytes(dtype);
+    return latent + 2 * sizeof(uint16_t) * pos.size();
+  }
   // The tokens at the given indices (ascending), in a new store with the same maps.
   std::shared_ptr<LatentStore> subset(const std::vector<size_t>& keep) const {
     auto out = std::make_shared<LatentStore>();
@@ -281,6 +288,7 @@ struct LatentStore {
     out->rope = rope;
     out->dtype = dtype;
     out->head_dim = head_dim;
+    out->quant_bits = quant_bits;
     std::vector<size_t> k_off(pos.size() + 1, 0), v_off(pos.size() + 1, 0);
     for (size_t t = 0; t < pos.size(); ++t) {
       k_off[t + 1] = k_off[t] + k_width[t];
@@ -417,10 +425,11 @@ std::vector<std::vector<long>> parse_ranks(const std::string& text) {
 
 // On an interleaved grouped basis (column j: group j mod G, its (j div G)-th vector), group g keeping
 // ranks[g]: those columns first, each set in its order, so that a width of their sum keeps exactly them.
-void keep_group_columns(std::vector<float>& basis, std::vector<double>& eigenvalues, int d,
-                        const std::vector<long>& ranks) {
+// Returns the group of each column after the move.
+std::vector<int> keep_group_columns(std::vector<float>& basis, std::vector<double>& eigenvalues, int d,
+                                    const std::vector<long>& ranks) {
   const int G = static_cast<int>(ranks.size());
-  std::vector<int> order;
+  std::vector<int> order, group;
   for (int pass = 0; pass < 2; ++pass)
     for (int j = 0; j < d; ++j)
       if ((j / G < ranks[size_t(j % G)]) == (pass == 0)) order.push_back(j);
@@ -429,6 +438,28 @@ void keep_group_columns(std::vector<float>& basis, std::vector<double>& eigenval
   for (int c = 0; c < d; ++c) {
     eigenvalues[size_t(c)] = e[size_t(order[size_t(c)])];
     for (int i = 0; i < d; ++i) basis[size_t(i) * d + c] = b[size_t(i) * d + order[size_t(c)]];
+    group.push_back(order[size_t(c)] % G);
+  }
+  return group;
+}
+
+// Palu's latent quantization on the fixed-rank path (README.md §4b), one head group of one layer's K or
+// V: the group's kept columns and, per column, sqrt of its singular value over the calibration
+// (s = sqrt(eigenvalue x tokens)): Palu's factors scale its latent coordinate c by 1 / that.
+struct LatentGroupPlan {
+  std::vector<int> cols;
+  std::vector<double> root_s;
+};
+
+// Each column of the basis turned so that its entry of largest magnitude (the first of equal ones) is
+// positive: the SVD leaves the signs open, and quantizing a rotated latent depends on them.
+void orient_columns(std::vector<float>& basis, int d) {
+  for (int c = 0; c < d; ++c) {
+    int top = 0;
+    for (int i = 1; i < d; ++i)
+      if (std::abs(basis[size_t(i) * d + c]) > std::abs(basis[size_t(top) * d + c])) top = i;
+    if (basis[size_t(top) * d + c] < 0)
+      for (int i = 0; i < d; ++i) basis[size_t(i) * d + c] = -basis[size_t(i) * d + c];
   }
 }
 
@@ -439,6 +470,10 @@ class DynaKV final : public Method, public KvTransform {
     const ModelConfig& m = model();
     d_ = m.n_kv_heads * m.head_dim;
     tau_ = params().get_float("tau");
+    quant_ = latent_quant_of(params());
+    if (quant_.on() && (snap_ || (params().get_float("fixed_rate") <= 0 && params().get("fixed_ranks").empty())))
+      fail("method {}: latent_bits quantizes the fixed-rank latent (Palu's); give fixed_rate or fixed_ranks{}",
+           snap_ ? "dynakv-snapkv" : "dynakv", snap_ ? " to method dynakv" : "");
     const double rate = params().get_float("fixed_rate");
     const std::string ranks = params().get("fixed_ranks");
     if (rate > 0 || !ranks.empty()) {
@@ -448,6 +483,9 @@ class DynaKV final : public Method, public KvTransform {
       DynaKvPca pca = dynakv_pca_from(a, m);
       const int uniform = std::clamp(static_cast<int>(std::lround(rate * d_)), 1, d_);
       fixed_.assign(size_t(m.n_layers), {uniform, uniform});
+      std::vector<std::array<std::vector<int>, 2>> column_group(size_t(m.n_layers));
+      for (auto& kinds : column_group)
+        for (auto& g : kinds) g.assign(size_t(d_), 0);
       if (!ranks.empty()) {
         if (rate > 0) fail("method dynakv: give fixed_rate or fixed_ranks, not both");
         const auto r = parse_ranks(ranks);
@@ -471,10 +509,13 @@ class DynaKV final : public Method, public KvTransform {
                    groups > 1 ? "group's" : "layer's");
             width += x;
           }
-          if (groups > 1) keep_group_columns(pca.basis[i / 2][i % 2], pca.eigenvalues[i / 2][i % 2], d_, r[i]);
+          if (groups > 1)
+            column_group[i / 2][i % 2] =
+                keep_group_columns(pca.basis[i / 2][i % 2], pca.eigenvalues[i / 2][i % 2], d_, r[i]);
           fixed_[i / 2][i % 2] = static_cast<int>(width);
         }
       }
+      if (quant_.on()) plan_quantization(a, pca, column_group);
       weights_ = dynakv_init(pca, 0.5, tau_);
       artifacts_ = {{"pca", {{"file", a.path}, {"digest", a.digest}}}};
     } else {
@@ -502,6 +543,7 @@ class DynaKV final : public Method, public KvTransform {
       s->value_map = &maps[1];
       s->rope = rope_;
       s->head_dim = model().head_dim;
+      if (quant_.on()) s->quant_bits = quant_bits_[size_t(layer)];
       stores_[size_t(layer)] = s;
     }
     LatentStore& s = *stores_[size_t(layer)];
@@ -515,6 +557,7 @@ class DynaKV final : public Method, public KvTransform {
         xt[size_t(z)].resize(size_t(n) * d_);
         dynakv_rotate(map, x, n, xt[size_t(z)].data());
         w.assign(size_t(n), fixed_[size_t(layer)][size_t(z)]);
+        if (quant_.on()) quantize_latent(plans_[size_t(layer)][size_t(z)], xt[size_t(z)].data(), n);
       } else {
         dynakv_gate(map, x, n, gate_);
         xt[size_t(z)] = std::move(gate_.xt);
@@ -602,9 +645,63 @@ class DynaKV final : public Method, public KvTransform {
     return keep;
   }
 
+  // Per layer, K and V, each head group's plan (README.md §4b); the basis's columns oriented first.
+  void plan_quantization(const LoadedArtifact& a, DynaKvPca& pca,
+                         const std::vector<std::array<std::vector<int>, 2>>& column_group) {
+    const auto& cal = a.body.value("header", nlohmann::json::object()).value("calibration", nlohmann::json::object());
+    const double tokens = cal.value("tokens", 1.0);
+    const int groups = basis_groups(a, model());
+    plans_.assign(fixed_.size(), {});
+    quant_bits_.assign(fixed_.size(), 0);
+    for (size_t l = 0; l < fixed_.size(); ++l)
+      for (int z = 0; z < 2; ++z) {
+        orient_columns(pca.basis[l][size_t(z)], d_);
+        auto& plan = plans_[l][size_t(z)];
+        plan.assign(size_t(groups), {});
+        for (int c = 0; c < fixed_[l][size_t(z)]; ++c) {
+          LatentGroupPlan& g = plan[size_t(column_group[l][size_t(z)][size_t(c)])];
+          g.cols.push_back(c);
+          const double e = pca.eigenvalues[l][size_t(z)][size_t(c)];
+          g.root_s.push_back(e > 0 ? std::pow(e * tokens, 0.25) : 0.0);
+        }
+        for (const LatentGroupPlan& g : plan) {
+          const int r = static_cast<int>(g.cols.size());
+          if (quant_.group_size > 0 && r % quant_.group_size != 0)
+            fail("method dynakv: latent_group_size {} does not divide layer {}'s {} rank {}", quant_.group_size, l,
+                 z == 0 ? "K" : "V", r);
+          if (quant_.hadamard && hadamard_order(r) == 0)
+            fail("method dynakv: latent_hadamard has no Hadamard matrix of order {} (layer {}'s {} rank)", r, l,
+                 z == 0 ? "K" : "V");
+          quant_bits_[l] += quant_.stored_bits(r);
+        }
+      }
+  }
+  // Each token's kept coordinates, group by group: in Palu's scale, rotated, quantized and dequantized,
+  // rotated back.
+  void quantize_latent(const std::vector<LatentGroupPlan>& plan, float* xt, int n) const {
+    std::vector<float> buf;
+    for (int t = 0; t < n; ++t) {
+      float* row = xt + size_t(t) * d_;
+      for (const LatentGroupPlan& g : plan) {
+        const int r = static_cast<int>(g.cols.size());
+        buf.resize(size_t(r));
+        for (int i = 0; i < r; ++i)
+          buf[size_t(i)] =
+              g.root_s[size_t(i)] > 0 ? static_cast<float>(row[g.cols[size_t(i)]] / g.root_s[size_t(i)]) : 0;
+        if (quant_.hadamard) hadamard_rotate(buf.data(), r);
+        fake_quantize(buf.data(), r, quant_);
+        if (quant_.hadamard) hadamard_rotate(buf.data(), r, true);
+        for (int i = 0; i < r; ++i) row[g.cols[size_t(i)]] = static_cast<float>(buf[size_t(i)] * g.root_s[size_t(i)]);
+      }
+    }
+  }
+
   bool snap_;
   int d_ = 0;
   std::vector<std::array<int, 2>> fixed_;  // per layer, K and V: the fixed-rank baseline's widths; empty: the gate
+  LatentQuant quant_;
+  std::vector<std::array<std::vector<LatentGroupPlan>, 2>> plans_;  // per layer, K and V
+  std::vector<size_t> quant_bits_;                                  // per layer: a token's stored bits, K and V
   double tau_ = 0.1;
   DynaKvWeights weights_;
   std::shared_ptr<RopeTable> rope_;
@@ -614,15 +711,18 @@ class DynaKV final : public Method, public KvTransform {
 };
 
 std::vector<ParamSpec> method_params() {
-  return {ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
-          ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
-          ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
-                          "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
-          ParamSpec::text("fixed_ranks", "",
-                          "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
-                          "ranks); on a basis fitted per group of heads, each entry a+b+c gives every group's rank")
-              .added_later(""),
-          ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
+  std::vector<ParamSpec> p = {
+      ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
+      ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
+      ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
+                      "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
+      ParamSpec::text("fixed_ranks", "",
+                      "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
+                      "ranks); on a basis fitted per group of heads, each entry a+b+c gives every group's rank")
+          .added_later(""),
+      ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
+  for (ParamSpec& q : latent_quant_params()) p.push_back(std::move(q));
+  return p;
 }
 
 std::vector<ParamSpec> snap_params() {

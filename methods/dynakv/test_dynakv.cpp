@@ -626,6 +626,25 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
     e.prefill(ids, &r2);
     CHECK(e.kv_bytes() == size_t(10 * (2 + 6 + 4 + 4) * 4 + 2 * 10 * 4));
   }
+  // Palu's latent quantization: a token's stored bits are its codes and, per scale group, an fp16 scale
+  // (and zero point, asymmetric); a rotation or grouping that does not fit the ranks is refused.
+  {
+    auto q =
+        reg.create("dynakv", {{"fixed_ranks", "2/6/4/4"}, {"pca", tiny.pca_path}, {"latent_bits", "3"}}, e.config());
+    MethodRunner r3(*q, KvBudget{});
+    e.prefill(ids, &r3);
+    // Per token: layer 0 (2 + 6) x 3 + 2 x 32 bits, layer 1 (4 + 4) x 3 + 2 x 32 bits; and the widths.
+    CHECK(e.kv_bytes() == size_t((10 * (24 + 64) + 7) / 8 * 2 + 2 * 10 * 4));
+  }
+  for (const auto& [extra, message] : std::vector<std::pair<std::map<std::string, std::string>, std::string>>{
+           {{{"latent_hadamard", "true"}, {"fixed_ranks", "2/6/4/4"}}, "no Hadamard matrix of order 6"},
+           {{{"latent_group_size", "4"}, {"fixed_ranks", "2/6/4/4"}}, "latent_group_size 4 does not divide"},
+           {{{"fixed_rate", ""}}, "latent_bits quantizes the fixed-rank latent"}}) {
+    std::map<std::string, std::string> p = {{"pca", tiny.pca_path}, {"latent_bits", "3"}};
+    for (const auto& [k, v] : extra)
+      if (!v.empty()) p[k] = v;
+    test::require_error([&] { reg.create("dynakv", p, e.config()); }, {message});
+  }
   for (const auto& [ranks, message] :
        std::vector<std::pair<std::string, std::string>>{{"2/6/4", "holds 3 entries; expected 2 per layer"},
                                                         {"2/6/4/17", "fixed_ranks[3] = 17 outside 1..16"},

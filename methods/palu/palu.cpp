@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -19,6 +20,7 @@
 #include "harness/method/artifact.hpp"
 #include "harness/method/calibration.hpp"
 #include "harness/method/method.hpp"
+#include "harness/method/parts.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/progress.hpp"
@@ -163,8 +165,9 @@ class Palu final : public Method {
     // Each module's groups' ranks joined by '+' ("a+b+c"); DynaKV refuses a basis fitted on other groups.
     std::string fixed;
     for (const auto& r : ranks) fixed += fmt::format("{}{}", fixed.empty() ? "" : "/", fmt::join(r, "+"));
-    inner_ = MethodRegistry::get().create("dynakv",
-                                          {{"fixed_ranks", fixed}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}}, m);
+    std::map<std::string, std::string> inner = {{"fixed_ranks", fixed}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}};
+    for (const ParamSpec& q : latent_quant_params()) inner[q.name] = params().get(q.name);
+    inner_ = MethodRegistry::get().create("dynakv", inner, m);
   }
   PrefillNeeds needs() const override { return inner_->needs(); }
   KvTransform* kv_transform() override { return inner_->kv_transform(); }
@@ -180,6 +183,12 @@ class Palu final : public Method {
   std::unique_ptr<Method> inner_;
   nlohmann::json fisher_;
 };
+
+// Palu's latent quantization passes through to DynaKV's fixed-rank path, which stores the latent.
+std::vector<ParamSpec> with_latent_quant(std::vector<ParamSpec> p) {
+  for (ParamSpec& q : latent_quant_params()) p.push_back(std::move(q));
+  return p;
+}
 
 // DynaKV's PCA step (through the registry) on Palu's text and sequence length, into Palu's artifact.
 void calibrate(CalibrationContext& ctx) {
@@ -262,23 +271,24 @@ const bool registered = register_method(
     {.name = "palu",
      .summary = "low-rank K/V (Palu: J-LRD or G-LRD, uniform or Fisher ranks): the rank-r latent cached, keys "
                 "rebuilt then rotated (Chang et al. 2025)",
-     .params = {ParamSpec::real("rank_ratio", 0.5, 0.001, 1.0,
-                                "share of the K (and V) dimensions kept: the papers' 50%, 40%, 30%, 20%"),
-                ParamSpec::integer("rank_multiple", 32, 1, 4096,
-                                   "each group's rank rounded to a multiple of this, as Palu's rank search rounds it "
-                                   "(1: the share's nearest integer)")
-                    .added_later("1"),
-                group_size_option().added_later(),
-                ParamSpec::choice("allocation", "uniform", {"uniform", "fisher_uniform", "fisher"},
-                                  "uniform: one rank everywhere; fisher_uniform: per layer and K/V in proportion to "
-                                  "the Fisher information, equal in its groups (Palu's default); fisher: per group "
-                                  "(kvbench calibrate palu-fisher)")
-                    .added_later(),
-                ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)"),
-                ParamSpec::text("fisher", "",
-                                "Fisher information of kvbench calibrate palu-fisher for allocation=fisher_uniform or "
-                                "fisher (default: this model's)")
-                    .added_later()},
+     .params = with_latent_quant(
+         {ParamSpec::real("rank_ratio", 0.5, 0.001, 1.0,
+                          "share of the K (and V) dimensions kept: the papers' 50%, 40%, 30%, 20%"),
+          ParamSpec::integer("rank_multiple", 32, 1, 4096,
+                             "each group's rank rounded to a multiple of this, as Palu's rank search rounds it "
+                             "(1: the share's nearest integer)")
+              .added_later("1"),
+          group_size_option().added_later(),
+          ParamSpec::choice("allocation", "uniform", {"uniform", "fisher_uniform", "fisher"},
+                            "uniform: one rank everywhere; fisher_uniform: per layer and K/V in proportion to "
+                            "the Fisher information, equal in its groups (Palu's default); fisher: per group "
+                            "(kvbench calibrate palu-fisher)")
+              .added_later(),
+          ParamSpec::text("basis", "", "basis of kvbench calibrate palu (default: this model's)"),
+          ParamSpec::text("fisher", "",
+                          "Fisher information of kvbench calibrate palu-fisher for allocation=fisher_uniform or "
+                          "fisher (default: this model's)")
+              .added_later()}),
      .make = [] { return std::make_unique<Palu>(); },
      .steps = {{.command = "calibrate",
                 .summary = "Palu's low-rank basis per layer, K and V, from the calibration text (the paper: "

@@ -58,10 +58,21 @@ ranks of fisher (`allocations_fisher`), the eigenvalues of the groups' moments (
 V, each group's first 9), and the logits at --rank-ratio with --group-size of fisher_uniform (`palu`),
 of fisher (`palu_fisher`) and of the unmodified model (`full`) in the first fixture's layout.
 
+--quant writes a third fixture (default methods/palu/fixtures/palu_r64_quant_f64.json):
+  9. Latent quantization (palu/quant_utils.py configure_latent_quantizer, quant.py quantize_tensor,
+     svd_linear.py fused_hadamard_matrix): each k_proj / v_proj of step 3 becomes x -> L Q(R x) with
+     R <- H R, L <- L H^T for the rotated settings (H Sylvester's, natural order, 1/sqrt(r): Palu's
+     matrix at the power-of-two rank 64), Q quantize_tensor per token in float64. L's columns (R's rows)
+     are first turned so that each one's largest entry is positive, as kvbench fixes the signs.
+     Settings: 3 bits asymmetric with and without H, 4 bits symmetric in groups of 32 with H.
+Its contents: per setting the logits in the first fixture's layout and layer 0's v_proj output for the
+first 12 tokens (`layer0_values`).
+
 Usage (from the repo root; needs torch, transformers 5.x, gguf, numpy):
     python3 methods/palu/reference.py --make-ids      # methods/palu/fixtures/palu_calib_ids.json
     python3 methods/palu/reference.py                 # the fixture
     python3 methods/palu/reference.py --fisher --rank-ratio 0.5 --group-size 1   # the second fixture
+    python3 methods/palu/reference.py --quant                                      # the third
 """
 
 import argparse
@@ -194,6 +205,123 @@ def fisher_information(model, windows):
     for p in projs:
         p.weight.requires_grad_(False)
     return [(a / len(windows)).sqrt() for a in acc], losses
+
+
+def sylvester(n):
+    """Palu's Hadamard matrix of a power-of-two order (its butterflies, fast_hadamard_transform): natural
+    order, H[i, j] = (-1)^popcount(i & j) / sqrt(n)."""
+    import torch
+    assert n & (n - 1) == 0, "the quantized fixture uses power-of-two ranks (Palu's matrix is Sylvester's there)"
+    i = torch.arange(n)
+    parity = torch.zeros(n, n, dtype=torch.int64)
+    and_ij = i[:, None] & i[None, :]
+    while bool(and_ij.any()):
+        parity ^= and_ij & 1
+        and_ij = and_ij >> 1
+    return (1 - 2 * parity).to(torch.float64) / math.sqrt(n)
+
+
+def palu_quantize(x, bits, group, sym):
+    """palu/model/modules/quant.py quantize_tensor on the latent's last dimension, in float64."""
+    import torch
+    shape = x.shape
+    w = x.reshape(-1, group if group > 0 else shape[-1])
+    if sym:
+        w_max = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
+        q_max, q_min = 2 ** (bits - 1) - 1, -2 ** (bits - 1)
+        scales = w_max / q_max
+        base = torch.zeros_like(scales)
+    else:
+        w_max = w.amax(dim=-1, keepdim=True)
+        w_min = w.amin(dim=-1, keepdim=True)
+        q_max, q_min = 2 ** bits - 1, 0
+        scales = (w_max - w_min).clamp(min=1e-5) / q_max
+        base = torch.round(-w_min / scales).clamp_(min=q_min, max=q_max)
+    w = (torch.clamp(torch.round(w / scales) + base, q_min, q_max) - base) * scales
+    return w.reshape(shape)
+
+
+def quantized_low_rank(L, R, bits, group, sym, hadamard):
+    """Palu's HeadwiseLowRankModule of one group with its latent quantizer: x -> L Q(R x), the Hadamard
+    matrix fused as Palu's fused_hadamard_matrix fuses it (R <- H R, L <- L H^T). The columns of L are
+    first turned so that each one's entry of largest magnitude is positive (R's rows with them): the SVD
+    leaves the signs open and kvbench fixes them so."""
+    import torch
+
+    class QuantizedLowRank(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            l, r = L.clone(), R.clone()
+            for c in range(l.shape[1]):
+                if l[int(torch.argmax(l[:, c].abs())), c] < 0:
+                    l[:, c], r[c, :] = -l[:, c], -r[c, :]
+            if hadamard:
+                H = sylvester(l.shape[1])
+                l, r = l @ H.T, H @ r
+            self.l, self.r = l, r
+
+        def forward(self, x):
+            return palu_quantize(x @ self.r.T, bits, group, sym) @ self.l.T
+
+    return QuantizedLowRank()
+
+
+QUANT_VALUE_TOKENS = 12  # layer 0's values of the first tokens, where both sides quantize nearly exact inputs
+QUANT_SETTINGS = ((3, 0, False, True), (3, 0, False, False), (4, 32, True, True))  # bits, group, sym, hadamard
+
+
+def quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha, rank):
+    """Step 9: Palu's latent quantization on the J-LRD factors at `rank`, one setting after another."""
+    import torch
+    layers = model.model.layers
+    factors = []
+    for layer in layers:
+        factors.append([whitened_factors(p.weight.data, xtx[len(factors)], rank)[:2]
+                        for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
+    runs = {}
+    for bits, group, sym, hadamard in QUANT_SETTINGS:
+        name = f"b{bits}_g{group}_{'sym' if sym else 'asym'}{'_had' if hadamard else ''}"
+        saved = []
+        for l, layer in enumerate(layers):
+            for z, attr in enumerate(("k_proj", "v_proj")):
+                proj = getattr(layer.self_attn, attr)
+                saved.append((layer.self_attn, attr, proj))
+                q = quantized_low_rank(*factors[l][z], bits, group, sym, hadamard)
+                setattr(layer.self_attn, attr, q)
+        values = []
+        hook = layers[0].self_attn.v_proj.register_forward_hook(lambda mod, inp, out: values.append(out[0]))
+        with torch.no_grad():
+            runs[name] = (model(torch.tensor([ids]), use_cache=False).logits[0].numpy(),
+                          {"bits": bits, "group_size": group, "sym": sym, "hadamard": hadamard,
+                           "layer0_values": [[float(v) for v in row] for row in values[0][:QUANT_VALUE_TOKENS]]})
+        hook.remove()
+        for parent, attr, proj in saved:
+            setattr(parent, attr, proj)
+    first = next(iter(runs.values()))[0]
+    entries, _, _ = logit_entries(model.config.vocab_size, args, first, full_logits)
+    doc = {
+        "description": "Palu's latent quantization (J-LRD, uniform rank) against the unmodified model, "
+                       "SmolLM2-135M-Instruct in float64 (methods/palu/reference.py --quant)",
+        "model_sha256": model_sha,
+        "versions": gr.versions(),
+        "settings": {"dtype": "float64", "attn_implementation": "eager", "rank_ratio": args.rank_ratio,
+                     "rank_block": 32, "calib_ids": os.path.relpath(args.calib_ids, gr.REPO_ROOT)},
+        "calibration_tokens": n_tokens,
+        "rank": rank,
+        "ids": ids,
+        "prefill": args.prefill,
+        "sample_ids": entries["sample_ids"],
+        "positions": entries["positions"],
+        "full": entries["full"],
+        "quantized": [{"name": name, **setting,
+                       "logits": [position_summary(lg[p], entries["sample_ids"]) for p in entries["positions"]]}
+                      for name, (lg, setting) in runs.items()],
+    }
+    gr.write_json(args.quant_fixture, doc)
+    pos = entries["positions"]
+    print(json.dumps({"fixture": args.quant_fixture, "rank": rank,
+                      "max_abs_vs_full": {n: float(np.abs(lg[pos] - full_logits[pos]).max())
+                                          for n, (lg, _) in runs.items()}}))
 
 
 def position_summary(row, sample_ids):
@@ -335,6 +463,9 @@ def main():
     ap.add_argument("--group-size", type=int, default=1, help="KV heads per group of the --fisher fixture")
     ap.add_argument("--fisher-fixture",
                     default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_fisher_g1_f64.json"))
+    ap.add_argument("--quant", action="store_true", help="write the latent quantization fixture instead")
+    ap.add_argument("--quant-fixture",
+                    default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_r64_quant_f64.json"))
     args = ap.parse_args()
     if args.make_ids:
         make_ids(args)
@@ -379,6 +510,9 @@ def main():
 
     if args.fisher:
         fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sha, t0)
+        return
+    if args.quant:
+        quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha, rank)
         return
 
     # Steps 3-4: the factored projections, rank r for every layer, K and V.

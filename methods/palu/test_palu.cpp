@@ -107,7 +107,8 @@ struct ForcedGaps {
 // The reference's ids as a prefill of its `prefill` ids and forced decode steps, through `m` (nullptr:
 // the unmodified model); the largest logit gaps to the reference's positions under `key` (a Palu
 // setting) and to its unmodified ones.
-ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, const std::string& key, double tol) {
+ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, const std::string& key, double tol,
+                       bool check_top = true) {
   const std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
   const std::vector<int> sample_ids = ref["sample_ids"].get<std::vector<int>>();
   const size_t prefill = ref["prefill"].get<size_t>();
@@ -121,7 +122,7 @@ ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, con
     out.to_full = std::max(out.to_full, full.max_abs);
     if (m) {
       const LogitGap g = logit_gap(logits, ref[key][p], sample_ids, tol);
-      CHECK(g.top_agrees);
+      if (check_top) CHECK(g.top_agrees);
       out.to_palu = std::max(out.to_palu, g.max_abs);
     }
     if (prefill + p < ids.size()) logits = engine.decode(ids[prefill + p]);
@@ -179,6 +180,61 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
   CHECK(g.to_palu < kTol);
   CHECK(g.to_full > 1000 * kTol);  // the test tells Palu's projection from none
+
+  // reference.py --quant: Palu's latent quantizer on the same factors (3 bits asymmetric with and
+  // without the Hadamard rotation; 4 bits symmetric in groups of 32, rotated). Layer 0's values, where
+  // both sides quantize nearly exact inputs, must agree value for value. Deeper, a rounding boundary
+  // crossed by float32's error moves a value by a whole step (a float64 latent perturbed by 1e-6
+  // moves Palu's own logits by up to 0.8), so the logits must only be nearer the setting's own than
+  // any other setting's, unquantized included, by half.
+  std::ifstream qin(test::source_path("methods/palu/fixtures/palu_r64_quant_f64.json"));
+  REQUIRE(qin);
+  nlohmann::json quant = nlohmann::json::parse(qin);
+  REQUIRE(quant["ids"] == ref["ids"]);
+  quant["unquantized"] = ref["palu"];
+  for (const auto& setting : quant["quantized"]) quant[setting["name"].get<std::string>()] = setting["logits"];
+  for (const auto& setting : quant["quantized"]) {
+    const std::string name = setting["name"];
+    INFO(name);
+    auto q = MethodRegistry::get().create("palu",
+                                          {{"basis", basis},
+                                           {"rank_ratio", "0.4"},
+                                           {"latent_bits", setting["bits"].dump()},
+                                           {"latent_group_size", setting["group_size"].dump()},
+                                           {"latent_sym", setting["sym"].dump()},
+                                           {"latent_hadamard", setting["hadamard"].dump()}},
+                                          engine.config());
+    // Layer 0's values of the first tokens, read back through the cache (a one-hot weight per token):
+    // there both sides quantize nearly exact inputs, so every value must agree.
+    const std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
+    MethodRunner runner(*q, KvBudget{});
+    engine.prefill(std::span(ids).first(ref["prefill"].get<size_t>()), &runner);
+    const LayerCache& layer0 = engine.caches()[0];
+    const auto want = setting["layer0_values"].get<std::vector<std::vector<double>>>();
+    const size_t n = layer0.segments(0)[0]->size();
+    double worst_value = 0;
+    for (size_t t = 0; t < want.size(); ++t) {
+      std::vector<float> p(n, 0.0f);
+      p[t] = 1.0f;
+      for (int h = 0; h < 3; ++h) {
+        std::vector<float> v(64, 0.0f);
+        layer0.segments(h)[0]->accumulate(p.data(), v.data());
+        for (size_t c = 0; c < 64; ++c)
+          worst_value = std::max(worst_value, std::abs(v[c] - want[t][size_t(h) * 64 + c]));
+      }
+    }
+    INFO("layer 0: largest value difference " << worst_value);
+    CHECK(worst_value < 1e-5);
+    const double own = forced_gaps(engine, q.get(), quant, name, kTol, false).to_palu;
+    INFO("largest logit difference to Palu's quantized " << own);
+    CHECK(own < 3.0);
+    for (const auto& other : quant["quantized"])
+      for (const std::string& key : {other["name"].get<std::string>(), std::string("unquantized")})
+        if (key != name) {
+          INFO("to " << key);
+          CHECK(2 * own < forced_gaps(engine, q.get(), quant, key, kTol, false).to_palu);
+        }
+  }
 }
 
 // methods/palu/reference.py --fisher: Palu's Fisher information (its loss predicting two tokens ahead),
