@@ -88,12 +88,15 @@ smoke_longbench() {
 }
 
 # A smoke's Palu basis: calibrated once into a copy of the artifacts directory (the other methods' files
-# linked), which the runs then read.
+# linked), which the runs then read. Its palu/ is a folder of its own: linked, the smoke's 8,192-token
+# basis would replace the one the user calibrated.
 smoke_palu_basis() {
   [[ -n ${palu_ready:-} ]] && return
   local art
   art=$(dirname "$runs")/artifacts
   mkdir -p "$art"
+  [[ -L $art/palu ]] && rm "$art/palu"
+  mkdir -p "$art/palu"
   for d in "${KVBENCH_ARTIFACTS:-$ROOT/artifacts}"/*; do [[ -e $art/$(basename "$d") ]] || ln -s "$(realpath "$d")" "$art/"; done
   log "smoke: Palu basis for $(basename "$model") (kvbench calibrate palu, 8,192 tokens)"
   KVBENCH_ARTIFACTS=$art "$KVBENCH" calibrate palu "$model" -o tokens=8192 ${data:+--data "$data"} > /dev/null
