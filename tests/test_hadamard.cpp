@@ -9,17 +9,35 @@
 
 using namespace kvb;
 
-TEST_CASE("hadamard: Sylvester and Paley orders, orthonormal, the fast transform is the matrix",
+TEST_CASE("hadamard: Palu's orders and matrices, orthonormal, the fast transform is the matrix",
           "[kernels][hadamard]") {
+  // Palu's get_hadK: the first listed factor dividing n, with a power-of-two quotient.
   CHECK(hadamard_order(64) == 1);
   CHECK(hadamard_order(96) == 12);
-  CHECK(hadamard_order(160) == 20);
-  CHECK(hadamard_order(224) == 224);  // 28, 56 and 112 are not one more than a prime
+  CHECK(hadamard_order(160) == 40);  // 40 comes before 20 in Palu's list
+  CHECK(hadamard_order(320) == 40);
+  CHECK(hadamard_order(120) == 60);
+  CHECK(hadamard_order(224) == 28);  // a table kvbench does not build
+  CHECK(!hadamard_buildable(28));
+  CHECK(hadamard_order(360) == 180);
+  CHECK(hadamard_order(72) == 36);  // before 12: another table
+  CHECK(!hadamard_buildable(36));
+  CHECK(hadamard_order(540) == 0);  // 180 x 3: Palu's assertion fails
   CHECK(hadamard_order(6) == 0);
   CHECK(hadamard_order(0) == 0);
+  // The orientation of Palu's stored order-12 matrix (its hadamard_utils.py get_had12), rows 0 and 1:
+  // a transposed Paley matrix would give another rotation.
+  const std::vector<double> h96 = hadamard_matrix_ref(96);
+  const std::vector<int> row0 = {1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  const std::vector<int> row1 = {1, 1, -1, 1, -1, -1, -1, 1, 1, 1, -1, 1};
+  for (int j = 0; j < 12; ++j) {
+    // H_96 = (H_12 (x) S_8) / sqrt(96): element (8 a, 8 c) is H_12[a][c] / sqrt(96).
+    CHECK(h96[size_t(0) * 96 + 8 * j] * std::sqrt(96.0) == Approx(row0[size_t(j)]));
+    CHECK(h96[size_t(8) * 96 + 8 * j] * std::sqrt(96.0) == Approx(row1[size_t(j)]));
+  }
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
-  for (int n : {1, 2, 4, 8, 32, 64, 96, 160, 192, 224, 320}) {
+  for (int n : {1, 2, 4, 8, 32, 64, 96, 120, 160, 192, 320, 360}) {
     INFO("n = " << n);
     const std::vector<double> H = hadamard_matrix_ref(n);
     double worst = 0;

@@ -193,6 +193,9 @@ TEST_CASE("fake_quantize: Palu's per-token quantizer, asymmetric and symmetric, 
   q.bits = 2;
   fake_quantize(x.data(), 4, q);
   CHECK(x == std::vector<float>{-1.0f, 0.0f, 2.0f, 2.0f});
+  x = {0.0f, 2.5f, 3.0f};  // scale 1: 2.5 steps round to 2 (half away from zero would give 3)
+  fake_quantize(x.data(), 3, q);
+  CHECK(x[1] == 2.0f);
   // Symmetric 3 bits: scale max|x| / 3, codes in [-4, 3]; in groups of two, each its own scale.
   x = {-3.0f, 1.2f, 0.5f, -0.25f};
   q.bits = 3;

@@ -249,20 +249,23 @@ size_t LatentQuant::stored_bits(int n) const {
   return size_t(n) * size_t(bits) + size_t(groups) * (sym ? 16 : 32);
 }
 
-std::vector<ParamSpec> latent_quant_params() {
-  return {ParamSpec::integer("latent_bits", 16, 2, 16,
-                             "bits of each latent value, quantized per token as Palu's --lt_bits (16: not quantized)")
-              .added_later(),
-          ParamSpec::integer("latent_group_size", 0, 0, 4096,
-                             "latent values per scale (Palu's --lt_group_size); 0: each head group's whole latent")
-              .added_later(),
-          ParamSpec::boolean("latent_sym", false, "symmetric latent quantization (Palu's --lt_sym)").added_later(),
-          ParamSpec::real("latent_clip", 1.0, 0.0, 1.0, "clip ratio of the latent's range (Palu's --lt_clip_ratio)")
-              .added_later(),
-          ParamSpec::boolean("latent_hadamard", false,
-                             "rotate each head group's latent by a Hadamard matrix before quantizing (Palu's "
-                             "--lt_hadamard, fused into its factors)")
-              .added_later()};
+std::vector<ParamSpec> with_latent_quant(std::vector<ParamSpec> params) {
+  for (auto& q :
+       {ParamSpec::integer("latent_bits", 16, 2, 16,
+                           "bits of each latent value, quantized per token as Palu's --lt_bits (16: not quantized)")
+            .added_later(),
+        ParamSpec::integer("latent_group_size", 0, 0, 4096,
+                           "latent values per scale (Palu's --lt_group_size); 0: each head group's whole latent")
+            .added_later(),
+        ParamSpec::boolean("latent_sym", false, "symmetric latent quantization (Palu's --lt_sym)").added_later(),
+        ParamSpec::real("latent_clip", 1.0, 1e-3, 1.0, "clip ratio of the latent's range (Palu's --lt_clip_ratio)")
+            .added_later(),
+        ParamSpec::boolean("latent_hadamard", false,
+                           "rotate each head group's latent by a Hadamard matrix before quantizing (Palu's "
+                           "--lt_hadamard, fused into its factors)")
+            .added_later()})
+    params.push_back(q);
+  return params;
 }
 
 LatentQuant latent_quant_of(const Params& p) {

@@ -76,7 +76,8 @@ struct LatentQuant {
   // an fp16 zero point, which Palu keeps as a rounded float).
   size_t stored_bits(int n) const;
 };
-std::vector<ParamSpec> latent_quant_params();
+// `params` with the latent_* options appended.
+std::vector<ParamSpec> with_latent_quant(std::vector<ParamSpec> params);
 LatentQuant latent_quant_of(const Params& p);
 // x[0..n) quantized and dequantized in place as Palu's quantize_tensor: per scale group, asymmetric
 // scale = max(max - min, 1e-5) / (2^b - 1) and zero point round(-min / scale) in [0, 2^b - 1], or

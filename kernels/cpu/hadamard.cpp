@@ -9,16 +9,18 @@
 namespace kvb {
 namespace {
 
-bool is_prime(int q) {
-  if (q < 2) return false;
-  for (int f = 2; f * f <= q; ++f)
-    if (q % f == 0) return false;
-  return true;
-}
-
-// Paley's first construction of order K = q + 1 (entries +-1, row-major); [1] for K = 1.
-std::vector<int> paley(int K) {
+// Palu's H_K (entries +-1, row-major): Paley's first construction for the prime q = K - 1 in the
+// orientation of Palu's tables, S_2 (x) H_20 for 40, [1] for 1.
+std::vector<int> palu_factor(int K) {
   if (K == 1) return {1};
+  if (K == 40) {
+    const std::vector<int> h = palu_factor(20);
+    std::vector<int> out(size_t(40) * 40);
+    for (int i = 0; i < 40; ++i)
+      for (int j = 0; j < 40; ++j)
+        out[size_t(i) * 40 + j] = (i >= 20 && j >= 20 ? -1 : 1) * h[size_t(i % 20) * 20 + j % 20];
+    return out;
+  }
   const int q = K - 1;
   std::vector<bool> square(size_t(q), false);  // the quadratic residues mod q
   for (int x = 1; x < q; ++x) square[size_t(x * x % q)] = true;
@@ -26,24 +28,24 @@ std::vector<int> paley(int K) {
   std::vector<int> h(size_t(K) * K);
   for (int i = 0; i < K; ++i)
     for (int j = 0; j < K; ++j) {
-      int s;  // S = [[0, 1^T], [-1, Q]], Q_ij = chi(j - i)
+      int s;  // S = [[0, -1^T], [1, Q]], Q_ij = chi(i - j)
       if (i == 0)
-        s = j == 0 ? 0 : 1;
+        s = j == 0 ? 0 : -1;
       else if (j == 0)
-        s = -1;
+        s = 1;
       else
-        s = chi(j - i);
+        s = chi(i - j);
       h[size_t(i) * K + j] = s + (i == j ? 1 : 0);
     }
   return h;
 }
 
-const std::vector<int>& paley_cached(int K) {
+const std::vector<int>& palu_factor_cached(int K) {
   static std::mutex mu;
   static std::map<int, std::vector<int>> cache;
   std::lock_guard lock(mu);
   auto it = cache.find(K);
-  if (it == cache.end()) it = cache.emplace(K, paley(K)).first;
+  if (it == cache.end()) it = cache.emplace(K, palu_factor(K)).first;
   return it->second;
 }
 
@@ -51,16 +53,20 @@ const std::vector<int>& paley_cached(int K) {
 
 int hadamard_order(int n) {
   if (n < 1) return 0;
-  if (std::has_single_bit(unsigned(n))) return 1;
-  const int odd = n >> std::countr_zero(unsigned(n));
-  for (int K = odd * 4; K <= n; K *= 2)
-    if (n % K == 0 && is_prime(K - 1) && (K - 1) % 4 == 3) return K;
-  return 0;
+  for (int K : {244, 180, 172, 156, 140, 108, 92, 84, 76, 68, 60, 52, 44, 36, 28, 40, 20, 12})
+    if (n % K == 0) return std::has_single_bit(unsigned(n / K)) ? K : 0;
+  return std::has_single_bit(unsigned(n)) ? 1 : 0;
+}
+
+bool hadamard_buildable(int K) {
+  for (int k : {1, 12, 20, 40, 60, 108, 140, 180})
+    if (K == k) return true;
+  return false;
 }
 
 void hadamard_rotate(float* x, int n, bool transpose) {
   const int K = hadamard_order(n);
-  if (K == 0) throw std::invalid_argument("hadamard_rotate: no Hadamard order for this length");
+  if (!hadamard_buildable(K)) throw std::invalid_argument("hadamard_rotate: no Hadamard matrix of this length");
   const int M = n / K;
   // S on the low bits of every block of M: the butterflies in double, one block at a time.
   std::vector<double> y(x, x + n);
@@ -80,7 +86,7 @@ void hadamard_rotate(float* x, int n, bool transpose) {
     return;
   }
   // H_K (or its transpose) across the blocks.
-  const std::vector<int>& h = paley_cached(K);
+  const std::vector<int>& h = palu_factor_cached(K);
   for (int b = 0; b < M; ++b)
     for (int a = 0; a < K; ++a) {
       double s = 0;
@@ -91,9 +97,9 @@ void hadamard_rotate(float* x, int n, bool transpose) {
 
 std::vector<double> hadamard_matrix_ref(int n) {
   const int K = hadamard_order(n);
-  if (K == 0) throw std::invalid_argument("hadamard_matrix_ref: no Hadamard order for this length");
+  if (!hadamard_buildable(K)) throw std::invalid_argument("hadamard_matrix_ref: no Hadamard matrix of this length");
   const int M = n / K;
-  const std::vector<int> h = paley(K);
+  const std::vector<int> h = palu_factor(K);
   std::vector<double> out(size_t(n) * n);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {

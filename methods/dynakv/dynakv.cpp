@@ -470,12 +470,11 @@ class DynaKV final : public Method, public KvTransform {
     const ModelConfig& m = model();
     d_ = m.n_kv_heads * m.head_dim;
     tau_ = params().get_float("tau");
-    quant_ = latent_quant_of(params());
-    if (quant_.on() && (snap_ || (params().get_float("fixed_rate") <= 0 && params().get("fixed_ranks").empty())))
-      fail("method {}: latent_bits quantizes the fixed-rank latent (Palu's); give fixed_rate or fixed_ranks{}",
-           snap_ ? "dynakv-snapkv" : "dynakv", snap_ ? " to method dynakv" : "");
     const double rate = params().get_float("fixed_rate");
     const std::string ranks = params().get("fixed_ranks");
+    if (!snap_) quant_ = latent_quant_of(params());
+    if (quant_.on() && rate <= 0 && ranks.empty())
+      fail("method dynakv: latent_bits quantizes the fixed-rank latent (Palu's); give fixed_rate or fixed_ranks");
     if (rate > 0 || !ranks.empty()) {
       const LoadedArtifact a =
           load_artifact(kDynaKvPcaKind, params().get("pca"), m, "kvbench calibrate dynakv-pca MODEL");
@@ -669,9 +668,15 @@ class DynaKV final : public Method, public KvTransform {
           if (quant_.group_size > 0 && r % quant_.group_size != 0)
             fail("method dynakv: latent_group_size {} does not divide layer {}'s {} rank {}", quant_.group_size, l,
                  z == 0 ? "K" : "V", r);
-          if (quant_.hadamard && hadamard_order(r) == 0)
-            fail("method dynakv: latent_hadamard has no Hadamard matrix of order {} (layer {}'s {} rank)", r, l,
-                 z == 0 ? "K" : "V");
+          const int K = hadamard_order(r);
+          if (quant_.hadamard && K == 0)
+            fail("method dynakv: latent_hadamard: no Hadamard matrix of order {} in Palu's code (layer {}'s {} rank)",
+                 r, l, z == 0 ? "K" : "V");
+          if (quant_.hadamard && !hadamard_buildable(K))
+            fail(
+                "method dynakv: latent_hadamard: Palu's code rotates a rank of {} (layer {}'s {}) by a stored order-{} "
+                "matrix that kvbench does not build (kernels/cpu/hadamard.hpp)",
+                r, l, z == 0 ? "K" : "V", K);
           quant_bits_[l] += quant_.stored_bits(r);
         }
       }
@@ -710,23 +715,23 @@ class DynaKV final : public Method, public KvTransform {
   nlohmann::json artifacts_, stats_;
 };
 
-std::vector<ParamSpec> method_params() {
-  std::vector<ParamSpec> p = {
-      ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
-      ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
-      ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
-                      "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
-      ParamSpec::text("fixed_ranks", "",
-                      "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
-                      "ranks); on a basis fitted per group of heads, each entry a+b+c gives every group's rank")
-          .added_later(""),
-      ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
-  for (ParamSpec& q : latent_quant_params()) p.push_back(std::move(q));
-  return p;
+// The parameters of both methods; dynakv's add Palu's latent quantization of the fixed-rank path.
+std::vector<ParamSpec> shared_params() {
+  return {ParamSpec::text("weights", "", "trained maps (kvbench train dynakv MODEL --alpha A writes them)"),
+          ParamSpec::real("tau", 0.1, -1.0, 1.0, "hard threshold: keep coordinates whose mask exceeds it"),
+          ParamSpec::real("fixed_rate", 0.0, 0.0, 1.0,
+                          "> 0: keep round(rate d) PCA coordinates per token instead (fixed-rank baseline)"),
+          ParamSpec::text("fixed_ranks", "",
+                          "instead of fixed_rate, each layer's K and V widths: k0/v0/k1/v1/... (Palu's per-layer "
+                          "ranks); on a basis fitted per group of heads, each entry a+b+c gives every group's rank")
+              .added_later(""),
+          ParamSpec::text("pca", "", "PCA artifact for fixed_rate or fixed_ranks (default: this model's)")};
 }
 
+std::vector<ParamSpec> method_params() { return with_latent_quant(shared_params()); }
+
 std::vector<ParamSpec> snap_params() {
-  auto p = method_params();
+  auto p = shared_params();
   for (auto& w : window_scorer_params()) p.push_back(std::move(w));
   return p;
 }

@@ -639,7 +639,7 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
   for (const auto& [extra, message] : std::vector<std::pair<std::map<std::string, std::string>, std::string>>{
            {{{"latent_hadamard", "true"}, {"fixed_ranks", "2/6/4/4"}}, "no Hadamard matrix of order 6"},
            {{{"latent_group_size", "4"}, {"fixed_ranks", "2/6/4/4"}}, "latent_group_size 4 does not divide"},
-           {{{"fixed_rate", ""}}, "latent_bits quantizes the fixed-rank latent"}}) {
+           {{{"fixed_rate", ""}}, "latent_bits quantizes the fixed-rank latent"}}) {  // "": left out
     std::map<std::string, std::string> p = {{"pca", tiny.pca_path}, {"latent_bits", "3"}};
     for (const auto& [k, v] : extra)
       if (!v.empty()) p[k] = v;

@@ -166,7 +166,8 @@ class Palu final : public Method {
     std::string fixed;
     for (const auto& r : ranks) fixed += fmt::format("{}{}", fixed.empty() ? "" : "/", fmt::join(r, "+"));
     std::map<std::string, std::string> inner = {{"fixed_ranks", fixed}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}};
-    for (const ParamSpec& q : latent_quant_params()) inner[q.name] = params().get(q.name);
+    // Palu's latent quantization passes through to DynaKV's fixed-rank path, which stores the latent.
+    for (const ParamSpec& q : with_latent_quant({})) inner[q.name] = params().get(q.name);
     inner_ = MethodRegistry::get().create("dynakv", inner, m);
   }
   PrefillNeeds needs() const override { return inner_->needs(); }
@@ -183,12 +184,6 @@ class Palu final : public Method {
   std::unique_ptr<Method> inner_;
   nlohmann::json fisher_;
 };
-
-// Palu's latent quantization passes through to DynaKV's fixed-rank path, which stores the latent.
-std::vector<ParamSpec> with_latent_quant(std::vector<ParamSpec> p) {
-  for (ParamSpec& q : latent_quant_params()) p.push_back(std::move(q));
-  return p;
-}
 
 // DynaKV's PCA step (through the registry) on Palu's text and sequence length, into Palu's artifact.
 void calibrate(CalibrationContext& ctx) {

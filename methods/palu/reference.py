@@ -61,10 +61,11 @@ of fisher (`palu_fisher`) and of the unmodified model (`full`) in the first fixt
 --quant writes a third fixture (default methods/palu/fixtures/palu_r64_quant_f64.json):
   9. Latent quantization (palu/quant_utils.py configure_latent_quantizer, quant.py quantize_tensor,
      svd_linear.py fused_hadamard_matrix): each k_proj / v_proj of step 3 becomes x -> L Q(R x) with
-     R <- H R, L <- L H^T for the rotated settings (H Sylvester's, natural order, 1/sqrt(r): Palu's
-     matrix at the power-of-two rank 64), Q quantize_tensor per token in float64. L's columns (R's rows)
-     are first turned so that each one's largest entry is positive, as kvbench fixes the signs.
-     Settings: 3 bits asymmetric with and without H, 4 bits symmetric in groups of 32 with H.
+     R <- H R, L <- L H^T for the rotated settings (H Palu's: Sylvester's at rank 64, Palu's order-12
+     factor times Sylvester's of order 8 at rank 96), Q quantize_tensor per token in float64. L's
+     columns (R's rows) are first turned so that each one's largest entry is positive, as kvbench fixes
+     the signs. Settings at --rank-ratio (rank 64): 3 bits asymmetric with and without H, 4 bits
+     symmetric in groups of 32 with H; at 0.5 (rank 96): 3 bits asymmetric with H.
 Its contents: per setting the logits in the first fixture's layout and layer 0's v_proj output for the
 first 12 tokens (`layer0_values`).
 
@@ -207,18 +208,47 @@ def fisher_information(model, windows):
     return [(a / len(windows)).sqrt() for a in acc], losses
 
 
-def sylvester(n):
-    """Palu's Hadamard matrix of a power-of-two order (its butterflies, fast_hadamard_transform): natural
-    order, H[i, j] = (-1)^popcount(i & j) / sqrt(n)."""
+def sylvester_signs(n):
+    """The Sylvester matrix of a power-of-two order in natural order (Palu's butterflies,
+    fast_hadamard_transform): S[i, j] = (-1)^popcount(i & j)."""
     import torch
-    assert n & (n - 1) == 0, "the quantized fixture uses power-of-two ranks (Palu's matrix is Sylvester's there)"
+    assert n & (n - 1) == 0
     i = torch.arange(n)
     parity = torch.zeros(n, n, dtype=torch.int64)
     and_ij = i[:, None] & i[None, :]
     while bool(and_ij.any()):
         parity ^= and_ij & 1
         and_ij = and_ij >> 1
-    return (1 - 2 * parity).to(torch.float64) / math.sqrt(n)
+    return (1 - 2 * parity).to(torch.float64)
+
+
+def paley_signs(K):
+    """Paley's first construction for the prime q = K - 1 = 3 mod 4, I + [[0, -1^T], [1, Q]] with
+    Q[i, j] = chi(i - j): the orientation of Palu's stored order-12 table (hadamard_utils.py get_had12),
+    compared element by element when this script was written (as its orders 20, 60, 108, 140, 180)."""
+    import torch
+    q = K - 1
+    squares = {x * x % q for x in range(1, q)}
+    chi = lambda x: 0 if x % q == 0 else (1 if x % q in squares else -1)  # noqa: E731
+    H = torch.eye(K, dtype=torch.float64)
+    for i in range(K):
+        for j in range(K):
+            H[i, j] += (0 if j == 0 else -1) if i == 0 else (1 if j == 0 else chi(i - j))
+    return H
+
+
+PALU_ORDERS = (244, 180, 172, 156, 140, 108, 92, 84, 76, 68, 60, 52, 44, 36, 28, 40, 20, 12)
+
+
+def palu_hadamard(n):
+    """Palu's rotation of a rank-n latent (hadamard_utils.py get_hadK, matmul_hadU): the first listed
+    order K dividing n, H = (H_K (x) S_{n/K}) / sqrt(n), S on the low index bits; K = 1 for a power of
+    two. This script builds H_12 only, the factor the fixture's ranks need."""
+    import torch
+    K = next((k for k in PALU_ORDERS if n % k == 0), 1)
+    assert K in (1, 12) and (n // K) & (n // K - 1) == 0, f"no Hadamard matrix of order {n} here"
+    hk = torch.ones(1, 1, dtype=torch.float64) if K == 1 else paley_signs(K)
+    return torch.kron(hk, sylvester_signs(n // K)) / math.sqrt(n)
 
 
 def palu_quantize(x, bits, group, sym):
@@ -256,7 +286,7 @@ def quantized_low_rank(L, R, bits, group, sym, hadamard):
                 if l[int(torch.argmax(l[:, c].abs())), c] < 0:
                     l[:, c], r[c, :] = -l[:, c], -r[c, :]
             if hadamard:
-                H = sylvester(l.shape[1])
+                H = palu_hadamard(l.shape[1])
                 l, r = l @ H.T, H @ r
             self.l, self.r = l, r
 
@@ -267,32 +297,39 @@ def quantized_low_rank(L, R, bits, group, sym, hadamard):
 
 
 QUANT_VALUE_TOKENS = 12  # layer 0's values of the first tokens, where both sides quantize nearly exact inputs
-QUANT_SETTINGS = ((3, 0, False, True), (3, 0, False, False), (4, 32, True, True))  # bits, group, sym, hadamard
+# bits, group, sym, hadamard, rank ratio (None: --rank-ratio)
+QUANT_SETTINGS = ((3, 0, False, True, None), (3, 0, False, False, None), (4, 32, True, True, None),
+                  (3, 0, False, True, 0.5))
 
 
-def quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha, rank):
-    """Step 9: Palu's latent quantization on the J-LRD factors at `rank`, one setting after another."""
+def quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha):
+    """Step 9: Palu's latent quantization on the J-LRD factors, one setting after another."""
     import torch
     layers = model.model.layers
-    factors = []
-    for layer in layers:
-        factors.append([whitened_factors(p.weight.data, xtx[len(factors)], rank)[:2]
-                        for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
+    d = model.config.num_key_value_heads * (model.config.hidden_size // model.config.num_attention_heads)
+    factors = {}  # rank -> per layer, K and V: (L, R)
     runs = {}
-    for bits, group, sym, hadamard in QUANT_SETTINGS:
-        name = f"b{bits}_g{group}_{'sym' if sym else 'asym'}{'_had' if hadamard else ''}"
+    for bits, group, sym, hadamard, ratio in QUANT_SETTINGS:
+        ratio = args.rank_ratio if ratio is None else ratio
+        rank = palu_rank(ratio, d)
+        if rank not in factors:
+            factors[rank] = [[whitened_factors(p.weight.data, xtx[l], rank)[:2]
+                              for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+                             for l, layer in enumerate(layers)]
+        name = f"b{bits}_g{group}_{'sym' if sym else 'asym'}{'_had' if hadamard else ''}_r{rank}"
         saved = []
         for l, layer in enumerate(layers):
             for z, attr in enumerate(("k_proj", "v_proj")):
                 proj = getattr(layer.self_attn, attr)
                 saved.append((layer.self_attn, attr, proj))
-                q = quantized_low_rank(*factors[l][z], bits, group, sym, hadamard)
+                q = quantized_low_rank(*factors[rank][l][z], bits, group, sym, hadamard)
                 setattr(layer.self_attn, attr, q)
         values = []
         hook = layers[0].self_attn.v_proj.register_forward_hook(lambda mod, inp, out: values.append(out[0]))
         with torch.no_grad():
             runs[name] = (model(torch.tensor([ids]), use_cache=False).logits[0].numpy(),
                           {"bits": bits, "group_size": group, "sym": sym, "hadamard": hadamard,
+                           "rank_ratio": ratio, "rank": rank,
                            "layer0_values": [[float(v) for v in row] for row in values[0][:QUANT_VALUE_TOKENS]]})
         hook.remove()
         for parent, attr, proj in saved:
@@ -307,7 +344,6 @@ def quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha, rank)
         "settings": {"dtype": "float64", "attn_implementation": "eager", "rank_ratio": args.rank_ratio,
                      "rank_block": 32, "calib_ids": os.path.relpath(args.calib_ids, gr.REPO_ROOT)},
         "calibration_tokens": n_tokens,
-        "rank": rank,
         "ids": ids,
         "prefill": args.prefill,
         "sample_ids": entries["sample_ids"],
@@ -319,7 +355,7 @@ def quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha, rank)
     }
     gr.write_json(args.quant_fixture, doc)
     pos = entries["positions"]
-    print(json.dumps({"fixture": args.quant_fixture, "rank": rank,
+    print(json.dumps({"fixture": args.quant_fixture,
                       "max_abs_vs_full": {n: float(np.abs(lg[pos] - full_logits[pos]).max())
                                           for n, (lg, _) in runs.items()}}))
 
@@ -512,7 +548,7 @@ def main():
         fisher_fixture(args, model, calib, ids, xtx, n_tokens, full_logits, model_sha, t0)
         return
     if args.quant:
-        quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha, rank)
+        quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha)
         return
 
     # Steps 3-4: the factored projections, rank r for every layer, K and V.
