@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/hadamard.hpp"
@@ -69,6 +71,37 @@ TEST_CASE("hadamard: Palu's orders and matrices, orthonormal, the fast transform
   CHECK(s4[5] == -0.5);
   CHECK(s4[6] == 0.5);
   CHECK(s4[7] == -0.5);
-  std::vector<float> bad(6, 1.0f);
+  // Every factor kvbench builds against Palu's table of that order: rows 1 and K - 1 as bits (+1: 1),
+  // column 0 the most significant, read off its hadamard_utils.py.
+  const std::vector<std::tuple<int, std::string, std::string>> palu_rows = {
+      {12, "d1d", "a3b"},
+      {20, "d8579", "b0af3"},
+      {40, "d8579d8579", "b0af34f50c"},
+      {60, "d15b10c1f3dc95d", "a2b62183e7b92bb"},
+      {108, "d3c0b754c10b199cbdf3544bf0d", "a7816ea9821633397be6a897e1b"},
+      {140, "d855bb9860c8525f057c16d7b3e79889579", "b0ab7730c190a4be0af82daf67cf3112af3"},
+      {180, "d1d812d57b64139182e1851d79e2f9d8df648552df91d", "a3b025aaf6c8272305c30a3af3c5f3b1bec90aa5bf23b"}};
+  for (const auto& [K, second, last] : palu_rows) {
+    INFO("order " << K);
+    REQUIRE(hadamard_order(K) == K);
+    const std::vector<double> h = hadamard_matrix_ref(K);
+    auto bits = [&](int row) {
+      std::string hex;
+      const int pad = (4 - K % 4) % 4;  // the hex string's leading bits
+      unsigned nibble = 0;
+      for (int j = -pad; j < K; ++j) {
+        nibble = nibble * 2 + (j >= 0 && h[size_t(row) * K + j] > 0 ? 1 : 0);
+        if ((j + pad + 1) % 4 == 0) {
+          hex += "0123456789abcdef"[nibble];
+          nibble = 0;
+        }
+      }
+      return hex.substr(hex.find_first_not_of('0'));
+    };
+    CHECK(bits(1) == second);
+    CHECK(bits(K - 1) == last);
+  }
+  std::vector<float> bad(224, 1.0f);
   CHECK_THROWS(hadamard_rotate(bad.data(), 6));
+  CHECK_THROWS(hadamard_rotate(bad.data(), 224));  // Palu's order-28 table, not built
 }

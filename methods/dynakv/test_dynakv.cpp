@@ -645,6 +645,12 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
       if (!v.empty()) p[k] = v;
     test::require_error([&] { reg.create("dynakv", p, e.config()); }, {message});
   }
+  // DynaKV + SnapKV admits tokens by their float bytes: it takes no latent quantization.
+  test::require_error(
+      [&] {
+        reg.create("dynakv-snapkv", {{"fixed_rate", "0.25"}, {"pca", tiny.pca_path}, {"latent_bits", "3"}}, e.config());
+      },
+      {"latent_bits"});
   for (const auto& [ranks, message] :
        std::vector<std::pair<std::string, std::string>>{{"2/6/4", "holds 3 entries; expected 2 per layer"},
                                                         {"2/6/4/17", "fixed_ranks[3] = 17 outside 1..16"},

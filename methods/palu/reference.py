@@ -58,14 +58,15 @@ ranks of fisher (`allocations_fisher`), the eigenvalues of the groups' moments (
 V, each group's first 9), and the logits at --rank-ratio with --group-size of fisher_uniform (`palu`),
 of fisher (`palu_fisher`) and of the unmodified model (`full`) in the first fixture's layout.
 
---quant writes a third fixture (default methods/palu/fixtures/palu_r64_quant_f64.json):
+--quant writes a third fixture (default methods/palu/fixtures/palu_quant_f64.json):
   9. Latent quantization (palu/quant_utils.py configure_latent_quantizer, quant.py quantize_tensor,
      svd_linear.py fused_hadamard_matrix): each k_proj / v_proj of step 3 becomes x -> L Q(R x) with
      R <- H R, L <- L H^T for the rotated settings (H Palu's: Sylvester's at rank 64, Palu's order-12
      factor times Sylvester's of order 8 at rank 96), Q quantize_tensor per token in float64. L's
      columns (R's rows) are first turned so that each one's largest entry is positive, as kvbench fixes
      the signs. Settings at --rank-ratio (rank 64): 3 bits asymmetric with and without H, 4 bits
-     symmetric in groups of 32 with H; at 0.5 (rank 96): 3 bits asymmetric with H.
+     symmetric in groups of 32 with H; at 0.5 (rank 96): 3 bits asymmetric with H, and unquantized
+     (16 bits), that setting's neighbour.
 Its contents: per setting the logits in the first fixture's layout and layer 0's v_proj output for the
 first 12 tokens (`layer0_values`).
 
@@ -252,8 +253,11 @@ def palu_hadamard(n):
 
 
 def palu_quantize(x, bits, group, sym):
-    """palu/model/modules/quant.py quantize_tensor on the latent's last dimension, in float64."""
+    """palu/model/modules/quant.py quantize_tensor on the latent's last dimension, in float64; 16 bits
+    and more leave it as it is (its Quantizer's forward)."""
     import torch
+    if bits >= 16:
+        return x
     shape = x.shape
     w = x.reshape(-1, group if group > 0 else shape[-1])
     if sym:
@@ -299,7 +303,7 @@ def quantized_low_rank(L, R, bits, group, sym, hadamard):
 QUANT_VALUE_TOKENS = 12  # layer 0's values of the first tokens, where both sides quantize nearly exact inputs
 # bits, group, sym, hadamard, rank ratio (None: --rank-ratio)
 QUANT_SETTINGS = ((3, 0, False, True, None), (3, 0, False, False, None), (4, 32, True, True, None),
-                  (3, 0, False, True, 0.5))
+                  (3, 0, False, True, 0.5), (16, 0, False, False, 0.5))
 
 
 def quant_fixture(args, model, ids, xtx, n_tokens, full_logits, model_sha):
@@ -501,7 +505,7 @@ def main():
                     default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_fisher_g1_f64.json"))
     ap.add_argument("--quant", action="store_true", help="write the latent quantization fixture instead")
     ap.add_argument("--quant-fixture",
-                    default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_r64_quant_f64.json"))
+                    default=os.path.join(gr.REPO_ROOT, "methods/palu/fixtures/palu_quant_f64.json"))
     args = ap.parse_args()
     if args.make_ids:
         make_ids(args)

@@ -188,7 +188,7 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   // crossed by float32's error moves a value by a whole step (a float64 latent perturbed by 1e-6
   // moves Palu's own logits by up to 0.8), so the logits must only be nearer the setting's own than
   // any other setting's, unquantized included.
-  std::ifstream qin(test::source_path("methods/palu/fixtures/palu_r64_quant_f64.json"));
+  std::ifstream qin(test::source_path("methods/palu/fixtures/palu_quant_f64.json"));
   REQUIRE(qin);
   nlohmann::json quant = nlohmann::json::parse(qin);
   REQUIRE(quant["ids"] == ref["ids"]);
