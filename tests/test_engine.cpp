@@ -409,3 +409,71 @@ TEST_CASE("RoPE inverse round trip up to 128K positions with Llama 3 scaled freq
   }
   CHECK(worst < 1e-5);
 }
+
+namespace {
+
+// Doubles the activations entering one site and halves the weights of the matrices there: every product,
+// and so every logit, is unchanged bit for bit (powers of two scale exactly). `weights_at` may name another
+// site, to show that a mismatch is seen.
+class ScaledSite final : public PrefillObserver, public LinearTransform {
+ public:
+  ScaledSite(MatrixInput inputs_at, MatrixInput weights_at, std::string key = "scaled")
+      : in_(inputs_at), w_(weights_at), key_(std::move(key)) {}
+  void on_layer(const PrefillView& v, LayerCache& cache) override {
+    cache.append_many(v.k, v.v, v.n_tokens, v.positions);
+  }
+  LinearTransform* linear_transform() override { return this; }
+  std::string weights_key() const override { return key_; }
+  void weights(int, Matrix m, float* w, int rows, int cols) override {
+    if (input_of(m) == w_)
+      for (size_t i = 0; i < size_t(rows) * cols; ++i) w[i] *= 0.5f;
+  }
+  void inputs(int layer, MatrixInput site, float* x, int n, int cols) override {
+    rows_seen += layer == 0 && site == in_ ? n : 0;
+    if (site == in_)
+      for (size_t i = 0; i < size_t(n) * cols; ++i) x[i] *= 2.0f;
+  }
+  int rows_seen = 0;
+
+ private:
+  MatrixInput in_, w_;
+  std::string key_;
+};
+
+}  // namespace
+
+TEST_CASE("a linear transform changes each site's activations and its matrices' weights, prefill and decode",
+          "[engine]") {
+  const test::TempDir dir("linear_transform");
+  auto model = ModelFile::open(test::tiny_random_model(dir, "llama"));
+  Engine e(*model);
+  std::mt19937 rng(9);
+  std::vector<int32_t> ids(40);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 300);
+  const auto want = e.prefill(ids);
+  const auto want_next = e.decode(5);
+  for (MatrixInput site :
+       {MatrixInput::Attention, MatrixInput::AttentionOutput, MatrixInput::Mlp, MatrixInput::MlpHidden}) {
+    INFO(matrix_input_name(site));
+    ScaledSite t(site, site, std::string("scaled ") + matrix_input_name(site));
+    CHECK(e.prefill(ids, &t) == want);
+    CHECK(e.decode(5) == want_next);
+    CHECK(t.rows_seen == 41);
+    // The model's own weights are back for a sequence without the transform.
+    CHECK(e.prefill(ids) == want);
+    ScaledSite wrong(site, site == MatrixInput::Mlp ? MatrixInput::Attention : MatrixInput::Mlp, "mismatched");
+    CHECK(e.prefill(ids, &wrong) != want);
+  }
+  // A capture cannot stand for a prefill of a changed model, and sequences whose weights differ do not
+  // share a decode step.
+  ScaledSite t(MatrixInput::Mlp, MatrixInput::Mlp);
+  test::require_error([&] { e.resume(e.prefill_capture(ids, {}), &t); }, {"prefill of its own"});
+  e.prefill(ids, &t);
+  Sequence a = e.detach();
+  e.prefill(ids);
+  Sequence b = e.detach();
+  Sequence* both[] = {&a, &b};
+  const int32_t tokens[] = {5, 5};
+  test::require_error([&] { e.decode_batch(both, tokens); },
+                      {"sequence 1 runs the model's weights unchanged", "cannot share a step"});
+}

@@ -15,13 +15,69 @@ struct Engine::Norm {
   Buffer w, b;  // b empty for RMSNorm
 };
 
+struct Engine::Matrices {
+  Weight wq, wk, wv, wo, w_gate, w_up, w_down;  // w_gate empty without a gated MLP
+  Weight& operator[](Matrix m) {
+    switch (m) {
+      case Matrix::Q:
+        return wq;
+      case Matrix::K:
+        return wk;
+      case Matrix::V:
+        return wv;
+      case Matrix::O:
+        return wo;
+      case Matrix::Gate:
+        return w_gate;
+      case Matrix::Up:
+        return w_up;
+      case Matrix::Down:
+        break;
+    }
+    return w_down;
+  }
+};
+
 struct Engine::Layer {
   Norm attn_norm, ffn_norm;  // ffn_norm empty where the MLP reads attn_norm's output
   Buffer bq, bk, bv, q_norm, k_norm;
-  Weight wq, wk, wv, wo, w_gate, w_up, w_down;
+  Matrices w;
 };
 
+const char* matrix_name(Matrix m) {
+  constexpr const char* names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+  return names[static_cast<int>(m)];
+}
+
+const char* matrix_input_name(MatrixInput s) {
+  constexpr const char* names[] = {"attention", "attention_output", "mlp", "mlp_hidden"};
+  return names[static_cast<int>(s)];
+}
+
+MatrixInput input_of(Matrix m) {
+  switch (m) {
+    case Matrix::Q:
+    case Matrix::K:
+    case Matrix::V:
+      return MatrixInput::Attention;
+    case Matrix::O:
+      return MatrixInput::AttentionOutput;
+    case Matrix::Gate:
+    case Matrix::Up:
+      return MatrixInput::Mlp;
+    case Matrix::Down:
+      break;
+  }
+  return MatrixInput::MlpHidden;
+}
+
 namespace {
+
+// The file's tensor of layer l's matrix m.
+std::string matrix_tensor(int l, Matrix m) {
+  constexpr const char* names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  return fmt::format("blk.{}.{}.weight", l, names[static_cast<int>(m)]);
+}
 
 // Weights are dequantized once, at load: vectors to fp32, matrices to the backend's weight format.
 Buffer load(Backend& b, const ModelFile& m, const std::string& name, size_t& bytes) {
@@ -62,13 +118,8 @@ Engine::Engine(const ModelFile& model, const EngineOptions& opt)
     Layer& L = layers_[l];
     L.attn_norm = load_norm(p + "attn_norm");
     if (cfg_.mlp_norm) L.ffn_norm = load_norm(p + mlp_norm_name(cfg_));
-    L.wq = load_matrix(b, model, p + "attn_q.weight", weight_bytes_);
-    L.wk = load_matrix(b, model, p + "attn_k.weight", weight_bytes_);
-    L.wv = load_matrix(b, model, p + "attn_v.weight", weight_bytes_);
-    L.wo = load_matrix(b, model, p + "attn_output.weight", weight_bytes_);
-    if (cfg_.gated_mlp) L.w_gate = load_matrix(b, model, p + "ffn_gate.weight", weight_bytes_);
-    L.w_up = load_matrix(b, model, p + "ffn_up.weight", weight_bytes_);
-    L.w_down = load_matrix(b, model, p + "ffn_down.weight", weight_bytes_);
+    for (Matrix m : kMatrices)
+      if (m != Matrix::Gate || cfg_.gated_mlp) L.w[m] = load_matrix(b, model, matrix_tensor(l, m), weight_bytes_);
     if (cfg_.qkv_bias) {
       L.bq = load(b, model, p + "attn_q.bias", weight_bytes_);
       L.bk = load(b, model, p + "attn_k.bias", weight_bytes_);
@@ -108,28 +159,33 @@ void Engine::linears(const Buffer& x, std::span<const Backend::Product> ps, int 
   for (const Backend::Product& p : ps) backend_->linear(x, *p.w, p.bias, n, in, p.out, *p.y);
 }
 
-void Engine::mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out,
-                 bool apart) {
+void Engine::mlp(int l, Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out, bool apart) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, F = cfg_.intermediate;
+  const Matrices& w = matrices(l);
+  change_inputs(l, MatrixInput::Mlp, in, n, H);
   if (cfg_.gated_mlp) {
-    const Backend::Product ps[] = {{&L.w_up, nullptr, F, &up}, {&L.w_gate, nullptr, F, &gate}};
+    const Backend::Product ps[] = {{&w.w_up, nullptr, F, &up}, {&w.w_gate, nullptr, F, &gate}};
     linears(in, ps, n, H, apart);
     b.swiglu(gate, up, size_t(n) * F, act);
   } else {
-    linear(in, L.w_up, nullptr, n, H, F, up, apart);
+    linear(in, w.w_up, nullptr, n, H, F, up, apart);
     b.gelu(up, size_t(n) * F, act);
   }
-  linear(act, L.w_down, nullptr, n, F, H, out, apart);
+  change_inputs(l, MatrixInput::MlpHidden, act, n, F);
+  linear(act, w.w_down, nullptr, n, F, H, out, apart);
 }
 
-void Engine::project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart) {
+void Engine::project_qkv(int l, Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart) {
   Backend& b = *backend_;
   const int H = cfg_.hidden, d = cfg_.head_dim, Q = cfg_.n_heads * d, KV = cfg_.n_kv_heads * d;
   const bool bias = cfg_.qkv_bias;
-  const Backend::Product ps[] = {{&L.wq, bias ? &L.bq : nullptr, Q, &q},
-                                 {&L.wk, bias ? &L.bk : nullptr, KV, &k},
-                                 {&L.wv, bias ? &L.bv : nullptr, KV, &v}};
+  const Layer& L = layers_[size_t(l)];
+  const Matrices& w = matrices(l);
+  change_inputs(l, MatrixInput::Attention, h, n, H);
+  const Backend::Product ps[] = {{&w.wq, bias ? &L.bq : nullptr, Q, &q},
+                                 {&w.wk, bias ? &L.bk : nullptr, KV, &k},
+                                 {&w.wv, bias ? &L.bv : nullptr, KV, &v}};
   linears(h, ps, n, H, apart);
   if (cfg_.qk_norm) {  // each head's row normalised in place (rmsnorm reads a row before writing it)
     const auto eps = static_cast<float>(cfg_.norm_eps);
@@ -241,7 +297,8 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
     if (n1 < 1 || !std::equal(past->ids.begin(), past->ids.end(), ids.begin()))
       fail("internal: a prefill continues only a capture of a proper prefix of its prompt");
     if (past_window > past->window || (needs.k_pre_rope && !past->needs.k_pre_rope) ||
-        (needs.attn_colsum && !past->needs.attn_colsum) || (observer && observer->kv_transform()) || next_logprobs ||
+        (needs.attn_colsum && !past->needs.attn_colsum) ||
+        (observer && (observer->kv_transform() || observer->linear_transform())) || next_logprobs ||
         !b.continues_prefill())
       fail("internal: this prefill cannot continue the capture it was given");
   }
@@ -249,7 +306,9 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
   reset_caches();
   b.forget_caches();
   seq_.transform_ = observer ? observer->kv_transform() : nullptr;
+  seq_.linear_ = observer ? observer->linear_transform() : nullptr;
   KvTransform* const transforms[1] = {seq_.transform_};
+  use_linear_transforms({&seq_.linear_, 1});
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
   const std::span<const int32_t> new_pos = std::span<const int32_t>(pos).subspan(size_t(n0));
@@ -316,7 +375,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
     }
 
     norm(L.attn_norm, x, n1, h);
-    project_qkv(L, h, n1, q, k, v);
+    project_qkv(l, h, n1, q, k, v);
     transform(l, k, v, new_pos, transforms, false);
     if (observer && needs.k_pre_rope) b.download_async(k, {st.k_pre + kv_old, kv_new});
     b.rope(q, n1, hq, d, new_pos);
@@ -333,14 +392,15 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
       b.download_async(q, {st.q_win + size_t(past_window) * Q, size_t(window - past_window) * Q},
                        size_t(n1 - (window - past_window)) * Q);
     b.fence(slot);
-    b.linear(attn, L.wo, nullptr, n1, Q, H, proj);
+    change_inputs(l, MatrixInput::AttentionOutput, attn, n1, Q);
+    b.linear(attn, matrices(l).wo, nullptr, n1, Q, H, proj);
     // A parallel block's MLP reads the layer's input: the attention joins the stream after it.
     if (!cfg_.parallel_block) b.add(x, proj, size_t(n1) * H);
 
     for (int t0 = 0; t0 < n1; t0 += mc) {
       const int rows = std::min(mc, n1 - t0);
       norm(mlp_norm(L), x, rows, mlp_in, size_t(t0));
-      mlp(L, mlp_in, rows, gate, up, act, mlp_out);
+      mlp(l, mlp_in, rows, gate, up, act, mlp_out);
       b.add(x, mlp_out, size_t(rows) * H, size_t(t0) * H);
     }
     if (cfg_.parallel_block) b.add(x, proj, size_t(n1) * H);
@@ -401,6 +461,54 @@ void Engine::transform(int l, Buffer& k, Buffer& v, std::span<const int32_t> pos
   transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void Engine::use_linear_transforms(std::span<LinearTransform* const> ts) {
+  linear_pass_.assign(ts.begin(), ts.end());
+  auto key = [](const LinearTransform* t) { return t ? t->weights_key() : std::string(); };
+  const std::string k = key(ts[0]);
+  for (size_t s = 1; s < ts.size(); ++s)
+    if (key(ts[s]) != k)
+      fail(
+          "decode_batch: sequence {} runs the model's weights {} and sequence 0 {}: sequences whose methods change the "
+          "weights differently cannot share a step",
+          s, key(ts[s]).empty() ? "unchanged" : "as " + key(ts[s]), k.empty() ? "unchanged" : "as " + k);
+  changed_active_ = !k.empty();
+  if (!changed_active_ || k == changed_key_) return;
+  // One changed set is kept: the old one goes before the new one is made (a 7B model's fp32 copy).
+  changed_.clear();
+  changed_key_.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Matrices> made(size_t(cfg_.n_layers));
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (Matrix m : kMatrices) {
+      if (m == Matrix::Gate && !cfg_.gated_mlp) continue;
+      const std::string name = matrix_tensor(l, m);
+      const TensorRef& t = model_.tensor(name);
+      const int rows = static_cast<int>(t.ne[1]), cols = static_cast<int>(t.ne[0]);
+      std::vector<float> w = model_.load_f32(name);
+      ts[0]->weights(l, m, w.data(), rows, cols);
+      made[size_t(l)][m] = Weight(*backend_, w, rows, cols);
+    }
+  changed_ = std::move(made);
+  changed_key_ = k;
+  transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const Engine::Matrices& Engine::matrices(int l) const {
+  return changed_active_ ? changed_[size_t(l)] : layers_[size_t(l)].w;
+}
+
+void Engine::change_inputs(int l, MatrixInput site, Buffer& x, int n, int cols) {
+  if (std::none_of(linear_pass_.begin(), linear_pass_.end(), [](const LinearTransform* t) { return t; })) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t all = size_t(n) * cols, rows = size_t(n) / linear_pass_.size();
+  tx_.resize(all);
+  backend_->download(x, tx_);
+  for (size_t s = 0; s < linear_pass_.size(); ++s)
+    if (linear_pass_[s]) linear_pass_[s]->inputs(l, site, tx_.data() + s * rows * cols, static_cast<int>(rows), cols);
+  backend_->upload(x, tx_);
+  transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void Engine::reset_caches() {
   // A new sequence starts from the model's layout: a method may have left a cache of another shape
   // (one head per query head in GQA repeat mode), and appending the model's KV rows to it would read
@@ -428,9 +536,10 @@ PrefillCapture Engine::prefill_capture(std::span<const int32_t> ids, const Prefi
 
 std::vector<float> Engine::resume(const PrefillCapture& c, PrefillObserver* observer) {
   const PrefillNeeds want = observer ? observer->needs() : PrefillNeeds{};
-  if (observer && observer->kv_transform())
-    fail("resume: the method changes the model's keys and values; it needs a prefill of its own, not a capture");
+  if (observer && (observer->kv_transform() || observer->linear_transform()))
+    fail("resume: the method changes the model; it needs a prefill of its own, not a capture");
   seq_.transform_ = nullptr;
+  seq_.linear_ = nullptr;
   // A capture keeps at most every prompt row (window = min(wanted, n)), which serves any larger want.
   if (std::min(want.window, c.n_tokens) > c.window || (want.k_pre_rope && !c.needs.k_pre_rope) ||
       (want.attn_colsum && !c.needs.attn_colsum))
@@ -489,6 +598,7 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
     fail("the {} backend decodes one sequence at a time, not a batch of {}", backend_->name(), B);
   std::vector<int32_t> pos(n);
   std::vector<KvTransform*> transforms(n);
+  std::vector<LinearTransform*> linears(n);
   for (int s = 0; s < B; ++s) {
     const Sequence& sq = *seqs[size_t(s)];
     if (std::find(seqs.begin(), seqs.begin() + s, seqs[size_t(s)]) != seqs.begin() + s)
@@ -503,7 +613,9 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
       fail("decode: token id {} outside the vocabulary", tokens[size_t(s)]);
     pos[size_t(s)] = sq.pos_;
     transforms[size_t(s)] = sq.transform_;
+    linears[size_t(s)] = sq.linear_;
   }
+  use_linear_transforms(linears);
   Backend& b = *backend_;
   const int H = cfg_.hidden, d = cfg_.head_dim;
   const int hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, Q = hq * d, KV = hkv * d;
@@ -524,7 +636,7 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
   for (int l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[l];
     norm(L.attn_norm, x, B, h);
-    project_qkv(L, h, B, q, k, v, true);
+    project_qkv(l, h, B, q, k, v, true);
     transform(l, k, v, pos, transforms, false);
     b.rope(q, B, hq, d, pos);
     b.rope(k, B, hkv, d, pos);
@@ -546,10 +658,11 @@ std::vector<std::vector<float>> Engine::decode_batch(std::span<Sequence* const> 
         if (PrefillObserver* o = seqs[s]->observer_)
           o->on_decode(l, seqs[s]->caches_[l], hq_rows.data() + s * Q, pos[s]);
     }
-    linear(attn, L.wo, nullptr, B, Q, H, proj, true);
+    change_inputs(l, MatrixInput::AttentionOutput, attn, B, Q);
+    linear(attn, matrices(l).wo, nullptr, B, Q, H, proj, true);
     if (!cfg_.parallel_block) b.add(x, proj, n * H);
     norm(mlp_norm(L), x, B, h);
-    mlp(L, h, B, gate, up, act, mlp_out, true);
+    mlp(l, h, B, gate, up, act, mlp_out, true);
     b.add(x, mlp_out, n * H);
     if (cfg_.parallel_block) b.add(x, proj, n * H);
   }

@@ -59,6 +59,7 @@ class Sequence {
   int pos_ = 0;
   PrefillObserver* observer_ = nullptr;  // the method, if it acts on decoding
   KvTransform* transform_ = nullptr;     // the method's, if it changes the model's K/V
+  LinearTransform* linear_ = nullptr;    // the method's, if it changes the model's linear products
 };
 
 class Engine {
@@ -106,8 +107,9 @@ class Engine {
   std::vector<float> resume(const PrefillCapture& capture, PrefillObserver* observer = nullptr);
 
   int position() const { return seq_.pos_; }
-  // Seconds spent so far in observers' KV transforms (DynaKV's gates and reconstructions), host copies
-  // included: the cost of a method that changes the model.
+  // Seconds spent so far in observers' KV and linear transforms (DynaKV's gates and reconstructions,
+  // Atom's quantized activations and the making of its weights), host copies included: the cost of a
+  // method that changes the model.
   double transform_seconds() const { return transform_seconds_; }
   const std::vector<LayerCache>& caches() const { return seq_.caches_; }
   std::vector<LayerCache>& caches() { return seq_.caches_; }
@@ -123,6 +125,7 @@ class Engine {
   size_t decode_weight_bytes() const { return weight_bytes_ - (cfg_.tied_embeddings ? 0 : tok_embd_.bytes()); }
 
  private:
+  struct Matrices;
   struct Layer;
   std::vector<float> run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
                                  std::vector<double>* next_logprobs, const PrefillCapture* past);
@@ -135,15 +138,16 @@ class Engine {
   // q, k, v of n rows of normed hidden states h: the projections (with bias), then Qwen3's per-head
   // q/k RMSNorm.
   // `apart`: the n rows are tokens of n sequences (decoding), multiplied by Backend::linear_tokens.
-  void project_qkv(const Layer& L, const Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart = false);
+  // The linear transforms of the pass (linear_pass_) change h first.
+  void project_qkv(int l, Buffer& h, int n, Buffer& q, Buffer& k, Buffer& v, bool apart = false);
   // The model's norm (RMSNorm, or LayerNorm with its bias) of n rows of x from row x_row.
   struct Norm;
   void norm(const Norm& w, const Buffer& x, int n, Buffer& y, size_t x_row = 0);
   // The norm in front of the MLP (the attention's own in Falcon-7B's parallel block).
   const Norm& mlp_norm(const Layer& L) const;
-  // out = down(swiglu(gate(in), up(in))) or down(gelu(up(in))) for n rows; gate/up/act hold n x F.
-  void mlp(const Layer& L, const Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out,
-           bool apart = false);
+  // out = down(swiglu(gate(in), up(in))) or down(gelu(up(in))) for n rows; gate/up/act hold n x F. The
+  // linear transforms of the pass change in and act first.
+  void mlp(int l, Buffer& in, int n, Buffer& gate, Buffer& up, Buffer& act, Buffer& out, bool apart = false);
   // Several products of the same x: Backend::linear_tokens_shared when `apart`, else linear for each.
   void linears(const Buffer& x, std::span<const Backend::Product> ps, int n, int in, bool apart);
   // y = x W^T for n rows: one sequence's tokens (prefill) or, `apart`, one token of each of n sequences.
@@ -165,7 +169,19 @@ class Engine {
   void transform(int l, Buffer& k, Buffer& v, std::span<const int32_t> pos, std::span<KvTransform* const> transforms,
                  bool after_rope);
   void reset_caches();
-  std::vector<float> tk_, tv_;
+  // The pass's linear transforms, one per sequence (null: none): the weights they make are used from
+  // now on (made when their key is new), and change_inputs applies them. An Error if the sequences' weights differ.
+  void use_linear_transforms(std::span<LinearTransform* const> ts);
+  // Applies the pass's linear transforms to x [n, cols] entering layer l's matrices at `site`, a round
+  // trip through the host; the rows are split evenly among the sequences, as in transform().
+  void change_inputs(int l, MatrixInput site, Buffer& x, int n, int cols);
+  // Layer l's matrices as the pass runs them.
+  const Matrices& matrices(int l) const;
+  std::vector<LinearTransform*> linear_pass_;
+  std::vector<Matrices> changed_;  // the weights of changed_key_, when not empty
+  std::string changed_key_;
+  bool changed_active_ = false;
+  std::vector<float> tk_, tv_, tx_;
   double transform_seconds_ = 0;
   std::vector<float> rep_k_, rep_v_;
   // decode_batch's working buffers for a batch of `batch` sequences, kept from step to step: allocated

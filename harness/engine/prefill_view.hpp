@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/kv_rows.hpp"
@@ -58,12 +59,40 @@ class KvTransform {
   virtual bool after_rope() const { return false; }
 };
 
+// The weight matrices of a decoder layer, and where activations enter them: the attention's normed
+// input (q, k, v), the attention's output (o), the MLP's normed input (gate, up) and its hidden
+// activation (down).
+enum class Matrix { Q, K, V, O, Gate, Up, Down };
+enum class MatrixInput { Attention, AttentionOutput, Mlp, MlpHidden };
+inline constexpr Matrix kMatrices[] = {Matrix::Q,    Matrix::K,  Matrix::V,   Matrix::O,
+                                       Matrix::Gate, Matrix::Up, Matrix::Down};
+const char* matrix_name(Matrix m);  // "q" .. "down"
+const char* matrix_input_name(MatrixInput s);
+MatrixInput input_of(Matrix m);
+
+// A change of the decoder layers' linear products, weights and the activations entering them, as a
+// method that quantizes the model runs them (Atom). Neither the embedding nor the output head changes.
+class LinearTransform {
+ public:
+  virtual ~LinearTransform() = default;
+  // Names the weights weights() makes: the engine keeps them while the key is the same. Empty: the
+  // model's weights are used as they are and weights() is never called.
+  virtual std::string weights_key() const = 0;
+  // Layer l's matrix m [rows, cols] (rows: outputs), fp32 as the model file gives it, changed in place.
+  virtual void weights(int /*layer*/, Matrix /*m*/, float* /*w*/, int /*rows*/, int /*cols*/) {}
+  // The n rows x[n, cols] entering layer l's matrices at `site`, changed in place (prefill: the prompt's
+  // tokens; decoding: the step's token).
+  virtual void inputs(int layer, MatrixInput site, float* x, int n, int cols) = 0;
+};
+
 class PrefillObserver {
  public:
   virtual ~PrefillObserver() = default;
   virtual PrefillNeeds needs() const { return {}; }
   // Non-null for a method that changes the model's K/V (it then needs a prefill of its own).
   virtual KvTransform* kv_transform() { return nullptr; }
+  // Non-null for a method that changes the model's linear products (the same).
+  virtual LinearTransform* linear_transform() { return nullptr; }
   // Fills `cache` (empty on entry) with what the layer keeps for decoding.
   virtual void on_layer(const PrefillView& view, LayerCache& cache) = 0;
   // Called at each decode step of the same sequence, per layer, after the step's attention; the new

@@ -173,7 +173,7 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
     budget_.bytes_per_layer = dense_layer_bytes(method_.model(), method_.gqa(), budget_.tokens);
     budget_.compression_ratio = asked_.ratio;
   }
-  if (method_.budgeted() && view.n_tokens <= budget_.tokens && !method_.kv_transform() &&
+  if (method_.budgeted() && view.n_tokens <= budget_.tokens && !method_.kv_transform() && !method_.linear_transform() &&
       !method_.sees_every_prompt()) {
     // The prompt fits: every method keeps everything (reference repos skip compression here). A method
     // that changes the model always builds its own cache.

@@ -113,6 +113,9 @@ class Method {
   // Non-null for a method that changes the model's keys and values before attention (DynaKV); such a
   // method registers with changes_model = true.
   virtual KvTransform* kv_transform() { return nullptr; }
+  // Non-null for a method that changes the model's linear products (Atom's quantized weights and
+  // activations); it too registers with changes_model = true.
+  virtual LinearTransform* linear_transform() { return nullptr; }
 
   const std::string& name() const { return name_; }
   const Params& params() const { return params_; }
@@ -205,6 +208,7 @@ class MethodRunner : public PrefillObserver {
   MethodRunner(Method& method, KvBudget budget);
   PrefillNeeds needs() const override { return method_.needs(); }
   KvTransform* kv_transform() override { return method_.kv_transform(); }
+  LinearTransform* linear_transform() override { return method_.linear_transform(); }
   void on_layer(const PrefillView& view, LayerCache& cache) override;
   bool acts_on_decode() const override { return method_.acts_on_decode(); }
   void on_decode(int layer, LayerCache& cache, const float* q, int32_t pos) override {

@@ -18,6 +18,7 @@ PrefillNeeds PrefillDumper::needs() const {
 
 // A method that changes the model (DynaKV) must see its keys and values pass through it here too.
 KvTransform* PrefillDumper::kv_transform() { return runner_ ? runner_->kv_transform() : nullptr; }
+LinearTransform* PrefillDumper::linear_transform() { return runner_ ? runner_->linear_transform() : nullptr; }
 bool PrefillDumper::reads_whole_prompt() const { return runner_ && runner_->reads_whole_prompt(); }
 void PrefillDumper::on_prompt(Engine& engine, std::span<const int32_t> ids) {
   if (runner_) runner_->on_prompt(engine, ids);

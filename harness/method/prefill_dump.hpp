@@ -19,6 +19,7 @@ class PrefillDumper final : public PrefillObserver {
   PrefillDumper(std::string dir, std::set<int> layers, int window, MethodRunner* runner);
   PrefillNeeds needs() const override;
   KvTransform* kv_transform() override;
+  LinearTransform* linear_transform() override;
   bool reads_whole_prompt() const override;
   void on_prompt(Engine& engine, std::span<const int32_t> ids) override;
   void on_layer(const PrefillView& v, LayerCache& cache) override;
