@@ -608,6 +608,13 @@ TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards
     CHECK(by_batch.at(key).contains("decode_batch"));
     CHECK_FALSE(r.contains("decode_batch"));
   }
+  // A method that makes its own weights (Atom) decodes apart from the methods keeping the model's.
+  const ExperimentSpec mixed = load_experiment(
+      sweep_spec(dir, *model, "sweep_mixed",
+                 "test_own_prefill, {name: atom, params: {reorder: false, act_group_size: 64, weight_group_size: 64}}",
+                 (dir / "mixed.jsonl").string()),
+      {"batch=2"});
+  CHECK(Sweep(mixed).run(false).run == 8);
   require_error([&] { load_experiment(spec_path, {"batch=0"}); }, {"'batch' must be at least 1"});
   require_error([] { parse_shard("2/2"); }, {"--shard 2/2", "0 <= i < N"});
   require_error([] { parse_shard("1/2x"); }, {"--shard 1/2x"});

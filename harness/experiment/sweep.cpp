@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <span>
 
@@ -306,7 +307,14 @@ SweepOutcome Sweep::run(bool progress) {
     } else if (!work[i].shared.empty()) {
       prefills.skip();
     }
-    run_group(own, nullptr);
+    // Cells decoding together share the weights each step reads: those of methods that change them (Atom)
+    // decode apart from the others, by the weights they make.
+    std::map<std::string, std::vector<size_t>> by_weights;
+    for (size_t c : own) {
+      LinearTransform* t = methods_[c] ? methods_[c]->linear_transform() : nullptr;
+      by_weights[t ? t->weights_key() : std::string()].push_back(c);
+    }
+    for (const auto& [key, cells] : by_weights) run_group(cells, nullptr);
   }
   o.prompt_tokens = prefills.tokens_total();
   o.prefilled_tokens = prefills.tokens_prefilled();

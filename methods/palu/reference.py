@@ -78,7 +78,6 @@ Usage (from the repo root; needs torch, transformers 5.x, gguf, numpy):
 """
 
 import argparse
-import glob
 import json
 import math
 import os
@@ -102,16 +101,8 @@ def palu_rank(ratio, d, block=32):
 
 def make_ids(args):
     """Palu's get_calib_data on set-up's python-docs."""
-    from transformers import AutoTokenizer
-    gdir, gname = os.path.split(os.path.abspath(args.gguf))
-    tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
-    files = sorted(glob.glob(os.path.join(gr.REPO_ROOT, "data", "python-docs", "*.txt")))
-    assert files, "data/python-docs is missing (scripts/setup.sh fetches it)"
-    texts = []
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            texts.append(fh.read())
-    tot_text = "\n\n".join(texts)
+    tok = gr.gguf_tokenizer(args.gguf)
+    tot_text = "\n\n".join(gr.python_docs_texts())
     random.seed(3)
     seqs = []
     for _ in range(args.nsamples):

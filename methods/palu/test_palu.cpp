@@ -19,6 +19,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
 #include "methods/palu/rank_search.hpp"
+#include "reference_logits.hpp"
 #include "test_util.hpp"
 
 using namespace kvb;
@@ -80,69 +81,6 @@ TEST_CASE("palu: calibrated basis, full rank is the model, the cache keeps the r
   CHECK(rounded->params().keyed_values().at("rank_multiple") == "32");
 }
 
-namespace {
-
-// The largest |kvbench - reference| over a position's top 8 and sampled logits, and whether the top token
-// agrees where the reference's top two are apart by more than the tolerance.
-struct LogitGap {
-  double max_abs = 0;
-  bool top_agrees = true;
-};
-LogitGap logit_gap(const std::vector<float>& got, const nlohmann::json& ref, const std::vector<int>& sample_ids,
-                   double tol) {
-  LogitGap g;
-  for (const auto& e : ref["top8"])
-    g.max_abs = std::max(g.max_abs, std::abs(got.at(e[0].get<size_t>()) - e[1].get<double>()));
-  for (size_t i = 0; i < sample_ids.size(); ++i)
-    g.max_abs = std::max(g.max_abs, std::abs(got.at(size_t(sample_ids[i])) - ref["samples"][i].get<double>()));
-  const auto top = std::max_element(got.begin(), got.end()) - got.begin();
-  const bool clear = ref["top8"][0][1].get<double>() - ref["top8"][1][1].get<double>() > tol;
-  g.top_agrees = !clear || top == ref["top8"][0][0].get<long>();
-  return g;
-}
-
-struct ForcedGaps {
-  double to_palu = 0, to_full = 0;
-};
-// The reference's ids as a prefill of its `prefill` ids and forced decode steps, through `m` (nullptr:
-// the unmodified model); the largest logit gaps to the reference's positions under `key` (a Palu
-// setting) and to its unmodified ones.
-ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& ref, const std::string& key, double tol,
-                       bool check_top = true) {
-  const std::vector<int32_t> ids = ref["ids"].get<std::vector<int32_t>>();
-  const std::vector<int> sample_ids = ref["sample_ids"].get<std::vector<int>>();
-  const size_t prefill = ref["prefill"].get<size_t>();
-  std::optional<MethodRunner> runner;
-  if (m) runner.emplace(*m, KvBudget{});
-  ForcedGaps out;
-  std::vector<float> logits = engine.prefill(std::span(ids).first(prefill), runner ? &*runner : nullptr);
-  for (size_t p = 0; p < ref["full"].size(); ++p) {
-    INFO("position " << prefill - 1 + p);
-    const LogitGap full = logit_gap(logits, ref["full"][p], sample_ids, tol);
-    out.to_full = std::max(out.to_full, full.max_abs);
-    if (m) {
-      const LogitGap g = logit_gap(logits, ref[key][p], sample_ids, tol);
-      if (check_top) CHECK(g.top_agrees);
-      out.to_palu = std::max(out.to_palu, g.max_abs);
-    }
-    if (prefill + p < ids.size()) logits = engine.decode(ids[prefill + p]);
-  }
-  return out;
-}
-
-// Runs Palu's calibration step `name` with `options` into `out`; returns the artifact's JSON.
-nlohmann::json calibrate(const std::string& name, Engine& engine, const ModelFile& model, const Tokenizer& tok,
-                         const std::map<std::string, std::string>& options, const std::string& out) {
-  const OfflineStep step = MethodRegistry::get().offline_step("calibrate", name);
-  CalibrationContext ctx{
-      model, tok, engine, Params(step.options, options, "kvbench calibrate " + name), out, default_data_dir(), false};
-  step.run(ctx);
-  std::ifstream in(out);
-  return nlohmann::json::parse(in);
-}
-
-}  // namespace
-
 // methods/palu/reference.py: Palu's own pipeline (its calibration windows, the whitened SVD of k_proj
 // and v_proj, its rank rounding) in float64 with transformers. kvbench calibrates on the same windows
 // (--ids) and must give the reference's second-moment spectrum and, at rank 64, its logits over a prefill
@@ -158,8 +96,9 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   Engine engine(*model);
   const test::TempDir dir("palu_ref");
   const auto basis = (dir / "basis.json").string();
-  const auto body = calibrate("palu", engine, *model, *tok,
-                              {{"ids", test::source_path(ref["settings"]["calib_ids"].get<std::string>())}}, basis);
+  const auto body =
+      test::calibrate("palu", engine, *model, *tok,
+                      {{"ids", test::source_path(ref["settings"]["calib_ids"].get<std::string>())}}, basis);
   CHECK(body["header"]["calibration"]["tokens"] == ref["calibration_tokens"]);
   double worst_eigen = 0;
   for (const auto& [layer, kinds] : ref["eigenvalues"].items())
@@ -172,13 +111,13 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
   CHECK(worst_eigen < 1e-5);
 
   constexpr double kTol = 1e-3;
-  const double full_worst = forced_gaps(engine, nullptr, ref, "palu", kTol).to_full;
+  const double full_worst = test::forced_gaps(engine, nullptr, ref, "palu", kTol).to_full;
   INFO("unmodified model: largest logit difference " << full_worst);
   CHECK(full_worst < kTol);
   auto m = MethodRegistry::get().create("palu", {{"basis", basis}, {"rank_ratio", "0.4"}}, engine.config());
-  const ForcedGaps g = forced_gaps(engine, m.get(), ref, "palu", kTol);
-  INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
-  CHECK(g.to_palu < kTol);
+  const test::ForcedGaps g = test::forced_gaps(engine, m.get(), ref, "palu", kTol);
+  INFO("largest logit difference to Palu " << g.to_method << ", to the unmodified model " << g.to_full);
+  CHECK(g.to_method < kTol);
   CHECK(g.to_full > 1000 * kTol);  // the test tells Palu's projection from none
 
   // reference.py --quant: Palu's latent quantizer on the same factors (rank 64: 3 bits asymmetric with
@@ -226,14 +165,14 @@ TEST_CASE("palu: matches Palu's whitened decomposition (reference.py, float64)",
     }
     INFO("layer 0: largest value difference " << worst_value);
     CHECK(worst_value < 1e-5);
-    const double own = forced_gaps(engine, q.get(), quant, name, kTol, false).to_palu;
+    const double own = test::forced_gaps(engine, q.get(), quant, name, kTol, false).to_method;
     INFO("largest logit difference to Palu's quantized " << own);
     for (const auto& other : quant["quantized"])
       if (other["name"] != name) {
         INFO("to " << other["name"]);
-        CHECK(own < forced_gaps(engine, q.get(), quant, other["name"], kTol, false).to_palu);
+        CHECK(own < test::forced_gaps(engine, q.get(), quant, other["name"], kTol, false).to_method);
       }
-    CHECK(own < forced_gaps(engine, q.get(), quant, "unquantized", kTol, false).to_palu);
+    CHECK(own < test::forced_gaps(engine, q.get(), quant, "unquantized", kTol, false).to_method);
   }
 }
 
@@ -293,7 +232,7 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
   const auto ids_file = (dir / "fisher_ids.json").string();
   std::ofstream(ids_file) << windows.dump();
   const auto fisher_file = (dir / "fisher.json").string();
-  const auto fisher = calibrate("palu-fisher", engine, *model, *tok, {{"ids", ids_file}}, fisher_file);
+  const auto fisher = test::calibrate("palu-fisher", engine, *model, *tok, {{"ids", ids_file}}, fisher_file);
   double worst = 0;
   std::vector<double> modules;
   for (size_t l = 0; l < ref["fisher_heads"].size(); ++l)
@@ -318,7 +257,7 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
 
   // G-LRD, one head per group: each group's moment solved apart, the basis interleaving the groups.
   const auto basis_file = (dir / "basis_g1.json").string();
-  const auto basis = calibrate(
+  const auto basis = test::calibrate(
       "palu", engine, *model, *tok,
       {{"ids", test::source_path(ref["settings"]["calib_ids"].get<std::string>())}, {"group_size", "1"}}, basis_file);
   CHECK(basis["header"]["calibration"]["group_size"] == 1);
@@ -361,9 +300,9 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
                                            {"allocation", allocation},
                                            {"rank_ratio", ref["settings"]["rank_ratio"].dump()}},
                                           engine.config());
-    const ForcedGaps g = forced_gaps(engine, m.get(), ref, key, kTol);
-    INFO("largest logit difference to Palu " << g.to_palu << ", to the unmodified model " << g.to_full);
-    CHECK(g.to_palu < kTol);
+    const test::ForcedGaps g = test::forced_gaps(engine, m.get(), ref, key, kTol);
+    INFO("largest logit difference to Palu " << g.to_method << ", to the unmodified model " << g.to_full);
+    CHECK(g.to_method < kTol);
     CHECK(g.to_full > 1000 * kTol);
     CHECK(m->artifacts()["fisher"]["file"] == fisher_file);
   }

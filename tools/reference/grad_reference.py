@@ -104,6 +104,7 @@ Usage (from the repo root; needs torch, transformers 5.x, accelerate, gguf, nump
 """
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -190,6 +191,24 @@ def prose_text():
 
 
 # --------------------------------------------------------------------------------------
+
+
+def python_docs_texts():
+    """Set-up's data/python-docs, the files sorted by name: the text calibration references draw windows from."""
+    files = sorted(glob.glob(os.path.join(REPO_ROOT, "data", "python-docs", "*.txt")))
+    assert files, "data/python-docs is missing (scripts/setup.sh fetches it)"
+    texts = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            texts.append(fh.read())
+    return texts
+
+
+def gguf_tokenizer(gguf_path):
+    """transformers' tokenizer of a GGUF file."""
+    from transformers import AutoTokenizer
+    gdir, gname = os.path.split(os.path.abspath(gguf_path))
+    return AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
 
 
 def write_json(path, doc):

@@ -1,0 +1,58 @@
+#pragma once
+// Atom's quantizers (efeslab/Atom, model/quant.py and model/qLinearLayer.py), as the method applies them
+// to every linear product of the decoder layers (README.md): round-to-nearest on a uniform integer grid,
+// activations per token in groups of channels, weights per group of input channels shared by a few
+// consecutive output rows, the `keeper` last channels in the reordered order (the outliers) kept at 8 bits.
+#include <array>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness/engine/prefill_view.hpp"
+
+namespace kvb {
+
+// Atom's quantize_tensor on one group x[0, n) in place: symmetric (codes in [-2^(b-1), 2^(b-1) - 1], scale
+// max|x| x clip / (2^(b-1) - 1)) or asymmetric (codes in [0, 2^b - 1] with a rounded zero point, the range
+// clipped at both ends); rounding half to even, as torch.round.
+void atom_quantize_group(float* x, size_t n, int bits, bool sym, float clip);
+
+// What one kind of tensor is quantized with: bits, channels per group (0: the whole row), symmetric, clip
+// ratio, and the outlier channels at the end of the reordered row, kept at 8 bits (symmetric, one scale per
+// row, no clip) or, with keeper_bits 16, as they are.
+struct AtomQuant {
+  int bits = 4;
+  int group = 128;
+  bool sym = true;
+  float clip = 1.0f;
+  int keeper = 0;
+  int keeper_bits = 8;
+  // Rows (weights: consecutive output rows) sharing each group's scale.
+  int channel_group = 1;
+};
+
+// Atom's quantize_activation_wrapper on rows x[n, cols] given in their reordered order: the keeper
+// channels quantized apart, set to zero for the grouped quantization of the row, then put back.
+void atom_quantize_rows(float* x, int n, int cols, const AtomQuant& q);
+// QLinearLayer.quant on a weight w[rows, cols] whose columns are in the reordered order: the keeper columns
+// per row at 8 bits, the rest (keeper zeroed) in groups of `group` columns over `channel_group` rows.
+void atom_quantize_weight(float* w, int rows, int cols, const AtomQuant& q);
+
+// Layer l's reorder index of each input site: the channels in ascending order of their calibration
+// statistic (outliers last), as Atom's get_reorder_index; empty sites keep the model's order.
+struct AtomReorder {
+  std::vector<std::array<std::vector<int>, 4>> layers;  // [layer][MatrixInput]
+  const std::vector<int>& of(int layer, MatrixInput s) const { return layers[size_t(layer)][size_t(s)]; }
+};
+
+// Rows x[n, cols] quantized in the order `perm` gives (empty: as they are), put back in place.
+void atom_quantize_rows_in_order(float* x, int n, int cols, const std::vector<int>& perm, const AtomQuant& q,
+                                 std::vector<float>& scratch);
+// A weight's columns quantized in the order `perm` gives (empty: as they are), put back in place.
+void atom_quantize_weight_in_order(float* w, int rows, int cols, const std::vector<int>& perm, const AtomQuant& q);
+
+// The permutation sorting `stat` ascending (ties by channel), Atom's torch.sort of the Hessian diagonal.
+std::vector<int> atom_order(std::span<const double> stat);
+
+}  // namespace kvb
