@@ -70,7 +70,7 @@ inline ForcedGaps forced_gaps(Engine& engine, Method* m, const nlohmann::json& r
   return out;
 }
 
-// Runs Palu's calibration step `name` with `options` into `out`; returns the artifact's JSON.
+// Runs the offline step `name` with `options` into `out`; returns the artifact's JSON.
 inline nlohmann::json calibrate(const std::string& name, Engine& engine, const ModelFile& model, const Tokenizer& tok,
                                 const std::map<std::string, std::string>& options, const std::string& out) {
   const OfflineStep step = MethodRegistry::get().offline_step("calibrate", name);

@@ -471,11 +471,18 @@ void Engine::use_linear_transforms(std::span<LinearTransform* const> ts) {
           "decode_batch: sequence {} runs the model's weights {} and sequence 0 {}: sequences whose methods change the "
           "weights differently cannot share a step",
           s, key(ts[s]).empty() ? "unchanged" : "as " + key(ts[s]), k.empty() ? "unchanged" : "as " + k);
-  changed_active_ = !k.empty();
-  if (!changed_active_ || k == changed_key_) return;
-  // One changed set is kept: the old one goes before the new one is made (a 7B model's fp32 copy).
-  changed_.clear();
-  changed_key_.clear();
+  changed_active_ = false;
+  // One changed set is kept, and only while passes use it: the old one goes before a new one is made, and
+  // when a pass runs the model's own (a 7B model's copy is 14-28 GB).
+  if (k != changed_key_) {
+    changed_.clear();
+    changed_key_.clear();
+  }
+  if (k.empty()) return;
+  if (k == changed_key_) {
+    changed_active_ = true;
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Matrices> made(size_t(cfg_.n_layers));
   for (int l = 0; l < cfg_.n_layers; ++l)
@@ -490,6 +497,7 @@ void Engine::use_linear_transforms(std::span<LinearTransform* const> ts) {
     }
   changed_ = std::move(made);
   changed_key_ = k;
+  changed_active_ = true;
   transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -170,7 +170,8 @@ class Engine {
                  bool after_rope);
   void reset_caches();
   // The pass's linear transforms, one per sequence (null: none): the weights they make are used from
-  // now on (made when their key is new), and change_inputs applies them. An Error if the sequences' weights differ.
+  // now on (made whenever their key changes, in the backend's weight format), and change_inputs applies
+  // them. An Error if the sequences' weights differ.
   void use_linear_transforms(std::span<LinearTransform* const> ts);
   // Applies the pass's linear transforms to x [n, cols] entering layer l's matrices at `site`, a round
   // trip through the host; the rows are split evenly among the sequences, as in transform().

@@ -215,107 +215,112 @@ SweepOutcome Sweep::run(bool progress) {
         if (methods_[c]) needs.merge(methods_[c]->needs());
     }
   SharedPrefills prefills(engine, needs, std::move(shared_prompts), SharedPrefills::default_max_bytes());
-  for (size_t i : order) {
-    const Part& part = *work[i].part;
-    const Sample& s = part.samples[work[i].sample];
-    // A cell whose generation is recorded under other scoring options is re-scored, not run.
-    auto rescored = [&](size_t c) {
-      if (scoring.empty()) return false;
-      const auto it = generations.find(generation_key(part.configs[c], s.id));
-      if (it == generations.end()) return false;
-      const auto t = std::chrono::steady_clock::now();
-      nlohmann::json rec = it->second;
-      rec.update({{"key", cell_key(part.configs[c], s.id)},
-                  {"version", code_version()},
-                  {"config", part.configs[c]},
-                  {"meta", s.meta},
-                  {"score", part.task->score(s, rec["prediction"].get<std::string>())},
-                  {"scored_from", it->second.value("key", std::string())}});
-      rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-      out.append(rec);
-      ++o.run;
-      if (bar) bar->advance(1, fmt::format("rescored {:.2f}", rec["score"].get<double>()));
-      return true;
-    };
-    std::vector<size_t> shared, own;
-    for (size_t c : work[i].shared)
-      if (!rescored(c)) shared.push_back(c);
-    for (size_t c : work[i].own)
-      if (!rescored(c)) own.push_back(c);
-    // What a cell costs, its share of a shared prefill included: the rate status estimates from.
-    double prefill_share = 0;
-    auto failed = [&](size_t c, const std::string& error) {
-      const std::string& method = part.configs[c]["method"].get_ref<const std::string&>();
-      if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
-      failures->append({{"key", cell_key(part.configs[c], s.id)},
-                        {"id", s.id},
-                        {"version", code_version()},
-                        {"config", part.configs[c]},
-                        {"error", error}});
-      ++o.failed;
-      fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, error);
-      if (bar) bar->advance(1, fmt::format("{} failed", method));
-    };
-    auto save = [&](size_t c, nlohmann::json rec, double seconds) {
-      rec["wall_seconds"] = seconds;
-      out.append(rec);
-      if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
-      ++o.run;
-      if (bar)
-        bar->advance(
-            1, fmt::format("{} {:.2f}", part.configs[c]["method"].get<std::string>(), rec["score"].get<double>()));
-    };
-    // One at a time, or (batch > 1, a generation sample) in groups that decode together.
-    auto run_group = [&](const std::vector<size_t>& cells, const PrefillCapture* capture) {
-      const double share = capture ? prefill_share : 0.0;
-      if (spec_.batch <= 1 || s.choices || s.scored_text) {
-        for (size_t c : cells) {
-          const auto t = std::chrono::steady_clock::now();
-          nlohmann::json rec;
-          try {
-            rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
-                           part.configs[c], capture);
-          } catch (const Error& e) {
-            failed(c, e.what());
-            continue;
+  // Methods that make their own weights (Atom) run after the others, one set of weights at a time over all
+  // samples: the engine keeps one set, which each change of weights makes again, and cells decoding
+  // together must share the weights each step reads.
+  auto weights_of = [&](size_t c) {
+    const LinearTransform* t = methods_[c] ? methods_[c]->linear_transform() : nullptr;
+    return t ? t->weights_key() : std::string();
+  };
+  std::set<std::string> passes = {""};
+  for (const Work& w : work)
+    for (size_t c : w.own) passes.insert(weights_of(c));
+  for (const std::string& pass : passes)
+    for (size_t i : order) {
+      const Part& part = *work[i].part;
+      const Sample& s = part.samples[work[i].sample];
+      // A cell whose generation is recorded under other scoring options is re-scored, not run.
+      auto rescored = [&](size_t c) {
+        if (scoring.empty()) return false;
+        const auto it = generations.find(generation_key(part.configs[c], s.id));
+        if (it == generations.end()) return false;
+        const auto t = std::chrono::steady_clock::now();
+        nlohmann::json rec = it->second;
+        rec.update({{"key", cell_key(part.configs[c], s.id)},
+                    {"version", code_version()},
+                    {"config", part.configs[c]},
+                    {"meta", s.meta},
+                    {"score", part.task->score(s, rec["prediction"].get<std::string>())},
+                    {"scored_from", it->second.value("key", std::string())}});
+        rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        out.append(rec);
+        ++o.run;
+        if (bar) bar->advance(1, fmt::format("rescored {:.2f}", rec["score"].get<double>()));
+        return true;
+      };
+      std::vector<size_t> shared, own;
+      for (size_t c : work[i].shared)
+        if (pass.empty() && !rescored(c)) shared.push_back(c);
+      for (size_t c : work[i].own)
+        if (weights_of(c) == pass && !rescored(c)) own.push_back(c);
+      // What a cell costs, its share of a shared prefill included: the rate status estimates from.
+      double prefill_share = 0;
+      auto failed = [&](size_t c, const std::string& error) {
+        const std::string& method = part.configs[c]["method"].get_ref<const std::string&>();
+        if (!failures) failures = std::make_unique<ResultsFile>(o.failures);
+        failures->append({{"key", cell_key(part.configs[c], s.id)},
+                          {"id", s.id},
+                          {"version", code_version()},
+                          {"config", part.configs[c]},
+                          {"error", error}});
+        ++o.failed;
+        fmt::print(stderr, "\n{}: cell {} of sample {} failed: {}\n", spec_.name, method, s.id, error);
+        if (bar) bar->advance(1, fmt::format("{} failed", method));
+      };
+      auto save = [&](size_t c, nlohmann::json rec, double seconds) {
+        rec["wall_seconds"] = seconds;
+        out.append(rec);
+        if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
+        ++o.run;
+        if (bar)
+          bar->advance(
+              1, fmt::format("{} {:.2f}", part.configs[c]["method"].get<std::string>(), rec["score"].get<double>()));
+      };
+      // One at a time, or (batch > 1, a generation sample) in groups that decode together.
+      auto run_group = [&](const std::vector<size_t>& cells, const PrefillCapture* capture) {
+        const double share = capture ? prefill_share : 0.0;
+        if (spec_.batch <= 1 || s.choices || s.scored_text) {
+          for (size_t c : cells) {
+            const auto t = std::chrono::steady_clock::now();
+            nlohmann::json rec;
+            try {
+              rec = run_cell(*model_, *tok_, engine, *part.task, s, methods_[c].get(), spec_.configs[c].budget,
+                             part.configs[c], capture);
+            } catch (const Error& e) {
+              failed(c, e.what());
+              continue;
+            }
+            save(c, std::move(rec),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() + share);
           }
-          save(c, std::move(rec), std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() + share);
+          return;
         }
-        return;
-      }
-      for (size_t from = 0; from < cells.size(); from += size_t(spec_.batch)) {
-        const std::span<const size_t> group =
-            std::span(cells).subspan(from, std::min(cells.size() - from, size_t(spec_.batch)));
-        std::vector<CellRun> runs;
-        for (size_t c : group) runs.push_back({methods_[c].get(), spec_.configs[c].budget, &part.configs[c]});
-        std::vector<CellOutcome> outcomes = run_cells(*model_, *tok_, engine, *part.task, s, runs, capture);
-        for (size_t j = 0; j < group.size(); ++j) {
-          if (!outcomes[j].error.empty())
-            failed(group[j], outcomes[j].error);
-          else
-            save(group[j], std::move(outcomes[j].record), outcomes[j].seconds + share);
+        for (size_t from = 0; from < cells.size(); from += size_t(spec_.batch)) {
+          const std::span<const size_t> group =
+              std::span(cells).subspan(from, std::min(cells.size() - from, size_t(spec_.batch)));
+          std::vector<CellRun> runs;
+          for (size_t c : group) runs.push_back({methods_[c].get(), spec_.configs[c].budget, &part.configs[c]});
+          std::vector<CellOutcome> outcomes = run_cells(*model_, *tok_, engine, *part.task, s, runs, capture);
+          for (size_t j = 0; j < group.size(); ++j) {
+            if (!outcomes[j].error.empty())
+              failed(group[j], outcomes[j].error);
+            else
+              save(group[j], std::move(outcomes[j].record), outcomes[j].seconds + share);
+          }
         }
+      };
+      if (!shared.empty()) {
+        const auto t = std::chrono::steady_clock::now();
+        const std::shared_ptr<const PrefillCapture> capture = prefills.next();
+        const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        o.prefill_seconds += prefill;
+        prefill_share = prefill / double(shared.size());
+        run_group(shared, capture.get());
+      } else if (pass.empty() && !work[i].shared.empty()) {
+        prefills.skip();
       }
-    };
-    if (!shared.empty()) {
-      const auto t = std::chrono::steady_clock::now();
-      const std::shared_ptr<const PrefillCapture> capture = prefills.next();
-      const double prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-      o.prefill_seconds += prefill;
-      prefill_share = prefill / double(shared.size());
-      run_group(shared, capture.get());
-    } else if (!work[i].shared.empty()) {
-      prefills.skip();
+      run_group(own, nullptr);
     }
-    // Cells decoding together share the weights each step reads: those of methods that change them (Atom)
-    // decode apart from the others, by the weights they make.
-    std::map<std::string, std::vector<size_t>> by_weights;
-    for (size_t c : own) {
-      LinearTransform* t = methods_[c] ? methods_[c]->linear_transform() : nullptr;
-      by_weights[t ? t->weights_key() : std::string()].push_back(c);
-    }
-    for (const auto& [key, cells] : by_weights) run_group(cells, nullptr);
-  }
   o.prompt_tokens = prefills.tokens_total();
   o.prefilled_tokens = prefills.tokens_prefilled();
   if (bar) bar->finish();

@@ -132,21 +132,7 @@ void atom_quantize_weight_in_order(float* w, int rows, int cols, const std::vect
     for (int j = 0; j < cols; ++j) w[size_t(r) * cols + size_t(perm[size_t(j)])] = p[size_t(r) * cols + j];
 }
 
-std::vector<int> atom_order(std::span<const double> stat) {
-  std::vector<int> order(stat.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return stat[size_t(a)] < stat[size_t(b)]; });
-  return order;
-}
-
-namespace {
-
-constexpr const char* kKind = "atom";
-constexpr MatrixInput kSites[] = {MatrixInput::Attention, MatrixInput::AttentionOutput, MatrixInput::Mlp,
-                                  MatrixInput::MlpHidden};
-
-// The width of the activations entering each site.
-int site_width(const ModelConfig& m, MatrixInput s) {
+int atom_site_width(const ModelConfig& m, MatrixInput s) {
   switch (s) {
     case MatrixInput::AttentionOutput:
       return m.n_heads * m.head_dim;
@@ -157,6 +143,16 @@ int site_width(const ModelConfig& m, MatrixInput s) {
   }
 }
 
+std::vector<int> atom_order(std::span<const double> stat) {
+  std::vector<int> order(stat.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return stat[size_t(a)] < stat[size_t(b)]; });
+  return order;
+}
+
+namespace {
+
+constexpr const char* kKind = "atom";
 // ---------------------------------------------------------------------------------------------------
 // Calibration: the diagonal of each site's Hessian, sum over tokens of x_c^2 (Atom's act_sort_metric
 // 'hessian', up to its constant factor 2 / nsamples, which leaves the order alone), then its order.
@@ -166,9 +162,9 @@ constexpr const char* kPaperText =
 
 class SiteStats final : public PrefillObserver, public LinearTransform {
  public:
-  explicit SiteStats(const ModelConfig& m) : m_(m), sums_(size_t(m.n_layers)) {
+  explicit SiteStats(const ModelConfig& m) : sums_(size_t(m.n_layers)) {
     for (auto& layer : sums_)
-      for (MatrixInput s : kSites) layer[size_t(s)].assign(size_t(site_width(m, s)), 0.0);
+      for (MatrixInput s : kAtomSites) layer[size_t(s)].assign(size_t(atom_site_width(m, s)), 0.0);
   }
   void on_layer(const PrefillView&, LayerCache&) override {}
   LinearTransform* linear_transform() override { return this; }
@@ -181,7 +177,6 @@ class SiteStats final : public PrefillObserver, public LinearTransform {
   const std::vector<double>& sum(int layer, MatrixInput s) const { return sums_[size_t(layer)][size_t(s)]; }
 
  private:
-  const ModelConfig& m_;
   std::vector<std::array<std::vector<double>, 4>> sums_;
 };
 
@@ -200,7 +195,7 @@ void calibrate(CalibrationContext& ctx) {
   nlohmann::json layers = nlohmann::json::array();
   for (int l = 0; l < cfg.n_layers; ++l) {
     nlohmann::json layer;
-    for (MatrixInput s : kSites) {
+    for (MatrixInput s : kAtomSites) {
       const std::vector<int> order = atom_order(stats.sum(l, s));
       layer[matrix_input_name(s)] = order;
     }
@@ -230,9 +225,9 @@ AtomReorder reorder_from(const LoadedArtifact& a, const ModelConfig& m) {
   AtomReorder r;
   r.layers.resize(size_t(m.n_layers));
   for (int l = 0; l < m.n_layers; ++l)
-    for (MatrixInput s : kSites) {
+    for (MatrixInput s : kAtomSites) {
       const auto& j = layers[size_t(l)].value(matrix_input_name(s), nlohmann::json());
-      const size_t width = size_t(site_width(m, s));
+      const size_t width = size_t(atom_site_width(m, s));
       const std::string where = fmt::format("{}: layers[{}].{}", a.path, l, matrix_input_name(s));
       if (!j.is_array() || j.size() != width) fail("{}: expected a permutation of the {} channels", where, width);
       std::vector<int>& perm = r.layers[size_t(l)][size_t(s)];
@@ -296,8 +291,8 @@ class Atom final : public Method, public KvTransform, public LinearTransform {
     kv_bits_ = p.get_bool("kv_cache") && abits < 16 ? abits : 16;
     kv_clip_ = float(p.get_float("kv_clip_ratio"));
     // Atom's asserts, here before any work: each width divisible by its group, the keeper within it.
-    for (MatrixInput s : kSites) {
-      const int width = site_width(m, s);
+    for (MatrixInput s : kAtomSites) {
+      const int width = atom_site_width(m, s);
       for (auto [what, group] : {std::pair{"act_group_size", acts_.group}, {"weight_group_size", weights_.group}})
         if (group > 0 && width % group != 0)
           fail(
@@ -325,7 +320,7 @@ class Atom final : public Method, public KvTransform, public LinearTransform {
     }
     key_ = fmt::format("atom w{} g{}x{} {} clip {} keeper {}@{} {}", wbits, weights_.group, weights_.channel_group,
                        weights_.sym ? "sym" : "asym", weights_.clip, keeper, keeper_bits,
-                       artifact_.path.empty() ? "model order" : artifact_.path + " " + artifact_.digest);
+                       artifact_.path.empty() ? "model order" : "index " + artifact_.digest);
   }
 
   nlohmann::json artifacts() const override {
@@ -347,17 +342,26 @@ class Atom final : public Method, public KvTransform, public LinearTransform {
   std::string weights_key() const override { return weights_.bits < 16 ? key_ : ""; }
   void weights(int layer, Matrix m, float* w, int rows, int cols) override {
     const std::vector<int>& perm = reorder_.of(layer, input_of(m));
-    // Atom groups consecutive rows of the Hugging Face checkpoint; a GGUF's q and k rows are in
-    // llama.cpp's order for its interleaved RoPE (GGUF row h d + 2 i + j = HF row h d + j d / 2 + i).
-    const int d = model().head_dim;
-    if ((m != Matrix::Q && m != Matrix::K) || model().rope_layout != RopeLayout::Interleaved ||
-        weights_.channel_group == 1 || weights_.group == 0)
+    if (weights_.channel_group == 1 || weights_.group == 0)  // no row shares a scale with another
       return atom_quantize_weight_in_order(w, rows, cols, perm, weights_);
-    auto gguf_row = [d](int hf) { return hf / d * d + 2 * (hf % d % (d / 2)) + hf % d / (d / 2); };
-    std::vector<float> hf(size_t(rows) * cols);
-    for (int r = 0; r < rows; ++r) std::copy_n(w + size_t(gguf_row(r)) * cols, cols, hf.data() + size_t(r) * cols);
-    atom_quantize_weight_in_order(hf.data(), rows, cols, perm, weights_);
-    for (int r = 0; r < rows; ++r) std::copy_n(hf.data() + size_t(r) * cols, cols, w + size_t(gguf_row(r)) * cols);
+    // Rows sharing a scale are neighbours in Atom's order of them. gate's and up's rows are reordered as
+    // down's input (reorder_model_llama's out_reorder_index) before they are quantized. The others keep the
+    // Hugging Face checkpoint's order, which a GGUF changes for q and k: llama.cpp reorders their rows for its
+    // interleaved RoPE (GGUF row h d + 2 i + j = HF row h d + j d / 2 + i).
+    std::vector<int> row_order;
+    const int d = model().head_dim;
+    if (m == Matrix::Gate || m == Matrix::Up) {
+      row_order = reorder_.of(layer, MatrixInput::MlpHidden);
+    } else if ((m == Matrix::Q || m == Matrix::K) && model().rope_layout == RopeLayout::Interleaved) {
+      for (int hf = 0; hf < rows; ++hf) row_order.push_back(hf / d * d + 2 * (hf % d % (d / 2)) + hf % d / (d / 2));
+    }
+    if (row_order.empty()) return atom_quantize_weight_in_order(w, rows, cols, perm, weights_);
+    std::vector<float> ordered(size_t(rows) * cols);
+    for (int r = 0; r < rows; ++r)
+      std::copy_n(w + size_t(row_order[size_t(r)]) * cols, cols, ordered.data() + size_t(r) * cols);
+    atom_quantize_weight_in_order(ordered.data(), rows, cols, perm, weights_);
+    for (int r = 0; r < rows; ++r)
+      std::copy_n(ordered.data() + size_t(r) * cols, cols, w + size_t(row_order[size_t(r)]) * cols);
   }
   void inputs(int layer, MatrixInput site, float* x, int n, int cols) override {
     if (acts_.bits >= 16) return;
@@ -406,9 +410,9 @@ std::vector<ParamSpec> method_params() {
       ParamSpec::integer("keeper", 128, 0, 1 << 20, "outlier channels, last in the reordered order, kept apart"),
       ParamSpec::choice("keeper_precision", "int8", {"int8", "fp16"},
                         "the outliers' precision (Atom's keeper_precision 3 or 0)"),
-      ParamSpec::real("a_clip_ratio", 0.9, 0.0, 1.0, "activation range clip"),
-      ParamSpec::real("w_clip_ratio", 0.85, 0.0, 1.0, "weight range clip"),
-      ParamSpec::real("kv_clip_ratio", 1.0, 0.0, 1.0, "KV cache range clip"),
+      ParamSpec::real("a_clip_ratio", 0.9, 1e-3, 1.0, "activation range clip"),
+      ParamSpec::real("w_clip_ratio", 0.85, 1e-3, 1.0, "weight range clip"),
+      ParamSpec::real("kv_clip_ratio", 1.0, 1e-3, 1.0, "KV cache range clip"),
       ParamSpec::boolean("kv_cache", true, "quantize the KV cache (keys before RoPE, values; per token and head)"),
       ParamSpec::text("index", "", "reorder index (default: this model's from kvbench calibrate atom)"),
   };

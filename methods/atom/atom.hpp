@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness/engine/prefill_view.hpp"
+#include "harness/model/config.hpp"
 
 namespace kvb {
 
@@ -38,6 +39,11 @@ void atom_quantize_rows(float* x, int n, int cols, const AtomQuant& q);
 // QLinearLayer.quant on a weight w[rows, cols] whose columns are in the reordered order: the keeper columns
 // per row at 8 bits, the rest (keeper zeroed) in groups of `group` columns over `channel_group` rows.
 void atom_quantize_weight(float* w, int rows, int cols, const AtomQuant& q);
+
+// The width of the activations entering a site: the hidden size, the attention output's, the MLP's.
+int atom_site_width(const ModelConfig& m, MatrixInput s);
+inline constexpr MatrixInput kAtomSites[] = {MatrixInput::Attention, MatrixInput::AttentionOutput, MatrixInput::Mlp,
+                                             MatrixInput::MlpHidden};
 
 // Layer l's reorder index of each input site: the channels in ascending order of their calibration
 // statistic (outliers last), as Atom's get_reorder_index; empty sites keep the model's order.

@@ -8,8 +8,10 @@ format, is replaced by an empty module (quant_type int never calls it). Atom's d
 (qLlamaLayer.py) targets transformers 4's attention, so the model around the quantizers is transformers 5's
 LlamaForCausalLM with hooks that do what QLlamaDecoderLayer does:
   - each linear product's input x is put in its site's reorder index order, passed to
-    quantize_activation_wrapper, and put back; each weight's columns are put in the same order, quantized by
-    QLinearLayer.quant, and put back (Atom keeps both reordered; the product is the same);
+    quantize_activation_wrapper, and put back; each weight's columns are put in the same order (gate_proj's
+    and up_proj's rows also in down_proj's input order, as reorder_model_llama's out_reorder_index puts
+    them), quantized by QLinearLayer.quant, and put back (Atom keeps both reordered; the product is the
+    same, and the rows sharing a scale are Atom's);
   - k_proj's and v_proj's outputs (keys before RoPE, values) are quantized per token and head by
     quantize_tensor(n_bits=abits, group_size=0, sym=False, clip_ratio=kv_clip_ratio), as k_quant and v_quant
     (whose wrappers assert head_dim 128; SmolLM2's is 64, so quantize_tensor is called as they call it).
@@ -29,8 +31,8 @@ Fixture (--fixture, default methods/atom/fixtures/atom_ref.json; ASCII JSON, the
   quantizers: cases of random float32 inputs (numpy default_rng(7)) with Atom's settings and outputs, as
     little-endian float32 hex strings: activations (quantize_activation_wrapper), weights
     (QLinearLayer.quant), kv (quantize_tensor per row);
-  calibration: the windows' ids, and per layer and site the reorder index (layers 0, 1, 29) with the
-    statistic's float32 values;
+  calibration: the windows' ids; every layer's reorder index per site (`index`: base64 of little-endian
+    uint16); for layers 0, 1 and 29 the index again with the statistic's float32 values;
   logits: the first --n (64) ids of tests/fixtures/engine/grad_ids_256.json in one forward without a cache,
     positions --prefill - 1 .. n - 1: top8, the logits at 64 sample ids, logsumexp, for Atom's weights alone
     (`atom_weights`: abits 16, so neither activations nor the KV cache are quantized) and for the unmodified
@@ -47,6 +49,7 @@ Usage (from the repo root; needs torch, transformers 5.x, gguf, numpy and a clon
 """
 
 import argparse
+import base64
 import json
 import os
 import random
@@ -199,13 +202,20 @@ def install_atom(model, quant, qll, args, order):
     for l, name, mod in linears(model):
         idx = order[(l, SITE_OF[name])]
         inv = torch.argsort(idx)
+        # reorder_model_llama also reorders gate_proj's and up_proj's rows as down_proj's input.
+        rows = order[(l, "mlp_hidden")] if name in ("gate_proj", "up_proj") else None
         with torch.no_grad():
-            w = torch.index_select(mod.weight, 1, idx).contiguous()
+            w = torch.index_select(mod.weight, 1, idx)
+            if rows is not None:
+                w = torch.index_select(w, 0, rows)
             lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-            lin.weight.copy_(w)
+            lin.weight.copy_(w.contiguous())
             q = qll.QLinearLayer(lin, args)
             q.quant()
-            mod.weight.copy_(torch.index_select(q.weight, 1, inv))
+            w = q.weight
+            if rows is not None:
+                w = torch.index_select(w, 0, torch.argsort(rows))
+            mod.weight.copy_(torch.index_select(w, 1, inv))
 
         def pre(m, inp, idx=idx, inv=inv):
             x = torch.index_select(inp[0], -1, idx).contiguous()
@@ -261,6 +271,8 @@ def main():
     doc["calibration"] = {
         "description": "Atom's get_wikitext2 windows (seed 0) over data/python-docs, SmolLM2's tokenizer",
         "sequences": windows,
+        "index": [{s: base64.b64encode(order[(l, s)].numpy().astype("<u2").tobytes()).decode("ascii") for s in SITES}
+                  for l in range(cfg.num_hidden_layers)],
         "layers": {str(l): {s: {"order": [int(i) for i in order[(l, s)]],
                                 "stat": hex32(stats[(l, s)].numpy())} for s in SITES} for l in FIXTURE_LAYERS}}
 
