@@ -538,6 +538,15 @@ TEST_CASE("every registered method decodes in a batch exactly as alone, in every
   std::vector<Sequence> seqs;
   for (size_t i = 0; i < names.size(); ++i) {
     methods.push_back(choose(i));
+    // What a record keys on: the files read, by name, each with its digest (Method::artifacts).
+    if (methods.back().method) {
+      const nlohmann::json a = methods.back().method->artifacts();
+      INFO(names[i] << " artifacts " << a.dump());
+      CHECK((a.is_null() || a.is_object()));
+      if (a.is_object())
+        for (const auto& [name, file] : a.items())
+          CHECK((file.is_object() && file.contains("digest") && file["digest"].is_string()));
+    }
     CHECK(e.prefill(prompt(i), methods.back().runner.get()) == alone[i].logits[0]);
     seqs.push_back(e.detach());
   }

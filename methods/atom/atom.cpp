@@ -325,7 +325,7 @@ class Atom final : public Method, public KvTransform, public LinearTransform {
 
   nlohmann::json artifacts() const override {
     if (artifact_.path.empty()) return nullptr;
-    return nlohmann::json::array({{{"file", artifact_.path}, {"digest", artifact_.digest}}});
+    return {{"index", {{"file", artifact_.path}, {"digest", artifact_.digest}}}};
   }
 
   KvTransform* kv_transform() override { return this; }
