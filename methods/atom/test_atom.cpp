@@ -252,7 +252,7 @@ TEST_CASE("atom: matches Atom's W4A4 KV4 model (reference.py)", "[atom][model]")
   CHECK(worst < 1e-5f * test::max_abs(want));
 }
 
-TEST_CASE("atom: at 16 bits it is the model; its cache charges codes, scales and zero points", "[atom][model]") {
+TEST_CASE("atom: at 16 bits it is the model, and its cache charges codes, scales and zero points", "[atom][model]") {
   const test::TempDir dir("atom_identity");
   auto model = ModelFile::open(test::tiny_random_model(dir, "llama"));
   Engine engine(*model);
