@@ -477,3 +477,31 @@ TEST_CASE("a linear transform changes each site's activations and its matrices' 
   test::require_error([&] { e.decode_batch(both, tokens); },
                       {"sequence 1 runs the model's weights unchanged", "cannot share a step"});
 }
+
+TEST_CASE("a prefill of some layers from given hidden states gives their views as a whole prefill does", "[engine]") {
+  const test::TempDir dir("prefill_layers");
+  auto model = ModelFile::open(test::tiny_random_model(dir, "llama"));
+  Engine e(*model);
+  std::mt19937 rng(10);
+  std::vector<int32_t> ids(30);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % 300);
+  struct Keys final : PrefillObserver {
+    std::vector<std::vector<float>> k;
+    void on_layer(const PrefillView& v, LayerCache&) override {
+      k.emplace_back(v.k, v.k + size_t(v.n_tokens) * v.n_kv_heads * v.head_dim);
+    }
+  } whole, first;
+  e.prefill(ids, &whole);
+  std::vector<float> hidden;
+  e.prefill_layers(ids, 0, 2, hidden, &first);
+  CHECK(hidden.size() == ids.size() * 128);
+  e.prefill_layers(ids, 2, 3, hidden, &first);  // from the states the first two layers left
+  REQUIRE(whole.k.size() == 3);
+  CHECK(first.k == whole.k);
+  test::require_error([&] { e.decode(5); }, {"no sequence"});
+  test::require_error([&] { e.prefill_layers(ids, 1, 4, hidden, &first); },
+                      {"layers [1, 4) asked of a model with 3 layers"});
+  hidden.pop_back();
+  test::require_error([&] { e.prefill_layers(ids, 1, 2, hidden, &first); },
+                      {"3839 hidden-state numbers for 30 tokens"});
+}

@@ -71,13 +71,12 @@ MatrixInput input_of(Matrix m) {
   return MatrixInput::MlpHidden;
 }
 
-namespace {
-
-// The file's tensor of layer l's matrix m.
 std::string matrix_tensor(int l, Matrix m) {
   constexpr const char* names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
   return fmt::format("blk.{}.{}.weight", l, names[static_cast<int>(m)]);
 }
+
+namespace {
 
 // Weights are dequantized once, at load: vectors to fp32, matrices to the backend's weight format.
 Buffer load(Backend& b, const ModelFile& m, const std::string& name, size_t& bytes) {
@@ -269,8 +268,25 @@ std::vector<float> Engine::prefill(std::span<const int32_t> ids, PrefillObserver
   return run_prefill(ids, observer, next_logprobs, nullptr);
 }
 
+void Engine::prefill_layers(std::span<const int32_t> ids, int first, int last, std::vector<float>& hidden,
+                            PrefillObserver* observer) {
+  if (first < 0 || last <= first || last > cfg_.n_layers)
+    fail("prefill_layers: layers [{}, {}) asked of a model with {} layers", first, last, cfg_.n_layers);
+  if (first > 0 && hidden.size() != ids.size() * size_t(cfg_.hidden))
+    fail("prefill_layers: {} hidden-state numbers for {} tokens of width {}", hidden.size(), ids.size(), cfg_.hidden);
+  if (observer && observer->reads_whole_prompt())
+    fail("prefill_layers: an observer that reads the whole prompt needs every layer");
+  run_prefill(ids, observer, nullptr, nullptr, {first, last, &hidden});
+}
+
 std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
                                        std::vector<double>* next_logprobs, const PrefillCapture* past) {
+  return run_prefill(ids, observer, next_logprobs, past, {0, cfg_.n_layers, nullptr});
+}
+
+std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
+                                       std::vector<double>* next_logprobs, const PrefillCapture* past,
+                                       const LayerRange& range) {
   if (ids.empty()) fail("prefill: empty prompt");
   const int n = static_cast<int>(ids.size());
   if (n > cfg_.context_length)
@@ -318,7 +334,10 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
   const int mc = std::min(n1, opt_.mlp_chunk);
   Buffer gate(b, size_t(mc) * F), up(b, size_t(mc) * F), act(b, size_t(mc) * F), mlp_in(b, size_t(mc) * H),
       mlp_out(b, size_t(mc) * H);
-  b.embed(tok_embd_, ids.subspan(size_t(n0)), H, x);
+  if (range.first > 0)
+    b.upload(x, *range.hidden);
+  else
+    b.embed(tok_embd_, ids.subspan(size_t(n0)), H, x);
 
   // The host side of a layer (the cache of record, the observer) runs while the backend computes the
   // next layer: layer l's K/V (and whatever the observer asked for) land in staging slot l % 2.
@@ -357,7 +376,7 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
   };
 
   const size_t kv_elems = size_t(n) * KV, kv_old = size_t(n0) * KV, kv_new = size_t(n1) * KV;
-  for (int l = 0; l < cfg_.n_layers; ++l) {
+  for (int l = range.first; l < range.last; ++l) {
     Layer& L = layers_[l];
     const int slot = l % 2;
     Staged& st = staged[slot];
@@ -404,9 +423,16 @@ std::vector<float> Engine::run_prefill(std::span<const int32_t> ids, PrefillObse
       b.add(x, mlp_out, size_t(rows) * H, size_t(t0) * H);
     }
     if (cfg_.parallel_block) b.add(x, proj, size_t(n1) * H);
-    if (l > 0) finish_layer(l - 1);
+    if (l > range.first) finish_layer(l - 1);
   }
-  finish_layer(cfg_.n_layers - 1);
+  finish_layer(range.last - 1);
+  if (range.hidden) {  // a partial pass leaves nothing to decode from
+    range.hidden->resize(size_t(n) * H);
+    b.download(x, *range.hidden);
+    seq_ = Sequence{};
+    reset_caches();
+    return {};
+  }
   seq_.pos_ = n;
   seq_.observer_ = observer && observer->acts_on_decode() ? observer : nullptr;
   if (next_logprobs) *next_logprobs = next_token_logprobs(x, ids);

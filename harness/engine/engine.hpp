@@ -83,6 +83,13 @@ class Engine {
   // prefill's own attention: a method changes them only by changing the model).
   std::vector<float> prefill(std::span<const int32_t> ids, PrefillObserver* observer = nullptr,
                              std::vector<double>* next_logprobs = nullptr);
+  // Decoder layers [first, last) of a prefill of `ids`, from the hidden states entering layer `first` in
+  // `hidden` ([n, hidden size]; unread when first is 0: the embeddings), which it leaves holding those leaving
+  // layer last - 1. An offline step that goes layer by layer (GPTQ: layer l's Hessians are taken with the
+  // layers before it already quantized) keeps each window's states rather than running those layers again.
+  // The observer sees these layers as in prefill; no logits, and no sequence is left to decode.
+  void prefill_layers(std::span<const int32_t> ids, int first, int last, std::vector<float>& hidden,
+                      PrefillObserver* observer);
   // Appends one token and returns its logits.
   std::vector<float> decode(int32_t token);
   // Hands out the current sequence (as prefill or resume left it); the engine then holds none.
@@ -129,6 +136,14 @@ class Engine {
   struct Layer;
   std::vector<float> run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
                                  std::vector<double>* next_logprobs, const PrefillCapture* past);
+  // run_prefill's layers [first, last) from and into host hidden states (prefill_layers).
+  struct LayerRange {
+    int first = 0, last = 0;
+    std::vector<float>* hidden = nullptr;
+  };
+  std::vector<float> run_prefill(std::span<const int32_t> ids, PrefillObserver* observer,
+                                 std::vector<double>* next_logprobs, const PrefillCapture* past,
+                                 const LayerRange& range);
   std::vector<float> logits_of_last(const Buffer& x, int n);
   // The output head over each of n rows of x, tokens of n sequences (Backend::linear_tokens), through
   // the working buffers h [n, hidden] and logits [n, vocabulary].

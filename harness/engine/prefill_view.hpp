@@ -69,6 +69,8 @@ inline constexpr Matrix kMatrices[] = {Matrix::Q,    Matrix::K,  Matrix::V,   Ma
 const char* matrix_name(Matrix m);  // "q" .. "down"
 const char* matrix_input_name(MatrixInput s);
 MatrixInput input_of(Matrix m);
+// The model file's tensor of layer l's matrix m (GGUF's names, which ModelFile gives every format).
+std::string matrix_tensor(int layer, Matrix m);
 
 // A change of the decoder layers' linear products, weights and the activations entering them, as a
 // method that quantizes the model runs them (Atom). Neither the embedding nor the output head changes.
