@@ -10,6 +10,8 @@ extern "C" {
 void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w, double* work,
              const int* lwork, int* iwork, const int* liwork, int* info);
 void dgetrf_(const int* m, const int* n, double* a, const int* lda, int* ipiv, int* info);
+void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+void dpotri_(const char* uplo, const int* n, double* a, const int* lda, int* info);
 void dgetri_(const int* n, double* a, const int* lda, const int* ipiv, double* work, const int* lwork, int* info);
 }
 
@@ -55,6 +57,21 @@ bool invert_in_place(std::vector<double>& a, int d) {
   std::vector<double> work(static_cast<size_t>(lwork));
   dgetri_(&n, a.data(), &n, ipiv.data(), work.data(), &lwork, &info);
   return info == 0;
+}
+
+bool inverse_cholesky_upper(std::vector<double>& a, int d) {
+  if (a.size() != size_t(d) * d) fail("inverse_cholesky_upper: {} numbers for a {} x {} matrix", a.size(), d, d);
+  // LAPACK's column-major lower triangle is the row-major upper one: a = L L^T there is U^T U here.
+  char uplo = 'L';
+  int n = d, info = 0;
+  dpotrf_(&uplo, &n, a.data(), &n, &info);
+  if (info != 0) return false;
+  dpotri_(&uplo, &n, a.data(), &n, &info);
+  if (info != 0) return false;
+  dpotrf_(&uplo, &n, a.data(), &n, &info);
+  if (info != 0) return false;
+  for (int i = 1; i < d; ++i) std::fill_n(a.data() + size_t(i) * d, i, 0.0);  // below the diagonal: untouched input
+  return true;
 }
 
 }  // namespace kvb

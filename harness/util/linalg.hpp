@@ -14,4 +14,9 @@ void symmetric_eigen(std::vector<double> a, int d, std::vector<double>& vals, st
 // matrix is singular to working precision (a is then unspecified).
 bool invert_in_place(std::vector<double>& a, int d);
 
+// The upper Cholesky factor U of the inverse of the symmetric positive definite a[d, d] (row-major):
+// inverse(a) = U^T U, U upper triangular with zeros below (GPTQ's Hinv: torch.linalg.cholesky,
+// cholesky_inverse, cholesky(upper=True)). False when a is not positive definite.
+bool inverse_cholesky_upper(std::vector<double>& a, int d);
+
 }  // namespace kvb

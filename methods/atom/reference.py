@@ -149,6 +149,81 @@ def quantizer_cases(quant, qll):
     return cases
 
 
+M32 = 0xFFFFFFFF
+
+
+def mix32(i):
+    """Thomas Wang's 32-bit integer hash (the C++ test computes the same inputs with it)."""
+    i = ((i ^ 61) ^ (i >> 16)) & M32
+    i = (i + (i << 3)) & M32
+    i ^= i >> 4
+    i = (i * 0x27D4EB2D) & M32
+    return i ^ (i >> 15)
+
+
+def hashed(tag, rows, cols, denom, outlier_every=0):
+    """rows x cols of (mix32(tag * 1000003 + r * 4099 + c) % 2001 - 1000) / denom, exact in float32; every
+    outlier_every-th column (from 7) 16 times larger."""
+    a = np.array([[(mix32(tag * 1000003 + r * 4099 + c) % 2001) - 1000 for c in range(cols)] for r in range(rows)],
+                 dtype=np.float64) / denom
+    if outlier_every:
+        a[:, 7::outlier_every] *= 16
+    return a.astype(np.float32)
+
+
+# GPTQ cases: rows, cols, calibration tokens, Atom's arguments, a column no token uses (-1: none; its weights
+# 16 times larger, so that each row's range is found before the column is zeroed, as fasterquant does), and a
+# block of the weight [0, r) x [0, c) made non-negative (a symmetric group without negative values keeps its
+# minimum at 0 in Quantizer_GPTQ).
+GPTQ_CASES = [("g32_cg2_int8keeper", 8, 200, 256,
+               dict(weight_group_size=32, weight_channel_group=2, keeper=8, keeper_precision=3), -1, (0, 0)),
+              ("row_asym3_fp16keeper_dead", 6, 150, 256,
+               dict(wbits=3, w_sym=False, weight_group_size=0, weight_channel_group=1, w_clip_ratio=1.0, keeper=6,
+                    keeper_precision=0), 5, (0, 0)),
+              ("g64_cg4_nokeeper_nonneg", 8, 160, 256,
+               dict(weight_group_size=64, weight_channel_group=4, w_clip_ratio=0.9, keeper=0, keeper_precision=0), -1,
+               (4, 64))]
+
+
+def gptq_cases(atom_dir, qll):
+    """Atom's GPTQ class (model/gptq.py) as quantize_model_gptq_llama drives it: Quantizer_GPTQ configured
+    per channel with the channel groups and clip ratio, add_batch on the inputs, fasterquant(percdamp 0.01,
+    groupsize weight_group_size). Its imports of the decoder layer (transformers 4's) are stood in for by
+    qLinearLayer's QLinearLayer, which is what they re-export."""
+    import torch
+    import transformers
+    sys.modules.setdefault("qLlamaLayer", types.SimpleNamespace(QLinearLayer=qll.QLinearLayer))
+    if not hasattr(transformers, "Conv1D"):
+        transformers.Conv1D = type("Conv1D", (), {})
+    torch.cuda.synchronize = lambda *a, **k: None  # fasterquant syncs a GPU; there is none here
+    import gptq  # noqa: E402
+    cases = []
+    for name, rows, cols, n, over, dead, nonneg in GPTQ_CASES:
+        args = atom_args(**over)
+        x = hashed(1, n, cols, 256.0, outlier_every=41)
+        w = hashed(2, rows, cols, 8192.0)
+        if dead >= 0:
+            x[:, dead] = 0
+            w[:, dead] *= 16
+        w[:nonneg[0], :nonneg[1]] = np.abs(w[:nonneg[0], :nonneg[1]])
+        lin = torch.nn.Linear(cols, rows, bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+        g = gptq.GPTQ(lin, n_out=args.keeper, keeper_precision=args.keeper_precision)
+        g.quantizer = gptq.Quantizer_GPTQ()
+        g.quantizer.configure(args.wbits, perchannel=True, sym=args.w_sym, mse=False,
+                              channel_group=args.weight_channel_group, clip_ratio=args.w_clip_ratio,
+                              quant_type=args.quant_type)
+        g.add_batch(torch.from_numpy(x).unsqueeze(0), None)
+        g.fasterquant(percdamp=0.01, groupsize=args.weight_group_size)
+        cases.append({"name": name, "rows": rows, "cols": cols, "tokens": n, "dead": dead, "nonneg": list(nonneg),
+                      "bits": args.wbits,
+                      "group": args.weight_group_size, "sym": args.w_sym, "clip": args.w_clip_ratio,
+                      "keeper": args.keeper, "keeper_bits": 8 if args.keeper_precision == 3 else 16,
+                      "channel_group": args.weight_channel_group, "q": hex32(lin.weight.detach().numpy())})
+    return cases
+
+
 def calibration_windows(gguf, nsamples, seqlen):
     """Atom's get_wikitext2 windows over set-up's python-docs."""
     enc = gr.gguf_tokenizer(gguf)("\n\n".join(gr.python_docs_texts()))["input_ids"]
@@ -258,7 +333,8 @@ def main():
     from hf_logits import sha256_file
     quant, qll = import_atom(args.atom)
     t0 = time.perf_counter()
-    doc = {"atom_settings": vars(atom_args()), "quantizers": quantizer_cases(quant, qll)}
+    doc = {"atom_settings": vars(atom_args()), "quantizers": quantizer_cases(quant, qll),
+           "gptq": gptq_cases(args.atom, qll)}
 
     model = gr.load_model(args.gguf, args.threads)
     gr.check_model(model, gr.read_gguf_tensors(args.gguf))

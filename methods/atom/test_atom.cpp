@@ -18,6 +18,7 @@
 #include "harness/tokenizer/tokenizer.hpp"
 #include "harness/util/base64.hpp"
 #include "methods/atom/atom.hpp"
+#include "methods/atom/gptq.hpp"
 #include "reference_logits.hpp"
 #include "test_util.hpp"
 
@@ -74,10 +75,12 @@ std::map<std::string, std::string> tiny_index(const ModelFile& model, const std:
 }
 const bool test_artifacts_registered = test::register_method_test_artifacts("atom", tiny_index);
 
-// Atom run through its runner, with the rows entering one layer's site recorded before Atom quantizes them.
+// Atom run through its runner, with the rows entering one layer's site recorded (appended, pass after pass)
+// before Atom quantizes them or, `quantized`, after.
 class LayerInputTap final : public PrefillObserver, public LinearTransform {
  public:
-  LayerInputTap(Method& m, int layer, MatrixInput site) : runner_(m, KvBudget{}), m_(m), layer_(layer), site_(site) {}
+  LayerInputTap(Method& m, int layer, MatrixInput site, bool quantized = false)
+      : runner_(m, KvBudget{}), m_(m), layer_(layer), site_(site), quantized_(quantized) {}
   PrefillNeeds needs() const override { return runner_.needs(); }
   KvTransform* kv_transform() override { return runner_.kv_transform(); }
   LinearTransform* linear_transform() override { return this; }
@@ -87,8 +90,10 @@ class LayerInputTap final : public PrefillObserver, public LinearTransform {
     m_.linear_transform()->weights(layer, m, w, rows, cols);
   }
   void inputs(int layer, MatrixInput site, float* x, int n, int cols) override {
-    if (layer == layer_ && site == site_) seen.assign(x, x + size_t(n) * cols);
+    const bool here = layer == layer_ && site == site_;
+    if (here && !quantized_) seen.insert(seen.end(), x, x + size_t(n) * cols);
     m_.linear_transform()->inputs(layer, site, x, n, cols);
+    if (here && quantized_) seen.insert(seen.end(), x, x + size_t(n) * cols);
   }
   std::vector<float> seen;
 
@@ -97,6 +102,7 @@ class LayerInputTap final : public PrefillObserver, public LinearTransform {
   Method& m_;
   int layer_;
   MatrixInput site_;
+  bool quantized_;
 };
 
 }  // namespace
@@ -157,10 +163,73 @@ TEST_CASE("atom: reordered quantization is the reordered row's, put back", "[ato
     for (int j = 0; j < cols; ++j) wp[size_t(r) * cols + j] = w[size_t(r) * cols + size_t(perm[size_t(j)])];
   const AtomQuant wq{.bits = 4, .group = 32, .sym = true, .clip = 0.85f, .keeper = 16, .channel_group = 2};
   atom_quantize_weight(wp.data(), 4, cols, wq);
-  atom_quantize_weight_in_order(w.data(), 4, cols, perm, wq);
+  atom_quantize_weight_in_order(w.data(), 4, cols, {}, perm, wq);
   for (int r = 0; r < 4; ++r)
     for (int j = 0; j < cols; ++j) CHECK(w[size_t(r) * cols + size_t(perm[size_t(j)])] == wp[size_t(r) * cols + j]);
   CHECK(atom_order(std::vector<double>{3, 1, 2, 1}) == std::vector<int>{1, 3, 2, 0});
+}
+
+// reference.py's hashed inputs: (mix32(tag * 1000003 + r * 4099 + c) % 2001 - 1000) / denom, every
+// outlier_every-th column from 7 sixteen times larger.
+uint32_t mix32(uint32_t i) {
+  i = (i ^ 61u) ^ (i >> 16);
+  i += i << 3;
+  i ^= i >> 4;
+  i *= 0x27D4EB2Du;
+  return i ^ (i >> 15);
+}
+std::vector<float> hashed(uint32_t tag, int rows, int cols, double denom, int outlier_every) {
+  std::vector<float> a(size_t(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      double v = double(int(mix32(tag * 1000003u + uint32_t(r) * 4099u + uint32_t(c)) % 2001u) - 1000) / denom;
+      if (outlier_every && c >= 7 && (c - 7) % outlier_every == 0) v *= 16;
+      a[size_t(r) * cols + c] = float(v);
+    }
+  return a;
+}
+
+// Atom's GPTQ class on the same weight and inputs (a grouped case whose group starts fall inside GPTQ's
+// blocks, a per-row asymmetric 3-bit case with fp16 outliers and an unused channel that holds each row's
+// range, channel groups of 4 without outliers and a group without negative weights). Its Hessian and Cholesky factors
+// are float32, kvbench's fp64: every code is the same, and the values differ by float32's rounding of the updated
+// outliers only.
+TEST_CASE("atom: GPTQ equals Atom's gptq.py", "[atom]") {
+  const nlohmann::json ref = reference();
+  REQUIRE(ref["gptq"].size() == 3);
+  for (const auto& c : ref["gptq"]) {
+    INFO(c["name"].get<std::string>());
+    const int rows = c["rows"], cols = c["cols"], n = c["tokens"], dead = c["dead"];
+    std::vector<float> x = hashed(1, n, cols, 256.0, 41), w = hashed(2, rows, cols, 8192.0, 0);
+    if (dead >= 0) {
+      for (int t = 0; t < n; ++t) x[size_t(t) * cols + size_t(dead)] = 0;
+      for (int r = 0; r < rows; ++r) w[size_t(r) * cols + size_t(dead)] *= 16;
+    }
+    for (int r = 0; r < c["nonneg"][0].get<int>(); ++r)
+      for (int j = 0; j < c["nonneg"][1].get<int>(); ++j) w[size_t(r) * cols + j] = std::abs(w[size_t(r) * cols + j]);
+    const std::vector<float> want = from_hex(c["q"]);
+    std::vector<double> h(size_t(cols) * cols, 0.0);
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < cols; ++i)
+        for (int j = 0; j < cols; ++j)
+          h[size_t(i) * cols + j] += double(x[size_t(t) * cols + i]) * x[size_t(t) * cols + j];
+    const AtomQuant q{.bits = c["bits"],
+                      .group = c["group"],
+                      .sym = c["sym"],
+                      .clip = c["clip"].get<float>(),
+                      .keeper = c["keeper"],
+                      .keeper_bits = c["keeper_bits"],
+                      .channel_group = c["channel_group"]};
+    const AtomGptqWeight g = atom_gptq(w, rows, cols, h, q, 0.01);
+    std::vector<float> got(w.size());
+    g.dequantize(got.data());
+    CHECK(test::max_abs_diff(got, want) <= 1e-6f);
+    // The artifact's form gives back the same weight.
+    const AtomGptqWeight back = atom_gptq_from_json(atom_gptq_to_json(g), rows, cols, q, "case");
+    std::vector<float> again(w.size());
+    back.dequantize(again.data());
+    CHECK(again == got);
+  }
 }
 
 // The whole method on the default model against reference.py: the index calibrated on the reference's
@@ -316,4 +385,92 @@ TEST_CASE("atom: errors name the parameter, the width and the file", "[atom]") {
   write_artifact(bad, body);
   with_index["index"] = bad;
   test::require_error([&] { make(with_index); }, {"bad.json: layers[1].mlp_hidden", "permutation of the 256 channels"});
+}
+
+// `kvbench calibrate atom-gptq` on a random model, against GPTQ run here on Hessians taken as the driver must
+// take them: layer 0's (every matrix) from the model with Atom's activations and KV cache quantized and its
+// own weights; layers 1 and 2's q, k and v from the model whose earlier layers run the GPTQ weights. Then the
+// method runs those weights, and refuses them for another setting.
+TEST_CASE("atom: calibrate atom-gptq quantizes layer by layer on the quantized model", "[atom]") {
+  const test::TempDir dir("atom_gptq");
+  auto model = ModelFile::open(test::tiny_random_model(dir, "llama"));
+  const ModelConfig& c = model->config();
+  Engine engine(*model);
+  const auto tok = load_tokenizer_file(test::source_path("tests/fixtures/tokenizer/synthetic/qwen2.json"));
+  std::mt19937 rng(11);
+  nlohmann::json seqs = nlohmann::json::array();
+  for (int s = 0; s < 3; ++s) {
+    std::vector<int> ids(40);
+    for (int& id : ids) id = int(rng() % uint32_t(c.vocab_size));
+    seqs.push_back(ids);
+  }
+  const std::string ids = write_ids(dir.path(), seqs);
+  std::map<std::string, std::string> p = tiny_index(*model, dir.path());
+  for (const auto& [k, v] : {std::pair{"act_group_size", "64"}, {"weight_group_size", "64"}, {"keeper", "16"}})
+    p[k] = v;
+  std::map<std::string, std::string> options = p;
+  options["ids"] = ids;
+  const std::string out = (dir / "gptq.json").string();
+  const nlohmann::json body = test::calibrate("atom-gptq", engine, *model, *tok, options, out);
+  CHECK(body["header"]["settings"]["keeper"] == "16");
+  CHECK(body["header"]["calibration"]["tokens"] == 120);
+
+  std::ifstream in(p["index"]);
+  const nlohmann::json index = nlohmann::json::parse(in);
+  AtomReorder reorder;
+  for (const auto& layer : index["layers"]) {
+    auto& sites = reorder.layers.emplace_back();
+    for (MatrixInput s : kAtomSites) sites[size_t(s)] = layer[matrix_input_name(s)].get<std::vector<int>>();
+  }
+  const AtomQuant wq{.bits = 4, .group = 64, .sym = true, .clip = 0.85f, .keeper = 16, .channel_group = 2};
+  auto check = [&](std::map<std::string, std::string> run, int layer, std::initializer_list<Matrix> mats) {
+    const auto atom = MethodRegistry::get().create("atom", run, c);
+    for (Matrix mat : mats) {
+      INFO("layer " << layer << " " << matrix_name(mat));
+      const MatrixInput site = input_of(mat);
+      const int cols = atom_site_width(c, site);
+      LayerInputTap tap(*atom, layer, site, true);
+      for (const auto& s : seqs) engine.prefill(s.get<std::vector<int32_t>>(), &tap);
+      std::vector<double> h(size_t(cols) * cols, 0.0);
+      for (size_t t = 0; t < tap.seen.size() / size_t(cols); ++t)
+        for (int i = 0; i < cols; ++i)
+          for (int j = 0; j < cols; ++j)
+            h[size_t(i) * cols + j] += double(tap.seen[t * cols + i]) * tap.seen[t * cols + j];
+      const std::vector<float> w = model->load_f32(matrix_tensor(layer, mat));
+      const int rows = int(w.size()) / cols;
+      const std::vector<int> row_order = atom_row_order(c, reorder, layer, mat);
+      const std::vector<int>& perm = reorder.of(layer, site);
+      std::vector<float> ordered;
+      atom_gather(w.data(), rows, cols, row_order, perm, ordered);
+      std::vector<double> hp(size_t(cols) * cols);
+      for (int i = 0; i < cols; ++i)
+        for (int j = 0; j < cols; ++j) hp[size_t(i) * cols + j] = h[size_t(perm[size_t(i)]) * cols + perm[size_t(j)]];
+      std::vector<float> want(w.size()), got(w.size());
+      atom_gptq(ordered, rows, cols, hp, wq, 0.01).dequantize(want.data());
+      atom_gptq_from_json(body["layers"][size_t(layer)][matrix_name(mat)], rows, cols, wq, "artifact")
+          .dequantize(got.data());
+      CHECK(test::max_abs_diff(got, want) <= 1e-5f);
+    }
+  };
+  std::map<std::string, std::string> weights_as_they_are = p;
+  weights_as_they_are["wbits"] = "16";
+  check(weights_as_they_are, 0, {Matrix::Q, Matrix::K, Matrix::V, Matrix::O, Matrix::Gate, Matrix::Up, Matrix::Down});
+  std::map<std::string, std::string> with_gptq = p;
+  with_gptq["weights"] = "gptq";
+  with_gptq["gptq"] = out;
+  for (int layer : {1, 2}) check(with_gptq, layer, {Matrix::Q, Matrix::K, Matrix::V});
+
+  // The method on those weights: not the rounded ones; and not for another setting.
+  const auto rtn = MethodRegistry::get().create("atom", p, c),
+             gptq = MethodRegistry::get().create("atom", with_gptq, c);
+  MethodRunner r_rtn(*rtn, KvBudget{}), r_gptq(*gptq, KvBudget{});
+  const std::vector<int32_t> prompt = seqs[0].get<std::vector<int32_t>>();
+  const std::vector<float> a = engine.prefill(prompt, &r_rtn), b = engine.prefill(prompt, &r_gptq);
+  CHECK(a != b);
+  CHECK(std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); }));
+  CHECK(gptq->artifacts()["gptq"]["file"] == out);
+  with_gptq["w_clip_ratio"] = "0.9";
+  test::require_error(
+      [&] { MethodRegistry::get().create("atom", with_gptq, c); },
+      {"gptq.json: GPTQ weights made with w_clip_ratio", "kvbench calibrate atom-gptq MODEL -o w_clip_ratio=0.9"});
 }
