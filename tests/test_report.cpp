@@ -146,6 +146,11 @@ TEST_CASE("reports: a method's rows name only the parameters that differ between
   CHECK(t.find("| h2o (gqa=repeat) |") != std::string::npos);
 }
 
+TEST_CASE("reports: parameters as text leave out empty ones (a default file)", "[report]") {
+  CHECK(params_text({{"index", ""}, {"keeper", "128"}, {"wbits", "4"}}) == "keeper=128 wbits=4");
+  CHECK(params_text({{"index", ""}}) == "-");
+}
+
 TEST_CASE("reports: compression-ratio runs get their own columns and blocks beside KV sizes", "[report]") {
   const TempDir dir("report_ratios");
   {

@@ -18,7 +18,9 @@ using report::layout_of;
 
 std::string params_text(const json& params) {
   std::string s;
-  for (const auto& [k, v] : params.items()) s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
+  for (const auto& [k, v] : params.items())
+    if (!v.get<std::string>().empty())  // an empty file parameter (the default artifact) says nothing
+      s += (s.empty() ? "" : " ") + k + "=" + v.get<std::string>();
   return s.empty() ? "-" : s;
 }
 
