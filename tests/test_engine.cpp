@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -417,27 +418,31 @@ namespace {
 // site, to show that a mismatch is seen.
 class ScaledSite final : public PrefillObserver, public LinearTransform {
  public:
-  ScaledSite(MatrixInput inputs_at, MatrixInput weights_at, std::string key = "scaled")
-      : in_(inputs_at), w_(weights_at), key_(std::move(key)) {}
+  ScaledSite(MatrixInput inputs_at, MatrixInput weights_at, std::string key = "scaled", int only_layer = -1)
+      : in_(inputs_at), w_(weights_at), key_(std::move(key)), only_(only_layer) {}
   void on_layer(const PrefillView& v, LayerCache& cache) override {
     cache.append_many(v.k, v.v, v.n_tokens, v.positions);
   }
   LinearTransform* linear_transform() override { return this; }
   std::string weights_key() const override { return key_; }
-  void weights(int, Matrix m, float* w, int rows, int cols) override {
+  bool changes_layer(int layer) const override { return only_ < 0 || layer == only_; }
+  void weights(int layer, Matrix m, float* w, int rows, int cols) override {
+    layers_made.insert(layer);
     if (input_of(m) == w_)
       for (size_t i = 0; i < size_t(rows) * cols; ++i) w[i] *= 0.5f;
   }
   void inputs(int layer, MatrixInput site, float* x, int n, int cols) override {
     rows_seen += layer == 0 && site == in_ ? n : 0;
-    if (site == in_)
+    if (site == in_ && changes_layer(layer))
       for (size_t i = 0; i < size_t(n) * cols; ++i) x[i] *= 2.0f;
   }
   int rows_seen = 0;
+  std::set<int> layers_made;
 
  private:
   MatrixInput in_, w_;
   std::string key_;
+  int only_;
 };
 
 }  // namespace
@@ -464,6 +469,12 @@ TEST_CASE("a linear transform changes each site's activations and its matrices' 
     ScaledSite wrong(site, site == MatrixInput::Mlp ? MatrixInput::Attention : MatrixInput::Mlp, "mismatched");
     CHECK(e.prefill(ids, &wrong) != want);
   }
+  // A transform of one layer: only that layer's weights are made, the others run the model's.
+  ScaledSite one(MatrixInput::Mlp, MatrixInput::Mlp, "layer 1", 1);
+  CHECK(e.prefill(ids, &one) == want);
+  CHECK(one.layers_made == std::set<int>{1});
+  ScaledSite one_wrong(MatrixInput::Mlp, MatrixInput::Attention, "layer 1 mismatched", 1);
+  CHECK(e.prefill(ids, &one_wrong) != want);
   // A capture cannot stand for a prefill of a changed model, and sequences whose weights differ do not
   // share a decode step.
   ScaledSite t(MatrixInput::Mlp, MatrixInput::Mlp);

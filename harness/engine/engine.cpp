@@ -511,7 +511,10 @@ void Engine::use_linear_transforms(std::span<LinearTransform* const> ts) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Matrices> made(size_t(cfg_.n_layers));
-  for (int l = 0; l < cfg_.n_layers; ++l)
+  std::vector<bool> which(size_t(cfg_.n_layers));
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    which[size_t(l)] = ts[0]->changes_layer(l);
+    if (!which[size_t(l)]) continue;
     for (Matrix m : kMatrices) {
       if (m == Matrix::Gate && !cfg_.gated_mlp) continue;
       const std::string name = matrix_tensor(l, m);
@@ -521,14 +524,16 @@ void Engine::use_linear_transforms(std::span<LinearTransform* const> ts) {
       ts[0]->weights(l, m, w.data(), rows, cols);
       made[size_t(l)][m] = Weight(*backend_, w, rows, cols);
     }
+  }
   changed_ = std::move(made);
+  changed_layer_ = std::move(which);
   changed_key_ = k;
   changed_active_ = true;
   transform_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 const Engine::Matrices& Engine::matrices(int l) const {
-  return changed_active_ ? changed_[size_t(l)] : layers_[size_t(l)].w;
+  return changed_active_ && changed_layer_[size_t(l)] ? changed_[size_t(l)] : layers_[size_t(l)].w;
 }
 
 void Engine::change_inputs(int l, MatrixInput site, Buffer& x, int n, int cols) {

@@ -82,6 +82,8 @@ class LinearTransform {
   virtual std::string weights_key() const = 0;
   // Layer l's matrix m [rows, cols] (rows: outputs), fp32 as the model file gives it, changed in place.
   virtual void weights(int /*layer*/, Matrix /*m*/, float* /*w*/, int /*rows*/, int /*cols*/) {}
+  // False for a layer whose weights stay the model's (weights() is not called for it, and no copy is made).
+  virtual bool changes_layer(int /*layer*/) const { return true; }
   // The n rows x[n, cols] entering layer l's matrices at `site`, changed in place (prefill: the prompt's
   // tokens; decoding: the step's token).
   virtual void inputs(int layer, MatrixInput site, float* x, int n, int cols) = 0;

@@ -587,12 +587,13 @@ class GptqPass final : public PrefillObserver, public LinearTransform {
   void on_layer(const PrefillView&, LayerCache&) override {}
   KvTransform* kv_transform() override { return atom_.kv_transform(); }
   LinearTransform* linear_transform() override { return this; }
-  // The Hessians' pass runs the model's weights; the other, layer_'s GPTQ weights (the only layer it runs).
+  // The Hessians' pass runs the model's weights; the other, layer_'s GPTQ weights (the only layer it runs, and
+  // the only one the engine copies).
   std::string weights_key() const override {
     return quantized_ ? fmt::format("atom-gptq run {}: layer {} quantized", run_, layer_) : "";
   }
+  bool changes_layer(int l) const override { return l == layer_; }
   void weights(int l, Matrix mat, float* w, int rows, int cols) override {
-    if (l != layer_) return;
     std::vector<float> ordered(size_t(rows) * cols);
     done_[size_t(l)][size_t(mat)].dequantize(ordered.data());
     atom_scatter(ordered.data(), rows, cols, atom_row_order(m_, atom_.reorder(), l, mat),
