@@ -191,9 +191,9 @@ std::vector<float> hashed(uint32_t tag, int rows, int cols, double denom, int ou
 
 // Atom's GPTQ class on the same weight and inputs (a grouped case whose group starts fall inside GPTQ's
 // blocks, a per-row asymmetric 3-bit case with fp16 outliers and an unused channel that holds each row's
-// range, channel groups of 4 without outliers and a group without negative weights). Its Hessian and Cholesky factors
-// are float32, kvbench's fp64: every code is the same, and the values differ by float32's rounding of the updated
-// outliers only.
+// range, channel groups of 4 without outliers and a group without negative weights). Its Hessian and Cholesky
+// factors are float32, kvbench's fp64: every code is the same (another code is a grid step away, 1e-3 or more
+// here), and the values differ by rounding only (of scales found from updated columns, of the kept outliers).
 TEST_CASE("atom: GPTQ equals Atom's gptq.py", "[atom]") {
   const nlohmann::json ref = reference();
   REQUIRE(ref["gptq"].size() == 3);
@@ -223,7 +223,7 @@ TEST_CASE("atom: GPTQ equals Atom's gptq.py", "[atom]") {
     const AtomGptqWeight g = atom_gptq(w, rows, cols, h, q, 0.01);
     std::vector<float> got(w.size());
     g.dequantize(got.data());
-    CHECK(test::max_abs_diff(got, want) <= 1e-6f);
+    CHECK(test::max_abs_diff(got, want) <= 1e-5f);
     // The artifact's form gives back the same weight.
     const AtomGptqWeight back = atom_gptq_from_json(atom_gptq_to_json(g), rows, cols, q, "case");
     std::vector<float> again(w.size());
