@@ -20,7 +20,7 @@
 # specs need weights trained per model (kvbench train dynakv), so the smoke skips them, as it skips VECTOR's
 # K-only table (the committed maps of the default model predate the key maps); Palu's rows get a basis
 # calibrated on 8,192 tokens of set-up's text (kvbench calibrate palu), beside the artifacts the repository
-# carries.
+# carries, and Atom's rows groups of 64 channels with GPTQ weights calibrated on as many tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -87,21 +87,47 @@ smoke_longbench() {
   fi
 }
 
-# A smoke's Palu basis: calibrated once into a copy of the artifacts directory (the other methods' files
-# linked), which the runs then read. Its palu/ is a folder of its own: linked, the smoke's 8,192-token
-# basis would replace the one the user calibrated.
-smoke_palu_basis() {
-  [[ -n ${palu_ready:-} ]] && return
-  local art
+# A smoke's artifacts: a copy of the artifacts directory (the other methods' files linked), which the runs
+# then read. The folders the smoke calibrates into (palu/, atom-gptq/) are its own: linked, its small
+# calibrations would replace the ones the user made.
+smoke_artifacts() {
+  [[ -n ${art_ready:-} ]] && return
+  local art own
   art=$(dirname "$runs")/artifacts
   mkdir -p "$art"
-  [[ -L $art/palu ]] && rm "$art/palu"
-  mkdir -p "$art/palu"
+  for own in palu atom-gptq; do
+    [[ -L $art/$own ]] && rm "$art/$own"
+    mkdir -p "$art/$own"
+  done
   for d in "${KVBENCH_ARTIFACTS:-$ROOT/artifacts}"/*; do [[ -e $art/$(basename "$d") ]] || ln -s "$(realpath "$d")" "$art/"; done
-  log "smoke: Palu basis for $(basename "$model") (kvbench calibrate palu, 8,192 tokens)"
-  KVBENCH_ARTIFACTS=$art "$KVBENCH" calibrate palu "$model" -o tokens=8192 ${data:+--data "$data"} > /dev/null
   export KVBENCH_ARTIFACTS=$art
+  art_ready=1
+}
+
+# A smoke's Palu basis, calibrated once (kvbench calibrate palu, 8,192 tokens).
+smoke_palu_basis() {
+  [[ -n ${palu_ready:-} ]] && return
+  smoke_artifacts
+  log "smoke: Palu basis for $(basename "$model") (kvbench calibrate palu, 8,192 tokens)"
+  "$KVBENCH" calibrate palu "$model" -o tokens=8192 ${data:+--data "$data"} > /dev/null
   palu_ready=1
+}
+
+# Atom-4bit (KVmix Table 3) on the smoke's model: groups of 64 channels (the default model's 576 do not take
+# the paper's 128) and GPTQ weights calibrated once on 8,192 tokens. Sets `atom` to the --set options of the
+# spec's atom entry (by its index in the methods list).
+smoke_atom() {
+  local spec=$1 i
+  i=$(awk '/^methods:/ {on = 1; next} on && /^[^ #]/ {exit} on && /^  - / {if (/name: atom/) {print n + 0; exit}; n++}' "$spec")
+  [[ -n $i ]] || die "$spec: no atom entry in its methods list"
+  if [[ -z ${atom_ready:-} ]]; then
+    smoke_artifacts
+    log "smoke: Atom's GPTQ weights for $(basename "$model") (kvbench calibrate atom-gptq, 8,192 tokens)"
+    "$KVBENCH" calibrate atom-gptq "$model" -o act_group_size=64 -o weight_group_size=64 -o tokens=8192 \
+      ${data:+--data "$data"} > /dev/null
+    atom_ready=1
+  fi
+  atom=(--set "methods.$i.params.act_group_size=64" --set "methods.$i.params.weight_group_size=64")
 }
 
 status=0
@@ -120,6 +146,8 @@ for p in $papers; do
         continue
       fi
       grep -q 'name: palu' "$spec" && ((!report_only)) && smoke_palu_basis
+      atom=()
+      grep -q 'name: atom' "$spec" && ((!report_only)) && smoke_atom "$spec"
       case $(sed -n 's/^task: *//p' "$spec") in
         longbench|longbench-e) read -ra extra <<< "$(smoke_longbench "$spec") --set task_options.max_len=1024" ;;
         ruler) extra=(--set 'task_options.length=[1024]' --set 'task_options.samples=1'
@@ -127,6 +155,7 @@ for p in $papers; do
         niah) extra=(--set task_options.s_len=1000 --set task_options.e_len=1000 --set task_options.depths=2) ;;
         perplexity) extra=(--set task_options.seq_len=256 --set task_options.windows=1) ;;
       esac
+      extra+=("${atom[@]}")
     fi
     if ((!report_only)); then
       log "$p/$table: kvbench run $spec${shard:+ --shard $shard}"

@@ -255,7 +255,23 @@ published: published.csv
   require_error([&] { load_experiment(spec, {"model=" + model, "limit"}); }, {"'limit'", "KEY=VALUE"});
   require_error([&] { load_experiment(spec, {"model=" + model, "limit=[1"}); }, {"not YAML"});
   require_error([&] { load_experiment(spec, {"model=" + model, "limit=abc"}); }, {"'limit' must be an integer"});
-  require_error([&] { load_experiment(spec, {"model=" + model, "task.x=1"}); }, {"'task' is not a mapping"});
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "task.x=1"});
+      },
+      {"'task' is neither a mapping nor a list"});
+  // In a list a key is an index: one method's parameter.
+  s = load_experiment(spec,
+                      {"model=" + model, "methods.1={name: snapkv, params: {window: 8}}", "methods.1.params.kernel=5"});
+  REQUIRE(s.configs.size() == 2);
+  CHECK(s.configs[1].params.at("window") == "8");
+  CHECK(s.configs[1].params.at("kernel") == "5");
+  CHECK(s.overridden.count("methods") == 1);
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "methods.2.params.window=8"});
+      },
+      {"'2' is not an index of the list's 2 entries"});
   require_error(
       [&] {
         load_experiment(spec, {"model=" + model, "max_new_tokens=0"});

@@ -113,15 +113,31 @@ void apply_set(const std::string& path, YAML::Node& root, const std::string& set
     keys.push_back(set.substr(start, std::min(dot, eq) - start));
     if (dot == std::string::npos || dot > eq) break;
   }
-  // yaml-cpp's operator[] on a node rebinds; walk with fresh handles so each level is the parent's child.
+  // yaml-cpp's operator[] on a node rebinds; walk with fresh handles so each level is the parent's child. In a
+  // list a key is an index (methods.9.params.act_group_size=64).
+  auto index_in = [&](const YAML::Node& list, const std::string& key) {
+    const bool digits =
+        !key.empty() && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoul(key) >= list.size())
+      fail("{}: override '{}': '{}' is not an index of the list's {} entries", path, set, key, list.size());
+    return std::stoul(key);
+  };
   std::vector<YAML::Node> chain = {root};
   for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    if (chain.back().IsSequence()) {
+      chain.push_back(chain.back()[index_in(chain.back(), keys[i])]);
+      continue;
+    }
     YAML::Node next = chain.back()[keys[i]];
-    if (next && !next.IsMap()) fail("{}: override '{}': '{}' is not a mapping", path, set, keys[i]);
+    if (next && !next.IsMap() && !next.IsSequence())
+      fail("{}: override '{}': '{}' is neither a mapping nor a list", path, set, keys[i]);
     if (!next) chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map);
     chain.push_back(chain.back()[keys[i]]);
   }
-  chain.back()[keys.back()] = value;
+  if (chain.back().IsSequence())
+    chain.back()[index_in(chain.back(), keys.back())] = value;
+  else
+    chain.back()[keys.back()] = value;
 }
 
 // ${NAME} in scalars: the environment variable NAME.

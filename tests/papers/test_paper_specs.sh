@@ -43,6 +43,8 @@ for spec in experiments/papers/*/*.yaml; do
     echo "ok   $spec: refused, the model's VECTOR maps predate the key maps (kvbench calibrate vector)"
   elif grep -q "no such matryoshkakv artifact" <<< "$out" && grep -q "name: matryoshkakv" "$spec"; then
     echo "ok   $spec: refused, MatryoshkaKV projections are not trained for this model"
+  elif grep -q "does not divide the 576 channels" <<< "$out" && grep -q "name: atom" "$spec"; then
+    echo "ok   $spec: refused, Atom's groups of 128 do not divide the model's 576 channels (the smoke runs 64)"
   elif grep -q "no such palu basis" <<< "$out" && grep -q "name: palu" "$spec"; then
     echo "ok   $spec: refused, no Palu basis calibrated for this model (kvbench calibrate palu)"
   else
@@ -51,21 +53,23 @@ for spec in experiments/papers/*/*.yaml; do
   fi
 done
 
-# The smoke calibrates its own Palu basis and must leave the user's artifacts as they were: here an
-# artifacts folder whose palu/ holds only a marker file.
-mkdir -p "$tmp/artifacts/palu"
+# The smoke calibrates its own Palu basis and Atom GPTQ weights and must leave the user's artifacts as they
+# were: here an artifacts folder whose palu/ and atom-gptq/ hold only a marker file.
+mkdir -p "$tmp/artifacts/palu" "$tmp/artifacts/atom-gptq"
 for d in "${KVBENCH_ARTIFACTS:-$ROOT/artifacts}"/*; do
-  if [[ -e $d && $(basename "$d") != palu ]]; then ln -s "$(realpath "$d")" "$tmp/artifacts/"; fi
+  case $(basename "$d") in palu|atom-gptq) ;; *) [[ -e $d ]] && ln -s "$(realpath "$d")" "$tmp/artifacts/" ;; esac
 done
-touch "$tmp/artifacts/palu/marker"
+touch "$tmp/artifacts/palu/marker" "$tmp/artifacts/atom-gptq/marker"
 KVBENCH_ARTIFACTS=$tmp/artifacts KVBENCH=$KVBENCH scripts/paper_tables.sh all --smoke --data "$tmp/data" \
   --out "$tmp/out" || fail=1
-if [[ $(ls "$tmp/artifacts/palu") == marker ]]; then
-  echo "ok   smoke: the user's artifacts/palu is untouched"
-else
-  echo "FAIL smoke: wrote into the user's artifacts/palu: $(ls "$tmp/artifacts/palu" | tr '\n' ' ')"
-  fail=1
-fi
+for own in palu atom-gptq; do
+  if [[ $(ls "$tmp/artifacts/$own") == marker ]]; then
+    echo "ok   smoke: the user's artifacts/$own is untouched"
+  else
+    echo "FAIL smoke: wrote into the user's artifacts/$own: $(ls "$tmp/artifacts/$own" | tr '\n' ' ')"
+    fail=1
+  fi
+done
 for spec in experiments/papers/*/*.yaml; do
   grep -q 'name: dynakv' "$spec" && continue
   grep -q 'approximate: keys' "$spec" && continue
