@@ -115,11 +115,12 @@ smoke_palu_basis() {
 
 # Atom-4bit (KVmix Table 3) on the smoke's model: groups of 64 channels (the default model's 576 do not take
 # the paper's 128) and GPTQ weights calibrated once on 8,192 tokens. Sets `atom` to the --set options of the
-# spec's atom entry (by its index in the methods list).
+# spec's atom entries (by their indices in its block list of methods).
 smoke_atom() {
-  local spec=$1 i
-  i=$(awk '/^methods:/ {on = 1; next} on && /^[^ #]/ {exit} on && /^  - / {if (/name: atom/) {print n + 0; exit}; n++}' "$spec")
-  [[ -n $i ]] || die "$spec: no atom entry in its methods list"
+  local spec=$1 i found
+  found=$(awk '/^methods:/ {on = 1; next} on && /^[^ #]/ {exit} on && /^  - / {n++}
+               on && n && /name: *atom *([,}]|$)/ {print n - 1}' "$spec")
+  [[ -n $found ]] || die "$spec: no atom entry in its methods list (a block list, one '  - ' per method)"
   if [[ -z ${atom_ready:-} ]]; then
     smoke_artifacts
     log "smoke: Atom's GPTQ weights for $(basename "$model") (kvbench calibrate atom-gptq, 8,192 tokens)"
@@ -127,7 +128,10 @@ smoke_atom() {
       ${data:+--data "$data"} > /dev/null
     atom_ready=1
   fi
-  atom=(--set "methods.$i.params.act_group_size=64" --set "methods.$i.params.weight_group_size=64")
+  atom=()
+  for i in $found; do
+    atom+=(--set "methods.$i.params.act_group_size=64" --set "methods.$i.params.weight_group_size=64")
+  done
 }
 
 status=0

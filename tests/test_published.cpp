@@ -274,6 +274,16 @@ published: published.csv
       {"'2' is not an index of the list's 2 entries"});
   require_error(
       [&] {
+        load_experiment(spec, {"model=" + model, "methods.99999999999999999999.x=1"});
+      },
+      {"is not an index of the list's 2 entries"});
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "methods.0.params.x=1"});
+      },
+      {"entry 0 of the list is 'fullkv', not a mapping", "methods.0={name: ..., params: {...}}"});
+  require_error(
+      [&] {
         load_experiment(spec, {"model=" + model, "max_new_tokens=0"});
       },
       {"max_new_tokens", "at least 1"});

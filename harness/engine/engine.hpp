@@ -194,7 +194,7 @@ class Engine {
   // Layer l's matrices as the pass runs them.
   const Matrices& matrices(int l) const;
   std::vector<LinearTransform*> linear_pass_;
-  std::vector<Matrices> changed_;    // the weights of changed_key_, when not empty
+  std::vector<Matrices> changed_;    // the weights of changed_key_ (the layers changed_layer_ marks)
   std::vector<bool> changed_layer_;  // which layers changed_ holds (the others run the model's)
   std::string changed_key_;
   bool changed_active_ = false;

@@ -1,6 +1,7 @@
 #include "harness/experiment/experiment.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -116,8 +117,8 @@ void apply_set(const std::string& path, YAML::Node& root, const std::string& set
   // yaml-cpp's operator[] on a node rebinds; walk with fresh handles so each level is the parent's child. In a
   // list a key is an index (methods.9.params.act_group_size=64).
   auto index_in = [&](const YAML::Node& list, const std::string& key) {
-    const bool digits =
-        !key.empty() && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits = !key.empty() && key.size() <= 9 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (!digits || std::stoul(key) >= list.size())
       fail("{}: override '{}': '{}' is not an index of the list's {} entries", path, set, key, list.size());
     return std::stoul(key);
@@ -126,6 +127,12 @@ void apply_set(const std::string& path, YAML::Node& root, const std::string& set
   for (size_t i = 0; i + 1 < keys.size(); ++i) {
     if (chain.back().IsSequence()) {
       chain.push_back(chain.back()[index_in(chain.back(), keys[i])]);
+      if (!chain.back().IsMap() && !chain.back().IsSequence())
+        fail(
+            "{}: override '{}': entry {} of the list is '{}', not a mapping; replace it whole ({}={{name: ..., params: "
+            "{{...}}}})",
+            path, set, keys[i], YAML::Dump(chain.back()),
+            fmt::format("{}", fmt::join(keys.begin(), keys.begin() + ptrdiff_t(i) + 1, ".")));
       continue;
     }
     YAML::Node next = chain.back()[keys[i]];
