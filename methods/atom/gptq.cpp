@@ -6,6 +6,7 @@
 #include <cmath>
 #include <span>
 
+#include "harness/method/artifact.hpp"
 #include "harness/util/base64.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/linalg.hpp"
@@ -164,15 +165,6 @@ std::vector<uint8_t> unpack_codes(const std::vector<uint8_t>& bytes, size_t n, i
   return codes;
 }
 
-std::vector<float> floats_of(const nlohmann::json& j, const char* key, size_t n, const std::string& where) {
-  if (!j.contains(key) || !j[key].is_string()) fail("{}: field '{}' missing (base64 float32)", where, key);
-  std::vector<float> x = floats_from_base64(j[key].get<std::string>(), where + "." + key);
-  if (x.size() != n) fail("{}: field '{}' holds {} numbers; expected {}", where, key, x.size(), n);
-  for (float v : x)
-    if (!std::isfinite(v)) fail("{}: field '{}' holds a non-finite number", where, key);
-  return x;
-}
-
 }  // namespace
 
 nlohmann::json atom_gptq_to_json(const AtomGptqWeight& g) {
@@ -204,8 +196,8 @@ AtomGptqWeight atom_gptq_from_json(const nlohmann::json& j, int rows, int cols, 
   g.codes =
       unpack_codes(base64_decode(j["codes"].get<std::string>(), where + ".codes"), size_t(rows) * nq, q.bits, where);
   const size_t params = size_t(rows / q.channel_group) * size_t(g.groups());
-  g.scales = floats_of(j, "scales", params, where);
-  g.zeros = floats_of(j, "zeros", params, where);
+  g.scales = artifact_floats(j, "scales", params, where);
+  g.zeros = artifact_floats(j, "zeros", params, where);
   if (g.keeper_int8) {
     if (!j.contains("keeper_codes") || !j["keeper_codes"].is_string())
       fail("{}: field 'keeper_codes' missing (base64 int8)", where);
@@ -213,9 +205,9 @@ AtomGptqWeight atom_gptq_from_json(const nlohmann::json& j, int rows, int cols, 
     if (b.size() != size_t(rows) * q.keeper)
       fail("{}: field 'keeper_codes' holds {} bytes; expected {}", where, b.size(), size_t(rows) * q.keeper);
     g.keeper_codes.assign(b.begin(), b.end());
-    g.keeper_scales = floats_of(j, "keeper_scales", size_t(rows), where);
+    g.keeper_scales = artifact_floats(j, "keeper_scales", size_t(rows), where);
   } else {
-    g.keeper_values = floats_of(j, "keeper_values", size_t(rows) * q.keeper, where);
+    g.keeper_values = artifact_floats(j, "keeper_values", size_t(rows) * q.keeper, where);
   }
   return g;
 }

@@ -44,6 +44,26 @@ nlohmann::json reference() {
 }
 
 // The calibration's sequences in a file `kvbench calibrate atom -o ids=` reads.
+// The settings of a fixture case as Atom's quantizers take them.
+AtomQuant quant_of(const nlohmann::json& c) {
+  return {.bits = c["bits"],
+          .group = c["group"],
+          .sym = c["sym"],
+          .clip = c["clip"].get<float>(),
+          .keeper = c["keeper"],
+          .keeper_bits = c["keeper_bits"],
+          .channel_group = c["channel_group"]};
+}
+
+// x^T x of the rows x[., cols], in fp64.
+std::vector<double> gram(const std::vector<float>& x, int cols) {
+  std::vector<double> h(size_t(cols) * cols, 0.0);
+  for (size_t t = 0; t < x.size() / size_t(cols); ++t)
+    for (int i = 0; i < cols; ++i)
+      for (int j = 0; j < cols; ++j) h[size_t(i) * cols + j] += double(x[t * cols + i]) * x[t * cols + j];
+  return h;
+}
+
 std::string write_ids(const std::filesystem::path& dir, const nlohmann::json& sequences) {
   const std::string file = (dir / "atom_ids.json").string();
   std::ofstream(file) << nlohmann::json{{"sequences", sequences}}.dump();
@@ -114,13 +134,7 @@ TEST_CASE("atom: quantizers equal Atom's own, bit for bit", "[atom]") {
   int cases = 0;
   for (const auto& c : ref["quantizers"]) {
     INFO(c["name"].get<std::string>());
-    const AtomQuant q{.bits = c["bits"],
-                      .group = c["group"],
-                      .sym = c["sym"],
-                      .clip = c["clip"].get<float>(),
-                      .keeper = c["keeper"],
-                      .keeper_bits = c["keeper_bits"],
-                      .channel_group = c["channel_group"]};
+    const AtomQuant q = quant_of(c);
     std::vector<float> x = from_hex(c["x"]);
     const std::vector<float> want = from_hex(c["y"]);
     const int rows = c["rows"], cols = c["cols"];
@@ -208,18 +222,8 @@ TEST_CASE("atom: GPTQ equals Atom's gptq.py", "[atom]") {
     for (int r = 0; r < c["nonneg"][0].get<int>(); ++r)
       for (int j = 0; j < c["nonneg"][1].get<int>(); ++j) w[size_t(r) * cols + j] = std::abs(w[size_t(r) * cols + j]);
     const std::vector<float> want = from_hex(c["q"]);
-    std::vector<double> h(size_t(cols) * cols, 0.0);
-    for (int t = 0; t < n; ++t)
-      for (int i = 0; i < cols; ++i)
-        for (int j = 0; j < cols; ++j)
-          h[size_t(i) * cols + j] += double(x[size_t(t) * cols + i]) * x[size_t(t) * cols + j];
-    const AtomQuant q{.bits = c["bits"],
-                      .group = c["group"],
-                      .sym = c["sym"],
-                      .clip = c["clip"].get<float>(),
-                      .keeper = c["keeper"],
-                      .keeper_bits = c["keeper_bits"],
-                      .channel_group = c["channel_group"]};
+    const std::vector<double> h = gram(x, cols);
+    const AtomQuant q = quant_of(c);
     const AtomGptqWeight g = atom_gptq(w, rows, cols, h, q, 0.01);
     std::vector<float> got(w.size());
     g.dequantize(got.data());
@@ -431,11 +435,7 @@ TEST_CASE("atom: calibrate atom-gptq quantizes layer by layer on the quantized m
       const int cols = atom_site_width(c, site);
       LayerInputTap tap(*atom, layer, site, true);
       for (const auto& s : seqs) engine.prefill(s.get<std::vector<int32_t>>(), &tap);
-      std::vector<double> h(size_t(cols) * cols, 0.0);
-      for (size_t t = 0; t < tap.seen.size() / size_t(cols); ++t)
-        for (int i = 0; i < cols; ++i)
-          for (int j = 0; j < cols; ++j)
-            h[size_t(i) * cols + j] += double(tap.seen[t * cols + i]) * tap.seen[t * cols + j];
+      const std::vector<double> h = gram(tap.seen, cols);
       const std::vector<float> w = model->load_f32(matrix_tensor(layer, mat));
       const int rows = int(w.size()) / cols;
       const std::vector<int> row_order = atom_row_order(c, reorder, layer, mat);
