@@ -26,7 +26,7 @@ die() { printf '\033[31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
 PACKAGES=(build-essential cmake ninja-build pkg-config python3-pip unzip
   libyaml-cpp-dev libfmt-dev catch2 libsentencepiece-dev nlohmann-json3-dev libcli11-dev
-  libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev python3-doc
+  libpcre2-dev libutf8proc-dev libopenblas-openmp-dev libcairo2-dev zlib1g-dev python3-doc
   slurm-wlm munge jq  # kvbench submit's test starts a private Slurm cluster
   clang-format-14  # the sources' format check (tests/check_format.sh)
   python3-dev python3-venv python3-numpy python3-pandas python3-pytest)  # the Python module (pybind11: below)

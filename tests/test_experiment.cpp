@@ -4,6 +4,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -292,6 +293,49 @@ TEST_CASE("results files: appended records, a torn last line dropped on resume, 
   // A damaged line that is not the last is an error naming the file and line.
   std::ofstream(path, std::ios::app) << "garbage\n{}\n";
   require_error([&] { for_each_record(path, [](const nlohmann::json&, int) {}); }, {"r.jsonl:4", "not a JSON record"});
+}
+
+TEST_CASE("results files: gzip-compressed records read as the plain ones, never appended to", "[experiment]") {
+  const TempDir dir("results_gz");
+  const std::string plain = (dir / "r.jsonl").string();
+  {
+    ResultsFile f(plain);
+    for (int i = 0; i < 40; ++i)
+      f.append({{"key", fmt::format("k{}", i)},
+                {"config", {{"task", "niah"}, {"model", "m.gguf"}, {"method", "snapkv"}, {"budget", 64}}},
+                {"score", (i % 3) / 2.0},
+                {"kv_bytes", 25},
+                {"full_kv_bytes", 100}});
+  }
+  std::ifstream in(plain, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::create_directories(dir / "gz");
+  const std::string packed = (dir / "gz" / "r.jsonl.gz").string();
+  gzFile gz = gzopen(packed.c_str(), "wb9");
+  REQUIRE(gzwrite(gz, text.data(), unsigned(text.size())) == int(text.size()));
+  REQUIRE(gzclose(gz) == Z_OK);
+  auto records = [](const std::string& p) {
+    std::vector<std::pair<int, std::string>> out;
+    for_each_record(p, [&](const nlohmann::json& j, int no) { out.emplace_back(no, j.dump()); });
+    return out;
+  };
+  CHECK(records(packed) == records(plain));
+  CHECK(records(packed).size() == 40);
+  CHECK(recorded_keys(packed) == recorded_keys(plain));
+  // A report reads a directory's .jsonl.gz files as its .jsonl ones.
+  write_report({plain}, (dir / "a").string());
+  write_report({(dir / "gz").string()}, (dir / "b").string());
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream f(p);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  CHECK(slurp(dir / "a" / "summary.csv") == slurp(dir / "b" / "summary.csv"));
+  // Committed records are not resumed in place: a run writes plain lines, one synced at a time.
+  require_error([&] { ResultsFile f(packed); }, {"r.jsonl.gz", "cannot be appended to", "gunzip -c"});
+  // A compressed file cut short is an error naming it, not fewer records.
+  const auto size = std::filesystem::file_size(packed);
+  std::filesystem::resize_file(packed, size / 2);
+  require_error([&] { records(packed); }, {"r.jsonl.gz", "not a whole gzip file"});
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -112,12 +113,41 @@ void check_record(const json& r, const std::string& where) {
   }
 }
 
-void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn) {
+namespace {
+
+bool is_gzip(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  char magic[2] = {};
+  return in.read(magic, 2) && static_cast<unsigned char>(magic[0]) == 0x1f &&
+         static_cast<unsigned char>(magic[1]) == 0x8b;
+}
+
+// The whole text of a results file, gzip-compressed or not ("" for a missing file).
+std::string results_text(const std::string& path) {
+  if (!is_gzip(path)) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  gzFile gz = gzopen(path.c_str(), "rb");
+  if (!gz) fail("{}: cannot open", path);
+  std::string text;
+  std::vector<char> buf(1 << 20);
+  int n = 0;
+  while ((n = gzread(gz, buf.data(), static_cast<unsigned>(buf.size()))) > 0) text.append(buf.data(), size_t(n));
+  int err = Z_OK;
+  const std::string why = gzerror(gz, &err);
+  // gzclose says Z_BUF_ERROR where the data ended inside the compressed stream (a cut-off file).
+  if (gzclose(gz) != Z_OK || n < 0 || (err != Z_OK && err != Z_STREAM_END))
+    fail("{}: not a whole gzip file ({}); compress the .jsonl again", path, why.empty() ? "cut off" : why);
+  return text;
+}
+
+}  // namespace
+
+void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn) {
+  const std::string text = results_text(path);
   int no = 0;
   for (size_t start = 0; start < text.size();) {
     const size_t end = text.find('\n', start);
@@ -141,6 +171,11 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
 
 ResultsFile::ResultsFile(const std::string& path) : path_(path) {
   namespace fs = std::filesystem;
+  if (path.ends_with(".gz") || is_gzip(path))
+    fail(
+        "{}: a gzip-compressed results file cannot be appended to; write to a .jsonl (to resume committed "
+        "records, decompress them there first: gunzip -c {} > runs/NAME.jsonl)",
+        path, path);
   if (auto dir = fs::path(path).parent_path(); !dir.empty()) fs::create_directories(dir);
   f_ = std::fopen(path.c_str(), "ab");
   if (!f_) fail("{}: cannot open for appending", path);

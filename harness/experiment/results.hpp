@@ -9,7 +9,8 @@
 
 namespace kvb {
 
-// Calls fn(record, line_number) for each record of a results file (a missing file has none). A
+// Calls fn(record, line_number) for each record of a results file, plain or gzip-compressed (committed
+// results are kept compressed), a missing file having none. A
 // malformed line is an error naming the file and line, except a torn last line, which is skipped; so
 // is a record whose fields do not have the types docs/results-format.md gives (check_record).
 void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn);

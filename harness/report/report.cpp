@@ -31,7 +31,9 @@ std::vector<std::string> result_files(const std::vector<std::string>& inputs) {
     if (std::filesystem::is_directory(in)) {
       std::vector<std::string> found;
       for (const auto& e : std::filesystem::directory_iterator(in))
-        if (e.path().extension() == ".jsonl") found.push_back(e.path().string());
+        if (const std::string name = e.path().filename().string();
+            name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"))
+          found.push_back(e.path().string());
       std::sort(found.begin(), found.end());
       files.insert(files.end(), found.begin(), found.end());
     } else {

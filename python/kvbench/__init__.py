@@ -120,17 +120,18 @@ def _record_files(paths: Iterable[str | os.PathLike]) -> list[str]:
     files = []
     for p in map(os.fspath, paths):
         if os.path.isdir(p):
-            files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(".jsonl"))
+            files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith((".jsonl", ".jsonl.gz")))
         else:
             files.append(p)
     return files
 
 
 def load_results(*paths: str | os.PathLike):
-    """Result records (files, or directories of .jsonl files such as a Slurm sweep's shards) as a
-    pandas DataFrame, one row per cell: the documented fields, nested ones as `config.method`,
-    `config.params.window`, `meta.depth`, ... A torn last line is skipped; a malformed record is an
-    error naming the file and line; a cell recorded twice counts once."""
+    """Result records (files, plain or gzip-compressed, or directories of .jsonl and .jsonl.gz files
+    such as a Slurm sweep's shards) as a pandas DataFrame, one row per cell: the documented fields,
+    nested ones as `config.method`, `config.params.window`, `meta.depth`, ... A torn last line is
+    skipped; a malformed record is an error naming the file and line; a cell recorded twice counts
+    once."""
     import pandas as pd
 
     rows = []
