@@ -255,6 +255,22 @@ published: published.csv
   require_error([&] { load_experiment(spec, {"model=" + model, "limit"}); }, {"'limit'", "KEY=VALUE"});
   require_error([&] { load_experiment(spec, {"model=" + model, "limit=[1"}); }, {"not YAML"});
   require_error([&] { load_experiment(spec, {"model=" + model, "limit=abc"}); }, {"'limit' must be an integer"});
+  // An overridden value has no place in the file: its errors name the override, not a line of the spec.
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "limit=-3"});
+      },
+      {"s.yaml: --set limit=-3: 'limit' must be at least 0"});
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "limt=3"});
+      },
+      {"s.yaml: --set limt=3: unknown key 'limt'"});
+  require_error(
+      [&] {
+        load_experiment(spec, {"model=" + model, "budgets=[32, 0]"});
+      },
+      {"s.yaml: --set budgets=[32, 0]: a budget must be a positive integer"});
   require_error(
       [&] {
         load_experiment(spec, {"model=" + model, "task.x=1"});

@@ -471,11 +471,15 @@ void run_bench(const BenchArgs& a) {
   std::vector<MethodRun> methods;
   for (const std::string& spec : a.methods) {
     const NamedParams named = parse_named_params(spec, "--method");
-    std::vector<std::string> kv = a.params, own;
-    for (const auto& [k, v] : named.params) own.push_back(k + "=" + v);
-    kv.insert(kv.end(), own.begin(), own.end());
+    // --param goes to every method; a method's own parameters override it.
+    auto kv = parse_key_values(a.params);
+    std::vector<std::string> own;
+    for (const auto& [k, v] : named.params) {
+      own.push_back(k + "=" + v);
+      kv[k] = v;
+    }
     methods.push_back({own.empty() ? named.name : fmt::format("{}({})", named.name, fmt::join(own, ",")),
-                       MethodRegistry::get().create(named.name, parse_key_values(kv), cfg)});
+                       MethodRegistry::get().create(named.name, kv, cfg)});
   }
   // A method that sets its own memory (KVmix) runs without KV sizes: one row; the others at each --budget.
   const bool any_budgeted =
@@ -552,9 +556,9 @@ void register_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
   cmd->add_option("--context,-c", a->contexts, "Context lengths (repeatable)");
-  cmd->add_option("--repeat,-r", a->repeat, "Runs per context; medians are reported")->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat,-r", a->repeat, "Runs per context; medians are reported")->check(kPositive);
   cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded after each prefill (0: prefill only)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--method", a->methods,
                   "Also decode with caches compressed by this method: NAME or NAME:key=value,... (repeatable; the "
                   "configurations take turns run by run, so their ratios come from the same stretch of time)");

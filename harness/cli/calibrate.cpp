@@ -37,13 +37,13 @@ void add_offline_command(CLI::App& app, const std::string& command, const std::s
   cmd->add_option("-o,--option", a->options, "key=value: any calibration option (see kvbench list methods)");
   cmd->add_option("--data", a->data, "Benchmark data directory (default: $KVBENCH_DATA or <source>/data)");
   cmd->add_option("--backend", a->backend, "cpu or cuda");
-  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->check(kNonNegative);
   cmd->add_option("--alpha", a->alpha, "Rate penalty (option 'alpha')");
   cmd->add_option("--mode", a->mode, "Training objective (option 'mode')");
   cmd->add_option("--steps", a->steps, "Optimizer steps (option 'steps')");
   cmd->callback([a, command] {
     const OfflineStep step = MethodRegistry::get().offline_step(command, a->method);
-    auto given = parse_key_values(a->options);
+    auto given = parse_key_values(a->options, "--option");
     if (!a->haystack.empty()) given["haystack"] = a->haystack;
     if (!a->text.empty()) given["text"] = fmt::format("{}", fmt::join(a->text, ","));
     if (!a->tokens.empty()) given["tokens"] = a->tokens;

@@ -4,12 +4,13 @@
 
 namespace kvb::cli {
 
-std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items) {
+std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items, const std::string& flag) {
   std::map<std::string, std::string> out;
   for (const auto& kv : items) {
     const size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) fail("--param '{}': expected key=value", kv);
-    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+    if (eq == std::string::npos || eq == 0) fail("{} '{}': expected key=value", flag, kv);
+    if (const auto [it, fresh] = out.emplace(kv.substr(0, eq), kv.substr(eq + 1)); !fresh)
+      fail("{} {}: '{}' is given twice", flag, kv, it->first);
   }
   return out;
 }
@@ -17,10 +18,33 @@ std::map<std::string, std::string> parse_key_values(const std::vector<std::strin
 std::unique_ptr<Task> make_task(const TaskArgs& a, const Tokenizer& tok) {
   TaskContext ctx;
   ctx.tokenizer = &tok;
-  ctx.options = parse_key_values(a.options);
+  ctx.options = parse_key_values(a.options, "--option");
   ctx.data_dir = a.data;
   return TaskRegistry::get().create(a.task, ctx);
 }
+
+namespace {
+
+CLI::Validator sign_check(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return fmt::format("expected a number, found '{}'", text);
+        if (zero_allowed ? v >= 0 : v > 0) return "";
+        return fmt::format("expected a number {} 0, found {}", zero_allowed ? ">=" : ">", text);
+      },
+      zero_allowed ? "NUMBER >= 0" : "NUMBER > 0");
+}
+
+}  // namespace
+
+const CLI::Validator kPositive = sign_check(false), kNonNegative = sign_check(true);
 
 void add_task_args(CLI::App* cmd, TaskArgs& a) {
   cmd->add_option("task", a.task, "Task name (kvbench list tasks)")->required();
@@ -32,7 +56,7 @@ void add_task_args(CLI::App* cmd, TaskArgs& a) {
 
 void add_engine_options(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option("--backend", a.backend, "cpu or cuda");
-  cmd->add_option("--threads", a.threads, "Threads (0 = all cores)");
+  cmd->add_option("--threads", a.threads, "Threads (0 = all cores)")->check(kNonNegative);
   cmd->add_option("--kv-dtype", a.kv_dtype, "KV cache storage: fp32 (default), bf16 or fp16 (the papers' full cache)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_option("--weights", a.weights,

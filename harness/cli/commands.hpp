@@ -56,7 +56,13 @@ struct EngineArgs {
 void add_engine_options(CLI::App* cmd, EngineArgs& a);
 EngineOptions engine_options(const EngineArgs& a);
 
-// "key=value" items of --param options; Error naming a malformed one.
-std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items);
+// Checks of numeric options that say what was expected (CLI11's PositiveNumber prints its range as
+// "0.000000 to 1.797...e+308").
+extern const CLI::Validator kPositive, kNonNegative;
+
+// "key=value" items of a repeatable option (`flag`, named in errors); Error naming a malformed item or
+// a key given twice.
+std::map<std::string, std::string> parse_key_values(const std::vector<std::string>& items,
+                                                    const std::string& flag = "--param");
 
 }  // namespace kvb::cli

@@ -36,11 +36,11 @@ void register_dump_prefill_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   add_task_args(cmd, *a);
-  cmd->add_option("--index,-i", a->index, "Sample index");
+  cmd->add_option("--index,-i", a->index, "Sample index")->check(kNonNegative);
   cmd->add_option("--layers", a->layers, "Layers to write (default: all)")->delimiter(',');
-  cmd->add_option("--window", a->window, "Window queries to write")->check(CLI::PositiveNumber);
+  cmd->add_option("--window", a->window, "Window queries to write")->check(kPositive);
   cmd->add_option("--method", a->method, "Compression method whose kept widths to write");
-  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(CLI::PositiveNumber);
+  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(kPositive);
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--out", a->out, "Output directory")->required();
   cmd->callback([a] {
@@ -63,7 +63,7 @@ void register_dump_prefill_command(CLI::App& app) {
     json meta = {{"model", std::filesystem::path(a->model).filename().string()},
                  {"fingerprint", c.fingerprint},
                  {"task", a->task},
-                 {"options", parse_key_values(a->options)},
+                 {"options", parse_key_values(a->options, "--option")},
                  {"index", a->index},
                  {"sample", s.id},
                  {"n_tokens", ids.size()},

@@ -32,12 +32,11 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
   cmd->add_option("--prompt,-p", a->prompt, "Prompt text")->required();
   cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user message in the chat template");
-  cmd->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate at most")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate at most")->check(kPositive);
   cmd->add_option("--stop", a->stop, "Stop string (repeatable)");
   cmd->add_flag("--json", a->json, "Print ids, text, timings as JSON");
   cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
-  cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")->check(kPositive);
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   add_engine_options(cmd, *a);
   cmd->callback([a] {

@@ -119,7 +119,7 @@ void register_grad_command(CLI::App& app) {
   cmd->add_option("--weights", a->weights,
                   "Gradients of: all, kv (every layer's attn_k/attn_v), or comma-separated tensor names");
   cmd->add_option("--out", a->out, "Directory for meta.json and one <tensor>.npy per gradient");
-  cmd->add_option("--threads", a->threads, "Threads (0 = all cores)");
+  cmd->add_option("--threads", a->threads, "Threads (0 = all cores)")->check(kNonNegative);
   cmd->callback([a] { run_grad(*a); });
 }
 

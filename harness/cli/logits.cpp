@@ -37,13 +37,13 @@ void register_logits_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
   cmd->add_option("--text,-t", a->text, "Input text")->required();
-  cmd->add_option("--top-k,-k", a->top_k, "How many logits")->check(CLI::PositiveNumber);
+  cmd->add_option("--top-k,-k", a->top_k, "How many logits")->check(kPositive);
   cmd->add_flag("--chat", a->chat, "Wrap the text in the chat template");
   cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
-  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(CLI::PositiveNumber);
+  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(kPositive);
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   auto* steps = cmd->add_option("--steps", a->steps, "Decode steps after the prompt, each fed the greedy token")
-                    ->check(CLI::NonNegativeNumber);
+                    ->check(kNonNegative);
   cmd->add_option("--continuation", a->continuation,
                   "Text fed token by token after the prompt instead of greedy tokens (as many steps as its tokens)")
       ->excludes(steps);

@@ -35,16 +35,17 @@ void register_run_task_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   add_task_args(cmd, *a);
   cmd->add_option("--method", a->method, "KV-cache compression method (default: full cache)");
-  auto* budget_opt = cmd->add_option("--budget", a->budget, "KV size T for --method")->check(CLI::PositiveNumber);
-  cmd->add_option("--ratio", a->ratio,
-                  "Compression ratio for --method instead of --budget: the fraction of each prompt removed, "
-                  "T = floor(S (1 - ratio))")
-      ->excludes(budget_opt);
+  auto* budget_opt = cmd->add_option("--budget", a->budget, "KV size T for --method")->check(kPositive);
+  auto* ratio_opt =
+      cmd->add_option("--ratio", a->ratio,
+                      "Compression ratio for --method instead of --budget: the fraction of each prompt removed, "
+                      "T = floor(S (1 - ratio))")
+          ->excludes(budget_opt);
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
-  cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)");
+  cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)")->check(kNonNegative);
   cmd->add_option("--out", a->out, "Results JSONL (appended; default runs/<task>-<method>[-T<budget>].jsonl)");
   add_engine_options(cmd, *a);
-  cmd->callback([a] {
+  cmd->callback([a, ratio_opt] {
     auto m = ModelFile::open(a->model);
     auto tok = load_tokenizer(*m);
     auto task = make_task(*a, *tok);
@@ -52,13 +53,14 @@ void register_run_task_command(CLI::App& app) {
     Engine engine(*m, eo);
     std::unique_ptr<Method> method;
     KvBudget budget = a->budget;
+    const bool ratio_given = ratio_opt->count() > 0;
     if (!a->method.empty()) {
-      if (a->ratio != 0) budget = KvBudget::compression_ratio(a->ratio);
+      if (ratio_given) budget = KvBudget::compression_ratio(a->ratio);  // an error outside (0, 1)
       method = MethodRegistry::get().create(a->method, parse_key_values(a->params), engine.config());
-      if (method->budgeted() && a->budget <= 0 && a->ratio == 0) fail("--method needs --budget T or --ratio P");
-      if (!method->budgeted() && (a->budget > 0 || a->ratio != 0))
+      if (method->budgeted() && a->budget <= 0 && !ratio_given) fail("--method needs --budget T or --ratio P");
+      if (!method->budgeted() && (a->budget > 0 || ratio_given))
         fail("method {} takes no --budget or --ratio: it sets its own memory", a->method);
-    } else if (a->budget > 0 || a->ratio != 0 || !a->params.empty()) {
+    } else if (a->budget > 0 || ratio_given || !a->params.empty()) {
       fail("--budget, --ratio and --param need --method");
     }
     const std::string label = a->method.empty()     ? "fullkv"
@@ -66,9 +68,9 @@ void register_run_task_command(CLI::App& app) {
                               : budget.is_ratio()   ? fmt::format("{}-r{}", a->method, budget.ratio)
                                                     : fmt::format("{}-T{}", a->method, a->budget);
     ResultsFile out(a->out.empty() ? fmt::format("runs/{}-{}.jsonl", a->task, label) : a->out);
-    const json config =
-        cell_config(*m, a->model, a->task, TaskRegistry::get().canonical_options(a->task, parse_key_values(a->options)),
-                    method.get(), budget, eo.kv_dtype, eo.weights);
+    const json config = cell_config(
+        *m, a->model, a->task, TaskRegistry::get().canonical_options(a->task, parse_key_values(a->options, "--option")),
+        method.get(), budget, eo.kv_dtype, eo.weights);
     const auto done = recorded_keys(out.path());
     const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
     Progress bar(fmt::format("{} {}", a->task, label), n, "samples");

@@ -23,7 +23,7 @@ void register_sample_command(CLI::App& app) {
   auto a = std::make_shared<TaskArgs>();
   auto index = std::make_shared<size_t>(0);
   add_task_args(cmd, *a);
-  cmd->add_option("--index,-i", *index, "Sample index");
+  cmd->add_option("--index,-i", *index, "Sample index")->check(kNonNegative);
   cmd->callback([a, index] {
     auto m = ModelFile::open(a->model);
     auto tok = load_tokenizer(*m);

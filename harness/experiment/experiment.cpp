@@ -31,9 +31,33 @@ const char* code_version() { return KVBENCH_GIT_VERSION; }
 
 namespace {
 
+// The nodes each --set override laid over the spec (its key, its value and the value's items): they have no
+// place in the file, so an error about one names the override instead.
+struct Override {
+  std::string text;
+  std::vector<YAML::Node> nodes;
+};
+thread_local const std::vector<Override>* current_overrides = nullptr;
+
 [[noreturn]] void spec_error(const std::string& path, const YAML::Node& n, const std::string& msg) {
+  if (current_overrides)
+    for (const Override& o : *current_overrides)
+      for (const YAML::Node& x : o.nodes)
+        if (x.is(n)) fail("{}: --set {}: {}", path, o.text, msg);
   const auto m = n.Mark();
+  if (m.is_null()) fail("{}: {}", path, msg);
   fail("{}:{}:{}: {}", path, m.line + 1, m.column + 1, msg);
+}
+
+void collect_nodes(const YAML::Node& n, std::vector<YAML::Node>& out) {
+  out.push_back(n);
+  if (n.IsMap())
+    for (const auto& kv : n) {
+      out.push_back(kv.first);
+      collect_nodes(kv.second, out);
+    }
+  else if (n.IsSequence())
+    for (const auto& item : n) collect_nodes(item, out);
 }
 
 // The items of an optional list of numbers, each read as T and checked by `valid`.
@@ -97,8 +121,9 @@ std::vector<std::map<std::string, std::string>> expand_grid(
   return combos;
 }
 
-// Lays "a.b.c=value" over the spec (the value parsed as YAML), creating the mappings on the way.
-void apply_set(const std::string& path, YAML::Node& root, const std::string& set) {
+// Lays "a.b.c=value" over the spec (the value parsed as YAML), creating the mappings on the way; returns
+// the nodes it laid.
+Override apply_set(const std::string& path, YAML::Node& root, const std::string& set) {
   const auto eq = set.find('=');
   if (eq == std::string::npos || eq == 0)
     fail("{}: override '{}': expected KEY=VALUE (e.g. limit=1 or task_options.length=[4096])", path, set);
@@ -141,10 +166,19 @@ void apply_set(const std::string& path, YAML::Node& root, const std::string& set
     if (!next) chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map);
     chain.push_back(chain.back()[keys[i]]);
   }
-  if (chain.back().IsSequence())
+  Override laid{set, {}};
+  if (chain.back().IsSequence()) {
     chain.back()[index_in(chain.back(), keys.back())] = value;
-  else
+  } else {
     chain.back()[keys.back()] = value;
+    for (const auto& kv : chain.back())
+      if (kv.first.Scalar() == keys.back()) laid.nodes.push_back(kv.first);
+  }
+  // Mappings the override created on its way hold nothing else: their keys are its too.
+  for (size_t i = 1; i < chain.size(); ++i)
+    if (chain[i].Mark().is_null()) collect_nodes(chain[i], laid.nodes);
+  collect_nodes(value, laid.nodes);
+  return laid;
 }
 
 // ${NAME} in scalars: the environment variable NAME.
@@ -188,7 +222,12 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     fail("{}:{}:{}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
   if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
-  for (const auto& set : sets) apply_set(path, root, set);
+  std::vector<Override> overrides;
+  for (const auto& set : sets) overrides.push_back(apply_set(path, root, set));
+  struct Scope {
+    explicit Scope(const std::vector<Override>* o) { current_overrides = o; }
+    ~Scope() { current_overrides = nullptr; }
+  } scope(&overrides);
   expand_environment(path, root);
   check_keys(path, root,
              {"name", "model", "backend", "kv_dtype", "weights", "threads", "batch", "task", "task_options", "data",

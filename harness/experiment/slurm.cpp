@@ -439,7 +439,7 @@ void slurm_status(const std::string& dir) {
              jobs.empty() ? "none (not submitted)" : jobs);
   if (!states) fmt::print("Slurm cannot be asked here (no scontrol or sacct on PATH): task states unknown\n");
   fmt::print("{:>5} {:>6} {:>6} {:>8} {:>7}  {}\n", "shard", "cells", "done", "pending", "failed", "slurm");
-  size_t done = 0, pending = 0, failed = 0, running = 0;
+  size_t done = 0, pending = 0, failed = 0, running = 0, unsubmitted = 0;
   double eta = 0;
   std::vector<std::pair<int, std::string>> failures;
   for (int i = 0; i < n; ++i) {
@@ -448,10 +448,12 @@ void slurm_status(const std::string& dir) {
     if (states) state = states->count(i) ? states->at(i) : "not submitted";
     const bool active = states && slurm_state_active(state);
     // Missing cells are pending while their task will still run (or Slurm cannot say), failed once it
-    // has ended without them (or was never submitted).
-    const bool lost = missing > 0 && states && !active;
+    // has ended without them; a shard never submitted (a dry run's) has failed nothing.
+    const bool never = state == "not submitted";
+    const bool lost = missing > 0 && states && !active && !never;
     done += p.done[size_t(i)];
     (lost ? failed : pending) += missing;
+    if (never) unsubmitted += missing;
     if (state == "RUNNING") ++running;
     if (active && missing > 0) eta = std::max(eta, double(missing) * p.cell_seconds);
     if (lost) failures.emplace_back(i, state);
@@ -475,6 +477,9 @@ void slurm_status(const std::string& dir) {
     fmt::print("shard {} ended ({}) with cells missing{}\n", i, state, why.empty() ? "" : ": " + why);
   }
   if (failed) fmt::print("{} cells failed: `kvbench submit --slurm --resume {}` reruns their shards\n", failed, dir);
+  if (unsubmitted)
+    fmt::print("{} pending cells are in shards never submitted: `kvbench submit --slurm --resume {}` submits them\n",
+               unsubmitted, dir);
   if (!pending && !failed) fmt::print("complete: `kvbench report {}` merges the shards\n", dir);
 }
 

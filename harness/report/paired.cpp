@@ -63,11 +63,8 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
 // A p-value as a reader compares it with 0.05: three decimals, "<0.001" below.
 std::string p_text(double p) { return p < 0.001 ? "<0.001" : fmt::format("{:.3f}", p); }
 
-}  // namespace
-
-void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
-                             const std::string& dir, const std::set<std::string>& formats) {
-  const std::vector<Run> runs = read_runs(results);
+// The one recorded setting `baseline` names; an error where it names none or several.
+std::string baseline_setting(const std::vector<Run>& runs, const std::string& baseline) {
   const NamedParams named = parse_named_params(baseline, "--baseline");
   const std::string& base_method = named.name;
   const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
@@ -87,7 +84,22 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
   if (settings.size() > 1)
     fail("--baseline {}: {} recorded settings of {} match; name the parameters that pick one: {}", baseline,
          settings.size(), base_method, fmt::join(settings, " | "));
-  const std::string base_setting = *settings.begin();
+  return *settings.begin();
+}
+
+}  // namespace
+
+void check_baseline(const std::vector<std::string>& results, const std::string& baseline) {
+  baseline_setting(read_runs(results), baseline);
+}
+
+void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
+                             const std::string& dir, const std::set<std::string>& formats) {
+  const std::vector<Run> runs = read_runs(results);
+  const std::string base_setting = baseline_setting(runs, baseline);
+  const NamedParams named = parse_named_params(baseline, "--baseline");
+  const std::string& base_method = named.name;
+  const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
 
   // Baseline scores by (sample, budget); a full-cache baseline has one per sample.
   const bool full_baseline = base_method == "fullkv";

@@ -15,5 +15,7 @@ namespace kvb {
 // baseline names none of them, and the settings when it names several.
 void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
                              const std::string& dir, const std::set<std::string>& formats);
+// The same errors as write_paired_comparison's about `baseline`, before anything is written.
+void check_baseline(const std::vector<std::string>& results, const std::string& baseline);
 
 }  // namespace kvb

@@ -15,6 +15,9 @@ class Kivi final : public Method {
  public:
   void setup() override {
     const std::string bits = params().get("bits");
+    // Checked here too: KVmix's own message would name the inner method.
+    if (const int group = params().integer("group"); model().head_dim % group != 0)
+      fail("method kivi: group={} does not divide the head dimension {}", group, model().head_dim);
     inner_ = MethodRegistry::get().create("kvmix",
                                           {{"layers", "low"},
                                            {"k_low", bits},

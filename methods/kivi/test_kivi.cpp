@@ -92,4 +92,10 @@ TEST_CASE("kivi: the registry's method stores KIVI's cache, and a residual off t
       },
       {"residual length 48", "multiple of the key group 32"});
   test::require_error([&] { MethodRegistry::get().create("kivi", {{"bits", "3"}}, layer.cfg); }, {"bits", "3"});
+  // The error names the method the user asked for, not the store it is built on.
+  test::require_error(
+      [&] {
+        MethodRegistry::get().create("kivi", {{"group", "7"}, {"residual", "14"}}, layer.cfg);
+      },
+      {"method kivi: group=7 does not divide the head dimension 32"});
 }

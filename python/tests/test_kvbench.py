@@ -1,6 +1,7 @@
 """The Python module against the command line and the C++ methods on the default model, the metrics
 against the golden fixtures, and the errors of Python methods. Run by ctest (tests/CMakeLists.txt)
 with PYTHONPATH=<build>/python and KVBENCH_CLI=<build>/kvbench."""
+import gzip
 import json
 import os
 import subprocess
@@ -275,6 +276,13 @@ def test_a_sweep_with_python_methods_records_failed_cells_and_keeps_the_rest(tmp
     b = df[df["config.method"] == "numpy_streaming"].sort_values("id")
     assert a["prediction"].tolist() == b["prediction"].tolist()
     assert a["kv_bytes"].tolist() == b["kv_bytes"].tolist()
+    # Compressed as committed results are, the records read the same, alone or from their directory.
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    with open(out["out"], "rb") as f, gzip.open(packed / "mixed.jsonl.gz", "wb") as g:
+        g.write(f.read())
+    for source in (packed / "mixed.jsonl.gz", packed):
+        assert kvbench.load_results(source).equals(df)
     # A rerun retries only the failed cells.
     again = kvbench.run(sweep_spec(tmp_path, ["fullkv", "streamingllm", "numpy_streaming", "raising",
                                               "python:keynorm.KeyNorm"], "mixed"), progress=False)
@@ -399,3 +407,27 @@ def test_summarize_stratifies_each_task_by_its_own_column():
     assert s.loc["longbench", "ci_low"] == pytest.approx(100 * want["ci_low"])
     assert s.loc["longbench", "ci_high"] == pytest.approx(100 * want["ci_high"])
     assert s.loc["ruler", "n"] == 20 and s.loc["ruler", "interval"] == "bootstrap"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "m.gguf", "-p", "hi", "--method", "snapkv", "--budget", "0"], "--budget: expected a number > 0, found 0"),
+    (["generate", "m.gguf", "-p", "hi", "--threads", "-3"], "--threads: expected a number >= 0, found -3"),
+    (["sample", "niah", "-m", "m.gguf", "--index", "-1"], "--index: expected a number >= 0, found -1"),
+    (["run-task", "niah", "-m", "m.gguf", "--limit", "x"], "--limit: expected a number, found 'x'"),
+])
+def test_command_line_numbers_out_of_range_say_what_was_expected(args, message):
+    r = subprocess.run([CLI, *args], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert message in r.stdout + r.stderr
+
+
+@needs_model
+@pytest.mark.parametrize("args, message", [
+    (["run-task", "niah", "-m", MODEL, "-o", "s_len"], "--option 's_len': expected key=value"),
+    (["run-task", "niah", "-m", MODEL, "-o", "s_len=300", "-o", "s_len=400"], "--option s_len=400: 's_len' is given twice"),
+    (["run-task", "niah", "-m", MODEL, "--method", "snapkv", "--ratio", "0"], "compression ratio 0 is outside (0, 1)"),
+])
+def test_command_line_options_name_the_flag_and_the_value(args, message):
+    r = subprocess.run([CLI, *args], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert message in r.stdout + r.stderr

@@ -89,7 +89,14 @@ normalized "$T"/run2/shard-*.jsonl | cmp -s - "$T/single.txt" || die "the resume
 grep -q "repeat a cell" "$T/report2.err" && die "the resumed shards repeat cells"
 say "cancelled task seen by status and finished by resume; 18 cells, each once"
 
-# 3. Refusals, each naming what is wrong.
+# 3. A dry run submits nothing: its shards are pending, not failed.
+"$KVBENCH" submit --slurm "$T/spec.yaml" --dir "$T/dry" --dry-run > /dev/null
+"$KVBENCH" status "$T/dry" | tee "$T/status3.txt"
+grep -q "cells failed" "$T/status3.txt" && die "status calls a dry run's cells failed"
+grep -q "in shards never submitted" "$T/status3.txt" || die "status does not say the dry run's shards were never submitted"
+say "a dry run's shards: pending, never submitted"
+
+# 4. Refusals, each naming what is wrong.
 expect_error() {  # expect_error FRAGMENT COMMAND...
   local frag=$1; shift
   if "$@" > "$T/out.txt" 2>&1; then die "expected an error from: $*"; fi
