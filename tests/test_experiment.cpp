@@ -795,6 +795,8 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
   // Its own gqa=repeat over --param's native: a cache per query head, two per KV head here.
   CHECK(both[3]["kv_bytes"].get<size_t>() == 2 * both[1]["kv_bytes"].get<size_t>());
   for (size_t i = 1; i < both.size(); ++i) CHECK(both[i]["decode_speedup_vs_full"].get<double>() > 0.0);
+  // Each row's per-operation figures are medians over its runs, one profiled prefill each.
+  for (const auto& r : both) CHECK(r["profiled_prefills"].get<int>() == 2);
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--budget 32", "--budget needs --method"},
            {"--method snapkv", "--method snapkv needs --budget"},

@@ -49,6 +49,7 @@ struct Row {
   double attention_eff = 0;    // attention flops rate / the GEMM peak
   double attention_share = 0;  // attention time / prefill time (profiled)
   double compress_share = 0;   // compression time / prefill time
+  int profiled_prefills = 0;   // the per-operation figures are their medians
   double transform_share = 0;  // decode time in the method's KV transform (a model-changing method)
   double decode_bound_tps = 0, decode_eff = 0, decode_speedup = 0;
   // The bound again with the bandwidth at which the step's bytes, read again and again, come in: above the
@@ -216,6 +217,7 @@ nlohmann::json row_json(const Row& r) {
           {"attention_efficiency", r.attention_eff},
           {"attention_time_share", r.attention_share},
           {"compress_time_share", r.compress_share},
+          {"profiled_prefills", r.profiled_prefills},
           {"decode_transform_share", r.transform_share},
           {"decode_tokens_per_s", {r.decode_tps.median, r.decode_tps.min, r.decode_tps.max}},
           {"decode_bound_tokens_per_s", r.decode_bound_tps},
@@ -293,10 +295,15 @@ class Bench {
 
   // The runs of one configuration at one context and batch size, gathered a run at a time so that the
   // configurations of a context take turns: their ratios then see the same moments of a shared machine.
+  // A profiled prefill's per-operation figures.
+  struct Profile {
+    double linear_tflops = 0, attention_tflops = 0, linear_share = 0, attention_share = 0, compress_share = 0;
+  };
   struct Runs {
     Row row;
     std::vector<double> p_tps, d_tps;
-    double flops = 0;  // of one prefill, from the first run's profiled one
+    std::vector<Profile> profiles;  // one a run: each row's figures are medians, as its speeds are
+    double flops = 0;               // of one prefill, from the profiled ones
     int runs = 0;
   };
   static Runs start(int ctx, int batch, const std::string& label) {
@@ -306,8 +313,8 @@ class Bench {
     x.row.batch = batch;
     return x;
   }
-  // One run: each sequence's prompt prefilled (the first run also profiles one prefill), then all of
-  // them decoded together. `make_observer` gives the prefill observer of each sequence. The prompts and
+  // One run: each sequence's prompt prefilled (after one profiled prefill of the first prompt), then
+  // all of them decoded together. `make_observer` gives the prefill observer of each sequence. The prompts and
   // decoded tokens depend on the context and the run's number only: every configuration's run r reads
   // the same ones.
   void run_once(Runs& x, const std::function<Observer()>& make_observer) {
@@ -321,7 +328,7 @@ class Bench {
     for (int s = 0; s < row.batch; ++s) {
       std::vector<int32_t> ids(row.context);
       for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
-      if (first && s == 0) x.flops = profile_prefill(ids, make_observer(), row);
+      if (s == 0) x.profiles.push_back(profile_prefill(ids, make_observer(), x.flops));
       holders.push_back(make_observer());
       const auto t0 = std::chrono::steady_clock::now();
       engine_.prefill(ids, holders.back().observer);
@@ -344,6 +351,18 @@ class Bench {
     Row row = x.row;
     row.accounted = engine_.weight_bytes() + row.kv_bytes + size_t(row.batch) * engine_.decode_buffer_bytes();
     row.prefill_tps = spread(x.p_tps);
+    // Medians over the runs: one profile alone moved 25-fold on a machine shared with other work.
+    auto median = [&](double Profile::*field) {
+      std::vector<double> v;
+      for (const Profile& p : x.profiles) v.push_back(p.*field);
+      return spread(v).median;
+    };
+    row.linear_tflops = median(&Profile::linear_tflops);
+    row.attention_tflops = median(&Profile::attention_tflops);
+    row.linear_share = median(&Profile::linear_share);
+    row.attention_share = median(&Profile::attention_share);
+    row.compress_share = median(&Profile::compress_share);
+    row.profiled_prefills = static_cast<int>(x.profiles.size());
     row.linear_eff = row.linear_tflops * 1e3 / limits_.gemm_gflops;
     row.attention_eff = row.attention_tflops * 1e3 / limits_.gemm_gflops;
     if (!x.d_tps.empty()) {
@@ -394,7 +413,7 @@ class Bench {
   // Per-operation rates and shares from one profiled prefill: profiling synchronises a GPU after
   // every operation, which serialises the host's share of a layer with the device's, so the speed
   // comes from the unprofiled runs.
-  double profile_prefill(const std::vector<int32_t>& ids, Observer probe, Row& row) {
+  Profile profile_prefill(const std::vector<int32_t>& ids, Observer probe, double& flops) {
     b_.set_profiling(true);
     b_.reset_stats();
     const auto t0 = std::chrono::steady_clock::now();
@@ -402,13 +421,12 @@ class Bench {
     const double s = seconds_since(t0);
     b_.set_profiling(false);
     const OpStats st = b_.stats();
-    const double flops = st.linear_flops + st.attention_flops;
-    row.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12;
-    row.attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12;
-    row.linear_share = st.linear_seconds / s;
-    row.attention_share = st.attention_seconds / s;
-    row.compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0;
-    return flops;
+    flops = st.linear_flops + st.attention_flops;
+    return {.linear_tflops = st.linear_flops / std::max(st.linear_seconds, 1e-12) / 1e12,
+            .attention_tflops = st.attention_flops / std::max(st.attention_seconds, 1e-12) / 1e12,
+            .linear_share = st.linear_seconds / s,
+            .attention_share = st.attention_seconds / s,
+            .compress_share = probe.runner ? probe.runner->compress_seconds() / s : 0.0};
   }
 
   // Decode steps after a prompt of `ctx` tokens: those timed (the first of them untimed, as it sends
