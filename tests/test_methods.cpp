@@ -247,6 +247,17 @@ TEST_CASE("SnapKV keeps the window and a one-hot target with its pooled neighbou
     // Max pooling with kernel 7 gives 97..103 the same pooled score, so they are kept together.
     for (int j = 97; j <= 103; ++j) CHECK(std::count(p.begin(), p.end(), j) == 1);
   }
+  // A KV size below the window is an error naming both.
+  auto below_window = [&](const char* name) {
+    return [&cfg, &L, name] {
+      auto small = MethodRegistry::get().create(name, {{"window", "8"}}, cfg);
+      MethodRunner sr(*small, 6);
+      LayerCache sc(2, 1, 16);
+      sr.on_layer(L.view, sc);
+    };
+  };
+  test::require_error(below_window("snapkv"), {"a KV size of 6 tokens", "beyond the 8-token window"});
+  test::require_error(below_window("pyramidkv"), {"KV size 6", "window 8"});
 }
 
 TEST_CASE("H2O with uniform attention keeps the earliest tokens, StreamingLLM's kept set", "[methods]") {

@@ -74,6 +74,8 @@ void register_run_task_command(CLI::App& app) {
     const auto done = recorded_keys(out.path());
     const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
     Progress bar(fmt::format("{} {}", a->task, label), n, "samples");
+    double sum = 0;  // of this run's scores: the bar shows their mean, not the last one alone
+    int scored = 0;
     for (size_t i = 0; i < n; ++i) {
       const Sample s = task->sample(i);
       if (done.count(cell_key(config, s.id))) {
@@ -82,7 +84,9 @@ void register_run_task_command(CLI::App& app) {
       }
       const json rec = run_cell(*m, *tok, engine, *task, s, method.get(), budget, config);
       out.append(rec);
-      bar.advance(1, fmt::format("score {:.2f}", rec["score"].get<double>()));
+      sum += rec["score"].get<double>();
+      ++scored;
+      bar.advance(1, fmt::format("mean score {:.2f} (last {:.2f})", sum / scored, rec["score"].get<double>()));
     }
     bar.finish();
     fmt::print("results in {}; summarise with: kvbench report {}\n", out.path(), out.path());

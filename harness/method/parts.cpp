@@ -144,7 +144,8 @@ std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k) {
 }
 
 std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w) {
-  if (k < 0) fail("the KV size leaves no room beyond the {}-token window; use a larger budget or window", w);
+  if (k < 0)
+    fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window", k + w, w);
   return select_per_head(scores, std::vector<int>(scores.size(), k), S, w);
 }
 
@@ -164,7 +165,8 @@ std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, cons
 Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, const std::vector<int>& caps, int S,
                      int w) {
   for (int c : caps)
-    if (c < 0) fail("the KV size leaves no room beyond the {}-token window; use a larger budget or window", w);
+    if (c < 0)
+      fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window", c + w, w);
   Selection s;
   s.scores = reduce_for_gqa(query_scores, n_kv_heads, mode);
   s.query_scores = std::move(query_scores);
