@@ -21,6 +21,7 @@ import glob
 import json
 import pathlib
 import sys
+from importlib.metadata import version
 
 import torch
 from kvpress import KeyDiffPress
@@ -90,10 +91,9 @@ def main():
     path = pathlib.Path(args.gguf)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    import kvpress
     import transformers
     out = {"model": path.name, "ratios": RATIOS,
-           "versions": {"kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else "0.5.2",
+           "versions": {"kvpress": version("kvpress"),
                         "torch": torch.__version__, "transformers": transformers.__version__},
            "prompts": []}
     for ids in prompts(tok, pathlib.Path(args.data)):

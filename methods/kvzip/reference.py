@@ -24,6 +24,7 @@ import glob
 import json
 import pathlib
 import sys
+from importlib.metadata import version
 
 import torch
 import kvpress.presses.kvzip_press as kvzip_module
@@ -104,7 +105,7 @@ def main():
                                                  attn_implementation="sdpa").eval()
     import transformers
     out = {"model": path.name, "ratios": RATIOS,
-           "versions": {"kvpress": "0.5.2", "torch": torch.__version__, "transformers": transformers.__version__},
+           "versions": {"kvpress": version("kvpress"), "torch": torch.__version__, "transformers": transformers.__version__},
            "prompts": []}
     for ids, after in prompts(tok, pathlib.Path(args.data)):
         out["prompts"].append({"ids": ids, "after": after, "runs": [run(model, ids, after, r) for r in RATIOS]})

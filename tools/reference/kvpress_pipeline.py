@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import pathlib
+from importlib.metadata import version
 
 import torch
 from kvpress import KeyDiffPress
@@ -58,7 +59,7 @@ def main():
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tok, device="cpu")
     import transformers
     out = {"model": path.name, "max_new_tokens": MAX_NEW, "press": "KeyDiffPress",
-           "versions": {"kvpress": "0.5.2", "torch": torch.__version__, "transformers": transformers.__version__},
+           "versions": {"kvpress": version("kvpress"), "torch": torch.__version__, "transformers": transformers.__version__},
            "samples": []}
     for s in samples(tok, pathlib.Path(args.data)):
         pre = pipe.preprocess(s["context"], [s["question"]], s["answer_prefix"], max_context_length=10**9)
