@@ -14,7 +14,8 @@ if [[ -n $plain ]]; then
   echo "$plain" >&2
   exit 1
 fi
-bytes=$(git ls-files -z | xargs -0 stat -c %s 2> /dev/null | awk '{s += $1} END {print s + 0}')
+# (A file deleted in the working tree but not yet in the index counts nothing.)
+bytes=$({ git ls-files -z | xargs -0 stat -c %s 2> /dev/null || true; } | awk '{s += $1} END {print s + 0}')
 mib=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')
 if awk -v b="$bytes" -v m="$budget_mib" 'BEGIN {exit !(b > m * 1048576)}'; then
   echo "the tracked files hold $mib MiB, over the $budget_mib MiB budget; the largest:" >&2

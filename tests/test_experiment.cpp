@@ -332,6 +332,15 @@ TEST_CASE("results files: gzip-compressed records read as the plain ones, never 
   CHECK(slurp(dir / "a" / "summary.csv") == slurp(dir / "b" / "summary.csv"));
   // Committed records are not resumed in place: a run writes plain lines, one synced at a time.
   require_error([&] { ResultsFile f(packed); }, {"r.jsonl.gz", "cannot be appended to", "gunzip -c"});
+  // Written whole, a compressed file's last line is a record even without its newline.
+  {
+    gzFile g = gzopen(packed.c_str(), "wb9");
+    REQUIRE(gzwrite(g, text.data(), unsigned(text.size() - 1)) == int(text.size() - 1));
+    REQUIRE(gzclose(g) == Z_OK);
+  }
+  CHECK(records(packed) == records(plain));
+  std::ofstream((dir / "empty.jsonl.gz").string());
+  require_error([&] { records((dir / "empty.jsonl.gz").string()); }, {"empty.jsonl.gz", "an empty file"});
   // A compressed file cut short is an error naming it, not fewer records.
   const auto size = std::filesystem::file_size(packed);
   std::filesystem::resize_file(packed, size / 2);

@@ -271,6 +271,21 @@ published: published.csv
         load_experiment(spec, {"model=" + model, "budgets=[32, 0]"});
       },
       {"s.yaml: --set budgets=[32, 0]: a budget must be a positive integer"});
+  // Set inside an entry of the file, an error names the entry's line and the override.
+  const auto mapped = write_file(dir, "m.yaml", "model: " + model + R"(
+task: niah
+methods: [{name: snapkv, params: {window: 8}}]
+budgets: [64]
+)");
+  require_error([&] { load_experiment(mapped, {"methods.0.name=snapkvv"}); },
+                {"m.yaml:3:11 (with --set methods.0.name=snapkvv): unknown method 'snapkvv'"});
+  require_error([&] { load_experiment(mapped, {"methods.0.params.window=0"}); },
+                {"(with --set methods.0.params.window=0)", "'window' = '0' is invalid"});
+  require_error(
+      [&] {
+        load_experiment(mapped, {"methods.0={name: snapkv}", "methods.0.name=snapkvv"});
+      },
+      {"m.yaml: --set methods.0.name=snapkvv: unknown method 'snapkvv'"});
   require_error(
       [&] {
         load_experiment(spec, {"model=" + model, "task.x=1"});
@@ -375,6 +390,10 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
                 {"--published-model Qwen", "Llama, Mistral"});
   require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "t7", "", out, {"md"}); },
                 {"--table t7", "t1"});
+  // The same errors before anything is written (kvbench report checks first).
+  require_error([&] { check_comparison(published, "t1", "Qwen"); }, {"--published-model Qwen", "Llama, Mistral"});
+  require_error([&] { check_comparison(published, "t7", ""); }, {"--table t7", "t1"});
+  check_comparison(published, "t1", "Mistral");
 
   // Two of our configurations under one published row: a mean of both would be neither's.
   std::ofstream(dir / "r.jsonl", std::ios::app)

@@ -150,6 +150,10 @@ TEST_CASE("submit, status and resume through stand-in Slurm commands and refusal
   std::ofstream(dir / "stray" / "old.jsonl") << "";
   require_error([&] { slurm_submit(spec, (dir / "stray").string(), o, KVBENCH_CLI, false); },
                 {"old.jsonl", "no submit.json"});
+  fs::create_directories(dir / "stray_gz");
+  std::ofstream(dir / "stray_gz" / "old.jsonl.gz") << "";
+  require_error([&] { slurm_submit(spec, (dir / "stray_gz").string(), o, KVBENCH_CLI, false); },
+                {"old.jsonl.gz", "no submit.json"});
 
   // Shard 1 ran to completion (its cells recorded as the real task would), task 2 was cancelled,
   // task 0 still runs: resume resubmits shard 2 alone.

@@ -313,10 +313,10 @@ class Bench {
     x.row.batch = batch;
     return x;
   }
-  // One run: each sequence's prompt prefilled (after one profiled prefill of the first prompt), then
-  // all of them decoded together. `make_observer` gives the prefill observer of each sequence. The prompts and
-  // decoded tokens depend on the context and the run's number only: every configuration's run r reads
-  // the same ones.
+  // One run: each sequence's prompt prefilled, all of them decoded together, then the first prompt
+  // prefilled again with per-operation timing. `make_observer` gives the prefill observer of each sequence. The prompts
+  // and decoded tokens depend on the context and the run's number only: every configuration's run r reads the same
+  // ones.
   void run_once(Runs& x, const std::function<Observer()>& make_observer) {
     Row& row = x.row;
     const bool first = x.runs++ == 0;
@@ -325,17 +325,17 @@ class Bench {
     b_.reset_peak_memory();
     std::vector<Observer> holders;
     std::vector<Sequence> seqs;
+    std::vector<int32_t> first_ids;
     for (int s = 0; s < row.batch; ++s) {
       std::vector<int32_t> ids(row.context);
       for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg_.vocab_size));
-      if (s == 0) x.profiles.push_back(profile_prefill(ids, make_observer(), x.flops));
+      if (s == 0) first_ids = ids;
       holders.push_back(make_observer());
       const auto t0 = std::chrono::steady_clock::now();
       engine_.prefill(ids, holders.back().observer);
       b_.synchronize();
       const double pre_s = seconds_since(t0);
       x.p_tps.push_back(row.context / pre_s);
-      row.prefill_tflops = x.flops / pre_s / 1e12;
       seqs.push_back(engine_.detach());
     }
     if (const double d = time_decode(row.context, row, seqs, rng); d > 0) x.d_tps.push_back(d);
@@ -344,6 +344,8 @@ class Bench {
     // From the first run, which follows only the earlier configurations' first runs: a backend's scratch
     // buffers that grow and stay (CUDA's) then count as they did when each configuration ran whole.
     if (first) row.peak_memory = b_.peak_memory_bytes();
+    // After the timed work, which then follows what it followed before each run had its profile.
+    x.profiles.push_back(profile_prefill(first_ids, make_observer(), x.flops));
   }
   // The row of the runs. full: the full cache's row at this context and batch (null for the full cache
   // itself), for the speed-up and the bytes ratio.
@@ -351,6 +353,7 @@ class Bench {
     Row row = x.row;
     row.accounted = engine_.weight_bytes() + row.kv_bytes + size_t(row.batch) * engine_.decode_buffer_bytes();
     row.prefill_tps = spread(x.p_tps);
+    row.prefill_tflops = x.flops * row.prefill_tps.median / row.context / 1e12;
     // Medians over the runs: one profile alone moved 25-fold on a machine shared with other work.
     auto median = [&](double Profile::*field) {
       std::vector<double> v;

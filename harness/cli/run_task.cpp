@@ -86,7 +86,8 @@ void register_run_task_command(CLI::App& app) {
       out.append(rec);
       sum += rec["score"].get<double>();
       ++scored;
-      bar.advance(1, fmt::format("mean score {:.2f} (last {:.2f})", sum / scored, rec["score"].get<double>()));
+      bar.advance(1, fmt::format("mean score {:.2f} of the {} run now (last {:.2f})", sum / scored, scored,
+                                 rec["score"].get<double>()));
     }
     bar.finish();
     fmt::print("results in {}; summarise with: kvbench report {}\n", out.path(), out.path());

@@ -39,16 +39,6 @@ struct Override {
 };
 thread_local const std::vector<Override>* current_overrides = nullptr;
 
-[[noreturn]] void spec_error(const std::string& path, const YAML::Node& n, const std::string& msg) {
-  if (current_overrides)
-    for (const Override& o : *current_overrides)
-      for (const YAML::Node& x : o.nodes)
-        if (x.is(n)) fail("{}: --set {}: {}", path, o.text, msg);
-  const auto m = n.Mark();
-  if (m.is_null()) fail("{}: {}", path, msg);
-  fail("{}:{}:{}: {}", path, m.line + 1, m.column + 1, msg);
-}
-
 void collect_nodes(const YAML::Node& n, std::vector<YAML::Node>& out) {
   out.push_back(n);
   if (n.IsMap())
@@ -58,6 +48,34 @@ void collect_nodes(const YAML::Node& n, std::vector<YAML::Node>& out) {
     }
   else if (n.IsSequence())
     for (const auto& item : n) collect_nodes(item, out);
+}
+
+// The last override that laid `n` or a node inside it (a method entry one of whose fields was set), or
+// null; `laid` says whether an override laid `n` itself, which then has no place in the file.
+const Override* override_of(const YAML::Node& n, bool& laid) {
+  laid = false;
+  if (!current_overrides) return nullptr;
+  std::vector<YAML::Node> below;
+  collect_nodes(n, below);
+  const Override* last = nullptr;
+  for (const Override& o : *current_overrides) {
+    auto lays = [&](const YAML::Node& x) {
+      return std::any_of(o.nodes.begin(), o.nodes.end(), [&](const YAML::Node& y) { return y.is(x); });
+    };
+    laid = laid || lays(n);
+    if (std::any_of(below.begin(), below.end(), lays)) last = &o;
+  }
+  return last;
+}
+
+[[noreturn]] void spec_error(const std::string& path, const YAML::Node& n, const std::string& msg) {
+  bool laid = false;
+  const Override* o = override_of(n, laid);
+  if (o && laid) fail("{}: --set {}: {}", path, o->text, msg);
+  const auto m = n.Mark();
+  const std::string with = o ? fmt::format(" (with --set {})", o->text) : "";
+  if (m.is_null()) fail("{}{}: {}", path, with, msg);
+  fail("{}:{}:{}{}: {}", path, m.line + 1, m.column + 1, with, msg);
 }
 
 // The items of an optional list of numbers, each read as T and checked by `valid`.
@@ -225,8 +243,9 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
   std::vector<Override> overrides;
   for (const auto& set : sets) overrides.push_back(apply_set(path, root, set));
   struct Scope {
-    explicit Scope(const std::vector<Override>* o) { current_overrides = o; }
-    ~Scope() { current_overrides = nullptr; }
+    explicit Scope(const std::vector<Override>* o) : outer(current_overrides) { current_overrides = o; }
+    ~Scope() { current_overrides = outer; }
+    const std::vector<Override>* outer;
   } scope(&overrides);
   expand_environment(path, root);
   check_keys(path, root,

@@ -123,8 +123,8 @@ bool is_gzip(const std::string& path) {
 }
 
 // The whole text of a results file, gzip-compressed or not ("" for a missing file).
-std::string results_text(const std::string& path) {
-  if (!is_gzip(path)) {
+std::string results_text(const std::string& path, bool gzip) {
+  if (!gzip) {
     std::ifstream in(path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
@@ -137,7 +137,8 @@ std::string results_text(const std::string& path) {
   int n = 0;
   while ((n = gzread(gz, buf.data(), static_cast<unsigned>(buf.size()))) > 0) text.append(buf.data(), size_t(n));
   int err = Z_OK;
-  const std::string why = gzerror(gz, &err);
+  std::string why = gzerror(gz, &err);
+  if (why.starts_with(path + ": ")) why.erase(0, path.size() + 2);  // zlib names the file too
   // gzclose says Z_BUF_ERROR where the data ended inside the compressed stream (a cut-off file).
   if (gzclose(gz) != Z_OK || n < 0 || (err != Z_OK && err != Z_STREAM_END))
     fail("{}: not a whole gzip file ({}); compress the .jsonl again", path, why.empty() ? "cut off" : why);
@@ -146,8 +147,15 @@ std::string results_text(const std::string& path) {
 
 }  // namespace
 
+bool is_results_file_name(const std::string& name) { return name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"); }
+
 void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn) {
-  const std::string text = results_text(path);
+  // A compressed file was written whole (no run appends to one): its last line is a record even
+  // without a newline, and a file named .gz that is empty was not compressed from records at all.
+  const bool gzip = is_gzip(path);
+  if (!gzip && path.ends_with(".gz") && std::filesystem::exists(path) && std::filesystem::file_size(path) == 0)
+    fail("{}: an empty file, not a gzip-compressed results file", path);
+  const std::string text = results_text(path, gzip);
   int no = 0;
   for (size_t start = 0; start < text.size();) {
     const size_t end = text.find('\n', start);
@@ -160,10 +168,10 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      if (last) return;  // torn by a kill mid-write
+      if (last && !gzip) return;  // torn by a kill mid-write
       fail("{}:{}: not a JSON record ({}); remove the line", path, no, e.what());
     }
-    if (last) return;  // no newline yet: the write did not finish
+    if (last && !gzip) return;  // no newline yet: the write did not finish
     check_record(j, fmt::format("{}:{}", path, no));
     fn(j, no);
   }

@@ -15,6 +15,9 @@ namespace kvb {
 // is a record whose fields do not have the types docs/results-format.md gives (check_record).
 void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn);
 
+// Whether a file name is a results file's: NAME.jsonl, or NAME.jsonl.gz (committed records).
+bool is_results_file_name(const std::string& name);
+
 // Error naming `where`, the field and the type expected, unless the record is an object with a
 // `config` object and a numeric `score`, and every other field the report reads has its documented
 // type where present. Consumers can then read fields without type checks of their own.

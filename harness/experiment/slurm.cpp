@@ -370,7 +370,7 @@ void slurm_submit(const std::string& spec_path, const std::string& dir, const Sl
           dir, old["jobs"].back()["id"].get<std::string>(), dir, dir);
   } else if (fs::exists(dir)) {
     for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".jsonl")
+      if (is_results_file_name(e.path().filename().string()))
         fail("{} holds results files ({}) but no {}: submit to a new or empty directory", dir,
              e.path().filename().string(), kManifest);
   }

@@ -118,11 +118,18 @@ void write_scatter(const std::string& stem, const std::string& title,
   });
 }
 
-}  // namespace
+// The models a published table lists, in the file's order.
+std::vector<std::string> table_models(const std::vector<PublishedRow>& rows, const std::string& t) {
+  std::vector<std::string> models;
+  for (const auto& r : rows)
+    if (r.table == t && std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
+  return models;
+}
 
-void write_comparison(const std::vector<std::string>& results, const std::string& published, const std::string& table,
-                      const std::string& model, const std::string& dir, const std::set<std::string>& formats) {
-  const auto rows = load_published(published);
+// The tables to compare (all of the file's, or --table's); an error where --table or --published-model
+// names none of them.
+std::vector<std::string> chosen_tables(const std::vector<PublishedRow>& rows, const std::string& published,
+                                       const std::string& table, const std::string& model) {
   std::vector<std::string> tables;
   for (const auto& r : rows)
     if (std::find(tables.begin(), tables.end(), r.table) == tables.end()) tables.push_back(r.table);
@@ -131,6 +138,23 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       fail("--table {}: {} has no rows for it (its tables: {})", table, published, fmt::join(tables, ", "));
     tables = {table};
   }
+  for (const auto& t : tables)
+    if (const auto models = table_models(rows, t);
+        !model.empty() && std::find(models.begin(), models.end(), model) == models.end())
+      fail("--published-model {}: table {} of {} lists {}", model, t, published, fmt::join(models, ", "));
+  return tables;
+}
+
+}  // namespace
+
+void check_comparison(const std::string& published, const std::string& table, const std::string& model) {
+  chosen_tables(load_published(published), published, table, model);
+}
+
+void write_comparison(const std::vector<std::string>& results, const std::string& published, const std::string& table,
+                      const std::string& model, const std::string& dir, const std::set<std::string>& formats) {
+  const auto rows = load_published(published);
+  const std::vector<std::string> tables = chosen_tables(rows, published, table, model);
   // Our records, each cell once.
   std::vector<Ours> ours;
   std::set<std::string> keys, our_models;
@@ -152,12 +176,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
 
   for (const auto& t : tables) {
     std::vector<const PublishedRow*> trows;
-    std::vector<std::string> models;
-    for (const auto& r : rows)
-      if (r.table == t && std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
-    const std::string paper_model = model.empty() ? models.front() : model;
-    if (std::find(models.begin(), models.end(), paper_model) == models.end())
-      fail("--published-model {}: table {} of {} lists {}", paper_model, t, published, fmt::join(models, ", "));
+    const std::string paper_model = model.empty() ? table_models(rows, t).front() : model;
     for (const auto& r : rows)
       if (r.table == t && r.model == paper_model) trows.push_back(&r);
 

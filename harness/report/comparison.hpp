@@ -12,5 +12,7 @@ namespace kvb {
 // first the table lists).
 void write_comparison(const std::vector<std::string>& results, const std::string& published, const std::string& table,
                       const std::string& model, const std::string& dir, const std::set<std::string>& formats);
+// write_comparison's errors about `table` and `model`, before anything is written.
+void check_comparison(const std::string& published, const std::string& table, const std::string& model);
 
 }  // namespace kvb

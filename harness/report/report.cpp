@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "harness/experiment/results.hpp"
 #include "harness/report/records.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/tables.hpp"
@@ -31,9 +32,7 @@ std::vector<std::string> result_files(const std::vector<std::string>& inputs) {
     if (std::filesystem::is_directory(in)) {
       std::vector<std::string> found;
       for (const auto& e : std::filesystem::directory_iterator(in))
-        if (const std::string name = e.path().filename().string();
-            name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"))
-          found.push_back(e.path().string());
+        if (is_results_file_name(e.path().filename().string())) found.push_back(e.path().string());
       std::sort(found.begin(), found.end());
       files.insert(files.end(), found.begin(), found.end());
     } else {
