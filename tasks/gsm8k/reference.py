@@ -15,7 +15,8 @@ reach a number the filters treat differently, so the same filters and metric als
     python3 tasks/gsm8k/reference.py [--gguf models/SmolLM2-135M-Instruct.Q4_1.gguf]
     (needs: pip install lm-eval==0.4.13 transformers==4.57.1 gguf torch)
 
-Output: tasks/gsm8k/fixtures/{test,train}.jsonl and tasks/gsm8k/fixtures/lm_eval.json.
+Output: tasks/gsm8k/fixtures/{test,train}.jsonl and tasks/gsm8k/fixtures/lm_eval.json. Under transformers
+5.25.0 (lm-eval 0.4.13, torch 2.15, numpy 2.4) the script writes the same files, byte for byte.
 
 With --files DIR (GSM8K's own test.jsonl and train.jsonl) the same run covers the first --limit problems of
 the real files and writes only --out (the layout of lm_eval.json, without the made-up responses): the check
@@ -26,6 +27,7 @@ import json
 import pathlib
 import random
 import sys
+from importlib.metadata import version
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tasks/gsm8k/fixtures"
@@ -179,7 +181,7 @@ def main():
         prompt = request[0][0] if isinstance(request, list) else request["gen_args_0"]["arg_0"]
         row = samples.setdefault(s["doc_id"], {"prompt": prompt, "generation": s["resps"][0][0]})
         row[{"strict-match": "strict", "flexible-extract": "flexible"}[s["filter"]]] = float(s["exact_match"])
-    golden = {"lm_eval": "0.4.13", "model": path.name, "num_fewshot": 5,
+    golden = {"lm_eval": version("lm_eval"), "model": path.name, "num_fewshot": 5,
               "samples": [samples[i] for i in range(len(test))]}
     if args.files:
         args.out.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n")
