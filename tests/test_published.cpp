@@ -377,6 +377,7 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   md << std::ifstream(out + "/compare-t1.md").rdbuf();
   CHECK(md.str().find("20.00 (1/2)") != std::string::npos);
   CHECK(md.str().find("| FullKV | 40.00 [34.00, 46.00] |") != std::string::npos);
+  CHECK(md.str().find("3 of 4 published cells have ours") != std::string::npos);  // the averages aside
   // Our model (m.gguf) is not the paper's: no value is marked as inside our interval.
   CHECK(md.str().find("(in)") == std::string::npos);
   CHECK(md.str().find("Our model is not the paper's") != std::string::npos);
@@ -390,6 +391,17 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
                 {"--published-model Qwen", "Llama, Mistral"});
   require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "t7", "", out, {"md"}); },
                 {"--table t7", "t1"});
+  // Without --table, a table none of our records reach is not written; with none reached, an error.
+  const auto two = write_file(dir, "two.csv",
+                              kHeader +
+                                  "t1,Llama,fullkv,,full,longbench,,qasper,32.30\n"
+                                  "t2,Llama,fullkv,,full,niah,,score,100\n");
+  write_comparison({(dir / "r.jsonl").string()}, two, "", "", (dir / "two").string(), {"md"});
+  CHECK(std::filesystem::exists(dir / "two" / "compare-t1.md"));
+  CHECK_FALSE(std::filesystem::exists(dir / "two" / "compare-t2.md"));
+  const auto none = write_file(dir, "none.csv", kHeader + "t2,Llama,fullkv,,full,niah,,score,100\n");
+  require_error([&] { write_comparison({(dir / "r.jsonl").string()}, none, "", "", out, {"md"}); },
+                {"none.csv", "none of its tables (t2)", "m.gguf"});
   // The same errors before anything is written (kvbench report checks first).
   require_error([&] { check_comparison(published, "t1", "Qwen"); }, {"--published-model Qwen", "Llama, Mistral"});
   require_error([&] { check_comparison(published, "t7", ""); }, {"--table t7", "t1"});

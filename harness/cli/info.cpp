@@ -117,8 +117,16 @@ void register_info_command(CLI::App& app) {
     auto m = ModelFile::open(*model);
     m->validate_tensors();
     const bool no_vocab = m->gguf() && m->gguf()->get_string_opt("tokenizer.ggml.model") == "no_vocab";
-    const auto tok = no_vocab ? nullptr : load_tokenizer(*m);
-    const json j = describe(*m, tok.get());
+    // The architecture is shown without a tokenizer too (a directory of weights and config alone).
+    std::unique_ptr<Tokenizer> tok;
+    std::string why;
+    try {
+      if (!no_vocab) tok = load_tokenizer(*m);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    json j = describe(*m, tok.get());
+    if (!why.empty()) j["tokenizer"] = "none: " + why;
     if (*as_json)
       fmt::print("{}\n", j.dump(2));
     else

@@ -28,7 +28,8 @@ void register_make_model_command(CLI::App& app) {
   cmd->add_option("shape", a->shape, "Shape to copy: " + names)->required();
   cmd->add_option("--out,-o", a->out, "GGUF file to write")->required();
   cmd->add_option("--type", a->type,
-                  "Weight type: f32, f16, bf16, or q4_k_m (Q4_K matrices; Q6_K attn_v, ffn_down and output)")
+                  "Weight type: f32, f16, bf16, or q4_k_m (Q4_K matrices; Q6_K attn_v, ffn_down and output; "
+                  "K-quants need each matrix's rows in whole blocks of 256)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q4_k_m"}));
   cmd->add_option("--layers", a->layers, "Keep only this many layers (0: all)");
   cmd->add_option("--seed", a->seed, "Random seed");

@@ -16,10 +16,11 @@ void register_new_command(CLI::App& app) {
     const char* example;
     const char* doc;
   };
-  for (const Kind k : {Kind{"method", ScaffoldKind::Method, "Write methods/NAME.cpp and tests/test_NAME.cpp",
-                            "key-norm", "docs/adding-a-method.md"},
-                       Kind{"task", ScaffoldKind::Task, "Write tasks/NAME/NAME.cpp and tests/test_NAME.cpp", "passkey",
-                            "docs/adding-a-task.md"}}) {
+  for (const Kind k :
+       {Kind{"method", ScaffoldKind::Method, "Write methods/NAME/NAME.cpp and methods/NAME/test_NAME.cpp", "key-norm",
+             "docs/adding-a-method.md"},
+        Kind{"task", ScaffoldKind::Task, "Write tasks/NAME/NAME.cpp and tests/test_NAME.cpp", "passkey",
+             "docs/adding-a-task.md"}}) {
     auto* sub = cmd->add_subcommand(k.word, fmt::format("{} (from {})", k.help, k.doc));
     auto name = std::make_shared<std::string>();
     auto root = std::make_shared<std::string>(".");

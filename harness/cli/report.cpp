@@ -1,4 +1,6 @@
 // kvbench report: tables and figures of results files, optionally beside a paper's published numbers.
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "harness/cli/commands.hpp"
@@ -21,7 +23,7 @@ void register_report_command(CLI::App& app) {
   auto dir = std::make_shared<std::string>("reports");
   auto formats = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"md", "csv"});
   cmd->add_option("results", *files, "Results JSONL files or directories of them (kvbench run or run-task)");
-  cmd->add_option("--out-dir", *dir, "Directory for tables and figures");
+  auto* dir_opt = cmd->add_option("--out-dir", *dir, "Directory for tables and figures");
   cmd->add_option("--format", *formats, "Table formats: md, csv, tex (comma-separated)")->delimiter(',');
   struct Compare {
     std::string published, table, model, baseline, coverage;
@@ -38,11 +40,20 @@ void register_report_command(CLI::App& app) {
                   "with paired 95% intervals (<task>-vs-<baseline>.*)");
   cmd->add_option("--coverage", c->coverage,
                   "Instead of results: how many printed cells of the papers' tables kvbench can regenerate, per paper "
-                  "and table, and what blocks the rest (DIR: the paper folders, e.g. experiments/papers)");
-  cmd->callback([files, dir, formats, c] {
+                  "and table, and what blocks the rest (DIR: the paper folders, e.g. experiments/papers; printed, "
+                  "and written to --out-dir/coverage.md where --out-dir is given)");
+  cmd->callback([files, dir, dir_opt, formats, c] {
     if (!c->coverage.empty()) {
       if (!files->empty()) fail("report --coverage reads the paper folders, not results files");
-      fmt::print("{}", coverage_markdown(paper_coverage(c->coverage)));
+      const std::string text = coverage_markdown(paper_coverage(c->coverage));
+      fmt::print("{}", text);
+      if (dir_opt->count()) {
+        std::filesystem::create_directories(*dir);
+        const std::string path = *dir + "/coverage.md";
+        std::ofstream out(path);
+        if (!(out << text)) fail("{}: cannot write", path);
+        fmt::print(stderr, "wrote {}\n", path);
+      }
       return;
     }
     if (files->empty()) fail("report: give results files (or directories of them), or --coverage DIR");

@@ -27,10 +27,13 @@ void register_score_command(CLI::App& app) {
                   "JSONL in LongBench's pred/ layout: pred, answers (all_classes, length where needed) per line")
       ->required();
   cmd->add_flag("--longbench-e,--by-length", a->by_length,
-                "Also score by length range (0-4k, 4-8k, 8k+) as LongBench-E, from each line's length");
+                "Also score by length range (0-4k, 4-8k, 8k+) as LongBench-E, from each line's length (implied by "
+                "--task longbench-e/DATASET)");
   cmd->add_option("--data", a->data, "Data folder with jieba's tables (the Chinese datasets)");
   cmd->add_option("--out", a->out, "Write the scores as JSON, as LongBench's eval.py writes result.json");
   cmd->callback([a] {
+    // A longbench-e task is scored by length range, as eval.py --e does (and Python's kvbench.score).
+    a->by_length = a->by_length || a->task.starts_with("longbench-e/");
     const auto r = score_predictions_file(a->task, a->predictions, a->by_length, a->data);
     // Keyed as eval.py's result.json: by the dataset (the part after the task's name).
     const std::string key = a->task.substr(a->task.find('/') + 1);

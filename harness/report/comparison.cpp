@@ -174,6 +174,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
   for (const auto& o : ours) our_models.insert(o.model);
   std::filesystem::create_directories(dir);
 
+  int written = 0;
   for (const auto& t : tables) {
     std::vector<const PublishedRow*> trows;
     const std::string paper_model = model.empty() ? table_models(rows, t).front() : model;
@@ -253,6 +254,13 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       }
       cells.push_back(c);
     }
+    // Without --table every table of the file is a candidate: one none of our records reach (another
+    // model's, another task's) would only print empty cells.
+    if (table.empty() && std::all_of(cells.begin(), cells.end(), [](const Cell& c) { return std::isnan(c.ours); })) {
+      fmt::print(stderr, "{}: no record of ours matches a cell of table {}; not written\n", published, t);
+      continue;
+    }
+    ++written;
 
     // The paper's layout: blocks by (length, budget) in the order the table lists them.
     std::vector<std::pair<int, KvBudget>> blocks;
@@ -356,12 +364,19 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       if (!block.rows.empty()) out.blocks.push_back(block);
     }
     const double rho = xs.size() >= 3 ? spearman(xs, ys) : std::nan("");
+    // The cells counted: all but the averages over columns, unless the table prints only averages.
+    const bool only_averages =
+        std::all_of(cells.begin(), cells.end(), [](const Cell& c) { return c.row->column == "avg"; });
+    auto compared = [&](bool with_ours) {
+      return std::count_if(cells.begin(), cells.end(), [&](const Cell& c) {
+        return (only_averages || c.row->column != "avg") && (!with_ours || !std::isnan(c.ours));
+      });
+    };
     out.note = fmt::format(
         "Ours: the mean over our records of each cell (samples in {}-cells.csv); published: as printed in the paper "
         "for {}; difference: ours - published. Avg.: ours over the same columns as the paper's average; (k/n) where we "
         "have k of its n columns; [low, high]: our 95% interval over samples. {} of {} published cells have ours{}. {}",
-        "compare-" + t, paper_model, xs.size(),
-        std::count_if(cells.begin(), cells.end(), [](const Cell& c) { return !summary_column(c.row->column); }),
+        "compare-" + t, paper_model, compared(true), compared(false),
         std::isnan(rho) ? ""
                         : fmt::format("; Spearman's rank correlation of ours with published over them: {:.2f}", rho),
         same_model ? fmt::format("Our records ran the paper's model: {} of the {} published values with an interval of "
@@ -376,6 +391,11 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     fmt::print("{}\nwrote {}.{{{}}}, {}-cells.csv, {}.png and .svg\n", to_markdown(out), stem,
                fmt::format("{}", fmt::join(formats, ",")), stem, stem);
   }
+  if (!written)
+    fail(
+        "{}: none of its tables ({}) has a cell our records match (their models: {}); check the records' task, "
+        "methods and KV sizes",
+        published, fmt::join(tables, ", "), fmt::join(our_models, ", "));
 }
 
 }  // namespace kvb

@@ -112,7 +112,10 @@ def run(spec: str | os.PathLike | dict, shard: str | tuple[int, int] | None = No
             path = os.path.join(d, f"{spec.get('name', 'spec')}.yaml")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(spec, f, indent=2)  # one key a line: errors' line numbers point at keys
-            return _kvbench.run(path, shard_text, progress)
+            try:
+                return _kvbench.run(path, shard_text, progress)
+            except Error as e:  # the file is gone when the caller reads the error: name the dict instead
+                raise Error(str(e).replace(path, "the spec dict (as JSON, indent 2)")) from None
     return _kvbench.run(os.fspath(spec), shard_text, progress)
 
 
@@ -149,15 +152,19 @@ _GRID_OPTIONS = ("s_len", "e_len", "step", "depths", "samples", "task", "dataset
 def summarize(df, by: Sequence[str] | None = None):
     """One row per configuration of a results DataFrame (load_results): its mean score x 100, the
     number of samples `n`, and the 95% interval `ci_low`, `ci_high` (Wilson's for 0/1 scores, else a
-    percentile bootstrap over samples resampled within each RULER task or LongBench dataset; None for
+    percentile bootstrap over samples resampled within each RULER task or LongBench dataset; NaN for
     one sample or too few to bootstrap), the same numbers as kvbench report's summary. `by` names the
-    grouping columns (default: every `config.*` column but the grid's options and the code version)."""
+    grouping column or columns (default: every `config.*` column but the grid's options and the code
+    version)."""
     import pandas as pd
 
     if by is None:
         grid = {f"config.options.{o}" for o in _GRID_OPTIONS}
         by = [c for c in df.columns if c.startswith("config.") and c not in grid]
-    by = list(by)
+    by = [by] if isinstance(by, str) else list(by)
+    if missing := [c for c in by if c not in df.columns]:
+        raise ValueError(f"summarize: no column {', '.join(map(repr, missing))} in the records; their config "
+                         f"columns: {', '.join(c for c in df.columns if c.startswith('config.'))}")
     # Values left nested by load_results (an artifact's digest under config.artifacts.*) group by their
     # JSON text, as the report's configurations do.
     nested = [c for c in by if df[c].map(lambda v: isinstance(v, (dict, list))).any()]
@@ -175,8 +182,8 @@ def summarize(df, by: Sequence[str] | None = None):
         ci = _kvbench.score_interval(groups, "samples")
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         row.update(score=100 * ci["mean"], n=ci["n"],
-                   ci_low=None if ci["ci_low"] is None else 100 * ci["ci_low"],
-                   ci_high=None if ci["ci_high"] is None else 100 * ci["ci_high"], interval=ci["interval"])
+                   ci_low=float("nan") if ci["ci_low"] is None else 100 * ci["ci_low"],
+                   ci_high=float("nan") if ci["ci_high"] is None else 100 * ci["ci_high"], interval=ci["interval"])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -217,6 +224,8 @@ def score(dataset: str, predictions: Sequence[str] | str | os.PathLike, answers:
         raise ValueError("score: answers are needed with a list of predictions")
     s = sample_scores(dataset, predictions, answers, all_classes=all_classes, data=data)
     if dataset.startswith("longbench-e/"):
+        if length is None:
+            raise ValueError(f"score: {dataset} is scored by length range: give each prediction's `length`")
         lengths = _meta(len(s), length, "lengths")
         ranges = {"0-4k": [], "4-8k": [], "8k+": []}
         for x, n in zip(s, lengths):

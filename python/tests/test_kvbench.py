@@ -344,6 +344,8 @@ def test_a_predictions_file_with_a_missing_field_names_the_line(tmp_path):
     assert kvbench.score("longbench/qasper", str(p)) == 50.0
     with pytest.raises(ValueError, match="2 lengths for 3"):
         kvbench.score("longbench-e/qasper", ["a", "b", "c"], [["a"]] * 3, length=[1, 2])
+    with pytest.raises(ValueError, match="give each prediction's `length`"):
+        kvbench.score("longbench-e/qasper", ["a"], [["a"]])
 
 
 @needs_model
@@ -384,6 +386,11 @@ def test_summarize_gives_each_configuration_its_interval():
     assert h2o["interval"] == "bootstrap" and h2o["ci_low"] < 50 < h2o["ci_high"]
     full = s.loc["fullkv"]  # one sample: its n and no interval
     assert full["n"] == 1 and pd.isna(full["ci_low"]) and pd.isna(full["ci_high"]) and full["interval"] == "none"
+    # Intervals are floats (NaN for none) even where no row has one; one column may be named alone.
+    alone = summarize(df[df["config.method"] == "fullkv"], by="config.method")
+    assert alone["ci_low"].dtype == "float64" and list(alone["config.method"]) == ["fullkv"]
+    with pytest.raises(ValueError, match="no column 'nope'.*config.method"):
+        summarize(df, by=["nope"])
 
 
 def test_summarize_stratifies_each_task_by_its_own_column():
@@ -431,3 +438,28 @@ def test_command_line_options_name_the_flag_and_the_value(args, message):
     r = subprocess.run([CLI, *args], capture_output=True, text=True)
     assert r.returncode != 0
     assert message in r.stdout + r.stderr
+
+
+def test_score_on_the_command_line_splits_longbench_e_by_length(tmp_path):
+    p = tmp_path / "pred.jsonl"
+    rows = [("Paris", ["Paris"], 100), ("x", ["y"], 5000), ("Rome", ["Paris"], 9000)]
+    p.write_text("".join(json.dumps({"pred": a, "answers": b, "length": n}) + "\n" for a, b, n in rows))
+    out = subprocess.run([CLI, "score", "--task", "longbench-e/qasper", str(p)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "0-4k: 100.00" in out and "4-8k: 0.00" in out and "8k+: 0.00" in out
+    assert kvbench.score("longbench-e/qasper", str(p)) == {"0-4k": 100.0, "4-8k": 0.0, "8k+": 0.0}
+
+
+def test_a_dict_spec_error_names_the_dict_not_a_deleted_file(tmp_path):
+    with pytest.raises(kvbench.Error, match=r"the spec dict \(as JSON, indent 2\):\d+:\d+: unknown key 'bogus'") as e:
+        kvbench.run({"name": "x", "model": MODEL, "task": "niah", "methods": ["fullkv"], "bogus": 1,
+                     "out": str(tmp_path / "x.jsonl")}, progress=False)
+    assert "kvbench_spec_" not in str(e.value)
+
+
+def test_info_describes_a_model_directory_without_a_tokenizer():
+    out = subprocess.run([CLI, "info", os.path.join(FIXTURES, "hf_config", "llama31_scaling"), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    j = json.loads(out)
+    assert j["architecture"] == "llama" and j["layers"] > 0 and j["kv_heads"] > 0
+    assert j["tokenizer"].startswith("none: ") and "tokenizer" in j["tokenizer"][6:]
