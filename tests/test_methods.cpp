@@ -499,6 +499,8 @@ TEST_CASE("every registered method dumps its prefill views and gives logits unde
   test::require_error([&] { choose_method("kvmix", method_test_params("kvmix"), 16, e.config(), "Model.logits"); },
                       {"Model.logits", "takes no budget"});
   test::require_error([&] { choose_method("", {}, 16, e.config(), "--method"); }, {"need a method"});
+  test::require_error([&] { choose_method("snapkv", {}, -5, e.config(), "Model.generate"); },
+                      {"Model.generate: budget -5", "must be > 0"});
 }
 
 TEST_CASE("every registered method decodes in a batch exactly as alone, in every weight format", "[methods][engine]") {

@@ -229,6 +229,7 @@ nlohmann::json MethodRunner::cache_profile() const {
 MethodChoice choose_method(const std::string& name, const std::map<std::string, std::string>& params, int budget,
                            const ModelConfig& model, const std::string& who) {
   MethodChoice c;
+  if (budget < 0) fail("{}: budget {}: a KV size must be > 0 (or 0 for none)", who, budget);
   if (name.empty() || (name == "fullkv" && budget <= 0)) {
     if (budget > 0 || !params.empty()) fail("{}: a budget and parameters need a method", who);
     return c;

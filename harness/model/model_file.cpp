@@ -83,7 +83,11 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
   namespace fs = std::filesystem;
   std::unique_ptr<ModelFile> m(new ModelFile());
   m->path_ = path;
-  if (!fs::exists(path)) fail("{}: no such file or directory (run scripts/setup.sh to fetch the default model)", path);
+  if (!fs::exists(path))
+    fail("{}: no such file or directory{}", path,
+         fs::path(path).filename() == "SmolLM2-135M-Instruct.Q4_1.gguf"
+             ? " (the default model: scripts/setup.sh fetches it)"
+             : "");
   if (fs::is_directory(path)) {
     m->config_ = config_from_hf_dir(path);
     m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::open_dir(path));

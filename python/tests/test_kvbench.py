@@ -463,3 +463,11 @@ def test_info_describes_a_model_directory_without_a_tokenizer():
     j = json.loads(out)
     assert j["architecture"] == "llama" and j["layers"] > 0 and j["kv_heads"] > 0
     assert j["tokenizer"].startswith("none: ") and "tokenizer" in j["tokenizer"][6:]
+
+
+@needs_model
+def test_generate_refuses_a_negative_budget_and_no_tokens_to_make(model):
+    with pytest.raises(kvbench.Error, match="budget -5: a KV size must be > 0"):
+        model.generate(PROMPT, method="snapkv", budget=-5, max_new_tokens=2)
+    with pytest.raises(kvbench.Error, match="max_new_tokens -1 must be at least 1"):
+        model.generate(PROMPT, max_new_tokens=-1)
