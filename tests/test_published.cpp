@@ -391,7 +391,7 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
                 {"--published-model Qwen", "Llama, Mistral"});
   require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "t7", "", out, {"md"}); },
                 {"--table t7", "t1"});
-  // Without --table, a table none of our records reach is not written; with none reached, an error.
+  // Without --table, a table none of our records reach is not written (with none reached, a warning).
   const auto two = write_file(dir, "two.csv",
                               kHeader +
                                   "t1,Llama,fullkv,,full,longbench,,qasper,32.30\n"
@@ -399,9 +399,19 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   write_comparison({(dir / "r.jsonl").string()}, two, "", "", (dir / "two").string(), {"md"});
   CHECK(std::filesystem::exists(dir / "two" / "compare-t1.md"));
   CHECK_FALSE(std::filesystem::exists(dir / "two" / "compare-t2.md"));
+  // A table of averages alone: ours over the task's columns our records hold ((40 + 70) / 2 for FullKV).
+  const auto avg_only = write_file(dir, "avg.csv", kHeader + "ta,Llama,fullkv,,full,longbench,,avg,50\n");
+  write_comparison({(dir / "r.jsonl").string()}, avg_only, "", "", (dir / "avg").string(), {"md", "csv"});
+  const auto avg_cells = read_csv_rows((dir / "avg" / "compare-ta-cells.csv").string());
+  REQUIRE(avg_cells.size() == 2);
+  CHECK(avg_cells[1][9] == "55.0000");
+  std::stringstream avg_md;
+  avg_md << std::ifstream(dir / "avg" / "compare-ta.md").rdbuf();
+  CHECK(avg_md.str().find("55.00 (over 2 of ours)") != std::string::npos);
+  CHECK(avg_md.str().find("1 of 1 published cells have ours") != std::string::npos);
   const auto none = write_file(dir, "none.csv", kHeader + "t2,Llama,fullkv,,full,niah,,score,100\n");
-  require_error([&] { write_comparison({(dir / "r.jsonl").string()}, none, "", "", out, {"md"}); },
-                {"none.csv", "none of its tables (t2)", "m.gguf"});
+  write_comparison({(dir / "r.jsonl").string()}, none, "", "", (dir / "none").string(), {"md"});
+  CHECK_FALSE(std::filesystem::exists(dir / "none" / "compare-t2.md"));
   // The same errors before anything is written (kvbench report checks first).
   require_error([&] { check_comparison(published, "t1", "Qwen"); }, {"--published-model Qwen", "Llama, Mistral"});
   require_error([&] { check_comparison(published, "t7", ""); }, {"--table t7", "t1"});

@@ -98,6 +98,7 @@ void print_info(const json& j) {
   fmt::print("  tokenizer       {}, bos {}, eos {}, add bos {}\n", j["tokenizer"].get<std::string>(),
              j["bos"].is_null() ? "none" : j["bos"]["text"].get<std::string>(),
              j["eos"].is_null() ? "none" : j["eos"]["text"].get<std::string>(), j["add_bos"].get<bool>());
+  if (j.contains("tokenizer_error")) fmt::print("                  ({})\n", j["tokenizer_error"].get<std::string>());
   fmt::print("  chat template   {}\n", j["chat_template"].is_null() ? "none" : j["chat_template"].get<std::string>());
 }
 
@@ -126,7 +127,7 @@ void register_info_command(CLI::App& app) {
       why = e.what();
     }
     json j = describe(*m, tok.get());
-    if (!why.empty()) j["tokenizer"] = "none: " + why;
+    if (!why.empty()) j["tokenizer_error"] = why;
     if (*as_json)
       fmt::print("{}\n", j.dump(2));
     else

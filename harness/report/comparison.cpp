@@ -240,17 +240,24 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       if (!summary_column(r->column) || TaskRegistry::get().info(r->task).layout.column_option.empty()) {
         c.ours = mean_ours(*r, r->column, c.samples, &c.ci);
       } else if (r->column == "avg") {
-        // The paper's average against ours over the table's columns, where we have them.
+        // The paper's average against ours over the table's columns, where we have them. A table that
+        // prints only averages does not say which columns it averaged: ours is then the mean over the
+        // task's columns our records hold, their count shown.
+        std::vector<std::string> over;
+        for (const auto& col : columns)
+          if (!summary_column(col)) over.push_back(col);
+        const bool printed = !over.empty();
+        if (!printed)
+          for (const auto& rc : report::layout_of(r->task).columns) over.push_back(rc.key);
         double sum = 0;
-        int n = 0, of = 0;
-        for (const auto& col : columns) {
-          if (summary_column(col)) continue;
-          ++of;
+        int n = 0;
+        for (const auto& col : over) {
           int samples = 0;
           if (const double v = mean_ours(*r, col, samples); !std::isnan(v)) sum += v, ++n;
         }
         if (n) c.ours = sum / n;
-        if (n && n < of) c.coverage = fmt::format("{}/{}", n, of);
+        if (n && printed && n < int(over.size())) c.coverage = fmt::format("{}/{}", n, over.size());
+        if (n && !printed) c.coverage = fmt::format("over {} of ours", n);
       }
       cells.push_back(c);
     }
@@ -375,7 +382,8 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     out.note = fmt::format(
         "Ours: the mean over our records of each cell (samples in {}-cells.csv); published: as printed in the paper "
         "for {}; difference: ours - published. Avg.: ours over the same columns as the paper's average; (k/n) where we "
-        "have k of its n columns; [low, high]: our 95% interval over samples. {} of {} published cells have ours{}. {}",
+        "have k of its n columns (over k of ours: a table of averages alone, ours over the task's columns we ran); "
+        "[low, high]: our 95% interval over samples. {} of {} published cells have ours{}. {}",
         "compare-" + t, paper_model, compared(true), compared(false),
         std::isnan(rho) ? ""
                         : fmt::format("; Spearman's rank correlation of ours with published over them: {:.2f}", rho),
@@ -391,11 +399,11 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     fmt::print("{}\nwrote {}.{{{}}}, {}-cells.csv, {}.png and .svg\n", to_markdown(out), stem,
                fmt::format("{}", fmt::join(formats, ",")), stem, stem);
   }
-  if (!written)
-    fail(
-        "{}: none of its tables ({}) has a cell our records match (their models: {}); check the records' task, "
-        "methods and KV sizes",
-        published, fmt::join(tables, ", "), fmt::join(our_models, ", "));
+  if (!written)  // a warning: the other reports of the same command are written by now
+    fmt::print(stderr,
+               "warning: {}: none of its tables ({}) has a cell our records match (their models: {}); no compare-* "
+               "written; check the records' task, methods and KV sizes\n",
+               published, fmt::join(tables, ", "), fmt::join(our_models, ", "));
 }
 
 }  // namespace kvb

@@ -89,9 +89,9 @@ struct Model {
 
   py::dict generate(const std::string& prompt, const std::string& method, int budget, const py::object& params,
                     bool chat, int max_new_tokens, const std::vector<std::string>& stop) {
+    if (max_new_tokens < 1) fail("Model.generate: max_new_tokens {} must be at least 1", max_new_tokens);
     const auto ids = build_prompt(*file, *tok, prompt, chat);
     GenerateOptions opt;
-    if (max_new_tokens < 1) fail("Model.generate: max_new_tokens {} must be at least 1", max_new_tokens);
     opt.max_new_tokens = max_new_tokens;
     opt.stop = stop;
     auto [m, runner] = choose_method(method, param_map(params), budget, engine->config(), "Model.generate");
