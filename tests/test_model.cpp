@@ -59,5 +59,14 @@ TEST_CASE("every tensor of the default model dequantizes exactly like the gguf p
 }
 
 TEST_CASE("missing model path is a clear error", "[model]") {
-  test::require_error([] { ModelFile::open("/nonexistent/model.gguf"); }, {"/nonexistent/model.gguf", "setup.sh"});
+  test::require_error([] { ModelFile::open("/nonexistent/model.gguf"); },
+                      {"/nonexistent/model.gguf", "no such file or directory"});
+  // Set-up fetches the default model only: the hint names it for that file alone.
+  test::require_error([] { ModelFile::open("/nonexistent/SmolLM2-135M-Instruct.Q4_1.gguf"); },
+                      {"the default model: scripts/setup.sh fetches it"});
+  try {
+    ModelFile::open("/nonexistent/model.gguf");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("setup.sh") == std::string::npos);
+  }
 }
