@@ -63,9 +63,8 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
 // A p-value as a reader compares it with 0.05: three decimals, "<0.001" below.
 std::string p_text(double p) { return p < 0.001 ? "<0.001" : fmt::format("{:.3f}", p); }
 
-// The one recorded setting `baseline` names; an error where it names none or several.
-std::string baseline_setting(const std::vector<Run>& runs, const std::string& baseline) {
-  const NamedParams named = parse_named_params(baseline, "--baseline");
+// The one recorded setting `baseline` (parsed: `named`) names; an error where it names none or several.
+std::string baseline_setting(const std::vector<Run>& runs, const std::string& baseline, const NamedParams& named) {
   const std::string& base_method = named.name;
   const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
   // The baseline's setting: the one recorded setting of its method whose parameters match.
@@ -90,14 +89,14 @@ std::string baseline_setting(const std::vector<Run>& runs, const std::string& ba
 }  // namespace
 
 void check_baseline(const std::vector<std::string>& results, const std::string& baseline) {
-  baseline_setting(read_runs(results), baseline);
+  baseline_setting(read_runs(results), baseline, parse_named_params(baseline, "--baseline"));
 }
 
 void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
                              const std::string& dir, const std::set<std::string>& formats) {
   const std::vector<Run> runs = read_runs(results);
-  const std::string base_setting = baseline_setting(runs, baseline);
   const NamedParams named = parse_named_params(baseline, "--baseline");
+  const std::string base_setting = baseline_setting(runs, baseline, named);
   const std::string& base_method = named.name;
   const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
 
