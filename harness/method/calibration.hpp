@@ -23,6 +23,9 @@ class CalibrationContext {
   std::string out;       // artifact path; empty: the default location for the model
   std::string data_dir;  // set-up's data directory
   bool progress = true;
+  // How messages and progress name the step when one method's step runs another's (`kvbench calibrate
+  // palu` runs dynakv-pca's); empty: the step's own name.
+  std::string command = {};
 };
 
 // Token sequences of `len` tokens (BOS + text, as the papers' calibration rows) cut from the documents

@@ -126,15 +126,16 @@ void refuse_grouped(const LoadedArtifact& a, const ModelConfig& m, const std::st
 
 void calibrate_pca(CalibrationContext& ctx) {
   const ModelConfig& cfg = ctx.model.config();
-  const FitSequences fit = fit_sequences(ctx, "kvbench calibrate dynakv-pca", kPaperText);
+  const std::string command = ctx.command.empty() ? "kvbench calibrate dynakv-pca" : ctx.command;
+  const FitSequences fit = fit_sequences(ctx, command, kPaperText);
   const auto& seqs = fit.seqs;
   size_t total = 0;
   for (const auto& s : seqs) total += s.size();
   const int d = cfg.n_kv_heads * cfg.head_dim;
-  const int group_size = heads_per_group(ctx.options, cfg.n_kv_heads, "kvbench calibrate dynakv-pca");
+  const int group_size = heads_per_group(ctx.options, cfg.n_kv_heads, command);
   const int groups = cfg.n_kv_heads / group_size;
   MomentTap tap(cfg.n_layers, d);
-  Progress bar("dynakv pca", total, "tok");
+  Progress bar(command.substr(command.rfind(' ') + 1) + " pca", total, "tok");
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& s : seqs) {
     ctx.engine.prefill(s, &tap);

@@ -188,7 +188,8 @@ class Palu final : public Method {
 // DynaKV's PCA step (through the registry) on Palu's text and sequence length, into Palu's artifact.
 void calibrate(CalibrationContext& ctx) {
   const ModelConfig& m = ctx.model.config();
-  if (ctx.out.empty()) ctx.out = basis_path(m, heads_per_group(ctx.options, m.n_kv_heads, "kvbench calibrate palu"));
+  ctx.command = "kvbench calibrate palu";
+  if (ctx.out.empty()) ctx.out = basis_path(m, heads_per_group(ctx.options, m.n_kv_heads, ctx.command));
   MethodRegistry::get().offline_step("calibrate", "dynakv-pca").run(ctx);
 }
 

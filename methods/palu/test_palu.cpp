@@ -48,6 +48,10 @@ TEST_CASE("palu: calibrated basis, full rank is the model, the cache keeps the r
   Params options(step.options, {{"tokens", "4096"}, {"seq_len", "512"}}, "kvbench calibrate palu");
   CalibrationContext ctx{*model, *tok, engine, std::move(options), basis, default_data_dir(), false};
   step.run(ctx);
+  // Palu's step runs DynaKV's PCA step; the errors of that step name the command the user typed.
+  Params both(step.options, {{"text", basis}, {"ids", basis}}, "kvbench calibrate palu");
+  CalibrationContext twice{*model, *tok, engine, std::move(both), (dir / "b.json").string(), default_data_dir(), false};
+  test::require_error([&] { step.run(twice); }, {"kvbench calibrate palu: give --text or -o ids=FILE, not both"});
 
   const auto ids = build_prompt(*model, *tok, "The capital of France is Paris. The capital of Italy is", false);
   GenerateOptions opt;
