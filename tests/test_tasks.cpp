@@ -154,9 +154,17 @@ TEST_CASE("predictions made elsewhere are scored through the task registry", "[t
   // jsonl: the metric named after the task.
   CHECK(score_prediction("jsonl/exact_match", {.prediction = "The Paris.", .answers = {"paris"}}) == 1.0);
   test::require_error([&] { score_prediction("ruler", {.prediction = "x", .answers = {"x"}}); },
-                      {"name the RULER task", "niah_single_1"});
+                      {"score ruler: no variant given; name the task after the slash", "niah_single_1"});
   test::require_error([&] { score_prediction("jsonl/bleu", {.prediction = "x", .answers = {"x"}}); },
-                      {"name the metric", "qa_f1"});
+                      {"unknown metric 'bleu'", "qa_f1"});
+  test::require_error([&] { score_prediction("niah/x", {.prediction = "x"}); }, {"task niah takes no variant"});
+  // The variant is checked before the file is read: its error names no line.
+  test::require_error([&] { score_predictions_file("longbench/nope", write("any.jsonl", "not json\n"), false, ""); },
+                      {"score longbench/nope: unknown dataset 'nope'"});
+  // RULER's evaluator fails on a prediction without references; so does kvbench, naming the line.
+  test::require_error(
+      [&] { score_predictions_file("ruler/vt", write("none.jsonl", R"({"pred": "a", "answers": []})"), false, ""); },
+      {"none.jsonl:1", "'answers' is empty"});
   test::require_error([&] { score_prediction("nosuch/x", {}); }, {"unknown task 'nosuch'"});
   test::require_error([&] { score_predictions_file("ruler/vt", write("bad.jsonl", R"({"pred": "a"})"), false, ""); },
                       {"bad.jsonl:1", "'answers' is missing"});

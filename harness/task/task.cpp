@@ -109,7 +109,20 @@ std::pair<const TaskInfo*, std::string> scorer_of(const std::string& task_varian
     fail("score {}: task {} scores only the samples it makes (tasks that score predictions made elsewhere: {})",
          task_variant, task, fmt::join(can, ", "));
   }
-  return {&info, slash == std::string::npos ? "" : task_variant.substr(slash + 1)};
+  const std::string variant = slash == std::string::npos ? "" : task_variant.substr(slash + 1);
+  if (info.score_variant_option.empty()) {
+    if (slash != std::string::npos)
+      fail("score {}: task {} takes no variant; give --task {}", task_variant, task, task);
+    return {&info, variant};
+  }
+  const auto spec = std::find_if(info.options.begin(), info.options.end(),
+                                 [&](const ParamSpec& s) { return s.name == info.score_variant_option; });
+  if (spec == info.options.end()) fail("task {}: no option '{}' names its variants", task, info.score_variant_option);
+  if (std::find(spec->choices.begin(), spec->choices.end(), variant) == spec->choices.end())
+    fail("score {}: {}; name the {} after the slash, e.g. {}/{} ({}s: {})", task_variant,
+         variant.empty() ? "no variant given" : fmt::format("unknown {} '{}'", spec->name, variant), spec->name, task,
+         spec->choices.front(), spec->name, fmt::join(spec->choices, ", "));
+  return {&info, variant};
 }
 }  // namespace
 

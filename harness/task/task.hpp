@@ -164,6 +164,10 @@ struct TaskInfo {
   // Its score in [0, 1] of a prediction made outside kvbench (kvbench score, Python's score_each);
   // empty for a task that scores only the samples it made.
   std::function<double(const PredictionToScore&)> score_prediction = {};
+  // The option whose choices are the VARIANTs score_prediction takes (`kvbench score --task
+  // ruler/niah_single_1`: the option `task`), checked before any prediction is read; empty: the task
+  // takes no variant.
+  std::string score_variant_option = {};
   TaskLayout layout = {};
   // Options that change only how a generated text is scored (GSM8K's filter): task variants differing in
   // nothing else share one generation per sample and configuration, the later ones scoring it again.

@@ -165,11 +165,10 @@ const bool registered = register_task(
      // A response made elsewhere against its reference answer (the worked answer or the number alone).
      .score_prediction =
          [](const PredictionToScore& p) {
-           if (p.variant != "strict" && p.variant != "flexible")
-             fail("name the filter: gsm8k/strict (strict-match) or gsm8k/flexible (flexible-extract)");
            if (p.answers.size() != 1) fail("gsm8k scores a response against one reference answer");
            return score_answer(p.variant, p.prediction, p.answers[0]);
          },
+     .score_variant_option = "metric",
      .layout = {.title = "GSM8K",
                 .column_option = "metric",
                 .default_column = "strict",

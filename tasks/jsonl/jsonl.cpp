@@ -182,12 +182,10 @@ const bool registered = register_task(
      // A prediction made elsewhere, scored by the metric the name gives (jsonl/qa_f1).
      .score_prediction =
          [](const PredictionToScore& p) {
-           const auto& m = metric_names();
-           if (std::find(m.begin(), m.end(), p.variant) == m.end())
-             fail("name the metric, e.g. jsonl/qa_f1 (metrics: {})", fmt::join(m, ", "));
            const bool zh = p.variant == "qa_f1_zh" || p.variant == "rouge_zh";
            return metric_score(p.variant, p.prediction, p.answers, zh ? &longbench::Jieba::load(p.data_dir) : nullptr);
-         }});
+         },
+     .score_variant_option = "metric"});
 
 }  // namespace
 }  // namespace kvb

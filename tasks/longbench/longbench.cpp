@@ -401,7 +401,6 @@ TaskLayout layout(bool e) {
 
 // A prediction made elsewhere, scored as eval.py scores the dataset (longbench/DATASET).
 double score_prediction(const PredictionToScore& p) {
-  if (p.variant.empty()) fail("name the LongBench dataset, e.g. longbench/qasper");
   const std::string metric = longbench::metric_of(p.variant);
   if (metric == "classification" && p.all_classes.empty())
     fail("field 'all_classes' is missing ({} is scored against its classes)", p.variant);
@@ -417,6 +416,7 @@ const bool registered =
          .options = options(),
          .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<LongBench>(ctx, p, false); },
          .score_prediction = score_prediction,
+         .score_variant_option = "dataset",
          .layout = layout(false)}) &&
     register_task(
         {.name = "longbench-e",
@@ -424,6 +424,7 @@ const bool registered =
          .options = options(),
          .make = [](const TaskContext& ctx, const Params& p) { return std::make_unique<LongBench>(ctx, p, true); },
          .score_prediction = score_prediction,
+         .score_variant_option = "dataset",
          .layout = layout(true)});
 
 }  // namespace
