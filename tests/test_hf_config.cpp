@@ -138,6 +138,15 @@ TEST_CASE("a model directory's chat template is read from chat_template.jinja fi
        {{{"name", "tool_use"}, {"template", "[INST]"}},
         {{"name", "default"}, {"template", chatml}}}}}.dump();
   CHECK(format_of() == "chatml");
+  // A name of another type is no "default" (it threw the JSON library's exception), a number no template.
+  std::ofstream(tmp / "tokenizer_config.json") << json{{"chat_template", {{{"name", 1}, {"template", "x"}}}}}.dump();
+  test::require_error(format_of, {"tokenizer_config.json", "without one named \"default\""});
+  std::ofstream(tmp / "tokenizer_config.json") << json{{"chat_template", 5}}.dump();
+  test::require_error(format_of, {"tokenizer_config.json", "expected a string or a list of named templates"});
+  std::ofstream(tmp / "tokenizer_config.json") << json{
+      {"chat_template",
+       {{{"name", "tool_use"}, {"template", "[INST]"}},
+        {{"name", "default"}, {"template", chatml}}}}}.dump();
   std::ofstream(tmp / "chat_template.jinja")
       << "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
          "{{ m['content'] | trim }}<|eot_id|>{% endfor %}";

@@ -221,6 +221,34 @@ TEST_CASE("LongBench task: official files, templates, middle truncation, profile
     CHECK(make("true")->score(cleaned, "Mara do n't") == Approx(2.0 / 3));
     CHECK(make("false")->score(plain, "Mara do n't") == Approx(0.5));
   }
+  // Fields of the wrong type are errors naming the line (a class that is not a string threw the JSON
+  // library's exception; LongBench-E's records without a length were bucketed as 0 tokens long).
+  {
+    const TempDir dir("longbench_fields");
+    std::filesystem::create_directories(dir / "longbench");
+    const nlohmann::json rec = {{"input", "q"}, {"context", "c"}, {"answers", {"a"}}, {"_id", "x1"}};
+    auto load = [&](const std::string& task, const std::string& dataset, const nlohmann::json& line) {
+      const std::string file = dataset + (task == "longbench-e" ? "_e" : "") + ".jsonl";
+      std::ofstream(dir / "longbench" / file) << line.dump() << "\n";
+      TaskContext ctx;
+      ctx.tokenizer = tok.get();
+      ctx.data_dir = dir.path().string();
+      ctx.options = {{"dataset", dataset}};
+      return TaskRegistry::get().create(task, ctx);
+    };
+    auto classes = rec;
+    classes["all_classes"] = {1, 2};
+    require_error([&] { load("longbench", "trec", classes); },
+                  {"trec.jsonl:1", "'all_classes' must be a list of strings or null"});
+    require_error([&] { load("longbench-e", "qasper", rec); },
+                  {"qasper_e.jsonl:1", "'length' must be a non-negative integer"});
+    auto text_length = rec;
+    text_length["length"] = "9000";
+    require_error([&] { load("longbench-e", "qasper", text_length); }, {"qasper_e.jsonl:1", "'length'"});
+    auto with_length = rec;
+    with_length["length"] = 9000;
+    CHECK(load("longbench-e", "qasper", with_length)->size() == 1);
+  }
   auto official = longbench_task(*tok, "longbench/data", {{"dataset", "qasper"}, {"profile", "official"}});
   CHECK(official->sample(0).chat);
   CHECK(official->sample(0).min_new_tokens == 0);

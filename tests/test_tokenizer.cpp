@@ -249,7 +249,12 @@ TEST_CASE("tokenizer.json fields of the wrong shape are errors naming the file a
   test::require_error([&] { load(R"({"added_tokens": [{"id": 2}], )" + model + "}"); },
                       {"tokenizer.json", "/added_tokens/0", "content"});
   test::require_error([&] { load(R"({"added_tokens": [{"id": "x", "content": "c"}], )" + model + "}"); },
-                      {"tokenizer.json", "/added_tokens/0/id", "number"});
+                      {"tokenizer.json", "added_tokens[0].id must be a token id", "\"x\""});
+  // Ids index the vocabulary table: a negative one wrote outside it, a huge one allocated gigabytes.
+  for (const char* id : {"-5", "300000000", "2147483647"})
+    test::require_error(
+        [&] { load(fmt::format(R"({{"added_tokens": [{{"id": {}, "content": "c"}}], {}}})", id, model)); },
+        {"tokenizer.json", "added_tokens[0].id must be a token id", id});
   test::require_error([&] { load(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [[1, 2]]}})"); },
                       {"tokenizer.json", "/model/merges/0/", "must be string"});
 }

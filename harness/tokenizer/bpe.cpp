@@ -220,16 +220,23 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
   const json& vocab = model.at("vocab");
   std::unordered_map<std::string, int32_t> ids;
   int32_t max_id = -1;
-  for (const auto& [tok, id] : vocab.items()) {
+  // Ids index the vocabulary table: a negative or huge one would write outside it or allocate gigabytes.
+  auto token_id = [&](const json& id, const std::string& field) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
-      fail("{}: model.vocab['{}'] must be a token id, found {}", path, tok, id.dump());
-    ids[tok] = id.get<int32_t>();
-    max_id = std::max(max_id, id.get<int32_t>());
+      fail("{}: {} must be a token id (0 to {}), found {}", path, field, 1 << 24, id.dump());
+    return id.get<int32_t>();
+  };
+  for (const auto& [tok, id] : vocab.items()) {
+    ids[tok] = token_id(id, fmt::format("model.vocab['{}']", tok));
+    max_id = std::max(max_id, ids[tok]);
   }
-  if (j.contains("added_tokens"))
-    for (const auto& a : j["added_tokens"]) {
+  if (j.contains("added_tokens")) {
+    if (!j["added_tokens"].is_array()) fail("{}: added_tokens must be an array", path);
+    for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+      const json& a = j["added_tokens"][i];
+      if (!a.is_object() || !a.contains("id")) fail("{}: added_tokens[{}] must be an object with an id", path, i);
       AddedToken t;
-      t.id = a.at("id").get<int32_t>();
+      t.id = token_id(a["id"], fmt::format("added_tokens[{}].id", i));
       t.content = a.at("content").get<std::string>();
       t.special = a.value("special", false);
       t.lstrip = a.value("lstrip", false);
@@ -238,6 +245,7 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
       ids[t.content] = t.id;
       max_id = std::max(max_id, t.id);
     }
+  }
   s.vocab.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [tok, id] : ids) s.vocab[id] = tok;
   for (const auto& m : model.at("merges")) {

@@ -97,10 +97,12 @@ std::pair<std::string, std::string> stored_jinja(const ModelFile& model) {
         } else if (t != j.end() && t->is_array()) {
           // The older form for several named templates: [{"name": ..., "template": ...}], "default" used.
           for (const auto& e : *t)
-            if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
                 e["template"].is_string())
               jinja = e["template"].get<std::string>();
           if (jinja.empty()) fail("{}: a list of named templates without one named \"default\"", where);
+        } else if (t != j.end() && !t->is_null()) {
+          fail("{}: expected a string or a list of named templates, found {}", where, t->type_name());
         }
       }
     }

@@ -3,6 +3,7 @@
 // or the PyramidKV-era chat wrapping, generation lengths, and the metrics of metrics.py.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -214,7 +215,7 @@ class LongBench final : public Task {
     const std::string metric = longbench::metric_of(dataset_);
     if (metric == "qa_f1_zh" || metric == "rouge_zh") jieba_ = &longbench::Jieba::load(ctx.data_dir);
     path_ = fmt::format("{}/longbench/{}{}.jsonl", ctx.data_dir, dataset_, e_variant ? "_e" : "");
-    load();
+    load(e_variant);
   }
 
   size_t size() const override { return records_.size(); }
@@ -290,7 +291,7 @@ class LongBench final : public Task {
   }
 
  private:
-  void load() {
+  void load(bool e_variant) {
     std::ifstream in(path_);
     if (!in)
       fail(
@@ -317,10 +318,22 @@ class LongBench final : public Task {
         if (!a.is_string()) fail("{}:{}: field 'answers' must be a list of strings", path_, no);
         r.answers.push_back(a);
       }
-      if (j.contains("all_classes") && j["all_classes"].is_array())
+      if (j.contains("all_classes") && !j["all_classes"].is_null()) {
+        need(
+            "all_classes",
+            [](const auto& v) {
+              return v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& c) { return c.is_string(); });
+            },
+            "a list of strings or null");
         for (const auto& c : j["all_classes"]) r.all_classes.push_back(c);
+      }
       if ((dataset_ == "trec" || dataset_ == "lsht") && r.all_classes.empty())
         fail("{}:{}: field 'all_classes' must list the labels for {}", path_, no, dataset_);
+      // LongBench-E's scorer buckets every record by its length (eval.py --e reads it unchecked).
+      if (e_variant)
+        need(
+            "length", [](const auto& v) { return v.is_number_integer() && v.template get<int64_t>() >= 0; },
+            "a non-negative integer (LongBench-E scores by length range)");
       if (j.contains("length") && j["length"].is_number_integer()) r.length = j["length"];
       if (j.contains("dataset") && j["dataset"].is_string() && j["dataset"] != dataset_ &&
           j["dataset"] != dataset_ + "_e")
