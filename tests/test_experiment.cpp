@@ -290,6 +290,25 @@ TEST_CASE("results files: appended records, a torn last line dropped on resume, 
   CHECK(text.find("| niah | chat=true | snapkv | 64 | fp32 | native | - | 3 | 50.00 | - | - | 25.0% | 50.0% | "
                   "8.00 |") != std::string::npos);
   CHECK(std::filesystem::exists(dir / "rep" / "niah-snapkv-T64-chat.png"));
+  // A whole last record without its newline (a file saved by another tool) counts, and a resumed run
+  // gives it its newline rather than cutting it (the report left it out).
+  const std::string saved = (dir / "saved.jsonl").string();
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(saved, std::ios::binary) << all.substr(0, all.size() - 1);
+  }
+  auto count = [](const std::string& file) {
+    int records = 0;
+    for_each_record(file, [&](const nlohmann::json&, int) { ++records; });
+    return records;
+  };
+  CHECK(count(saved) == 3);
+  {
+    ResultsFile f(saved);
+    f.append({{"key", "k150"}, {"config", cfg}, {"score", 0.0}, {"kv_bytes", 25}, {"full_kv_bytes", 100}});
+  }
+  CHECK(count(saved) == 4);
   // A damaged line that is not the last is an error naming the file and line.
   std::ofstream(path, std::ios::app) << "garbage\n{}\n";
   require_error([&] { for_each_record(path, [](const nlohmann::json&, int) {}); }, {"r.jsonl:4", "not a JSON record"});

@@ -406,3 +406,63 @@ TEST_CASE("reports: runs of another KV dtype or model are rows of their own, nev
   CHECK(mb.find("| snapkv on b.gguf |") != std::string::npos);
   CHECK(mb.find("n=40") == std::string::npos);
 }
+
+TEST_CASE("reports: runs differing in max_new_tokens are rows of their own; overlapping grids count a sample once",
+          "[report][stats]") {
+  // Found by a walkthrough: a smoke run (max_new_tokens=2) appended to a sweep's file was pooled with it
+  // into one FullKV cell (n=26 of 20 samples), and --baseline silently paired against it.
+  const TempDir dir("report_context");
+  const json opts = {{"task", "vt"}, {"length", "4096"}};
+  {
+    std::ofstream out(dir / "r.jsonl");
+    for (int i = 0; i < 20; ++i) {
+      json full = record("ruler", opts, "fullkv", 0, 0.8), snap = record("ruler", opts, "snapkv", 128, 0.6 + 0.01 * i);
+      full["id"] = snap["id"] = fmt::format("s{}", i);
+      out << full.dump() << "\n" << snap.dump() << "\n";
+      if (i < 6) {
+        json smoke = record("ruler", opts, "fullkv", 0, 0.1);
+        smoke["id"] = full["id"];
+        smoke["config"]["max_new_tokens"] = 2;
+        out << smoke.dump() << "\n";
+      }
+    }
+  }
+  const std::string rep = (dir / "rep").string(), file = (dir / "r.jsonl").string();
+  std::filesystem::create_directories(rep);
+  write_report({file}, rep, {"md"});
+  const std::string mb = read(dir / "rep" / "ruler-method-budget.md");
+  INFO(mb);
+  CHECK(mb.find("| FullKV (max_new_tokens=default) | 80.00") != std::string::npos);
+  CHECK(mb.find("| FullKV (max_new_tokens=2) | 10.00") != std::string::npos);
+  CHECK(mb.find("n=26") == std::string::npos);
+  CHECK(read(dir / "rep" / "summary.md").find("| max_new_tokens=2 | 6 |") != std::string::npos);
+  test::require_error([&] { write_paired_comparison({file}, "fullkv", rep, {"md"}); },
+                      {"2 recorded settings of fullkv match", "max_new_tokens=2"});
+  write_paired_comparison({file}, "fullkv:max_new_tokens=default", rep, {"md"});
+  const std::string t = read(dir / "rep" / "ruler-vs-fullkv-max_new_tokens_default.md");
+  INFO(t);
+  CHECK(t.find("| snapkv | - | -10.50 [") != std::string::npos);
+  CHECK(t.find("(n=20, p=") != std::string::npos);
+
+  // NIAH over depths 0/50/100 and then 0/25/50/75/100: the three shared samples pool once (5, not 8).
+  {
+    std::ofstream out(dir / "n.jsonl");
+    for (const auto& [depths, ids] :
+         {std::pair{"3", std::vector<int>{0, 50, 100}}, {"5", std::vector<int>{0, 25, 50, 75, 100}}})
+      for (int d : ids) {
+        json r = record("niah", {{"s_len", "1000"}, {"e_len", "1000"}, {"depths", depths}}, "snapkv", 64, d / 100.0);
+        r["id"] = fmt::format("L1000_d{}", d);
+        out << r.dump() << "\n";
+      }
+  }
+  write_report({(dir / "n.jsonl").string()}, rep, {"md"});
+  CHECK(read(dir / "rep" / "summary.md").find("| snapkv | 64 | fp32 | native | - | 5 | 50.00 |") != std::string::npos);
+  {
+    std::ofstream out(dir / "n.jsonl", std::ios::app);
+    json r = record("niah", {{"s_len", "1000"}, {"e_len", "1000"}, {"depths", "2"}}, "snapkv", 64, 0.3);
+    r["id"] = "L1000_d100";
+    out << r.dump() << "\n";
+  }
+  test::require_error([&] { write_report({(dir / "n.jsonl").string()}, rep, {"md"}); },
+                      {"n.jsonl:9", "sample 'L1000_d100'", "recorded again with score 0.3"});
+}

@@ -168,10 +168,16 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      if (last && !gzip) return;  // torn by a kill mid-write
+      // A record is written with its newline at once: a last line without one that does not parse was
+      // torn by a kill mid-write (a resumed run cuts it). One that parses is whole (a file saved by
+      // another tool without the final newline) and counts.
+      if (last && !gzip) {
+        fmt::print(stderr, "{}:{}: the last line is not a whole record (a run killed mid-write?); left out\n", path,
+                   no);
+        return;
+      }
       fail("{}:{}: not a JSON record ({}); remove the line", path, no, e.what());
     }
-    if (last && !gzip) return;  // no newline yet: the write did not finish
     check_record(j, fmt::format("{}:{}", path, no));
     fn(j, no);
   }
@@ -197,13 +203,19 @@ ResultsFile::ResultsFile(const std::string& path) : path_(path) {
         "wait for it to finish or write to another file",
         path);
   }
-  // Keep everything up to the last newline: a record without one was cut off.
+  // After the last newline: a whole record (saved without its newline by another tool, and read as one)
+  // gets its newline; anything else was cut off by a kill mid-write and goes.
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
   const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
-  if (keep != text.size()) fs::resize_file(path, keep);
+  if (keep == text.size()) return;
+  if (nlohmann::json::accept(text.substr(keep))) {
+    if (std::fputc('\n', f_) == EOF || std::fflush(f_) != 0) fail("{}: write failed (disk full?)", path_);
+  } else {
+    fs::resize_file(path, keep);
+  }
 }
 
 ResultsFile::~ResultsFile() {

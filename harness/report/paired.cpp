@@ -7,6 +7,8 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
 
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/results.hpp"
@@ -27,6 +29,7 @@ struct Run {
   json params;
   KvBudget budget;
   std::string sample;  // what makes two records the same sample: task, options, model, dtype, id
+  json context;        // what else the run was made with (report::run_context)
   double score = 0;
 };
 
@@ -52,11 +55,24 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       r.budget = config_budget(c);
       r.dtype = c.value("kv_dtype", "fp32");
       r.model = c.value("model", "");
-      r.sample = json::array({r.task, opts, r.model, r.dtype, j.value("id", "")}).dump();
+      // Options that only index the grid (NIAH's depths) are left out: runs over overlapping grids share samples.
+      r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, j.value("id", "")}).dump();
+      r.context = report::run_context(c);
       r.score = j["score"].get<double>();
       runs.push_back(std::move(r));
     });
   if (runs.empty()) fail("no result records in the given files");
+  // The context of a method's runs on one task joins its setting where its values differ (absent:
+  // "default"; --baseline fullkv:max_new_tokens=default picks the uncapped run), as a report's rows.
+  std::vector<report::RunContext> contexts;
+  for (const Run& r : runs)
+    contexts.push_back(
+        {r.task, r.method, json::array({r.setting, r.dtype, r.model, r.budget.name()}).dump(), r.context});
+  const std::vector<json> varying = report::varying_context(contexts);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    for (const auto& [k, v] : varying[i].items()) runs[i].params[k] = v;
+    if (!varying[i].empty()) runs[i].setting += " " + params_text(varying[i]);
+  }
   return runs;
 }
 
@@ -122,11 +138,13 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
   };
   // task -> label -> budget -> variant -> differences
   std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;
+  std::set<std::tuple<std::string, KvBudget, std::string>> paired;  // a sample pairs once per row and budget
   for (const Run& r : runs) {
     if (r.method == base_method && r.setting == base_setting) continue;
     const auto it = base.find({r.sample, full_baseline ? KvBudget{} : r.budget});
     if (it == base.end()) continue;
     const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") + setting_label(r);
+    if (!paired.emplace(label, r.budget, r.sample).second) continue;
     diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
   }
   if (diffs.empty())

@@ -24,6 +24,7 @@
 #include "harness/task/task.hpp"
 #include "harness/task/text.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/hash.hpp"
 
 namespace kvb::report {
 namespace {
@@ -46,9 +47,10 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   }
   if (!layout.length_ranges.empty() && j.contains("meta") && j["meta"].contains("length"))
     e.length = j["meta"]["length"].get<int>();
-  // Runs over different parts of one grid belong to one configuration.
-  for (const auto& k : layout.pooled_options) cfg["options"].erase(k);
-  cfg.erase("version");
+  cfg = pooled_config(j);
+  e.context = run_context(cfg);
+  for (const auto& [k, v] : cfg["options"].items())
+    if (k != layout.column_option && k != layout.length_option) e.context[k] = v.is_string() ? v : json(v.dump());
   Group& g = r.groups[cfg.dump()];
   e.group = &g;
   g.config = cfg;
@@ -78,13 +80,33 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   e.params = cfg.value("params", json::object());
   e.dtype = cfg.value("kv_dtype", std::string("fp32"));
   e.model = cfg.value("model", std::string());
-  const std::string gqa = cfg.value("gqa", "-");
-  e.setting = json::array({e.params, gqa}).dump();
-  r.method_configs[e.method].emplace(e.setting, completed_params(e.method, e.params, gqa));
+  e.gqa = cfg.value("gqa", "-");
   r.entries.push_back(e);
 }
 
 }  // namespace
+
+json pooled_config(const json& record) {
+  json cfg = record["config"];
+  if (!cfg.contains("options")) cfg["options"] = json::object();
+  // Runs over different parts of one grid belong to one configuration.
+  for (const auto& k : layout_of(cfg.value("task", "")).pooled_options) cfg["options"].erase(k);
+  cfg.erase("version");
+  return cfg;
+}
+
+json run_context(const json& config) {
+  // The model's fingerprint goes with its name, which labels rows already where the records hold several.
+  static const std::set<std::string> shown = {"task",   "options",           "method",   "params", "gqa",
+                                              "budget", "compression_ratio", "kv_dtype", "model",  "model_fingerprint"};
+  json out = json::object();
+  for (const auto& [k, v] : config.items())
+    if (!shown.count(k))
+      out[k] = v.is_string()      ? v.get<std::string>()
+               : k == "artifacts" ? fmt::format("{:08x}", uint32_t(fnv1a(v.dump())))
+                                  : v.dump();
+  return out;
+}
 
 const TaskLayout& layout_of(const std::string& task) {
   static const TaskLayout none;
@@ -106,26 +128,33 @@ Records read_records(const std::vector<std::string>& files) {
   // runs are deterministic, so a second copy with another score means the records disagree.
   std::map<std::string, std::pair<double, std::string>> seen;  // key -> score, where first recorded
   size_t repeated = 0;
+  auto again = [&](const std::string& key, const std::string& what, const json& j, const std::string& f, int no) {
+    const auto [it, fresh] = seen.try_emplace(key, j["score"].get<double>(), fmt::format("{}:{}", f, no));
+    if (fresh) return false;
+    if (it->second.first != j["score"].get<double>())
+      fail(
+          "{}:{}: {} is recorded again with score {}, but {} has {} (runs of different code or data? each record's "
+          "version says which commit made it)",
+          f, no, what, j["score"].get<double>(), it->second.second, it->second.first);
+    ++repeated;
+    return true;
+  };
   for (const auto& f : files) {
     for_each_record(f, [&](const json& j, int no) {
-      if (const std::string key = record_key(j); !key.empty()) {
-        const auto [it, fresh] = seen.try_emplace(key, j["score"].get<double>(), fmt::format("{}:{}", f, no));
-        if (!fresh) {
-          if (it->second.first != j["score"].get<double>())
-            fail(
-                "{}:{}: cell {} is recorded again with score {}, but {} has {} (runs of different code? each "
-                "record's version says which commit made it)",
-                f, no, it->first, j["score"].get<double>(), it->second.second, it->second.first);
-          ++repeated;
-          return;
-        }
+      if (const std::string key = record_key(j); !key.empty() && again(key, "cell " + key, j, f, no)) return;
+      // The same sample of one pooled configuration, from runs over overlapping grids (depths=3 and
+      // depths=5 share depth 50): the tables count it once.
+      if (const std::string id = j.value("id", std::string()); !id.empty()) {
+        const std::string pooled = json::array({pooled_config(j), id}).dump();
+        if (again(pooled, fmt::format("sample '{}' (of a run over another part of the grid)", id), j, f, no)) return;
       }
       add_record(j, f, no, r);
     });
   }
   if (r.groups.empty()) fail("no result records in the given files");
   if (repeated)
-    fmt::print(stderr, "{} records repeat a cell already read (same key and score); counted once\n", repeated);
+    fmt::print(stderr, "{} records repeat a cell or a pooled sample already read, with the same score; counted once\n",
+               repeated);
   return r;
 }
 
@@ -178,7 +207,44 @@ std::map<std::string, std::string> setting_texts(const std::map<std::string, jso
   return out;
 }
 
+std::vector<json> varying_context(const std::vector<RunContext>& runs) {
+  using Setting = std::tuple<std::string, std::string, std::string>;
+  std::map<Setting, std::map<std::string, std::set<std::string>>> values;
+  for (const RunContext& r : runs)
+    for (const auto& [k, v] : r.context.items()) values[{r.task, r.method, r.setting}][k];
+  for (const RunContext& r : runs)
+    for (auto& [k, distinct] : values[{r.task, r.method, r.setting}])
+      distinct.insert(r.context.value(k, std::string("default")));
+  std::map<std::pair<std::string, std::string>, std::set<std::string>> varying;  // (task, method) -> fields
+  for (const auto& [setting, fields] : values)
+    for (const auto& [k, distinct] : fields)
+      if (distinct.size() > 1) varying[{std::get<0>(setting), std::get<1>(setting)}].insert(k);
+  std::vector<json> out;
+  for (const RunContext& r : runs) {
+    json& shown = out.emplace_back(json::object());
+    for (const auto& k : varying[{r.task, r.method}]) shown[k] = r.context.value(k, std::string("default"));
+  }
+  return out;
+}
+
 void label_entries(Records& r) {
+  // The context of a method's runs on one task joins its setting where its values differ, so that two
+  // runs differing only in it (max_new_tokens, weights) never share a row.
+  std::vector<RunContext> runs;
+  for (const Entry& e : r.entries)
+    runs.push_back(
+        {e.task, e.method, json::array({e.params, e.gqa, e.dtype, e.model, e.budget.name()}).dump(), e.context});
+  const std::vector<json> varying = varying_context(runs);
+  r.method_configs.clear();
+  for (size_t i = 0; i < r.entries.size(); ++i) {
+    Entry& e = r.entries[i];
+    const json& context = varying[i];
+    json shown = completed_params(e.method, e.params, e.gqa);
+    for (const auto& [k, v] : context.items()) shown[k] = v;
+    e.setting =
+        context.empty() ? json::array({e.params, e.gqa}).dump() : json::array({e.params, e.gqa, context}).dump();
+    r.method_configs[e.method].emplace(e.setting, shown);
+  }
   // A method's row label is its name, with the parameters that differ between its settings where the
   // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
   std::map<std::string, std::map<std::string, std::string>> texts;  // method -> setting -> its text

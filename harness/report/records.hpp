@@ -28,10 +28,13 @@ struct Group {
 // One record, reduced to what the tables group by.
 struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
-  std::string setting;                       // the parameters and GQA mode, as text
+  std::string setting;                       // the parameters and GQA mode (and context where it varies), as text
   json params;                               // the method's parameters, as recorded
-  std::string dtype;                         // the cache's KV dtype
-  std::string model;                         // the model file's name
+  std::string gqa;                           // the GQA mode ("-": none)
+  // What else the run was made with (run_context): set apart in the label where it varies.
+  json context;
+  std::string dtype;  // the cache's KV dtype
+  std::string model;  // the model file's name
   KvBudget budget;
   int length = 0;
   double score = 0, kv_share = 1;
@@ -49,10 +52,30 @@ struct Records {
   std::map<std::string, std::map<std::string, json>> method_configs;
 };
 
-// Reads the files; a cell recorded twice counts once, twice with different scores is an error.
+// Reads the files; a cell recorded twice counts once, twice with different scores is an error. So is a
+// sample recorded in two runs whose configurations differ only in options that index the grid (NIAH's
+// depths, RULER's samples): those runs pool, and a sample is counted once.
 Records read_records(const std::vector<std::string>& files);
-// Each entry's row label: its method, with the parameters that tell its settings apart.
+// Each entry's row label: its method, with the parameters that tell its settings apart, and the
+// context that does where one method's runs on one task differ in it (max_new_tokens, weights, a
+// recalibrated artifact, a task option that is not a table column such as NIAH's chat).
 void label_entries(Records& r);
+// A record's configuration as the tables pool it: options that only index the grid, and the version,
+// left out.
+json pooled_config(const json& record);
+// Of a configuration: the fields besides task, options, method, parameters, GQA mode, budget, KV dtype
+// and model (max_new_tokens, weights, artifacts), each as text (an artifact set as a
+// digest).
+json run_context(const json& config);
+// Of runs, each a task, a method, the rest of its setting as text (parameters, GQA mode, dtype, model,
+// budget) and its run_context: per run, the fields in which two runs of its method on its task that
+// agree in the rest differ ("default" where a run lacks one); the others left out. (An artifact that
+// comes with a parameter's value tells nothing the parameter does not; a recalibration does.)
+struct RunContext {
+  std::string task, method, setting;
+  json context;
+};
+std::vector<json> varying_context(const std::vector<RunContext>& runs);
 // A record's parameters with each one its method gained after the record was made (left out of keys
 // at its earlier behaviour) set to that earlier value, so that settings compare by what they ran; as
 // recorded for a method this build does not know. The GQA mode joins them where it is not "-".

@@ -174,19 +174,34 @@ Table write_summary(const Records& r, const std::string& dir, const std::set<std
   summary.columns = {"task",  "options", "method",  "KV size", "KV dtype",     "gqa",       "params", "samples",
                      "score", "ci_low",  "ci_high", "KV kept", "vs fp16 full", "bits/elem", "T_eq"};
   summary.blocks.emplace_back();
-  for (const Group* gp : rows) {
-    const Group& g = *gp;
+  std::set<std::string> models;
+  std::vector<RunContext> contexts;
+  for (const Group* g : rows) {
+    models.insert(g->config.value("model", std::string()));
+    const json context = run_context(g->config);
+    json rest = g->config;
+    for (auto it = context.begin(); it != context.end(); ++it) rest.erase(it.key());
+    contexts.push_back({g->config.value("task", ""), g->config.value("method", ""), rest.dump(), context});
+  }
+  const std::vector<json> varying = varying_context(contexts);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Group& g = *rows[i];
     const json& c = g.config;
+    // What else tells the row from another of the same method: the context its runs differ in and,
+    // where the records hold several models, its model.
+    json shown = c.value("params", json::object());
+    for (const auto& [k, v] : varying[i].items()) shown[k] = v;
+    if (models.size() > 1) shown["model"] = c.value("model", std::string());
     std::string opts;
     for (const auto& [k, v] : c["options"].items()) opts += (opts.empty() ? "" : " ") + k + "=" + v.get<std::string>();
     const MeanInterval ci = score_interval(strata_of(g.strata));
     const Scale sc = scale_of(c.value("task", ""));
     summary.blocks[0].rows.push_back(
         {c.value("task", ""), opts.empty() ? "-" : opts, c.value("method", ""), config_budget(c).name(),
-         c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"), params_text(c.value("params", json::object())),
-         std::to_string(g.n), pct(g.score / g.n, sc), pct(ci.low, sc), pct(ci.high, sc),
-         fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n), fmt::format("{:.1f}%", 100.0 * g.fp16_share / g.n),
-         fmt::format("{:.2f}", 16.0 * g.fp16_share / g.n), fmt::format("{:.0f}", g.t_eq / g.n)});
+         c.value("kv_dtype", std::string("fp32")), c.value("gqa", "-"), params_text(shown), std::to_string(g.n),
+         pct(g.score / g.n, sc), pct(ci.low, sc), pct(ci.high, sc), fmt::format("{:.1f}%", 100.0 * g.kv_share / g.n),
+         fmt::format("{:.1f}%", 100.0 * g.fp16_share / g.n), fmt::format("{:.2f}", 16.0 * g.fp16_share / g.n),
+         fmt::format("{:.0f}", g.t_eq / g.n)});
     if (!g.depth_length.empty()) write_depth_heatmap(g, dir, used);
   }
   summary.note =
@@ -194,7 +209,8 @@ Table write_summary(const Records& r, const std::string& dir, const std::set<std
       "mean over windows of their mean negative log-likelihood, lower is better); ci_low, ci_high: "
       "its 95% confidence interval (Wilson's for 0/1 scores; otherwise a percentile bootstrap over "
       "samples, resampled within each RULER task or LongBench dataset, as one pool where a task holds fewer than 5), "
-      "none for identical non-0/1 scores or fewer than 10 samples; KV kept: the "
+      "none for identical non-0/1 scores or a bootstrap over fewer than 10 samples; params: the method's parameters "
+      "and what else the method's runs differ in (max_new_tokens, weights, an artifact's digest); KV kept: the "
       "prompt cache's bytes as a share of the full cache at the run's dtype; vs fp16 full: the same "
       "against a full fp16 cache (the papers' unit); bits/elem: bytes kept x 8 per K/V element of the "
       "prompt; T_eq: the KV size of a full fp16 cache of as many bytes (fp16 token units per KV head and "
