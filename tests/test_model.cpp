@@ -1,6 +1,9 @@
 #include <bit>
 #include <cmath>
+#include <functional>
+#include <limits>
 
+#include "harness/model/config.hpp"
 #include "harness/model/gguf.hpp"
 #include "harness/model/model_file.hpp"
 #include "test_util.hpp"
@@ -27,6 +30,40 @@ TEST_CASE("default model config is read from the GGUF file", "[model]") {
   CHECK_FALSE(c.qkv_bias);
   CHECK(c.rope_layout == RopeLayout::Interleaved);
   m->validate_tensors();
+}
+
+TEST_CASE("hyperparameters that would run into NaN logits are errors naming the source", "[model]") {
+  // Found by an audit: rope scaling factor 0, an infinite epsilon or theta ran with every logit NaN or 0.
+  ModelConfig ok;
+  ok.n_layers = ok.n_heads = ok.n_kv_heads = 1;
+  ok.head_dim = 4;
+  ok.hidden = ok.intermediate = ok.vocab_size = ok.context_length = 8;
+  ok.validate("m.gguf");
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<std::function<void(ModelConfig&)>, std::string>> cases = {
+      {[&](ModelConfig& c) { c.rope_theta = inf; }, "rope theta must be a positive finite number, found inf"},
+      {[&](ModelConfig& c) { c.norm_eps = std::nan(""); }, "the norm epsilon must be a positive finite number"},
+      {[](ModelConfig& c) { c.rope_scaling.type = RopeScaling::Type::Linear, c.rope_scaling.factor = 0; },
+       "the rope scaling factor must be a positive finite number, found 0"},
+      {[](ModelConfig& c) { c.rope_scaling.type = RopeScaling::Type::Linear, c.rope_scaling.factor = -2; },
+       "the rope scaling factor"},
+      {[](ModelConfig& c) {
+         c.rope_scaling = {RopeScaling::Type::Llama3, 8, 4, 4, 8192};
+       },
+       "high_freq_factor 4 must exceed its low_freq_factor 4"},
+      {[](ModelConfig& c) {
+         c.rope_scaling = {RopeScaling::Type::Llama3, 8, 1, 4, 0};
+       },
+       "original context length must be positive"},
+      {[](ModelConfig& c) {
+         c.rope_freq_factors = {1.0f, 0.0f};
+       },
+       "every rope_freqs entry"}};
+  for (const auto& [change, message] : cases) {
+    ModelConfig c = ok;
+    change(c);
+    test::require_error([&] { c.validate("m.gguf"); }, {"m.gguf: ", message});
+  }
 }
 
 TEST_CASE("every tensor of the default model dequantizes exactly like the gguf package", "[model][dequant]") {

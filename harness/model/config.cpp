@@ -1,6 +1,7 @@
 #include "harness/model/config.hpp"
 
 #include <fmt/ranges.h>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,8 +81,26 @@ void ModelConfig::validate(const std::string& source) const {
   if (n_heads % n_kv_heads != 0)
     fail("{}: head count {} is not a multiple of the KV head count {}", source, n_heads, n_kv_heads);
   if (head_dim % 2 != 0) fail("{}: head dimension {} must be even for RoPE", source, head_dim);
-  if (!(rope_theta > 0)) fail("{}: rope theta must be positive, found {}", source, rope_theta);
-  if (!(norm_eps > 0)) fail("{}: the norm epsilon must be positive, found {}", source, norm_eps);
+  // A zero, negative, infinite or NaN value here runs, and gives NaN logits or a broken RoPE.
+  auto positive_finite = [&](double v, std::string_view what) {
+    if (!(v > 0) || !std::isfinite(v)) fail("{}: {} must be a positive finite number, found {}", source, what, v);
+  };
+  positive_finite(rope_theta, "rope theta");
+  positive_finite(norm_eps, "the norm epsilon");
+  if (rope_scaling.type != RopeScaling::Type::None) {
+    positive_finite(rope_scaling.factor, "the rope scaling factor");
+    if (rope_scaling.type == RopeScaling::Type::Llama3) {
+      positive_finite(rope_scaling.low_freq_factor, "llama3 rope scaling's low_freq_factor");
+      positive_finite(rope_scaling.high_freq_factor, "llama3 rope scaling's high_freq_factor");
+      if (rope_scaling.high_freq_factor <= rope_scaling.low_freq_factor)
+        fail("{}: llama3 rope scaling's high_freq_factor {} must exceed its low_freq_factor {}", source,
+             rope_scaling.high_freq_factor, rope_scaling.low_freq_factor);
+      if (rope_scaling.original_context <= 0)
+        fail("{}: llama3 rope scaling's original context length must be positive, found {}", source,
+             rope_scaling.original_context);
+    }
+  }
+  for (float f : rope_freq_factors) positive_finite(f, "every rope_freqs entry");
   if (!rope_freq_factors.empty() && rope_freq_factors.size() != static_cast<size_t>(head_dim / 2))
     fail("{}: rope_freqs has {} entries, expected head_dim/2 = {}", source, rope_freq_factors.size(), head_dim / 2);
 }
