@@ -173,6 +173,24 @@ TEST_CASE("GGUF tensor damage gives clear errors", "[gguf]") {
     test::require_error([&] { parse(c); }, {"'w'", "dimension 0"});
   }
   {
+    // Each dimension in range but their product past 2^50: the message names the product, not a dimension.
+    auto c = one_tensor(DType::F32, {4, 1}, 16);
+    poke64(c, dim0_at, uint64_t{1} << 40);
+    poke64(c, dim0_at + 8, uint64_t{1} << 20);
+    test::require_error([&] { parse(c); }, {"'w'", "dimensions 1099511627776 and 1048576 hold more than 2^50"});
+  }
+  {
+    // A second tensor's offset moved onto the first's data: found by an audit, it read that data as its own.
+    GGUFWriter w;
+    w.add_tensor("a", DType::F32, {8}, std::vector<uint8_t>(32));
+    w.add_tensor("b", DType::F32, {8}, std::vector<uint8_t>(32));
+    auto c = w.bytes();
+    const size_t b_off_at = 24 + (9 + 4 + 8 + 4 + 8) + 9 + 4 + 8 + 4;
+    REQUIRE(parse(c).tensor("b").offset == 32);
+    poke64(c, b_off_at, 0);
+    test::require_error([&] { parse(c); }, {"tensors 'a'", "and 'b' (at data offset 0) overlap"});
+  }
+  {
     auto c = b;
     poke32(c, ndims_at, 9);
     test::require_error([&] { parse(c); }, {"'w'", "9 dimensions"});

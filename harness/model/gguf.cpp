@@ -1,8 +1,12 @@
 #include "harness/model/gguf.hpp"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "harness/util/error.hpp"
 
@@ -282,8 +286,11 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
     t.n_elems = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const auto n = c.read<uint64_t>(what);
-      if (n == 0 || n > (uint64_t{1} << 40) || t.n_elems > (uint64_t{1} << 50) / n)
-        fail("{}: tensor '{}': dimension {} is {}, expected 1..2^40 with at most 2^50 elements", name, t.name, d, n);
+      if (n == 0 || n > (uint64_t{1} << 40))
+        fail("{}: tensor '{}': dimension {} is {}, expected 1..2^40", name, t.name, d, n);
+      if (t.n_elems > (uint64_t{1} << 50) / n)
+        fail("{}: tensor '{}': dimensions {} and {} hold more than 2^50 elements", name, t.name, fmt::join(t.ne, " x "),
+             n);
       t.ne.push_back(n);
       t.n_elems *= n;
     }
@@ -313,6 +320,16 @@ GGUFFile GGUFFile::parse(std::span<const uint8_t> bytes, const std::string& name
           "({} bytes, data section starts at {}); the file is truncated",
           name, t.name, dtype_name(t.type), t.n_bytes, t.offset, bytes.size(), f.data_offset_);
     t.data = bytes.subspan(f.data_offset_ + t.offset, t.n_bytes);
+  }
+  // Each tensor its own bytes: an offset edited onto another tensor's data read that data as its own.
+  std::vector<const GGUFTensor*> by_offset;
+  for (const auto& t : f.tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GGUFTensor &a = *by_offset[i - 1], &b = *by_offset[i];
+    if (a.offset + a.n_bytes > b.offset)
+      fail("{}: tensors '{}' ({} bytes at data offset {}) and '{}' (at data offset {}) overlap; the file is corrupt",
+           name, a.name, a.n_bytes, a.offset, b.name, b.offset);
   }
   return f;
 }
