@@ -2,6 +2,7 @@
 // lengths), method x KV size tables and heatmaps, the three table formats, directory inputs.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "harness/report/paired.hpp"
@@ -465,4 +466,18 @@ TEST_CASE("reports: runs differing in max_new_tokens are rows of their own; over
   }
   test::require_error([&] { write_report({(dir / "n.jsonl").string()}, rep, {"md"}); },
                       {"n.jsonl:9", "sample 'L1000_d100'", "recorded again with score 0.3"});
+  // A score off its task's scale (an edited record) printed as 500.00; perplexity records hold NLLs.
+  {
+    std::ofstream out(dir / "s.jsonl");
+    out << record("niah", json::object(), "snapkv", 64, 5.0).dump() << "\n";
+  }
+  for (const auto& run : std::vector<std::function<void()>>{
+           [&] { write_report({(dir / "s.jsonl").string()}, rep, {"md"}); },
+           [&] { write_paired_comparison({(dir / "s.jsonl").string()}, "snapkv", rep, {"md"}); }})
+    test::require_error(run, {"s.jsonl:1", "score 5 is outside [0, 1]"});
+  {
+    std::ofstream out(dir / "p.jsonl");
+    out << record("perplexity", json::object(), "fullkv", 0, 2.5).dump() << "\n";
+  }
+  write_report({(dir / "p.jsonl").string()}, rep, {"md"});
 }

@@ -159,7 +159,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
   std::vector<Ours> ours;
   std::set<std::string> keys, our_models;
   for (const auto& f : result_files(results))
-    for_each_record(f, [&](const json& j, int) {
+    for_each_record(f, [&](const json& j, int no) {
       if (const std::string k = record_key(j); !k.empty() && !keys.insert(k).second) return;
       Ours o;
       o.config = j["config"];
@@ -167,7 +167,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
         for (const auto& [k, v] : o.config["options"].items())
           if (v.is_string()) o.options[k] = v.get<std::string>();
       o.model = o.config.value("model", "");
-      o.score = j["score"].get<double>();
+      o.score = report::record_score(j, fmt::format("{}:{}", f, no));
       ours.push_back(std::move(o));
     });
   if (ours.empty()) fail("no result records in the given files");

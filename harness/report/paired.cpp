@@ -41,7 +41,7 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
   std::vector<Run> runs;
   std::set<std::string> seen;
   for (const auto& f : result_files(inputs))
-    for_each_record(f, [&](const json& j, int) {
+    for_each_record(f, [&](const json& j, int no) {
       if (const std::string key = record_key(j); !key.empty() && !seen.insert(key).second) return;
       const json& c = j["config"];
       Run r;
@@ -58,7 +58,7 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       // Options that only index the grid (NIAH's depths) are left out: runs over overlapping grids share samples.
       r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, j.value("id", "")}).dump();
       r.context = report::run_context(c);
-      r.score = j["score"].get<double>();
+      r.score = report::record_score(j, fmt::format("{}:{}", f, no));
       runs.push_back(std::move(r));
     });
   if (runs.empty()) fail("no result records in the given files");

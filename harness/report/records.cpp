@@ -86,6 +86,18 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
 
 }  // namespace
 
+double record_score(const json& record, const std::string& where) {
+  const double s = record["score"].get<double>();
+  const std::string task = record["config"].value("task", "");
+  if (layout_of(task).perplexity) {
+    if (!(s >= 0) || !std::isfinite(s))
+      fail("{}: score {} is no mean negative log-likelihood (a finite number >= 0 for task {})", where, s, task);
+  } else if (!(s >= 0 && s <= 1)) {
+    fail("{}: score {} is outside [0, 1], the scale of task {}'s records", where, s, task);
+  }
+  return s;
+}
+
 json pooled_config(const json& record) {
   json cfg = record["config"];
   if (!cfg.contains("options")) cfg["options"] = json::object();
@@ -141,6 +153,7 @@ Records read_records(const std::vector<std::string>& files) {
   };
   for (const auto& f : files) {
     for_each_record(f, [&](const json& j, int no) {
+      record_score(j, fmt::format("{}:{}", f, no));
       if (const std::string key = record_key(j); !key.empty() && again(key, "cell " + key, j, f, no)) return;
       // The same sample of one pooled configuration, from runs over overlapping grids (depths=3 and
       // depths=5 share depth 50): the tables count it once.

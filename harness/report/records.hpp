@@ -60,6 +60,9 @@ Records read_records(const std::vector<std::string>& files);
 // context that does where one method's runs on one task differ in it (max_new_tokens, weights, a
 // recalibrated artifact, a task option that is not a table column such as NIAH's chat).
 void label_entries(Records& r);
+// A record's score, checked against its task's scale: in [0, 1], or for a perplexity task a finite mean
+// negative log-likelihood of at least 0. `where` names the record (FILE:LINE).
+double record_score(const json& record, const std::string& where);
 // A record's configuration as the tables pool it: options that only index the grid, and the version,
 // left out.
 json pooled_config(const json& record);
