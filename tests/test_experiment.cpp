@@ -126,6 +126,27 @@ TEST_CASE("experiment specs: errors name the file, line and column", "[experimen
         load_experiment(write_spec(dir, "kvb_e1.yaml", kModelLine + "task: niah\nmethods: [fullkv]\nbugdets: [1]\n"));
       },
       {"kvb_e1.yaml:4:1", "unknown key 'bugdets'", "budgets"});
+  // A key given twice ran one of the values silently (the first at the top level, the last below).
+  require_error(
+      [&] {
+        load_experiment(write_spec(dir, "kvb_dup1.yaml",
+                                   kModelLine + "task: niah\nmethods: [snapkv]\nbudgets: [32]\nbudgets: [64]\n"));
+      },
+      {"kvb_dup1.yaml:5:1", "key 'budgets' is given twice in this mapping (first on line 4)"});
+  require_error(
+      [&] {
+        load_experiment(
+            write_spec(dir, "kvb_dup2.yaml",
+                       kModelLine + "task: niah\ntask_options: {chat: true, chat: false}\nmethods: [fullkv]\n"));
+      },
+      {"kvb_dup2.yaml:3:", "key 'chat' is given twice"});
+  require_error(
+      [&] {
+        load_experiment(
+            write_spec(dir, "kvb_dup3.yaml",
+                       kModelLine + "task: niah\nmethods:\n  - snapkv:\n      window: 8\n      window: 16\n"));
+      },
+      {"kvb_dup3.yaml:6:7", "key 'window' is given twice"});
   require_error(
       [&] {
         load_experiment(

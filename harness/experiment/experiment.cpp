@@ -228,6 +228,25 @@ void expand_environment(const std::string& path, YAML::Node n) {
   n = out;
 }
 
+// yaml-cpp keeps one of a mapping's repeated keys without a word (the first at the top level, the last
+// below), so `budgets: [32]` ... `budgets: [64]` ran one of them silently.
+void check_duplicate_keys(const std::string& path, const YAML::Node& n) {
+  if (n.IsSequence())
+    for (const auto& item : n) check_duplicate_keys(path, item);
+  if (!n.IsMap()) return;
+  std::map<std::string, YAML::Mark> first;
+  for (const auto& kv : n) {
+    if (kv.first.IsScalar()) {
+      const auto [it, fresh] = first.emplace(kv.first.Scalar(), kv.first.Mark());
+      if (!fresh)
+        spec_error(path, kv.first,
+                   fmt::format("key '{}' is given twice in this mapping (first on line {}); keep one",
+                               kv.first.Scalar(), it->second.line + 1));
+    }
+    check_duplicate_keys(path, kv.second);
+  }
+}
+
 }  // namespace
 
 ExperimentSpec load_experiment(const std::string& path, const std::vector<std::string>& sets) {
@@ -240,6 +259,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     fail("{}:{}:{}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
   if (!root.IsMap()) fail("{}: an experiment spec is a mapping (name, model, task, methods, budgets, ...)", path);
+  check_duplicate_keys(path, root);
   std::vector<Override> overrides;
   for (const auto& set : sets) overrides.push_back(apply_set(path, root, set));
   struct Scope {
