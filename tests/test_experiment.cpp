@@ -612,6 +612,36 @@ bool essays_present() {
 
 }  // namespace
 
+TEST_CASE("a resumed sweep refuses records made from another prompt (another data directory)", "[experiment][sweep]") {
+  // Found by a walkthrough: NIAH's sample ids name only length and depth, so a run over another haystack
+  // took the first run's records for its own ("0 cells").
+  const auto model = model_file(kDefaultModel);
+  if (!model || !essays_present()) return;
+  const TempDir dir("sweep_data");
+  std::vector<std::filesystem::path> essays;
+  for (const auto& e : std::filesystem::directory_iterator(default_data_dir() + "/PaulGrahamEssays"))
+    if (e.path().extension() == ".txt") essays.push_back(e.path());
+  std::sort(essays.begin(), essays.end());
+  REQUIRE(essays.size() >= 4);
+  for (const auto& [name, from] : {std::pair{"a", 0}, {"b", 2}}) {
+    std::filesystem::create_directories(dir / name / "PaulGrahamEssays");
+    for (int k = from; k < from + 2; ++k)
+      std::filesystem::copy_file(essays[size_t(k)], dir / name / "PaulGrahamEssays" / essays[size_t(k)].filename());
+  }
+  const std::string out = (dir / "r.jsonl").string(), spec = sweep_spec(dir, *model, "sweep_data", "fullkv", out);
+  auto with_data = [&](const char* name) {
+    ExperimentSpec s = load_experiment(spec, {"max_new_tokens=2"});
+    s.data = (dir / name).string();
+    s.limit = 1;
+    return s;
+  };
+  CHECK(Sweep(with_data("a")).run(false).run == 1);
+  for_each_record(out, [](const nlohmann::json& r, int) { CHECK(r["prompt_digest"].get<std::string>().size() == 16); });
+  CHECK(Sweep(with_data("a")).run(false).run == 0);
+  require_error([&] { Sweep(with_data("b")).run(false); },
+                {"r.jsonl:1", "recorded from another prompt", "write to another --out"});
+}
+
 TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards union to the whole",
           "[experiment][sweep]") {
   const auto model = model_file(kDefaultModel);

@@ -486,6 +486,15 @@ PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Samp
   return {build_prompt(model, tok, s.prompt, s.chat), {}};
 }
 
+std::string prompt_digest(const PromptIds& ids) {
+  auto bytes = [](const std::vector<int32_t>& v) {
+    return std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int32_t));
+  };
+  // The two parts apart: moving a token from the prefill to the part after compression is another prompt.
+  return fmt::format("{:016x}",
+                     fnv1a(bytes(ids.after), fnv1a(std::to_string(ids.prefill.size()), fnv1a(bytes(ids.prefill)))));
+}
+
 PromptIds choice_ids(const Tokenizer& tok, const Choice& choice, bool bos) {
   const auto encode = [&](std::string_view text) { return bos ? tok.encode_prompt(text) : tok.encode(text); };
   PromptIds p;

@@ -80,6 +80,8 @@ std::set<std::string> recorded_keys(const std::string& path);
 // the sample says), or under a kvpress protocol the context prefilled and the rest after compression;
 // a perplexity window's ids; a multiple-choice sample's longest request.
 PromptIds sample_prompt(const ModelFile& model, const Tokenizer& tok, const Sample& s);
+// A digest of those ids (16 hex digits; the record's prompt_digest).
+std::string prompt_digest(const PromptIds& ids);
 
 // The token ids of a multiple-choice option as lm-evaluation-harness encodes a loglikelihood request
 // (HFLM._encode_pair): the context's trailing whitespace moves to the continuation, and the

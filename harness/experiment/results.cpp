@@ -67,6 +67,7 @@ const std::vector<std::pair<const char*, std::vector<Field>>>& record_fields() {
         {"wall_seconds", kNumber},
         {"prefill_shared", kBool},
         {"scored_from", kString},
+        {"prompt_digest", kString},
         {"answers", kList},
         {"protocol", kObject},
         {"cache", kObjectOrNull},

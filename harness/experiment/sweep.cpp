@@ -63,6 +63,7 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
             "tokens; this table needs a model with a longer context (or a smaller length option)",
             spec.path, spec.task, nlohmann::json(options).dump(), s.id, tokens, spec.model, context);
       p.prompt_tokens.push_back(tokens);
+      p.prompt_digests.push_back(prompt_digest(ids));
       p.prefills.push_back(ids.prefill);
       p.samples.push_back(std::move(s));
     }
@@ -151,9 +152,29 @@ SweepOutcome Sweep::run(bool progress) {
     fail("{}: batch {}: the {} backend decodes one sequence at a time; set batch: 1", spec_.path, spec_.batch,
          engine.backend().name());
   ResultsFile out(spec_.out);  // first: opening cuts a torn last line
-  auto done = recorded_keys(spec_.out);
+  // The cells recorded already, each made from the prompt this run would give it: a sample whose prompt
+  // changed (another data directory, edited data, another tokenizer) keeps its key, so its records would
+  // be taken for this run's.
+  std::map<std::string, std::string> digests;  // this sweep's cells: key -> its sample's prompt digest
+  for (const auto& part : parts_)
+    for (size_t si = 0; si < part.samples.size(); ++si)
+      for (const auto& c : part.configs) digests.emplace(cell_key(c, part.samples[si].id), part.prompt_digests[si]);
+  std::set<std::string> done;
+  if (std::filesystem::exists(spec_.out))
+    for_each_record(spec_.out, [&](const nlohmann::json& j, int no) {
+      const std::string key = record_key(j);
+      if (key.empty()) return;
+      done.insert(key);
+      const auto it = digests.find(key);
+      if (it != digests.end() && j.contains("prompt_digest") && j["prompt_digest"] != it->second)
+        fail(
+            "{}:{}: sample {} of this cell was recorded from another prompt (digest {}, now {}): the data ({}), the "
+            "task's files or the tokenizer changed since; write to another --out, or remove the file's records",
+            spec_.out, no, j.value("id", std::string()), j["prompt_digest"].get<std::string>(), it->second, spec_.data);
+    });
   SweepOutcome o;
-  o.already = done.size();
+  o.already = static_cast<size_t>(
+      std::count_if(done.begin(), done.end(), [&](const std::string& k) { return digests.count(k) && in_shard(k); }));
   o.failures = spec_.out + ".failed";
   std::unique_ptr<ResultsFile> failures;  // opened at the first failure
   // Two entries of a spec that resolve to the same configuration are one cell, run once.
@@ -241,7 +262,8 @@ SweepOutcome Sweep::run(bool progress) {
                     {"config", part.configs[c]},
                     {"meta", s.meta},
                     {"score", part.task->score(s, rec["prediction"].get<std::string>())},
-                    {"scored_from", it->second.value("key", std::string())}});
+                    {"scored_from", it->second.value("key", std::string())},
+                    {"prompt_digest", part.prompt_digests[work[i].sample]}});
         rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
         out.append(rec);
         ++o.run;
@@ -269,6 +291,7 @@ SweepOutcome Sweep::run(bool progress) {
       };
       auto save = [&](size_t c, nlohmann::json rec, double seconds) {
         rec["wall_seconds"] = seconds;
+        rec["prompt_digest"] = part.prompt_digests[work[i].sample];
         out.append(rec);
         if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
         ++o.run;

@@ -60,6 +60,9 @@ class Sweep {
     std::vector<Sample> samples;
     std::vector<size_t> prompt_tokens;           // of each sample, as the model sees it (chat template included)
     std::vector<std::vector<int32_t>> prefills;  // of each sample: the ids its shared prefill reads
+    // Of each sample: a digest of every id the model reads, recorded with its cells, so that a resumed run
+    // knows a recorded cell was made from the same prompt (the same data and tokenizer).
+    std::vector<std::string> prompt_digests;
     std::vector<nlohmann::json> configs;
   };
 
