@@ -71,18 +71,20 @@ void register_run_task_command(CLI::App& app) {
     const json config = cell_config(
         *m, a->model, a->task, TaskRegistry::get().canonical_options(a->task, parse_key_values(a->options, "--option")),
         method.get(), budget, eo.kv_dtype, eo.weights);
-    const auto done = recorded_keys(out.path());
+    const auto done = recorded_cells(out.path());
     const size_t n = a->limit ? std::min(a->limit, task->size()) : task->size();
     Progress bar(fmt::format("{} {}", a->task, label), n, "samples");
     double sum = 0;  // of this run's scores: the bar shows their mean, not the last one alone
     int scored = 0;
     for (size_t i = 0; i < n; ++i) {
       const Sample s = task->sample(i);
-      if (done.count(cell_key(config, s.id))) {
+      const std::string digest = prompt_digest(sample_prompt(*m, *tok, s));
+      if (recorded_with_prompt(done, cell_key(config, s.id), s.id, digest, out.path(), a->data)) {
         bar.advance(1, "(done before)");
         continue;
       }
-      const json rec = run_cell(*m, *tok, engine, *task, s, method.get(), budget, config);
+      json rec = run_cell(*m, *tok, engine, *task, s, method.get(), budget, config);
+      rec["prompt_digest"] = digest;
       out.append(rec);
       sum += rec["score"].get<double>();
       ++scored;

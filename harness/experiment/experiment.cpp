@@ -457,13 +457,28 @@ std::string record_key(const nlohmann::json& record) {
   return cell_key(config, record["id"].get<std::string>());
 }
 
-std::set<std::string> recorded_keys(const std::string& path) {
-  std::set<std::string> keys;
-  if (!std::filesystem::exists(path)) return keys;
-  for_each_record(path, [&](const nlohmann::json& j, int) {
-    if (const std::string k = record_key(j); !k.empty()) keys.insert(k);
+std::map<std::string, RecordedCell> recorded_cells(const std::string& path) {
+  std::map<std::string, RecordedCell> cells;
+  if (!std::filesystem::exists(path)) return cells;
+  for_each_record(path, [&](const nlohmann::json& j, int no) {
+    if (const std::string k = record_key(j); !k.empty())
+      cells.emplace(k, RecordedCell{no, j.contains("prompt_digest") ? j["prompt_digest"].get<std::string>() : ""});
   });
-  return keys;
+  return cells;
+}
+
+bool recorded_with_prompt(const std::map<std::string, RecordedCell>& cells, const std::string& key,
+                          const std::string& sample_id, const std::string& digest, const std::string& path,
+                          const std::string& data) {
+  const auto it = cells.find(key);
+  if (it == cells.end()) return false;
+  // A sample's id and the configuration make the key; its prompt comes from data the key does not name.
+  if (!it->second.prompt_digest.empty() && it->second.prompt_digest != digest)
+    fail(
+        "{}:{}: sample {} of this cell was recorded from another prompt (digest {}, now {}): the data ({}), the "
+        "task's files or the tokenizer changed since; write to another --out, or remove the file's records",
+        path, it->second.line, sample_id, it->second.prompt_digest, digest, data);
+  return true;
 }
 
 double equivalent_kv_size(const ModelConfig& m, size_t bytes) {

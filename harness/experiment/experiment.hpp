@@ -73,8 +73,19 @@ std::string cell_key(const nlohmann::json& config, const std::string& sample_id)
 // The key of a recorded result, from its configuration and sample id (records made while the code
 // version was part of the key are keyed without it, like new ones).
 std::string record_key(const nlohmann::json& record);
-// The keys of the records in a results file (none if it does not exist).
-std::set<std::string> recorded_keys(const std::string& path);
+// The cells a results file records (none if it does not exist), by key: each one's line and, where
+// recorded, its sample's prompt_digest.
+struct RecordedCell {
+  int line = 0;
+  std::string prompt_digest;
+  bool operator==(const RecordedCell&) const = default;
+};
+std::map<std::string, RecordedCell> recorded_cells(const std::string& path);
+// Whether `key` is recorded in `path` (its cells, as read above); an error where it was recorded from
+// another prompt than `digest` gives now (another data directory `data`, edited data, another tokenizer).
+bool recorded_with_prompt(const std::map<std::string, RecordedCell>& cells, const std::string& key,
+                          const std::string& sample_id, const std::string& digest, const std::string& path,
+                          const std::string& data);
 
 // The token ids of a sample as its protocol feeds them: the whole prompt prefilled (chat template as
 // the sample says), or under a kvpress protocol the context prefilled and the rest after compression;

@@ -152,29 +152,18 @@ SweepOutcome Sweep::run(bool progress) {
     fail("{}: batch {}: the {} backend decodes one sequence at a time; set batch: 1", spec_.path, spec_.batch,
          engine.backend().name());
   ResultsFile out(spec_.out);  // first: opening cuts a torn last line
-  // The cells recorded already, each made from the prompt this run would give it: a sample whose prompt
-  // changed (another data directory, edited data, another tokenizer) keeps its key, so its records would
-  // be taken for this run's.
-  std::map<std::string, std::string> digests;  // this sweep's cells: key -> its sample's prompt digest
+  // The cells recorded already, each made from the prompt this run would give it.
+  const std::map<std::string, RecordedCell> recorded = recorded_cells(spec_.out);
+  std::set<std::string> done;
   for (const auto& part : parts_)
     for (size_t si = 0; si < part.samples.size(); ++si)
-      for (const auto& c : part.configs) digests.emplace(cell_key(c, part.samples[si].id), part.prompt_digests[si]);
-  std::set<std::string> done;
-  if (std::filesystem::exists(spec_.out))
-    for_each_record(spec_.out, [&](const nlohmann::json& j, int no) {
-      const std::string key = record_key(j);
-      if (key.empty()) return;
-      done.insert(key);
-      const auto it = digests.find(key);
-      if (it != digests.end() && j.contains("prompt_digest") && j["prompt_digest"] != it->second)
-        fail(
-            "{}:{}: sample {} of this cell was recorded from another prompt (digest {}, now {}): the data ({}), the "
-            "task's files or the tokenizer changed since; write to another --out, or remove the file's records",
-            spec_.out, no, j.value("id", std::string()), j["prompt_digest"].get<std::string>(), it->second, spec_.data);
-    });
+      for (const auto& c : part.configs)
+        if (const std::string key = cell_key(c, part.samples[si].id);
+            in_shard(key) &&
+            recorded_with_prompt(recorded, key, part.samples[si].id, part.prompt_digests[si], spec_.out, spec_.data))
+          done.insert(key);
   SweepOutcome o;
-  o.already = static_cast<size_t>(
-      std::count_if(done.begin(), done.end(), [&](const std::string& k) { return digests.count(k) && in_shard(k); }));
+  o.already = done.size();
   o.failures = spec_.out + ".failed";
   std::unique_ptr<ResultsFile> failures;  // opened at the first failure
   // Two entries of a spec that resolve to the same configuration are one cell, run once.
