@@ -142,6 +142,34 @@ TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});
 }
 
+TEST_CASE("tie_word_embeddings decides as in transformers; untied without lm_head.weight is an error",
+          "[safetensors][config]") {
+  // Found by an audit: the presence of lm_head.weight decided alone, against what config.json says.
+  const test::TempDir tmp("st_tie");
+  const fs::path& dir = tmp.path();
+  fs::copy(test::fixture("safetensors/tiny_llama"), dir / "untied");  // tie false, with lm_head.weight
+  CHECK_FALSE(ModelFile::open((dir / "untied").string())->config().tied_embeddings);
+  auto cfg = json::parse(std::ifstream(dir / "untied" / "config.json"));
+  cfg["tie_word_embeddings"] = true;  // a saved lm_head.weight is then a copy transformers does not read
+  std::ofstream(dir / "untied" / "config.json") << cfg.dump();
+  CHECK(ModelFile::open((dir / "untied").string())->config().tied_embeddings);
+  cfg.erase("tie_word_embeddings");  // silent: the weights decide
+  std::ofstream(dir / "untied" / "config.json") << cfg.dump();
+  CHECK_FALSE(ModelFile::open((dir / "untied").string())->config().tied_embeddings);
+
+  fs::copy(test::fixture("hf_config/qwen3_qknorm"), dir / "tied");  // tie true, no lm_head.weight
+  CHECK(ModelFile::open((dir / "tied").string())->config().tied_embeddings);
+  cfg = json::parse(std::ifstream(dir / "tied" / "config.json"));
+  cfg["tie_word_embeddings"] = false;
+  std::ofstream(dir / "tied" / "config.json") << cfg.dump();
+  test::require_error([&] { ModelFile::open((dir / "tied").string()); },
+                      {"tie_word_embeddings = false", "no lm_head.weight"});
+  cfg["tie_word_embeddings"] = "yes";
+  std::ofstream(dir / "tied" / "config.json") << cfg.dump();
+  test::require_error([&] { ModelFile::open((dir / "tied").string()); },
+                      {"config.json", "'tie_word_embeddings' must be true or false"});
+}
+
 namespace {
 
 // The config of tiny_llama with `edit` applied, read as a model directory's config.json.

@@ -203,6 +203,12 @@ double json_num(const json& j, const char* key, const std::string& file) {
 
 bool present(const json& j, const char* key) { return j.contains(key) && !j[key].is_null(); }
 
+bool json_flag(const json& j, const char* key, const std::string& file) {
+  const json& v = need(j, key, file);
+  if (!v.is_boolean()) fail("{}: field '{}' must be true or false, found {}", file, key, v.dump());
+  return v.get<bool>();
+}
+
 // The RoPE parameters of one dict (transformers 5's `rope_parameters`, or the older `rope_scaling`),
 // every key understood or an error: a key kvbench ignored would change the model silently.
 struct RopeDict {
@@ -321,11 +327,7 @@ ModelConfig parse_falcon(const json& j, const std::string& file) {
   c.rope_layout = RopeLayout::NeoX;
   set_falcon_block(c);
   c.name = j.value("_name_or_path", std::string());
-  auto flag = [&](const char* key, bool dflt) {
-    if (!present(j, key)) return dflt;
-    if (!j[key].is_boolean()) fail("{}: field '{}' must be true or false, found {}", file, key, j[key].dump());
-    return j[key].get<bool>();
-  };
+  auto flag = [&](const char* key, bool dflt) { return present(j, key) ? json_flag(j, key, file) : dflt; };
   if (flag("alibi", false)) fail("{}: alibi = true is not supported (kvbench implements Falcon with RoPE)", file);
   if (flag("bias", false)) fail("{}: bias = true is not supported (Falcon-7B/40B's linears have no bias)", file);
   if (flag("apply_residual_connection_post_layernorm", false))
@@ -362,7 +364,7 @@ ModelConfig parse_falcon(const json& j, const std::string& file) {
   c.vocab_size = json_int(j, "vocab_size", file);
   c.context_length = present(j, "max_position_embeddings") ? json_int(j, "max_position_embeddings", file) : 2048;
   c.norm_eps = present(j, "layer_norm_epsilon") ? json_num(j, "layer_norm_epsilon", file) : 1e-5;
-  c.tied_embeddings = j.value("tie_word_embeddings", true);
+  c.tie_word_embeddings = flag("tie_word_embeddings", true);
   parse_rope(j, c, file);
   c.validate(file);
   return c;
@@ -411,7 +413,7 @@ ModelConfig parse_hf_config(const std::string& file) {
   c.vocab_size = json_int(j, "vocab_size", file);
   c.context_length = json_int(j, "max_position_embeddings", file);
   c.norm_eps = json_num(j, "rms_norm_eps", file);
-  c.tied_embeddings = j.value("tie_word_embeddings", false);
+  if (present(j, "tie_word_embeddings")) c.tie_word_embeddings = json_flag(j, "tie_word_embeddings", file);
   if (c.arch != Arch::Qwen2 && j.value("attention_bias", false)) c.qkv_bias = true;
   // Keys that would change the computation kvbench implements: refused rather than ignored.
   if (present(j, "hidden_act") && j["hidden_act"] != "silu")

@@ -3,6 +3,7 @@
 // block), read from GGUF metadata or a Hugging Face config.json. Both sources produce the same struct so
 // the engine never cares where weights came from.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,9 @@ struct ModelConfig {
   bool fused_attn_qkv = false;
   bool fused_gate_up = false;
   bool tied_embeddings = false;
+  // What a Hugging Face config.json says of tying (Falcon's class ties by default); none where it is
+  // silent, and the weights decide (ModelFile::open).
+  std::optional<bool> tie_word_embeddings;
   bool qkv_bias = false;
   // Qwen3: an RMSNorm over each head's query and key (weights [head_dim], shared by the heads) after
   // the projections and before RoPE.

@@ -104,7 +104,16 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
   }
   std::sort(m->tensors_.begin(), m->tensors_.end(),
             [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
-  if (m->st_) m->config_.tied_embeddings = m->find("output.weight") == nullptr;
+  if (m->st_) {
+    // As transformers: a config that ties reads the embeddings (a saved lm_head.weight is a copy it
+    // ignores), one that unties needs lm_head.weight (transformers would start it from random numbers),
+    // one that says nothing leaves it to the weights.
+    const bool head = m->find("output.weight") != nullptr;
+    const std::optional<bool> tie = m->config_.tie_word_embeddings;
+    if (tie == false && !head)
+      fail("{}: config.json says tie_word_embeddings = false, but the weights hold no lm_head.weight", path);
+    m->config_.tied_embeddings = tie.value_or(!head);
+  }
   m->config_.fingerprint = model_fingerprint(path);
   m->split_fused();
   return m;
