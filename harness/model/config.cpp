@@ -165,8 +165,9 @@ ModelConfig config_from_gguf(const GGUFFile& f) {
   }
   if (auto st = f.get_string_opt(a + "rope.scaling.type")) {
     if (*st == "linear") {
-      c.rope_scaling.type = RopeScaling::Type::Linear;
       c.rope_scaling.factor = f.get_float(a + "rope.scaling.factor");
+      // llama.cpp reads a factor of 0 as no scaling (rope_freq_scale_train = 1).
+      if (c.rope_scaling.factor != 0) c.rope_scaling.type = RopeScaling::Type::Linear;
     } else if (*st != "none") {
       fail("{}: {}rope.scaling.type = '{}' is not supported (expected 'none' or 'linear')", file, a, *st);
     }
