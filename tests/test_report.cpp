@@ -330,7 +330,7 @@ TEST_CASE("reports: a baseline named by a parameter added later picks the record
   const std::string rep = (dir / "rep").string();
   std::filesystem::create_directories(rep);
   require_error([&] { write_paired_comparison({(dir / "r.jsonl").string()}, "palu", rep, {"md"}); },
-                {"2 recorded settings of palu match"});
+                {"2 recorded settings of palu on ruler match"});
   write_paired_comparison({(dir / "r.jsonl").string()}, "palu:group_size=0", rep, {"md"});
   const std::string t = read(dir / "rep" / "ruler-vs-palu-group_size_0.md");
   INFO(t);
@@ -438,12 +438,46 @@ TEST_CASE("reports: runs differing in max_new_tokens are rows of their own; over
   CHECK(mb.find("n=26") == std::string::npos);
   CHECK(read(dir / "rep" / "summary.md").find("| max_new_tokens=2 | 6 |") != std::string::npos);
   test::require_error([&] { write_paired_comparison({file}, "fullkv", rep, {"md"}); },
-                      {"2 recorded settings of fullkv match", "max_new_tokens=2"});
+                      {"2 recorded settings of fullkv on ruler match", "max_new_tokens=2"});
   write_paired_comparison({file}, "fullkv:max_new_tokens=default", rep, {"md"});
   const std::string t = read(dir / "rep" / "ruler-vs-fullkv-max_new_tokens_default.md");
   INFO(t);
   CHECK(t.find("| snapkv | - | -10.50 [") != std::string::npos);
   CHECK(t.find("(n=20, p=") != std::string::npos);
+
+  // Review mends: records of two commits are one setting for --baseline too; a field varying on one task
+  // labels that task's rows only, and "default" picks the run leaving it out on every task; an option
+  // given at its default and left out are one setting, a sample of both counted once.
+  {
+    std::ofstream out(dir / "v.jsonl");
+    for (int i = 0; i < 12; ++i)
+      for (const char* version : {"aaa", "bbb"}) {
+        const json niah = {{"chat", i % 2 ? "false" : "true"}};  // NIAH's chat defaults to true
+        json full = record("ruler", opts, "fullkv", 0, 0.8), snap = record("ruler", opts, "snapkv", 128, 0.7);
+        json nfull = record("niah", niah, "fullkv", 0, 0.9), nsnap = record("niah", niah, "snapkv", 128, 0.6);
+        for (json* r : {&full, &snap, &nfull, &nsnap}) {
+          (*r)["id"] = fmt::format("s{}", i);
+          (*r)["config"]["version"] = version;
+        }
+        nfull["config"]["max_new_tokens"] = i < 6 ? 2 : 64;
+        if (i % 2 == 0) nfull["config"]["options"] = nsnap["config"]["options"] = json::object();
+        for (const json* r : {&full, &snap, &nfull, &nsnap}) out << r->dump() << "\n";
+      }
+  }
+  const std::string v = (dir / "v.jsonl").string();
+  write_report({v}, rep, {"md"});
+  const std::string ruler = read(dir / "rep" / "ruler-method-budget.md"),
+                    niah = read(dir / "rep" / "niah-method-budget.md");
+  INFO(ruler << niah);
+  CHECK(ruler.find("| FullKV | 80.00") != std::string::npos);
+  CHECK(ruler.find("| snapkv | - | 70.00") != std::string::npos);
+  CHECK(niah.find("| FullKV (max_new_tokens=2) | 90.00 (100.0%, 200.0% fp16, n=6) |") != std::string::npos);
+  CHECK(niah.find("| snapkv | - | 60.00 (25.0%, 50.0% fp16, n=12) |") != std::string::npos);
+  write_paired_comparison({v}, "fullkv:max_new_tokens=64", rep, {"md"});
+  CHECK(read(dir / "rep" / "ruler-vs-fullkv-max_new_tokens_64.md").find("| snapkv | -10.00 (n=12, constant) |") !=
+        std::string::npos);
+  CHECK(read(dir / "rep" / "niah-vs-fullkv-max_new_tokens_64.md").find("| snapkv | -30.00 (n=6, constant) |") !=
+        std::string::npos);
 
   // NIAH over depths 0/50/100 and then 0/25/50/75/100: the three shared samples pool once (5, not 8).
   {

@@ -57,6 +57,7 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
       r.model = c.value("model", "");
       // Options that only index the grid (NIAH's depths) are left out: runs over overlapping grids share samples.
       r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, j.value("id", "")}).dump();
+      // Task options are part of the sample (a pair is within one set of them), not of the row's setting.
       r.context = report::run_context(c);
       r.score = report::record_score(j, fmt::format("{}:{}", f, no));
       runs.push_back(std::move(r));
@@ -79,68 +80,90 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
 // A p-value as a reader compares it with 0.05: three decimals, "<0.001" below.
 std::string p_text(double p) { return p < 0.001 ? "<0.001" : fmt::format("{:.3f}", p); }
 
-// The one recorded setting `baseline` (parsed: `named`) names; an error where it names none or several.
-std::string baseline_setting(const std::vector<Run>& runs, const std::string& baseline, const NamedParams& named) {
+// The recorded setting `baseline` (parsed: `named`) names on each task: the one setting of its method
+// there whose parameters match. A context field shows only on a task where it varies: where a run
+// lacks a wanted field that the method's runs on another task have, any value matches ("default", the
+// run leaving it out, too). A task where none matches is left out, said on stderr; where several match,
+// an error.
+std::map<std::string, std::string> baseline_settings(const std::vector<Run>& runs, const std::string& baseline,
+                                                     const NamedParams& named, bool say_missing) {
   const std::string& base_method = named.name;
   const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
-  // The baseline's setting: the one recorded setting of its method whose parameters match.
-  std::set<std::string> methods, settings;
+  std::set<std::string> methods, tasks, fields;  // fields: of the method's runs on any task
+  for (const Run& r : runs)
+    if (r.method == base_method)
+      for (const auto& [k, v] : r.params.items()) fields.insert(k);
+  std::map<std::string, std::set<std::string>> settings;  // task -> the matching settings
   for (const Run& r : runs) {
     methods.insert(r.method);
+    tasks.insert(r.task);
     if (r.method != base_method) continue;
     bool match = true;
-    for (const auto& [k, v] : want) match = match && r.params.contains(k) && r.params[k].get<std::string>() == v;
-    if (match) settings.insert(r.setting);
+    for (const auto& [k, v] : want)
+      match = match && (r.params.contains(k) ? r.params[k].get<std::string>() == v : fields.count(k) > 0);
+    if (match) settings[r.task].insert(r.setting);
   }
   if (!methods.count(base_method))
     fail("--baseline {}: no recorded cell of method '{}' (recorded: {})", baseline, base_method,
          fmt::join(methods, ", "));
   if (settings.empty()) fail("--baseline {}: no recorded setting of {} has these parameters", baseline, base_method);
-  if (settings.size() > 1)
-    fail("--baseline {}: {} recorded settings of {} match; name the parameters that pick one: {}", baseline,
-         settings.size(), base_method, fmt::join(settings, " | "));
-  return *settings.begin();
+  std::map<std::string, std::string> out;
+  for (const auto& [task, matching] : settings) {
+    if (matching.size() > 1)
+      fail("--baseline {}: {} recorded settings of {} on {} match; name the parameters that pick one: {}", baseline,
+           matching.size(), base_method, task, fmt::join(matching, " | "));
+    out[task] = *matching.begin();
+  }
+  for (const auto& task : tasks)
+    if (say_missing && !out.count(task))
+      fmt::print(stderr, "--baseline {}: no recorded setting of {} on {} matches; {} has no comparison\n", baseline,
+                 base_method, task, task);
+  return out;
 }
 
 }  // namespace
 
 void check_baseline(const std::vector<std::string>& results, const std::string& baseline) {
-  baseline_setting(read_runs(results), baseline, parse_named_params(baseline, "--baseline"));
+  baseline_settings(read_runs(results), baseline, parse_named_params(baseline, "--baseline"), false);
 }
 
 void write_paired_comparison(const std::vector<std::string>& results, const std::string& baseline,
                              const std::string& dir, const std::set<std::string>& formats) {
   const std::vector<Run> runs = read_runs(results);
   const NamedParams named = parse_named_params(baseline, "--baseline");
-  const std::string base_setting = baseline_setting(runs, baseline, named);
+  const std::map<std::string, std::string> base_setting = baseline_settings(runs, baseline, named, true);
   const std::string& base_method = named.name;
+  auto is_baseline = [&](const Run& r) {
+    const auto it = base_setting.find(r.task);
+    return r.method == base_method && it != base_setting.end() && r.setting == it->second;
+  };
   const std::map<std::string, std::string> want(named.params.begin(), named.params.end());
 
   // Baseline scores by (sample, budget); a full-cache baseline has one per sample.
   const bool full_baseline = base_method == "fullkv";
   std::map<std::pair<std::string, KvBudget>, double> base;
   for (const Run& r : runs)
-    if (r.method == base_method && r.setting == base_setting)
-      base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
+    if (is_baseline(r)) base[{r.sample, full_baseline ? KvBudget{} : r.budget}] = r.score;
   // A method's label shows its setting where the records hold several of its settings, its KV dtype and,
   // where they hold several models, its model: a row never pools two runs of one sample.
-  std::map<std::string, std::map<std::string, json>> method_settings;  // method -> setting -> its parameters
+  using TaskMethod = std::pair<std::string, std::string>;
+  std::map<TaskMethod, std::map<std::string, json>> method_settings;  // (task, method) -> setting -> parameters
   std::set<std::string> models;
   for (const Run& r : runs) {
-    method_settings[r.method].emplace(r.setting, r.params);
+    method_settings[{r.task, r.method}].emplace(r.setting, r.params);
     models.insert(r.model);
   }
-  std::map<std::string, std::map<std::string, std::string>> texts;  // method -> setting -> its text
-  for (const auto& [method, by_setting] : method_settings) texts[method] = report::setting_texts(by_setting);
+  std::map<TaskMethod, std::map<std::string, std::string>> texts;  // (task, method) -> setting -> its text
+  for (const auto& [tm, by_setting] : method_settings) texts[tm] = report::setting_texts(by_setting);
   auto setting_label = [&](const Run& r) {
-    const std::string& text = texts[r.method][r.setting];
+    const std::string& text = texts[{r.task, r.method}][r.setting];
     return text.empty() ? text : " (" + text + ")";
   };
   // task -> label -> budget -> variant -> differences
   std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;
   std::set<std::tuple<std::string, KvBudget, std::string>> paired;  // a sample pairs once per row and budget
   for (const Run& r : runs) {
-    if (r.method == base_method && r.setting == base_setting) continue;
+    if (is_baseline(r)) continue;
     const auto it = base.find({r.sample, full_baseline ? KvBudget{} : r.budget});
     if (it == base.end()) continue;
     const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") + setting_label(r);

@@ -48,9 +48,7 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   if (!layout.length_ranges.empty() && j.contains("meta") && j["meta"].contains("length"))
     e.length = j["meta"]["length"].get<int>();
   cfg = pooled_config(j);
-  e.context = run_context(cfg);
-  for (const auto& [k, v] : cfg["options"].items())
-    if (k != layout.column_option && k != layout.length_option) e.context[k] = v.is_string() ? v : json(v.dump());
+  e.context = label_context(cfg);
   Group& g = r.groups[cfg.dump()];
   e.group = &g;
   g.config = cfg;
@@ -108,15 +106,33 @@ json pooled_config(const json& record) {
 }
 
 json run_context(const json& config) {
-  // The model's fingerprint goes with its name, which labels rows already where the records hold several.
+  // The version is left out: records of several commits pool (an error where their scores differ).
   static const std::set<std::string> shown = {"task",   "options",           "method",   "params", "gqa",
-                                              "budget", "compression_ratio", "kv_dtype", "model",  "model_fingerprint"};
+                                              "budget", "compression_ratio", "kv_dtype", "model",  "version"};
   json out = json::object();
   for (const auto& [k, v] : config.items())
     if (!shown.count(k))
       out[k] = v.is_string()      ? v.get<std::string>()
                : k == "artifacts" ? fmt::format("{:08x}", uint32_t(fnv1a(v.dump())))
                                   : v.dump();
+  return out;
+}
+
+json label_context(const json& config) {
+  json out = run_context(config);
+  const std::string task = config.value("task", "");
+  const TaskLayout& layout = layout_of(task);
+  auto shown = [&](const std::string& k) {
+    return k == layout.column_option || k == layout.length_option ||
+           std::find(layout.pooled_options.begin(), layout.pooled_options.end(), k) != layout.pooled_options.end();
+  };
+  // Options a record leaves out ran at their defaults: an explicit `chat: false` and none are one setting.
+  if (const TaskInfo* info = TaskRegistry::get().find(task))
+    for (const ParamSpec& s : info->options)
+      if (!shown(s.name)) out[s.name] = s.default_value;
+  if (config.contains("options"))
+    for (const auto& [k, v] : config["options"].items())
+      if (!shown(k)) out[k] = v.is_string() ? v : json(v.dump());
   return out;
 }
 
@@ -156,10 +172,19 @@ Records read_records(const std::vector<std::string>& files) {
       record_score(j, fmt::format("{}:{}", f, no));
       if (const std::string key = record_key(j); !key.empty() && again(key, "cell " + key, j, f, no)) return;
       // The same sample of one pooled configuration, from runs over overlapping grids (depths=3 and
-      // depths=5 share depth 50): the tables count it once.
+      // depths=5 share depth 50) or runs giving an option its default and leaving it out: the tables
+      // count it once.
       if (const std::string id = j.value("id", std::string()); !id.empty()) {
-        const std::string pooled = json::array({pooled_config(j), id}).dump();
-        if (again(pooled, fmt::format("sample '{}' (of a run over another part of the grid)", id), j, f, no)) return;
+        json config = pooled_config(j);
+        const json context = label_context(config);
+        for (auto it = context.begin(); it != context.end(); ++it)
+          if (!config.contains(it.key())) config["options"][it.key()] = *it;
+        const std::string pooled = json::array({config, id}).dump();
+        if (again(pooled,
+                  fmt::format("sample '{}' (of a run over another part of the grid, or with options at their defaults)",
+                              id),
+                  j, f, no))
+          return;
       }
       add_record(j, f, no, r);
     });
@@ -256,18 +281,19 @@ void label_entries(Records& r) {
     for (const auto& [k, v] : context.items()) shown[k] = v;
     e.setting =
         context.empty() ? json::array({e.params, e.gqa}).dump() : json::array({e.params, e.gqa, context}).dump();
-    r.method_configs[e.method].emplace(e.setting, shown);
+    r.method_configs[{e.task, e.method}].emplace(e.setting, shown);
   }
   // A method's row label is its name, with the parameters that differ between its settings where the
   // records hold several (e.g. "kvcrush (base=h2o)", "snapkv (kernel=5)").
-  std::map<std::string, std::map<std::string, std::string>> texts;  // method -> setting -> its text
-  for (const auto& [method, settings] : r.method_configs) texts[method] = setting_texts(settings);
+  // (task, method) -> setting -> its text: each table tells apart the settings it shows.
+  std::map<std::pair<std::string, std::string>, std::map<std::string, std::string>> texts;
+  for (const auto& [tm, settings] : r.method_configs) texts[tm] = setting_texts(settings);
   // Records of several models: each row names its model, so that no row pools two models' samples.
   std::set<std::string> models;
   for (const Entry& e : r.entries) models.insert(e.model);
   for (Entry& e : r.entries) {
     const std::string name = run_label(e.method, e.dtype, models.size() > 1 ? e.model : "");
-    e.group->distinct = texts[e.method][e.setting];
+    e.group->distinct = texts[{e.task, e.method}][e.setting];
     e.label = e.group->distinct.empty() ? name : name + " (" + e.group->distinct + ")";
   }
 }

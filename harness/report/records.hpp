@@ -48,8 +48,9 @@ struct Entry {
 struct Records {
   std::map<std::string, Group> groups;  // by configuration, the grid's parts pooled
   std::vector<Entry> entries;           // one per record; each points into groups
-  // method -> its distinct settings (parameters and GQA mode, as text) -> their completed parameters
-  std::map<std::string, std::map<std::string, json>> method_configs;
+  // (task, method) -> its distinct settings (parameters, GQA mode and varying context, as text) -> their
+  // completed parameters
+  std::map<std::pair<std::string, std::string>, std::map<std::string, json>> method_configs;
 };
 
 // Reads the files; a cell recorded twice counts once, twice with different scores is an error. So is a
@@ -67,9 +68,12 @@ double record_score(const json& record, const std::string& where);
 // left out.
 json pooled_config(const json& record);
 // Of a configuration: the fields besides task, options, method, parameters, GQA mode, budget, KV dtype
-// and model (max_new_tokens, weights, artifacts), each as text (an artifact set as a
+// and model (max_new_tokens, weights, model_fingerprint, artifacts), each as text (an artifact set as a
 // digest).
 json run_context(const json& config);
+// run_context and the task options that are no table column, a record's or the task's default where
+// the record leaves one out: what else tells two runs of a method on a task apart in a row's label.
+json label_context(const json& config);
 // Of runs, each a task, a method, the rest of its setting as text (parameters, GQA mode, dtype, model,
 // budget) and its run_context: per run, the fields in which two runs of its method on its task that
 // agree in the rest differ ("default" where a run lacks one); the others left out. (An artifact that
