@@ -248,6 +248,13 @@ TEST_CASE("LongBench task: official files, templates, middle truncation, profile
     auto with_length = rec;
     with_length["length"] = 9000;
     CHECK(load("longbench-e", "qasper", with_length)->size() == 1);
+    // Two samples under one _id would share their cells' keys.
+    std::ofstream(dir / "longbench" / "qasper.jsonl") << rec.dump() << "\n" << rec.dump() << "\n";
+    TaskContext ctx;
+    ctx.tokenizer = tok.get();
+    ctx.data_dir = dir.path().string();
+    ctx.options = {{"dataset", "qasper"}};
+    require_error([&] { TaskRegistry::get().create("longbench", ctx); }, {"qasper.jsonl:2", "_id 'x1' is on line 1"});
   }
   auto official = longbench_task(*tok, "longbench/data", {{"dataset", "qasper"}, {"profile", "official"}});
   CHECK(official->sample(0).chat);

@@ -150,7 +150,7 @@ std::string results_text(const std::string& path, bool gzip) {
 
 bool is_results_file_name(const std::string& name) { return name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"); }
 
-void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn) {
+void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn, bool live) {
   // A compressed file was written whole (no run appends to one): its last line is a record even
   // without a newline, and a file named .gz that is empty was not compressed from records at all.
   const bool gzip = is_gzip(path);
@@ -173,8 +173,9 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
       // torn by a kill mid-write (a resumed run cuts it). One that parses is whole (a file saved by
       // another tool without the final newline) and counts.
       if (last && !gzip) {
-        fmt::print(stderr, "{}:{}: the last line is not a whole record (a run killed mid-write?); left out\n", path,
-                   no);
+        if (!live)
+          fmt::print(stderr, "{}:{}: the last line is not a whole record (a run killed mid-write?); left out\n", path,
+                     no);
         return;
       }
       fail("{}:{}: not a JSON record ({}); remove the line", path, no, e.what());

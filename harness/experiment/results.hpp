@@ -13,7 +13,9 @@ namespace kvb {
 // results are kept compressed), a missing file having none. A
 // malformed line is an error naming the file and line, except a torn last line, which is skipped; so
 // is a record whose fields do not have the types docs/results-format.md gives (check_record).
-void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn);
+// `live`: the file may be being written (a running shard), so an unfinished last line is no news.
+void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn,
+                     bool live = false);
 
 // Whether a file name is a results file's: NAME.jsonl, or NAME.jsonl.gz (committed records).
 bool is_results_file_name(const std::string& name);

@@ -202,18 +202,21 @@ Recorded recorded(const std::string& dir, const Cells& cells) {
   for (size_t i = 0; i < cells.by_shard.size(); ++i) {
     const std::set<std::string> want(cells.by_shard[i].begin(), cells.by_shard[i].end());
     std::set<std::string> seen;
-    for_each_record(shard_file(dir, int(i)), [&](const json& r, int) {
-      const std::string key = record_key(r);
-      if (!want.count(key)) {
-        ++p.stray;
-        return;
-      }
-      if (!seen.insert(key).second) return;
-      seconds += r.contains("wall_seconds") ? r["wall_seconds"].get<double>()
-                                            : r.value("prefill_seconds", 0.0) + r.value("decode_seconds", 0.0) +
-                                                  r.value("compress_seconds", 0.0);
-      ++timed;
-    });
+    for_each_record(
+        shard_file(dir, int(i)),
+        [&](const json& r, int) {
+          const std::string key = record_key(r);
+          if (!want.count(key)) {
+            ++p.stray;
+            return;
+          }
+          if (!seen.insert(key).second) return;
+          seconds += r.contains("wall_seconds") ? r["wall_seconds"].get<double>()
+                                                : r.value("prefill_seconds", 0.0) + r.value("decode_seconds", 0.0) +
+                                                      r.value("compress_seconds", 0.0);
+          ++timed;
+        },
+        true);
     p.done[i] = seen.size();
   }
   p.cell_seconds = timed ? seconds / double(timed) : 0;

@@ -298,6 +298,7 @@ class LongBench final : public Task {
           "{}: not found; point --data at a directory holding longbench/<dataset>.jsonl from the official "
           "LongBench data.zip",
           path_);
+    std::map<std::string, int> lines;  // _id -> its line: a sample's id keys its cells
     for_each_json_line(in, path_, [&](const nlohmann::json& j, int no) {
       auto need = [&](const char* key, auto check, const char* what) {
         if (!j.contains(key) || !check(j[key])) fail("{}:{}: field '{}' must be {}", path_, no, key, what);
@@ -312,6 +313,8 @@ class LongBench final : public Task {
           "_id", [](const auto& v) { return v.is_string(); }, "a string");
       Record r;
       r.id = j["_id"];
+      if (const auto [it, fresh] = lines.emplace(r.id, no); !fresh)
+        fail("{}:{}: _id '{}' is on line {} already; each sample needs its own", path_, no, r.id, it->second);
       r.input = j["input"];
       r.context = j["context"];
       for (const auto& a : j["answers"]) {
