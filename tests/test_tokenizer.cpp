@@ -257,6 +257,9 @@ TEST_CASE("tokenizer.json fields of the wrong shape are errors naming the file a
         {"tokenizer.json", "added_tokens[0].id must be a token id", id});
   test::require_error([&] { load(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [[1, 2]]}})"); },
                       {"tokenizer.json", "/model/merges/0/", "must be string"});
+  // Errors of building the tokenizer from the file's contents name the file too.
+  test::require_error([&] { load(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a q"]}})"); },
+                      {path + ": ", "merge 0 'a q' refers to a token missing"});
 }
 
 TEST_CASE("Regex::find_all_groups gives each match's groups as Python's re.findall reads them", "[tokenizer]") {

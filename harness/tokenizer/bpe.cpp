@@ -68,7 +68,11 @@ std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc, b
 BpeSpec bpe_spec_from_gguf(const GGUFFile& f) {
   BpeSpec s;
   s.name = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
-  s.splits = pre_tokenizer_preset(s.name, &s.nfc, &s.ignore_merges);
+  try {
+    s.splits = pre_tokenizer_preset(s.name, &s.nfc, &s.ignore_merges);
+  } catch (const Error& e) {
+    fail("{}: tokenizer.ggml.pre: {}", f.path(), e.what());
+  }
   s.vocab = f.get_string_array("tokenizer.ggml.tokens");
   const size_t n = s.vocab.size();
   std::vector<int64_t> types;

@@ -14,10 +14,22 @@
 namespace kvb {
 namespace {
 
+// Errors that arise while a tokenizer is built from a file's contents (a merge of tokens missing from
+// the vocabulary, a split pattern that does not compile) name the file.
+template <class Make>
+std::unique_ptr<Tokenizer> naming(const std::string& path, Make&& make) {
+  try {
+    return make();
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with(path)) throw;
+    fail("{}: {}", path, e.what());
+  }
+}
+
 std::unique_ptr<Tokenizer> from_gguf(const GGUFFile& f) {
   const std::string& model = f.get_string("tokenizer.ggml.model");
-  if (model == "gpt2") return std::make_unique<BpeTokenizer>(bpe_spec_from_gguf(f));
-  if (model == "llama") return SpmTokenizer::from_gguf(f);
+  if (model == "gpt2") return naming(f.path(), [&] { return std::make_unique<BpeTokenizer>(bpe_spec_from_gguf(f)); });
+  if (model == "llama") return naming(f.path(), [&] { return SpmTokenizer::from_gguf(f); });
   if (model == "no_vocab")
     fail(
         "{}: the model has no tokenizer (tokenizer.ggml.model = 'no_vocab', as kvbench make-model writes): it runs "
@@ -34,7 +46,8 @@ std::unique_ptr<Tokenizer> from_dir_files(const std::string& dir) {
   // tokenizer.json too, in a form we do not read; their tokenizer.model is the reference for them.
   if (fs::exists(json)) {
     try {
-      return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(json.string()));
+      return naming(json.string(),
+                    [&] { return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(json.string())); });
     } catch (const Error&) {
       if (!fs::exists(spm)) throw;
     }
@@ -70,7 +83,8 @@ std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& path) {
   if (fs::is_directory(path)) return from_dir(path);
   const std::string ext = fs::path(path).extension().string();
   if (ext == ".gguf") return from_gguf(GGUFFile::open(path));
-  if (ext == ".json") return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(path));
+  if (ext == ".json")
+    return naming(path, [&] { return std::make_unique<BpeTokenizer>(bpe_spec_from_tokenizer_json(path)); });
   if (ext == ".model") return SpmTokenizer::from_file(path);
   fail(
       "{}: unknown tokenizer file (expected .gguf, tokenizer.json, tokenizer.model or a model "
