@@ -136,7 +136,8 @@ TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   cfg["intermediate_size"] = 25;
   std::ofstream(dir / "config.json") << cfg.dump();
   auto m = ModelFile::open(dir.string());
-  test::require_error([&] { m->validate_tensors(); }, {"ffn_gate.weight", "expected [16, 25]"});
+  test::require_error([&] { m->validate_tensors(); }, {"'model.layers.0.mlp.gate_proj.weight' (kvbench's "
+                                                       "blk.0.ffn_gate.weight) has shape [24, 16], expected [25, 16]"});
   cfg["num_key_value_heads"] = 3;
   std::ofstream(dir / "config.json") << cfg.dump();
   test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});

@@ -94,7 +94,7 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
     for (const auto& [name, t] : m->st_->tensors()) {
       auto canon = canonical_tensor_name(name);
       if (!canon) continue;  // e.g. rotary inv_freq buffers saved by old exporters
-      TensorRef r{*canon, t.type, std::vector<uint64_t>(t.shape.rbegin(), t.shape.rend()), t.data};
+      TensorRef r{*canon, t.type, std::vector<uint64_t>(t.shape.rbegin(), t.shape.rend()), t.data, name};
       m->tensors_.push_back(std::move(r));
     }
   } else {
@@ -231,6 +231,9 @@ void ModelFile::validate_tensors() const {
   const auto KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
   auto check = [&](const std::string& name, std::vector<uint64_t> ne) {
     const TensorRef& t = tensor(name);
+    if (t.ne != ne && !t.source.empty())  // as the checkpoint names and shapes it
+      fail("{}: tensor '{}' (kvbench's {}) has shape [{}], expected [{}] from config.json", path_, t.source, name,
+           fmt::join(t.ne.rbegin(), t.ne.rend(), ", "), fmt::join(ne.rbegin(), ne.rend(), ", "));
     if (t.ne != ne)
       fail("{}: tensor '{}' has shape [{}], expected [{}] from the model config", path_, name, fmt::join(t.ne, ", "),
            fmt::join(ne, ", "));

@@ -23,6 +23,7 @@ struct TensorRef {
   DType type = DType::F32;
   std::vector<uint64_t> ne;  // ne[0] varies fastest
   std::span<const uint8_t> data;
+  std::string source = {};  // the name in a Hugging Face checkpoint, whose shape lists ne reversed (torch order)
   uint64_t n_elems() const;
 };
 
