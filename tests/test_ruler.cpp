@@ -301,4 +301,9 @@ TEST_CASE("RULER official files load in both layouts, bad records are located", 
   ctx.options = {{"task", "niah_single_2"}};
   ctx.data_dir = "/nonexistent";  // generated natively from data the set-up fetches
   require_error([&] { TaskRegistry::get().create("ruler", ctx); }, {"/nonexistent/wonderwords/", "scripts/setup.sh"});
+  // A length too short for the task's smallest input names the option to raise.
+  ctx.options = {{"task", "vt"}, {"length", "256"}, {"samples", "1"}};
+  ctx.data_dir = default_data_dir();
+  require_error([&] { TaskRegistry::get().create("ruler", ctx)->sample(0); },
+                {"ruler vt: length 256: even its smallest input", "raise the task option length"});
 }

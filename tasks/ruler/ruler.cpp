@@ -142,7 +142,10 @@ std::vector<RulerTask::Fitted> RulerTask::fit(const Sizing& z, size_t n, const s
       if (units > z.inc)
         units -= z.inc;
       else if (attempt > 1000)
-        fail("ruler {}: no input of {} units fits {} tokens", name_, units, z.length);
+        fail(
+            "ruler {}: length {}: even its smallest input ({} units: {} tokens, and {} to generate) does not fit; "
+            "raise the task option length",
+            name_, z.length, units, b.ok ? fmt::format("{}", b.tokens) : std::string("no valid sample"), z.gen);
     }
   }
   return out;
