@@ -332,6 +332,7 @@ TEST_CASE("results files: appended records, a torn last line dropped on resume, 
     f.append({{"key", "k150"}, {"config", cfg}, {"score", 0.0}, {"kv_bytes", 25}, {"full_kv_bytes", 100}});
   }
   CHECK(count(saved) == 4);
+  require_error([&] { ResultsFile f(dir.path().string()); }, {"a directory; a results file is a .jsonl file"});
   // A damaged line that is not the last is an error naming the file and line.
   std::ofstream(path, std::ios::app) << "garbage\n{}\n";
   require_error([&] { for_each_record(path, [](const nlohmann::json&, int) {}); }, {"r.jsonl:4", "not a JSON record"});

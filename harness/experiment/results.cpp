@@ -192,6 +192,9 @@ ResultsFile::ResultsFile(const std::string& path) : path_(path) {
         "{}: a gzip-compressed results file cannot be appended to; write to a .jsonl (to resume committed "
         "records, decompress them there first: gunzip -c {} > runs/NAME.jsonl)",
         path, path);
+  if (fs::is_directory(path))
+    fail("{}: a directory; a results file is a .jsonl file (e.g. {}/results.jsonl)", path,
+         fs::path(path).lexically_normal().string());
   if (auto dir = fs::path(path).parent_path(); !dir.empty()) fs::create_directories(dir);
   f_ = std::fopen(path.c_str(), "ab");
   if (!f_) fail("{}: cannot open for appending", path);
