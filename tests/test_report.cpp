@@ -408,7 +408,7 @@ TEST_CASE("reports: runs of another KV dtype or model are rows of their own, nev
   CHECK(mb.find("n=40") == std::string::npos);
 }
 
-TEST_CASE("reports: runs differing in max_new_tokens are rows of their own; overlapping grids count a sample once",
+TEST_CASE("reports: runs differing in max_new_tokens are rows of their own, overlapping grids count a sample once",
           "[report][stats]") {
   // Found by a walkthrough: a smoke run (max_new_tokens=2) appended to a sweep's file was pooled with it
   // into one FullKV cell (n=26 of 20 samples), and --baseline silently paired against it.

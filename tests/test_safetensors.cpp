@@ -143,7 +143,7 @@ TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});
 }
 
-TEST_CASE("tie_word_embeddings decides as in transformers; untied without lm_head.weight is an error",
+TEST_CASE("tie_word_embeddings decides as in transformers, untied without lm_head.weight is an error",
           "[safetensors][config]") {
   // Found by an audit: the presence of lm_head.weight decided alone, against what config.json says.
   const test::TempDir tmp("st_tie");
