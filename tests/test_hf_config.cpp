@@ -189,7 +189,6 @@ TEST_CASE("Qwen3: q/k norms before RoPE, from safetensors and GGUF, its chat tem
   const test::TempDir tmp("qwen3_missing");
   auto cfg = json::parse(std::ifstream(test::fixture("hf_config/qwen2_theta1e6/config.json")));
   cfg["model_type"] = "qwen3";
-  cfg["attention_bias"] = true;
   std::ofstream(tmp / "config.json") << cfg.dump();
   fs::copy_file(test::fixture("hf_config/qwen2_theta1e6/model.safetensors"), tmp / "model.safetensors");
   test::require_error([&] { Engine e(*ModelFile::open(tmp.path().string())); },

@@ -171,6 +171,48 @@ TEST_CASE("tie_word_embeddings decides as in transformers, untied without lm_hea
                       {"config.json", "'tie_word_embeddings' must be true or false"});
 }
 
+TEST_CASE("a checkpoint tensor the model does not use is an error naming it", "[safetensors][config]") {
+  // Found by an audit: tensors kvbench had no use for were skipped, so a Llama checkpoint with biases on
+  // o_proj (attention_bias = true) or a config cut to fewer layers ran another model than the file's.
+  const test::TempDir tmp("st_unused");
+  const fs::path dir = tmp / "m";
+  fs::copy(test::fixture("safetensors/tiny_llama"), dir);
+  CHECK_NOTHROW(ModelFile::open(dir.string())->validate_tensors());
+  // A third shard: a rotary inv_freq buffer (recomputed from the config, so ignored), then with it an
+  // o_proj bias.
+  auto write_shard = [&](const json& tensors, size_t bytes) {
+    const auto shard = make_file(tensors, std::vector<uint8_t>(bytes));
+    std::ofstream(dir / "extra.safetensors", std::ios::binary)
+        .write(reinterpret_cast<const char*>(shard.data()), std::streamsize(shard.size()));
+  };
+  json extra = {{"model.layers.0.self_attn.rotary_emb.inv_freq", tensor("F32", {2}, 0, 8)}};
+  write_shard(extra, 8);
+  auto index = json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  for (const auto& [name, _] : extra.items()) index["weight_map"][name] = "extra.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  CHECK_NOTHROW(ModelFile::open(dir.string())->validate_tensors());
+  extra["model.layers.0.self_attn.o_proj.bias"] = tensor("F32", {16}, 8, 72);
+  write_shard(extra, 72);
+  test::require_error([&] { ModelFile::open(dir.string())->validate_tensors(); },
+                      {dir.string(), "'model.layers.0.self_attn.o_proj.bias'", "no part of the llama model"});
+  extra.erase("model.layers.0.self_attn.o_proj.bias");
+  write_shard(extra, 8);
+
+  auto cfg = json::parse(std::ifstream(dir / "config.json"));
+  cfg["num_hidden_layers"] = 1;  // layer 1's weights left over
+  std::ofstream(dir / "config.json") << cfg.dump();
+  test::require_error([&] { ModelFile::open(dir.string())->validate_tensors(); },
+                      {"'model.layers.1.", "(and 8 more)", "no part of the llama model"});
+  // transformers' Llama puts attention_bias on o_proj too, which kvbench does not compute.
+  cfg["num_hidden_layers"] = 2;
+  cfg["attention_bias"] = true;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  test::require_error([&] { ModelFile::open(dir.string()); }, {"config.json", "attention_bias = true"});
+  cfg["model_type"] = "mistral";  // Mistral's attention has no biases whatever the key says
+  std::ofstream(dir / "config.json") << cfg.dump();
+  CHECK_NOTHROW(ModelFile::open(dir.string())->validate_tensors());
+}
+
 namespace {
 
 // The config of tiny_llama with `edit` applied, read as a model directory's config.json.

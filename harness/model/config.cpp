@@ -415,7 +415,14 @@ ModelConfig parse_hf_config(const std::string& file) {
   c.context_length = json_int(j, "max_position_embeddings", file);
   c.norm_eps = json_num(j, "rms_norm_eps", file);
   if (present(j, "tie_word_embeddings")) c.tie_word_embeddings = json_flag(j, "tie_word_embeddings", file);
-  if (c.arch != Arch::Qwen2 && j.value("attention_bias", false)) c.qkv_bias = true;
+  // transformers' Llama and Qwen3 put attention_bias on o_proj as well as on q, k and v; Mistral's
+  // and Phi-3's attention have no biases whatever the key says.
+  if ((c.arch_name == "llama" || c.arch == Arch::Qwen3) && present(j, "attention_bias") &&
+      json_flag(j, "attention_bias", file))
+    fail(
+        "{}: attention_bias = true is not supported (transformers adds biases to q, k, v and o_proj; kvbench "
+        "computes Qwen2's q/k/v biases only)",
+        file);
   // Keys that would change the computation kvbench implements: refused rather than ignored.
   if (present(j, "hidden_act") && j["hidden_act"] != "silu")
     fail("{}: hidden_act = {} is not supported (expected \"silu\")", file, j["hidden_act"].dump());

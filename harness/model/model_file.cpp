@@ -93,7 +93,12 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
     m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::open_dir(path));
     for (const auto& [name, t] : m->st_->tensors()) {
       auto canon = canonical_tensor_name(name);
-      if (!canon) continue;  // e.g. rotary inv_freq buffers saved by old exporters
+      if (!canon) {
+        // Rotary inv_freq buffers (old exporters) are recomputed from the config; anything else is a
+        // part of the checkpoint's model kvbench would not compute, reported by validate_tensors.
+        if (!name.ends_with("rotary_emb.inv_freq")) m->unmapped_.push_back(name);
+        continue;
+      }
       TensorRef r{*canon, t.type, std::vector<uint64_t>(t.shape.rbegin(), t.shape.rend()), t.data, name};
       m->tensors_.push_back(std::move(r));
     }
@@ -229,7 +234,9 @@ void ModelFile::validate_tensors() const {
              V = static_cast<uint64_t>(c.vocab_size);
   const auto Q = static_cast<uint64_t>(c.n_heads) * c.head_dim;
   const auto KV = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
+  std::set<std::string> used;
   auto check = [&](const std::string& name, std::vector<uint64_t> ne) {
+    used.insert(name);
     const TensorRef& t = tensor(name);
     if (t.ne != ne && !t.source.empty())  // as the checkpoint names and shapes it
       fail("{}: tensor '{}' (kvbench's {}) has shape [{}], expected [{}] from config.json", path_, t.source, name,
@@ -269,6 +276,22 @@ void ModelFile::validate_tensors() const {
       check(b + "attn_k_norm.weight", {uint64_t(c.head_dim)});
     }
   }
+  // A tensor the model does not read (a bias on o_proj, a layer beyond num_hidden_layers) means the
+  // checkpoint computes something else than what kvbench would: refused, as transformers would not
+  // load it silently either. GGUF's rope_freqs is read into the config; a tied model's saved
+  // lm_head.weight is the copy transformers ignores.
+  auto ignored = [&](const std::string& name) {
+    return name == "rope_freqs.weight" || (name == "output.weight" && c.tied_embeddings);
+  };
+  std::vector<std::string> unused = unmapped_;
+  for (const TensorRef& t : tensors_)
+    if (!used.count(t.name) && !ignored(t.name)) unused.push_back(t.source.empty() ? t.name : t.source);
+  if (!unused.empty())
+    fail(
+        "{}: tensor '{}'{} is no part of the {} model its config describes: kvbench would ignore it and compute "
+        "another model than the checkpoint's",
+        path_, unused.front(), unused.size() > 1 ? fmt::format(" (and {} more)", unused.size() - 1) : std::string(),
+        c.arch_name);
 }
 
 std::vector<float> ModelFile::load_f32(const std::string& name) const {

@@ -53,6 +53,8 @@ class ModelFile {
   std::unique_ptr<GGUFFile> gguf_;
   std::unique_ptr<SafetensorsModel> st_;
   std::vector<TensorRef> tensors_;
+  // Checkpoint tensors kvbench has no name for, kept for validate_tensors to report.
+  std::vector<std::string> unmapped_;
   // Rows gathered out of a fused tensor whose parts are not contiguous in it (Falcon's grouped
   // query_key_value); tensors_ points into them.
   std::vector<std::vector<uint8_t>> owned_;
