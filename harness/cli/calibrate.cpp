@@ -53,6 +53,7 @@ void add_offline_command(CLI::App& app, const std::string& command, const std::s
     if (!a->mode.empty()) given["mode"] = a->mode;
     if (!a->steps.empty()) given["steps"] = a->steps;
     Params options(step.options, given, "kvbench " + command + " " + a->method);
+    if (!a->out.empty()) check_artifact_destination(a->out);
     auto model = ModelFile::open(a->model);
     auto tok = load_tokenizer(*model);
     EngineOptions eo;

@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   } catch (const kvb::Error& e) {
     fmt::print(stderr, "kvbench: error: {}\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    // What a check missed (a file system failure, a library's exception): still a message, never an abort.
+    fmt::print(stderr, "kvbench: error: {}\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -63,20 +63,40 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
   if (a.body.contains("header")) {
     const auto& h = a.body["header"];
     a.has_header = true;
-    if (!h.is_object() || !h.contains("kind") || !h.contains("model") || !h["model"].contains("fingerprint"))
-      fail("{}: field 'header' must hold 'kind' and 'model.fingerprint'", a.path);
+    if (!h.is_object() || !h.contains("kind") || !h.contains("model") || !h["model"].is_object() ||
+        !h["model"].contains("fingerprint") || !h["model"]["fingerprint"].is_string())
+      fail("{}: field 'header' must hold 'kind' and 'model.fingerprint' (a string)", a.path);
     if (h["kind"] != kind) fail("{}: a {} artifact, expected {}", a.path, h["kind"].dump(), kind);
     const std::string fp = h["model"]["fingerprint"].get<std::string>();
     if (!model.fingerprint.empty() && fp != model.fingerprint)
       fail("{}: made for model {} (fingerprint {}), not this one (fingerprint {}); make this model's with `{}`", a.path,
-           h["model"].value("file", std::string("?")), fp, model.fingerprint, make_command);
+           h["model"].contains("file") ? h["model"]["file"].dump() : std::string("?"), fp, model.fingerprint,
+           make_command);
   }
   return a;
 }
 
-void write_artifact(const std::string& path, const nlohmann::json& body) {
+void check_artifact_destination(const std::string& path) {
   const fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::error_code ec;
+  if (fs::is_directory(p, ec))
+    fail("{}: is a directory; an artifact's path names a file (e.g. {}/NAME.json)", path, path);
+  for (fs::path dir = p.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir, ec)) {
+      if (!fs::is_directory(dir, ec))
+        fail("{}: cannot write the artifact: {} is a file, not a directory", path, dir.string());
+      break;
+    }
+    if (dir == dir.parent_path()) break;
+  }
+}
+
+void write_artifact(const std::string& path, const nlohmann::json& body) {
+  check_artifact_destination(path);
+  const fs::path p(path);
+  std::error_code ec;
+  if (p.has_parent_path() && (fs::create_directories(p.parent_path(), ec), ec))
+    fail("{}: cannot create its directory: {}", path, ec.message());
   const std::string tmp = path + ".part";
   {
     std::ofstream out(tmp);
@@ -84,7 +104,7 @@ void write_artifact(const std::string& path, const nlohmann::json& body) {
     out << body.dump() << "\n";
     if (!out.flush()) fail("{}: write failed", tmp);
   }
-  fs::rename(tmp, path);
+  if (fs::rename(tmp, path, ec), ec) fail("{}: cannot move {} into place: {}", path, tmp, ec.message());
 }
 
 std::vector<float> artifact_floats(const nlohmann::json& j, const char* key, size_t n, const std::string& where) {

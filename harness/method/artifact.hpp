@@ -35,6 +35,9 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
 // The base64 float32 array at j[key] of exactly n finite numbers; errors name `where` and the field.
 std::vector<float> artifact_floats(const nlohmann::json& j, const char* key, size_t n, const std::string& where);
 
+// An error unless `path` can become an artifact file: not a directory, under no file. Offline steps
+// check it before their work, so a bad --out does not throw the work away.
+void check_artifact_destination(const std::string& path);
 // Writes atomically (temporary file, then rename), creating directories.
 void write_artifact(const std::string& path, const nlohmann::json& body);
 

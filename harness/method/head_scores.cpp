@@ -33,7 +33,8 @@ HeadImportance load_head_importance(HeadScoreKind kind, const std::string& path,
   imp.source = a.path;
   imp.digest = a.digest;
   imp.score.assign(L, std::vector<double>(H, std::nan("")));
-  static const std::regex key_re(R"((\d+)-(\d+))");
+  // Numbers as Python writes them: "00-0" would name head 0-0 a second time, the later one silently winning.
+  static const std::regex key_re(R"((0|[1-9]\d{0,5})-(0|[1-9]\d{0,5}))");
   for (const auto& [key, value] : a.body.items()) {
     if (key == "header") continue;
     std::smatch mt;

@@ -9,6 +9,7 @@
 
 #include "harness/method/parts.hpp"
 #include "harness/util/error.hpp"
+#include "harness/util/json_file.hpp"
 
 namespace kvb {
 
@@ -120,7 +121,13 @@ std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
   m->budgeted_ = info(name).budgeted;
   m->changes_model_ = info(name).changes_model;
   m->model_ = &model;
-  m->setup();
+  try {
+    m->setup();
+  } catch (const nlohmann::json::exception& e) {
+    // A hand-edited artifact whose field has another type than the method reads: the library's message
+    // carries the field's path (JSON_DIAGNOSTICS).
+    fail("method {}: an artifact it reads has a field of the wrong type: {}", name, json_error_text(e));
+  }
   return m;
 }
 

@@ -676,6 +676,14 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
         reg.create("dynakv", {{"weights", tiny.weights_path}}, other);
       },
       {"w.json", "not this one"});
+  // Found by an audit: an eigenvalue edited into a string aborted the program.
+  body["layers"][0]["K"]["eigenvalues"][0] = "x";
+  write_artifact(tiny.pca_path, body);
+  test::require_error(
+      [&] {
+        reg.create("dynakv", {{"fixed_rate", "0.25"}, {"pca", tiny.pca_path}}, e.config());
+      },
+      {"method dynakv", "wrong type", "/layers/0/K/eigenvalues/0"});
   PrefillView view;
   view.n_tokens = 4;
   auto direct = reg.create("dynakv", {{"weights", tiny.weights_path}}, e.config());

@@ -187,12 +187,22 @@ TEST_CASE("headkv: score files and artifacts: clear errors", "[headkv]") {
   test::require_error([&] { load(R"({"0-0": [-1], "0-1": [1], "1-0": [1], "1-1": [1]})"); }, {"'0-0'", "-1"});
   test::require_error([&] { load(R"({"0-0": [], "0-1": [1], "1-0": [1], "1-1": [1]})"); }, {"'0-0' is empty"});
   test::require_error([&] { load(R"({"a-b": [1]})"); }, {"'a-b'", "layer-head"});
+  // Found by an audit: "00-0" named head 0-0 again (the later key won) and "99999999999-0" aborted.
+  test::require_error([&] { load(R"({"0-0": [1], "00-0": [5], "0-1": [1], "1-0": [1], "1-1": [1]})"); },
+                      {"'00-0'", "layer-head"});
+  test::require_error([&] { load(R"({"99999999999-0": [1]})"); }, {"'99999999999-0'", "layer-head"});
+  // A header whose fingerprint is no string is an error, not an abort.
+  test::require_error([&] { load(R"({"header": {"kind": "headkv_r2", "model": {"fingerprint": 5}}})"); },
+                      {"kvbench_bad_scores.json", "'model.fingerprint' (a string)"});
   // Artifacts carry the model's fingerprint; another model's is refused, a missing one names the command.
   nlohmann::json body = {{"header", artifact_header("headkv_r2", shape(2, 2, 1), "other.gguf")}};
   body["header"]["model"]["fingerprint"] = "999-fff";
   for (auto k : {"0-0", "0-1", "1-0", "1-1"}) body[k] = {1.0};
   const std::string other = (dir / "kvbench_other.json").string();
   write_artifact(other, body);
+  // Found by an audit: a directory as the path, or a path under a file, aborted after the whole calibration.
+  test::require_error([&] { check_artifact_destination(dir.path().string()); }, {"is a directory"});
+  test::require_error([&] { write_artifact(other + "/sub/x.json", body); }, {"kvbench_other.json is a file"});
   test::require_error([&] { load_head_importance(HeadScoreKind::RetrievalReasoning, other, m); },
                       {"kvbench_other.json", "999-fff", "123-abc", "kvbench calibrate headkv"});
   // An empty artifacts directory: nothing another test or run left there can answer the lookup.
