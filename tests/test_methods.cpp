@@ -15,6 +15,7 @@
 #include "harness/method/artifact.hpp"
 #include "harness/method/calibration.hpp"
 #include "harness/method/method.hpp"
+#include "harness/method/optimizer.hpp"
 #include "harness/method/parts.hpp"
 #include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
@@ -620,4 +621,33 @@ TEST_CASE("read_id_sequences: sequences used as given, bad files named with the 
   bad(R"({"ids": [[1, 2]]})", {"bad.json", "\"sequences\""});
   bad("[[1, 2]", {"bad.json"});
   test::require_error([&] { read_id_sequences((dir / "none.json").string(), 10); }, {"none.json", "cannot read"});
+}
+
+TEST_CASE("a training checkpoint resumes only the run with the same options, model, start and text", "[calibration]") {
+  // Found by an audit: a checkpoint matched on the optimizer's options alone, so retraining after a new
+  // basis, on another text or another model resumed the old weights and labelled them with the new inputs.
+  const test::TempDir dir("ckpt");
+  const std::string path = (dir / "w.json.ckpt").string();
+  const std::vector<std::vector<int32_t>> text = {{1, 2, 3}, {4, 5}}, held = {{6, 7}};
+  const nlohmann::json start = {{"U", "AAAA"}};
+  auto options = [&](const std::string& fp, const nlohmann::json& initial, const auto& train) {
+    nlohmann::json o = {{"steps", 4}, {"lr", 0.001}};
+    o["inputs"] = training_inputs(fp, initial, train, held);
+    return o;
+  };
+  const nlohmann::json ran = options("123-abc", start, text);
+  CHECK(read_checkpoint(path, ran).is_null());  // none yet
+  write_artifact(path, {{"options", ran}, {"weights", start}});
+  CHECK(read_checkpoint(path, options("123-abc", start, text))["weights"] == start);
+  test::require_error([&] { read_checkpoint(path, options("999-fff", start, text)); },
+                      {"w.json.ckpt", "another training run (inputs.model differ)", "delete it"});
+  test::require_error([&] { read_checkpoint(path, options("123-abc", {{"U", "AAAB"}}, text)); }, {"inputs.initial"});
+  test::require_error(
+      [&] {
+        read_checkpoint(path, options("123-abc", start, std::vector<std::vector<int32_t>>{{1, 2}, {3, 4, 5}}));
+      },
+      {"inputs.train_tokens"});
+  nlohmann::json more_steps = ran;
+  more_steps["steps"] = 8;
+  test::require_error([&] { read_checkpoint(path, more_steps); }, {"(steps differ)"});
 }

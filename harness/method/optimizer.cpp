@@ -1,5 +1,8 @@
 #include "harness/method/optimizer.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -8,6 +11,7 @@
 #include <numbers>
 
 #include "harness/util/error.hpp"
+#include "harness/util/hash.hpp"
 
 namespace kvb {
 
@@ -44,10 +48,48 @@ nlohmann::json read_checkpoint(const std::string& path, const nlohmann::json& op
   } catch (const nlohmann::json::exception& e) {
     fail("{}: checkpoint is not valid JSON ({}); delete it to start over", path, e.what());
   }
-  if (!ck.is_object() || ck.value("options", nlohmann::json()) != options)
-    fail("{}: checkpoint made with options {}, not {}; delete it to start over or give the same options", path,
-         ck.is_object() ? ck.value("options", nlohmann::json()).dump() : std::string("(none)"), options.dump());
+  const nlohmann::json saved = ck.is_object() ? ck.value("options", nlohmann::json()) : nlohmann::json();
+  if (saved != options) {
+    // The options and inputs that differ, by name (inputs.train_tokens: another training text).
+    std::vector<std::string> differ;
+    for (const auto& [key, value] : options.items()) {
+      const nlohmann::json old = saved.is_object() && saved.contains(key) ? saved[key] : nlohmann::json();
+      if (old == value) continue;
+      if (value.is_object() && old.is_object()) {
+        for (const auto& [sub, v] : value.items())
+          if (!old.contains(sub) || old[sub] != v) differ.push_back(key + "." + sub);
+      } else {
+        differ.push_back(key);
+      }
+    }
+    fail(
+        "{}: a checkpoint of another training run ({} differ); delete it to start over, or give the same options "
+        "and inputs to resume it",
+        path, differ.empty() ? std::string("its options") : fmt::format("{}", fmt::join(differ, ", ")));
+  }
   return ck;
+}
+
+namespace {
+
+std::string sequences_digest(const std::vector<std::vector<int32_t>>& seqs) {
+  uint64_t h = fnv1a("");
+  for (const auto& s : seqs) {
+    h = fnv1a(std::string_view(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(int32_t)), h);
+    h = fnv1a("|", h);
+  }
+  return fmt::format("{:016x}", h);
+}
+
+}  // namespace
+
+nlohmann::json training_inputs(const std::string& model_fingerprint, const nlohmann::json& initial,
+                               const std::vector<std::vector<int32_t>>& train,
+                               const std::vector<std::vector<int32_t>>& held) {
+  return {{"model", model_fingerprint},
+          {"initial", fmt::format("{:016x}", fnv1a(initial.dump()))},
+          {"train_tokens", sequences_digest(train)},
+          {"held_tokens", sequences_digest(held)}};
 }
 
 }  // namespace kvb

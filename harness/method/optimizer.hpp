@@ -1,6 +1,7 @@
 #pragma once
 // What the offline training steps share (DynaKV's maps, MatryoshkaKV's projections): AdamW on fp32
 // parameters and a learning-rate schedule of linear warm-up then cosine decay.
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -21,8 +22,16 @@ void adamw(std::vector<float>& p, const std::vector<float>& g, Moments& s, doubl
 // least 1), then a cosine from 1 to 0.
 double learning_scale(int step, int steps, int warmup);
 
+// What a training run starts from, as digests: the model (fingerprint), the initial parameters (their
+// JSON) and the token sequences it trains and validates on. Part of a checkpoint's "options", so that
+// another model, basis or text starts over instead of resuming weights trained on the old ones.
+nlohmann::json training_inputs(const std::string& model_fingerprint, const nlohmann::json& initial,
+                               const std::vector<std::vector<int32_t>>& train,
+                               const std::vector<std::vector<int32_t>>& held);
+
 // A training run's checkpoint at `path` when it exists (null otherwise): JSON whose "options" must equal
-// `options`, so that a rerun resumes only the run it continues. Errors say how to start over.
+// `options`, so that a rerun resumes only the run it continues. Errors name what differs and say how to
+// start over.
 nlohmann::json read_checkpoint(const std::string& path, const nlohmann::json& options);
 
 }  // namespace kvb

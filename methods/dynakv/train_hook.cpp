@@ -225,7 +225,8 @@ nlohmann::json train_dynakv(ModelGradients& mg, DynaKvWeights& weights, const Dy
   nlohmann::json history = nlohmann::json::array();
   double seconds = 0;
 
-  const nlohmann::json described = o.describe();
+  nlohmann::json described = o.describe();
+  described["inputs"] = training_inputs(mg.config().fingerprint, dynakv_weights_json(weights), train, held);
   if (const nlohmann::json ck = read_checkpoint(checkpoint, described); !ck.is_null()) {
     weights = dynakv_weights_from(LoadedArtifact{checkpoint, ck.at("weights"), false, ""}, mg.config());
     weights.tau = o.tau;

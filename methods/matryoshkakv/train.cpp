@@ -160,7 +160,8 @@ nlohmann::json train_matryoshka(ModelGradients& mg, MatryoshkaWeights& weights, 
   nlohmann::json history = nlohmann::json::array();
   double seconds = 0;
 
-  const nlohmann::json described = o.describe();
+  nlohmann::json described = o.describe();
+  described["inputs"] = training_inputs(mg.config().fingerprint, matryoshka_weights_json(weights), train, {});
   if (const nlohmann::json ck = read_checkpoint(checkpoint, described); !ck.is_null()) {
     weights = matryoshka_weights_from(LoadedArtifact{checkpoint, ck.at("weights"), false, ""}, mg.config());
     const auto& opt = ck.at("optimizer");
