@@ -213,6 +213,20 @@ TEST_CASE("a checkpoint tensor the model does not use is an error naming it", "[
   CHECK_NOTHROW(ModelFile::open(dir.string())->validate_tensors());
 }
 
+TEST_CASE("a model directory's fingerprint changes with the weights, not only with names and sizes", "[safetensors]") {
+  // Found by an audit: names and sizes alone gave a fine-tune its base's fingerprint, and so its artifacts.
+  const test::TempDir tmp("st_fingerprint");
+  fs::copy(test::fixture("safetensors/tiny_llama"), tmp / "a");
+  fs::copy(test::fixture("safetensors/tiny_llama"), tmp / "b");
+  CHECK(model_fingerprint((tmp / "a").string()) == model_fingerprint((tmp / "b").string()));
+  const fs::path shard = tmp / "b" / "model-00002-of-00002.safetensors";
+  std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(fs::file_size(shard) / 2));
+  f.put('\x7f');
+  f.close();
+  CHECK(model_fingerprint((tmp / "a").string()) != model_fingerprint((tmp / "b").string()));
+}
+
 namespace {
 
 // The config of tiny_llama with `edit` applied, read as a model directory's config.json.

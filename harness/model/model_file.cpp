@@ -195,16 +195,42 @@ void ModelFile::split_fused() {
   std::sort(tensors_.begin(), tensors_.end(), [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
 }
 
+namespace {
+
+// Hash of `count` chunks of `chunk` bytes spread evenly over a file, the first and last included (the
+// whole file when it is smaller).
+uint64_t sampled_content_hash(const std::string& path, uint64_t size, uint64_t chunk, int count, uint64_t h) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot read", path);
+  const int n = size <= chunk * uint64_t(count) ? 1 : count;
+  const uint64_t len = n == 1 ? size : chunk;
+  std::string buf(len, '\0');
+  for (int i = 0; i < n; ++i) {
+    const uint64_t at = n == 1 ? 0 : (size - chunk) * uint64_t(i) / uint64_t(n - 1);
+    in.seekg(static_cast<std::streamoff>(at));
+    in.read(buf.data(), static_cast<std::streamsize>(len));
+    h = fnv1a(buf, h);
+  }
+  return h;
+}
+
+}  // namespace
+
 std::string model_fingerprint(const std::string& path) {
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) {
-    // Names and sizes, in name order (directory iteration order differs between file systems).
+    // Names, sizes and sampled contents, in name order (directory iteration order differs between file
+    // systems). Contents, because a fine-tune and its base have files of the same names and sizes; 64
+    // chunks per file, because a merged LoRA may change only a few tensors of a shard.
     std::vector<std::pair<std::string, uint64_t>> files;
     for (const auto& e : fs::directory_iterator(path))
       if (e.is_regular_file()) files.emplace_back(e.path().filename().string(), e.file_size());
     std::sort(files.begin(), files.end());
     uint64_t h = 0xcbf29ce484222325ull;
-    for (const auto& [name, size] : files) h = fnv1a(fmt::format("{}:{};", name, size), h);
+    for (const auto& [name, size] : files) {
+      h = fnv1a(fmt::format("{}:{};", name, size), h);
+      h = sampled_content_hash((fs::path(path) / name).string(), size, 64 << 10, 64, h);
+    }
     return fmt::format("dir-{:016x}", h);
   }
   const uint64_t size = fs::file_size(path);

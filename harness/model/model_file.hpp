@@ -61,8 +61,9 @@ class ModelFile {
   void split_fused();
 };
 
-// Size and hash of the first and last MiB (a directory: its files' names and sizes): cheap, and
-// changes with any re-quantisation. Results and offline artifacts are keyed by it.
+// Size and hash of the first and last MiB of a file (a directory: its files' names, sizes and 64 chunks
+// of each): cheap, and changes with any re-quantisation or fine-tune. Results and offline artifacts are
+// keyed by it.
 std::string model_fingerprint(const std::string& path);
 
 // The layer tensor (without .weight) of the norm in front of the MLP when the config has one
