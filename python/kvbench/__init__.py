@@ -159,8 +159,8 @@ def summarize(df, by: Sequence[str] | None = None):
     import pandas as pd
 
     if by is None:
-        grid = {f"config.options.{o}" for o in _GRID_OPTIONS}
-        by = [c for c in df.columns if c.startswith("config.") and c not in grid]
+        skip = {f"config.options.{o}" for o in _GRID_OPTIONS} | {"config.version"}
+        by = [c for c in df.columns if c.startswith("config.") and c not in skip]
     by = [by] if isinstance(by, str) else list(by)
     if missing := [c for c in by if c not in df.columns]:
         raise ValueError(f"summarize: no column {', '.join(map(repr, missing))} in the records; their config "
@@ -201,8 +201,16 @@ def sample_scores(dataset: str, predictions: Sequence[str], answers: Sequence[Se
                   all_classes: Sequence[Sequence[str]] | None = None, data: str | None = None) -> np.ndarray:
     """The benchmark's own metric of each prediction, in [0, 1]: `longbench/NAME` (eval.py's metric
     of the dataset, its first-line rule included), `ruler/TASK` (string_match_all, string_match_part
-    for the QA tasks), `niah` (answers unused) or `jsonl/METRIC` (the jsonl task's metrics)."""
+    for the QA tasks), `niah` (answers unused) or `jsonl/METRIC` (the jsonl task's metrics).
+    `all_classes` (LongBench's classification datasets) is one list of class names for every
+    prediction, or one list per prediction."""
+    if isinstance(predictions, str):
+        raise TypeError("sample_scores: predictions must be a list of strings, not one string")
     answers = [[a] if isinstance(a, str) else list(a) for a in answers]
+    if all_classes is not None and not isinstance(all_classes, str) and all(isinstance(c, str) for c in all_classes):
+        all_classes = [list(all_classes)] * len(predictions)  # one class list for every prediction
+    elif isinstance(all_classes, str) or (all_classes is not None and any(isinstance(c, str) for c in all_classes)):
+        raise TypeError("sample_scores: all_classes must be one list of class names, or one such list per prediction")
     classes = _meta(len(predictions), all_classes, "all_classes")
     return np.asarray(_kvbench.score_each(dataset, list(predictions), answers, [list(c) for c in classes],
                                           data or _kvbench.default_data_dir()))

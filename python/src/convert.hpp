@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,11 +25,12 @@ std::map<std::string, std::string> param_map(const py::object& params);
 // Parameter declarations as a list of dicts (name, type, default, range or choices, help).
 py::list param_list(const std::vector<ParamSpec>& specs);
 
-// A read-only numpy view of memory someone else owns for as long as `owner` lives.
+// A numpy copy of `data`: the engine reuses the buffers a call lends, so a view kept past the call
+// would read other numbers, or freed memory.
 template <typename T>
-py::array view(const T* data, std::vector<py::ssize_t> shape, py::handle owner) {
-  py::array a(py::dtype::of<T>(), shape, data, owner);
-  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+py::array copied(const T* data, const std::vector<py::ssize_t>& shape) {
+  py::array_t<T> a(shape);
+  std::copy_n(data, a.size(), a.mutable_data());
   return a;
 }
 

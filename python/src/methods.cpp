@@ -262,40 +262,39 @@ void bind_methods(py::module_& m) {
           [](const LayerView& l) { return l.gqa == GqaMode::Repeat ? l.get().n_heads : l.get().n_kv_heads; })
       .def_property_readonly(
           "queries",
-          [](py::object self) {
-            const auto& l = self.cast<const LayerView&>();
+          [](const LayerView& l) {
             const auto& v = l.get();
-            return view(l.queries(), {l.window, v.n_heads, v.head_dim}, self);
+            return copied(l.queries(), {l.window, v.n_heads, v.head_dim});
           },
           "post-RoPE queries of the last `window` tokens [window, n_heads, head_dim]")
       .def_property_readonly(
           "keys",
-          [](py::object self) {
-            const auto& v = self.cast<const LayerView&>().get();
-            return view(v.k, {v.n_tokens, v.n_kv_heads, v.head_dim}, self);
+          [](const LayerView& l) {
+            const auto& v = l.get();
+            return copied(v.k, {v.n_tokens, v.n_kv_heads, v.head_dim});
           },
           "post-RoPE keys [n_tokens, n_kv_heads, head_dim]")
       .def_property_readonly(
           "values",
-          [](py::object self) {
-            const auto& v = self.cast<const LayerView&>().get();
-            return view(v.v, {v.n_tokens, v.n_kv_heads, v.head_dim}, self);
+          [](const LayerView& l) {
+            const auto& v = l.get();
+            return copied(v.v, {v.n_tokens, v.n_kv_heads, v.head_dim});
           },
           "values [n_tokens, n_kv_heads, head_dim]")
       .def_property_readonly(
           "keys_pre_rope",
-          [](py::object self) -> py::object {
-            const auto& v = self.cast<const LayerView&>().get();
+          [](const LayerView& l) -> py::object {
+            const auto& v = l.get();
             if (!v.k_pre_rope) return py::none();
-            return view(v.k_pre_rope, {v.n_tokens, v.n_kv_heads, v.head_dim}, self);
+            return copied(v.k_pre_rope, {v.n_tokens, v.n_kv_heads, v.head_dim});
           },
           "keys before RoPE, when needs() asks for k_pre_rope, else None")
       .def_property_readonly(
           "attn_colsum",
-          [](py::object self) -> py::object {
-            const auto& v = self.cast<const LayerView&>().get();
+          [](const LayerView& l) -> py::object {
+            const auto& v = l.get();
             if (!v.attn_colsum) return py::none();
-            return view(v.attn_colsum, {v.n_heads, v.n_tokens}, self);
+            return copied(v.attn_colsum, {v.n_heads, v.n_tokens});
           },
           "attention each key received summed over all queries [n_heads, n_tokens], when needs() asks, else None")
       .def("attention", &window_attention,

@@ -2,8 +2,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
@@ -24,10 +29,42 @@ struct Model {
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Engine> engine;
+  // The engine runs one call at a time: its caches and buffers are the call's state.
+  std::mutex busy;
+  std::atomic<std::thread::id> running_on{};
 
-  Model(const std::string& path, const std::string& backend, int threads, const std::string& kv_dtype,
+  // Held for a call's whole use of the engine. Calls from other threads wait their turn (the GIL
+  // released, so that the running call's Python method can run); a call from the method a running call
+  // drives, on its thread, would overwrite that call's caches and is an error instead.
+  class Turn {
+   public:
+    Turn(Model& m, const char* what) : m_(m) {
+      if (m.running_on.load() == std::this_thread::get_id())
+        fail(
+            "{}: this Model is running a call already, which called this one (from a method's compress()?); use "
+            "another kvbench.Model for calls made inside a method",
+            what);
+      {
+        py::gil_scoped_release release;
+        m.busy.lock();
+      }
+      m.running_on = std::this_thread::get_id();
+    }
+    ~Turn() {
+      m_.running_on = std::thread::id();
+      m_.busy.unlock();
+    }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+
+   private:
+    Model& m_;
+  };
+
+  Model(const std::filesystem::path& path, const std::string& backend, int threads, const std::string& kv_dtype,
         const std::string& weights) {
-    file = ModelFile::open(path);
+    if (threads < 0) fail("Model: threads {} must be 0 (all cores) or more", threads);
+    file = ModelFile::open(path.string());
     tok = load_tokenizer(*file);
     EngineOptions o{.backend = backend, .threads = threads, .kv_dtype = parse_kv_dtype(kv_dtype, "kv_dtype")};
     if (!weights.empty()) o.weights = parse_weight_format(weights, "weights");
@@ -43,6 +80,7 @@ struct Model {
   // position ([1 + steps, vocab]) as `kvbench logits` computes them (step_logits).
   py::array_t<float> logits(const std::vector<int32_t>& ids, const std::string& method, int budget,
                             const py::object& params, int steps, const std::vector<int32_t>& continuation) {
+    const Turn turn(*this, "Model.logits");
     if (ids.empty()) fail("Model.logits: no token ids");
     if (steps < 0) fail("Model.logits: steps {} is negative", steps);
     if (!continuation.empty() && steps > 0 && size_t(steps) != continuation.size())
@@ -67,6 +105,7 @@ struct Model {
   // The prompt positions each cache head of each layer holds after the method's prefill compression.
   py::list kept_positions(const std::string& prompt, const std::string& method, int budget, const py::object& params,
                           bool chat) {
+    const Turn turn(*this, "Model.kept_positions");
     const auto ids = build_prompt(*file, *tok, prompt, chat);
     auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.kept_positions");
     {
@@ -89,6 +128,7 @@ struct Model {
 
   py::dict generate(const std::string& prompt, const std::string& method, int budget, const py::object& params,
                     bool chat, int max_new_tokens, const std::vector<std::string>& stop) {
+    const Turn turn(*this, "Model.generate");
     if (max_new_tokens < 1) fail("Model.generate: max_new_tokens {} must be at least 1", max_new_tokens);
     const auto ids = build_prompt(*file, *tok, prompt, chat);
     GenerateOptions opt;
@@ -123,7 +163,7 @@ struct Model {
 
 void bind_model(py::module_& m) {
   py::class_<Model>(m, "Model")
-      .def(py::init<const std::string&, const std::string&, int, const std::string&, const std::string&>(),
+      .def(py::init<const std::filesystem::path&, const std::string&, int, const std::string&, const std::string&>(),
            py::arg("path"), py::arg("backend") = "cpu", py::arg("threads") = 0, py::arg("kv_dtype") = "fp32",
            py::arg("weights") = "")
       .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("chat") = false, py::arg("prompt") = false)

@@ -4,6 +4,7 @@ with PYTHONPATH=<build>/python and KVBENCH_CLI=<build>/kvbench."""
 import gzip
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ PROMPT = "What is the capital of France? Answer in one word. " * 12
 
 @pytest.fixture(scope="module")
 def model():
-    return kvbench.Model(MODEL, threads=2)
+    return kvbench.Model(pathlib.Path(MODEL), threads=2)  # a path-like, as load_results takes
 
 
 def cli(*args):
@@ -161,14 +162,15 @@ def test_every_view_a_python_method_reads_holds_the_engine_values(model, tmp_pat
 
         def compress(self, view, budget):
             if view.layer in (0, 7):
-                seen[view.layer] = {k: np.array(getattr(view, k)) for k in
+                # Kept as they come: found by an audit, the engine's reused memory changed them after the call.
+                seen[view.layer] = {k: getattr(view, k) for k in
                                     ("queries", "keys", "values", "keys_pre_rope", "attn_colsum")}
                 seen[view.layer]["attention"] = view.attention()
-                assert not view.keys.flags.writeable
             return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
 
     kvbench.register(Recorder, name="recorder")
     model.kept_positions(cli_sample_prompt(), "recorder", 64, chat=False)
+    model.generate(PROMPT, max_new_tokens=2)  # the engine's buffers hold another prompt now
     for layer, v in seen.items():
         k, q = np.load(tmp_path / f"layer{layer}.k.npy"), np.load(tmp_path / f"layer{layer}.q_window.npy")
         assert np.array_equal(v["keys"], k) and np.array_equal(v["values"], np.load(tmp_path / f"layer{layer}.v.npy"))
@@ -334,6 +336,16 @@ def test_score_equals_the_golden_metric_fixtures():
     e = kvbench.score("longbench-e/qasper", ["Paris", "x", "Rome"], [["Paris"], ["y"], ["Paris"]], length=[100, 5000, 9000])
     assert e == {"0-4k": 100.0, "4-8k": 0.0, "8k+": 0.0}
 
+    # Found by an audit: one list of classes was read as one class list per character; it now serves
+    # every prediction. One string as the predictions is refused, not scored letter by letter.
+    for classes in (["Location", "Person"], [["Location", "Person"]] * 2):
+        assert kvbench.score("longbench/trec", ["Location", "Person"], [["Location"], ["Person"]],
+                             all_classes=classes) == 100
+    with pytest.raises(TypeError, match="all_classes"):
+        kvbench.sample_scores("longbench/trec", ["Location"], [["Location"]], all_classes=[["Location"], "Person"])
+    with pytest.raises(TypeError, match="not one string"):
+        kvbench.sample_scores("longbench/qasper", "Paris", [["Paris"]])
+
 
 def test_a_predictions_file_with_a_missing_field_names_the_line(tmp_path):
     p = tmp_path / "qasper.jsonl"
@@ -346,6 +358,39 @@ def test_a_predictions_file_with_a_missing_field_names_the_line(tmp_path):
         kvbench.score("longbench-e/qasper", ["a", "b", "c"], [["a"]] * 3, length=[1, 2])
     with pytest.raises(ValueError, match="give each prediction's `length`"):
         kvbench.score("longbench-e/qasper", ["a"], [["a"]])
+
+
+@needs_model
+def test_one_model_runs_one_call_at_a_time(model):
+    # Found by an audit: two threads on one Model mixed their caches into wrong tokens, silently, and a
+    # method calling its own Model overwrote the running call's caches.
+    import threading
+
+    prompts = ["What is the capital of France?", "Name three colours of the rainbow."]
+    want = [model.generate(p, max_new_tokens=6)["ids"] for p in prompts]
+    got = {}
+
+    def work(i):
+        got[i] = [model.generate(prompts[i], max_new_tokens=6)["ids"] for _ in range(2)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {0: [want[0]] * 2, 1: [want[1]] * 2}
+
+    class Nested(kvbench.Method):
+        def compress(self, view, budget):
+            model.generate("hi", max_new_tokens=1)
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    kvbench.register(Nested, name="nested")
+    with pytest.raises(kvbench.Error, match="running a call already"):
+        model.generate(PROMPT, method="nested", budget=24, max_new_tokens=2)
+    assert model.generate(prompts[0], max_new_tokens=6)["ids"] == want[0]  # the model is free again
+    with pytest.raises(kvbench.Error, match="threads -1"):
+        kvbench.Model(MODEL, threads=-1)
 
 
 @needs_model
@@ -391,6 +436,9 @@ def test_summarize_gives_each_configuration_its_interval():
     assert alone["ci_low"].dtype == "float64" and list(alone["config.method"]) == ["fullkv"]
     with pytest.raises(ValueError, match="no column 'nope'.*config.method"):
         summarize(df, by=["nope"])
+    # Found by an audit: records of two code versions (a sweep resumed after a commit) were two rows.
+    versions = df.assign(**{"config.version": ["a1", "b2"] * 11 + ["a1"]})
+    assert summarize(versions).set_index("config.method")["n"].to_dict() == {"fullkv": 1, "h2o": 12, "snapkv": 10}
 
 
 def test_summarize_stratifies_each_task_by_its_own_column():
