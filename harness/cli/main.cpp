@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   kvb::use_processor_blas_kernels(argv);
   CLI::App app{"kvbench: KV-cache compression research harness"};
   app.require_subcommand(1);
+  // Every option's --help line shows its default (subcommands inherit the setting).
+  app.option_defaults()->always_capture_default();
   app.set_version_flag("--version", fmt::format("kvbench 0.1.0 (code {})", kvb::code_version()));
   for (auto* add :
        {kvb::cli::register_info_command, kvb::cli::register_tokenize_command, kvb::cli::register_detokenize_command,
