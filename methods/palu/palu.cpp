@@ -168,7 +168,13 @@ class Palu final : public Method {
     std::map<std::string, std::string> inner = {{"fixed_ranks", fixed}, {"pca", basis}, {"gqa", gqa_mode_name(gqa())}};
     // Palu's latent quantization passes through to DynaKV's fixed-rank path, which stores the latent.
     for (const ParamSpec& q : with_latent_quant({})) inner[q.name] = params().get(q.name);
-    inner_ = MethodRegistry::get().create("dynakv", inner, m);
+    try {
+      inner_ = MethodRegistry::get().create("dynakv", inner, m);
+    } catch (const Error& e) {
+      // Palu runs on DynaKV's fixed-rank path: its errors (a basis fitted on other head groups) are
+      // about parameters the user gave palu, so say which.
+      fail("method palu (group_size {}, basis {}): {}", group_size, basis, e.what());
+    }
   }
   PrefillNeeds needs() const override { return inner_->needs(); }
   KvTransform* kv_transform() override { return inner_->kv_transform(); }

@@ -293,7 +293,7 @@ TEST_CASE("palu: Fisher rank search and grouped heads match Palu's (reference.py
       [&] {
         MethodRegistry::get().create("palu", {{"basis", basis_file}}, engine.config());
       },
-      {"groups of 1 KV heads", "-o group_size=0"});
+      {"method palu (group_size 3, basis", "groups of 1 KV heads", "-o group_size=0"});
   constexpr double kTol = 1e-3;
   for (const auto& [allocation, key] : {std::pair{"fisher_uniform", "palu"}, std::pair{"fisher", "palu_fisher"}}) {
     INFO(allocation);
