@@ -340,6 +340,9 @@ class Atom final : public Method, public KvTransform, public LinearTransform {
     kv_bits_ = p.get_bool("kv_cache") && abits < 16 ? abits : 16;
     kv_clip_ = float(p.get_float("kv_clip_ratio"));
     const bool gptq = p.get("weights") == "gptq" && wbits < 16;
+    if (!gptq && !p.get("gptq").empty())
+      fail("method atom: gptq= is read only with weights=gptq and w_bits below 16 (weights is {}, w_bits {})",
+           p.get("weights"), wbits);
     // Atom's asserts, here before any work: each width divisible by its group, the keeper within it.
     for (MatrixInput s : kAtomSites) {
       const int width = atom_site_width(m, s);

@@ -377,6 +377,12 @@ TEST_CASE("atom: errors name the parameter, the width and the file", "[atom]") {
         make({{"reorder", "false"}, {"weight_channel_group", "3"}});
       },
       {"weight_channel_group 3 does not divide the 128 rows of the q matrices"});
+  // Found by an audit: gptq= beside weights=rtn was ignored without a word.
+  test::require_error(
+      [&] {
+        make({{"reorder", "false"}, {"gptq", (dir / "g.json").string()}});
+      },
+      {"gptq= is read only with weights=gptq", "weights is rtn"});
   std::map<std::string, std::string> with_index = {{"index", (dir / "missing.json").string()}};
   test::require_error([&] { make(with_index); }, {"missing.json", "kvbench calibrate atom"});
   // A file whose index repeats a channel.
