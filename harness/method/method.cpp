@@ -42,6 +42,12 @@ void MethodRegistry::add(MethodInfo info) {
   methods_.emplace(info.name, std::move(info));
 }
 
+void MethodRegistry::replace(MethodInfo info) {
+  if (!methods_.count(info.name)) fail("internal: method '{}' is not registered, so cannot be replaced", info.name);
+  methods_.erase(info.name);
+  add(std::move(info));
+}
+
 bool register_method(MethodInfo info) {
   MethodRegistry::get().add(std::move(info));
   return true;

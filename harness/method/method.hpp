@@ -170,6 +170,9 @@ class MethodRegistry {
  public:
   static MethodRegistry& get();
   void add(MethodInfo info);
+  // The method of info.name, registered before, becomes `info` (a Python method registered again after
+  // its class was edited). Methods made from the old one keep working.
+  void replace(MethodInfo info);
   const MethodInfo& info(const std::string& name) const;  // Error listing the methods if unknown
   std::vector<std::string> names() const;
   // All parameters of a method, `gqa` included (a wrapper's base.NAME parameters are not listed).

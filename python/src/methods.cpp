@@ -1,11 +1,12 @@
 // Methods for Python: the method registry, and methods written in Python (kvbench.Method), which see each
-// layer as read-only numpy views and join the native registry.
+// layer as numpy arrays and join the native registry.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "harness/engine/engine.hpp"
 #include "harness/experiment/results.hpp"
@@ -104,16 +105,22 @@ class PyMethod final : public Method {
     if (!py::isinstance<py::dict>(n)) fail("python method {}: needs() must return a dict", name());
     for (const auto& [k, val] : n.cast<py::dict>()) {
       const std::string key = py::str(k).cast<std::string>();
-      if (key == "window")
-        needs_.window = val.cast<int>();
-      else if (key == "attn_colsum")
-        needs_.attn_colsum = val.cast<bool>();
-      else if (key == "k_pre_rope")
-        needs_.k_pre_rope = val.cast<bool>();
-      else
+      const std::string given = py::repr(val).cast<std::string>();
+      // Python's bool is an int: a window of True is a mistake, and a flag of 1 is no flag.
+      const bool is_bool = py::isinstance<py::bool_>(val), is_int = py::isinstance<py::int_>(val) && !is_bool;
+      if (key == "window") {
+        if (!is_int) fail("python method {}: needs() window must be an int, got {}", name(), given);
+        const auto w = val.cast<long long>();
+        if (w < 0 || w > (1 << 24))
+          fail("python method {}: needs() window {} must be between 0 and 16777216 tokens", name(), w);
+        needs_.window = static_cast<int>(w);
+      } else if (key == "attn_colsum" || key == "k_pre_rope") {
+        if (!is_bool) fail("python method {}: needs() {} must be True or False, got {}", name(), key, given);
+        (key == "attn_colsum" ? needs_.attn_colsum : needs_.k_pre_rope) = val.cast<bool>();
+      } else {
         fail("python method {}: needs() returned unknown key '{}' (window, attn_colsum, k_pre_rope)", name(), key);
+      }
     }
-    if (needs_.window < 0) fail("python method {}: needs() window {} is negative", name(), needs_.window);
   }
   PrefillNeeds needs() const override { return needs_; }
 
@@ -221,9 +228,18 @@ void register_python_method(py::object cls, const std::string& name, py::dict pa
     if (key == "gqa") fail("kvbench.register {}: 'gqa' is every method's parameter already", name);
     if (py::isinstance<py::bool_>(v))
       specs.push_back(ParamSpec::boolean(key, v.cast<bool>(), ""));
-    else if (py::isinstance<py::int_>(v))
-      specs.push_back(ParamSpec::integer(key, v.cast<long>(), -(1L << 40), 1L << 40, ""));
-    else if (py::isinstance<py::float_>(v))
+    else if (py::isinstance<py::int_>(v)) {
+      // The registry's integers span +-2^40 (exact in a double, as YAML and JSON read them).
+      constexpr long kLimit = 1L << 40;
+      const auto given = py::reinterpret_borrow<py::int_>(v);
+      const bool within = given >= py::int_(-kLimit) && given <= py::int_(kLimit);
+      if (!within)
+        fail(
+            "kvbench.register {}: parameter '{}' has the default {}, outside the integers a parameter holds (-2^40 to "
+            "2^40)",
+            name, key, py::repr(v).cast<std::string>());
+      specs.push_back(ParamSpec::integer(key, v.cast<long>(), -kLimit, kLimit, ""));
+    } else if (py::isinstance<py::float_>(v))
       specs.push_back(ParamSpec::real(key, v.cast<double>(), -1e300, 1e300, ""));
     else if (py::isinstance<py::str>(v))
       specs.push_back(ParamSpec::text(key, v.cast<std::string>(), ""));
@@ -243,7 +259,15 @@ void register_python_method(py::object cls, const std::string& name, py::dict pa
           fail("python method {}: constructing it raised {}", name, e.what());
         }
       }};
-  MethodRegistry::get().add(std::move(info));
+  // Registering a Python method again (its class edited in a notebook) replaces it; a C++ method's name
+  // stays taken.
+  static std::set<std::string> from_python;
+  if (from_python.count(name)) {
+    MethodRegistry::get().replace(std::move(info));
+  } else {
+    MethodRegistry::get().add(std::move(info));
+    from_python.insert(name);
+  }
 }
 
 }  // namespace

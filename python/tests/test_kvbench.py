@@ -394,6 +394,51 @@ def test_one_model_runs_one_call_at_a_time(model):
 
 
 @needs_model
+@pytest.mark.parametrize("needs, fragment", [
+    ({"window": 8.0}, "window must be an int, got 8.0"),
+    ({"window": "8"}, "window must be an int, got '8'"),
+    ({"window": True}, "window must be an int, got True"),
+    ({"window": 10**12}, "window 1000000000000 must be between 0 and"),
+    ({"attn_colsum": "no"}, "attn_colsum must be True or False, got 'no'"),
+    ({"k_pre_rope": 1}, "k_pre_rope must be True or False, got 1"),
+])
+def test_needs_of_the_wrong_type_name_the_method_and_key(model, needs, fragment):
+    # Found by an audit: these were pybind11's cast errors, naming neither the method nor the key.
+    class Needy(kvbench.Method):
+        def needs(self):
+            return needs
+
+        def compress(self, view, budget):
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    kvbench.register(Needy, name="needy")
+    with pytest.raises(kvbench.Error, match="python method needy: needs.. " + fragment.replace("(", ".")):
+        model.generate(PROMPT, method="needy", budget=24, max_new_tokens=1)
+
+
+@needs_model
+def test_registering_a_python_method_again_replaces_it(model):
+    # A notebook cell run again after its class was edited: the new class serves the name.
+    class First(kvbench.Method):
+        def compress(self, view, budget):
+            return np.tile(np.arange(budget), (view.stored_heads, 1))
+
+    class Second(kvbench.Method):
+        def compress(self, view, budget):
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    kvbench.register(First, name="edited")
+    first = model.kept_positions(PROMPT, "edited", 24)[0][0]
+    kvbench.register(Second, name="edited")
+    second = model.kept_positions(PROMPT, "edited", 24)[0][0]
+    assert first.tolist() == list(range(24)) and second[0] > 0
+    with pytest.raises(kvbench.Error, match="registered twice"):
+        kvbench.register(Second, name="snapkv")  # a C++ method's name stays taken
+    with pytest.raises(kvbench.Error, match="default 2199023255553, outside"):
+        kvbench.register(Second, name="big", params={"x": 2**41 + 1})
+
+
+@needs_model
 def test_parameters_reach_the_python_method_typed(model):
     seen = []
 
