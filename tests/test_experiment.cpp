@@ -382,6 +382,16 @@ TEST_CASE("results files: gzip-compressed records read as the plain ones, never 
     REQUIRE(gzclose(g) == Z_OK);
   }
   CHECK(records(packed) == records(plain));
+  // A killed run's file compressed as it was: its torn last line is left out, as from the plain file.
+  {
+    const std::string torn = text + R"({"key": "k40", "config": {"ta)";
+    gzFile g = gzopen(packed.c_str(), "wb9");
+    REQUIRE(gzwrite(g, torn.data(), unsigned(torn.size())) == int(torn.size()));
+    REQUIRE(gzclose(g) == Z_OK);
+    std::ofstream(plain, std::ios::binary) << torn;
+  }
+  CHECK(records(packed) == records(plain));
+  CHECK(records(packed).size() == 40);
   std::ofstream((dir / "empty.jsonl.gz").string());
   require_error([&] { records((dir / "empty.jsonl.gz").string()); }, {"empty.jsonl.gz", "an empty file"});
   // A compressed file cut short is an error naming it, not fewer records.

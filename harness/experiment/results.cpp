@@ -151,8 +151,7 @@ std::string results_text(const std::string& path, bool gzip) {
 bool is_results_file_name(const std::string& name) { return name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"); }
 
 void for_each_record(const std::string& path, const std::function<void(const nlohmann::json&, int)>& fn, bool live) {
-  // A compressed file was written whole (no run appends to one): its last line is a record even
-  // without a newline, and a file named .gz that is empty was not compressed from records at all.
+  // A file named .gz that is empty was not compressed from records at all.
   const bool gzip = is_gzip(path);
   if (!gzip && path.ends_with(".gz") && std::filesystem::exists(path) && std::filesystem::file_size(path) == 0)
     fail("{}: an empty file, not a gzip-compressed results file", path);
@@ -170,9 +169,9 @@ void for_each_record(const std::string& path, const std::function<void(const nlo
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       // A record is written with its newline at once: a last line without one that does not parse was
-      // torn by a kill mid-write (a resumed run cuts it). One that parses is whole (a file saved by
-      // another tool without the final newline) and counts.
-      if (last && !gzip) {
+      // torn by a kill mid-write (a resumed run cuts it; a file compressed after the kill keeps it). One
+      // that parses is whole (a file saved by another tool without the final newline) and counts.
+      if (last) {
         if (!live)
           fmt::print(stderr, "{}:{}: the last line is not a whole record (a run killed mid-write?); left out\n", path,
                      no);
