@@ -655,6 +655,31 @@ TEST_CASE("a resumed sweep refuses records made from another prompt (another dat
                 {"r.jsonl:1", "recorded from another prompt", "write to another --out"});
 }
 
+TEST_CASE("a KV size at or below a method's window is refused before any cell runs", "[experiment][sweep]") {
+  // Found by a review: --dry-run passed it, and every cell of it then failed after its prefill.
+  const auto model = model_file(kDefaultModel);
+  if (!model || !essays_present()) return;
+  const TempDir dir("sweep_window");
+  const std::string out = (dir / "r.jsonl").string();
+  const std::string spec = sweep_spec(dir, *model, "sweep_window", "snapkv, streamingllm", out);
+  CHECK_NOTHROW(Sweep(load_experiment(spec, {"budgets=[64]"})));
+  require_error([&] { Sweep(load_experiment(spec, {"budgets=[32]"})); },
+                {"sweep_window.yaml: method snapkv at KV size 32", "no room beyond the 32-token window"});
+  // Wrappers ask their base; StreamingLLM its sinks; a budget no prompt exceeds is never used.
+  require_error(
+      [&] {
+        Sweep(load_experiment(spec, {"budgets=[16]", "methods=[{name: kvcrush, params: {base: snapkv}}]"}));
+      },
+      {"method kvcrush at KV size 16", "32-token window"});
+  require_error(
+      [&] {
+        Sweep(load_experiment(spec, {"budgets=[4]", "methods=[streamingllm]"}));
+      },
+      {"method streamingllm at KV size 4", "must exceed the 4 sink tokens"});
+  CHECK_NOTHROW(Sweep(load_experiment(spec, {"budgets=[100000]"})));
+  CHECK_FALSE(std::filesystem::exists(out));
+}
+
 TEST_CASE("a sweep killed part-way resumes with every cell recorded once, shards union to the whole",
           "[experiment][sweep]") {
   const auto model = model_file(kDefaultModel);

@@ -84,6 +84,7 @@ void register_logits_command(CLI::App& app) {
     if (method) {
       j["method"] = method->name();
       j["params"] = method->params().values();
+      if (const nlohmann::json art = method->artifacts(); !art.is_null()) j["artifacts"] = art;  // file and digest
       j["prefill_kv_bytes"] = runner->prefill_kv_bytes();
       j["full_kv_bytes"] = engine.full_kv_bytes(ids.size());
       j["cache"] = runner->cache_profile();

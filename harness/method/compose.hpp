@@ -17,6 +17,7 @@ class WrapperMethod : public Method {
   // Creates the base; a wrapper with its own setup calls this first.
   void setup() override;
   PrefillNeeds needs() const override { return base_->needs(); }
+  void check_budget(int tokens) const override { base_->check_budget(tokens); }
   nlohmann::json artifacts() const override { return base_->artifacts(); }
   bool may_exceed_budget() const override { return base_->may_exceed_budget(); }
   bool reads_whole_prompt() const override { return base_->reads_whole_prompt(); }

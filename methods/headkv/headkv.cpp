@@ -65,6 +65,11 @@ void profile_heads(CalibrationContext& ctx) {
     return v;
   };
   const auto lengths = linspace(double(s_len), double(e_len), n_len);
+  if (n_len == 1 && e_len != s_len)
+    fmt::print(stderr,
+               "kvbench calibrate headkv: lengths=1 profiles at s_len = {} only (numpy's linspace); e_len {} is "
+               "not used\n",
+               s_len, e_len);
   const auto depths = linspace(0, 100, n_depth);
   if (lengths.back() > cfg.context_length)
     fail("kvbench calibrate headkv: length {} exceeds the model's context length {}; lower e_len", lengths.back(),

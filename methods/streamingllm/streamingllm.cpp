@@ -10,9 +10,13 @@ namespace {
 
 class StreamingLLM final : public Method {
  public:
+  void check_budget(int tokens) const override {
+    if (const int sinks = params().integer("sinks"); tokens <= sinks)
+      fail("streamingllm: KV size {} must exceed the {} sink tokens", tokens, sinks);
+  }
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     const int sinks = params().integer("sinks");
-    if (b.tokens <= sinks) fail("streamingllm: KV size {} must exceed the {} sink tokens", b.tokens, sinks);
+    check_budget(b.tokens);
     std::vector<int32_t> keep(sinks);
     std::iota(keep.begin(), keep.end(), 0);
     for (int j = v.n_tokens - (b.tokens - sinks); j < v.n_tokens; ++j) keep.push_back(j);
