@@ -199,14 +199,27 @@ class PyMethod final : public Method {
     return s + "]";
   }
   static std::vector<int32_t> positions(const py::array& a, const std::string& where, int S, int T, int head) {
-    if (!a || a.ndim() != 1 || (a.dtype().kind() != 'i' && a.dtype().kind() != 'u'))
+    if (a && a.ndim() == 1 && a.size() == 0) return {};  // [] is a float array to numpy: keeping nothing
+    const char kind = a ? a.dtype().kind() : '?';
+    if (a && a.ndim() == 1 && kind == 'f')
+      fail(
+          "{}: head {}: positions must be integers, found floats; scores are one float array [heads, S - window], "
+          "not a list",
+          where, head);
+    if (!a || a.ndim() != 1 || (kind != 'i' && kind != 'u'))
       fail("{}: head {}: positions must be a 1-D integer array", where, head);
-    auto ints = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
     std::vector<int32_t> p;
-    for (py::ssize_t i = 0; i < ints.size(); ++i) {
-      const int64_t x = ints.at(i);
-      if (x < 0 || x >= S) fail("{}: head {}: position {} is out of range [0, {})", where, head, x, S);
+    auto take = [&](auto x) {
+      // Compared in the array's own type: an unsigned position past 2^63 is not a negative one.
+      if (x < 0 || x >= decltype(x)(S)) fail("{}: head {}: position {} is out of range [0, {})", where, head, x, S);
       p.push_back(int32_t(x));
+    };
+    if (kind == 'u') {
+      auto ints = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+      for (py::ssize_t i = 0; i < ints.size(); ++i) take(ints.at(i));
+    } else {
+      auto ints = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+      for (py::ssize_t i = 0; i < ints.size(); ++i) take(ints.at(i));
     }
     std::sort(p.begin(), p.end());
     if (std::adjacent_find(p.begin(), p.end()) != p.end()) fail("{}: head {}: a position is listed twice", where, head);

@@ -231,6 +231,8 @@ def test_scores_go_through_the_shared_top_k(model):
     ("strings", "dtype"),
     ("raise", "compress() raised ValueError: no thanks"),
     ("heads", "position lists; expected one per stored head"),
+    ("score_lists", "found floats; scores are one float array"),
+    ("huge_unsigned", "position 9223372036854775813 is out of range"),
 ])
 def test_python_method_errors_name_the_method_and_layer(model, returned, fragment):
     class Bad(kvbench.Method):
@@ -246,6 +248,10 @@ def test_python_method_errors_name_the_method_and_layer(model, returned, fragmen
                 return np.array([["a"] * budget] * view.stored_heads)
             if returned == "heads":
                 return [np.arange(budget)]
+            if returned == "score_lists":  # scores.tolist(): read as one position list per head
+                return np.zeros((view.stored_heads, n - 8)).tolist()
+            if returned == "huge_unsigned":
+                return np.full((view.stored_heads, 1), 2**63 + 5, dtype=np.uint64)
             raise ValueError("no thanks")
 
     kvbench.register(Bad, name=f"bad_{returned}")
@@ -253,6 +259,16 @@ def test_python_method_errors_name_the_method_and_layer(model, returned, fragmen
         model.generate(PROMPT, method=f"bad_{returned}", budget=24, max_new_tokens=4)
     assert f"python method bad_{returned}, layer 0" in str(e.value)
     assert fragment in str(e.value)
+
+
+@needs_model
+def test_a_head_may_keep_nothing_written_as_an_empty_list(model):
+    class Nothing(kvbench.Method):
+        def compress(self, view, budget):
+            return [[] for _ in range(view.stored_heads)]  # numpy reads [] as float64
+
+    kvbench.register(Nothing, name="nothing")
+    assert all(len(h) == 0 for layer in model.kept_positions(PROMPT, "nothing", 24) for h in layer)
 
 
 def sweep_spec(tmp_path, methods, name):
