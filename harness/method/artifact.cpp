@@ -108,7 +108,9 @@ void write_artifact(const std::string& path, const nlohmann::json& body) {
 }
 
 std::vector<float> artifact_floats(const nlohmann::json& j, const char* key, size_t n, const std::string& where) {
-  if (!j.contains(key) || !j[key].is_string()) fail("{}: field '{}' missing (expected base64 float32)", where, key);
+  if (!j.contains(key)) fail("{}: field '{}' missing (expected base64 float32)", where, key);
+  if (!j[key].is_string())
+    fail("{}: field '{}' is {}, expected a base64 string of float32", where, key, j[key].type_name());
   auto x = floats_from_base64(j[key].get<std::string>(), where + "." + key);
   if (x.size() != n) fail("{}.{}: {} numbers, expected {}", where, key, x.size(), n);
   for (float v : x)

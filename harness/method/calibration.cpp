@@ -65,6 +65,9 @@ ParamSpec id_sequences_option() {
 
 SplitDocuments split_held_out(const std::vector<std::string>& docs, long every, const std::string& command,
                               const std::string& hint) {
+  if (std::all_of(docs.begin(), docs.end(),
+                  [](const std::string& d) { return d.find_first_not_of(" \t\r\n") == std::string::npos; }))
+    fail("{}: the calibration text is empty ({} document(s) without a word)", command, docs.size());
   SplitDocuments s;
   for (size_t i = 0; i < docs.size(); ++i)
     (static_cast<long>(i % size_t(every)) == every - 1 ? s.held : s.fit).push_back(docs[i]);

@@ -462,6 +462,11 @@ TEST_CASE("vector calibration on the default model: maps, held-out R2, an artifa
   Params one(step.options, {{"text", (dir / "doc0.txt").string()}}, "test");
   CalibrationContext bad{*model, *tok, engine, one, out, default_data_dir(), false};
   test::require_error([&] { step.run(bad); }, {"cannot be split", "heldout_every"});
+  // An empty file says so (it was "cannot be split").
+  std::ofstream((dir / "empty.txt").string()) << "\n \n";
+  Params empty(step.options, {{"text", (dir / "empty.txt").string()}}, "test");
+  CalibrationContext none{*model, *tok, engine, empty, out, default_data_dir(), false};
+  test::require_error([&] { step.run(none); }, {"the calibration text is empty"});
 }
 
 TEST_CASE("vector: approximated segments give the same numbers however their heads are spread over threads",
