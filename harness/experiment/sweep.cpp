@@ -196,11 +196,11 @@ SweepOutcome Sweep::run(bool progress) {
     for (const auto& k : scoring) config["options"].erase(k);
     return cell_key(config, id);
   };
-  std::map<std::string, nlohmann::json> generations;
+  std::map<std::string, std::pair<nlohmann::json, int>> generations;  // record, line (0: made now)
   if (!scoring.empty() && std::filesystem::exists(spec_.out))
-    for_each_record(spec_.out, [&](const nlohmann::json& j, int) {
+    for_each_record(spec_.out, [&](const nlohmann::json& j, int line) {
       if (j.contains("prediction") && j.contains("id") && j["config"].contains("options"))
-        generations.emplace(generation_key(j["config"], j["id"].get<std::string>()), j);
+        generations.emplace(generation_key(j["config"], j["id"].get<std::string>()), std::pair{j, line});
     });
   const size_t todo = pending.size();
   if (progress)
@@ -260,14 +260,22 @@ SweepOutcome Sweep::run(bool progress) {
         if (scoring.empty()) return false;
         const auto it = generations.find(generation_key(part.configs[c], s.id));
         if (it == generations.end()) return false;
+        const auto& [from, line] = it->second;
+        // Another prompt's generation is no answer to this one (another data directory, same sample id).
+        if (const std::string digest = from.value("prompt_digest", std::string());
+            !digest.empty() && digest != part.prompt_digests[work[i].sample])
+          fail(
+              "{}:{}: sample {} was generated from another prompt (digest {}, now {}) and cannot be scored again for "
+              "this one: the data ({}), the task's files or the tokenizer changed since; write to another --out",
+              spec_.out, line, s.id, digest, part.prompt_digests[work[i].sample], spec_.data);
         const auto t = std::chrono::steady_clock::now();
-        nlohmann::json rec = it->second;
+        nlohmann::json rec = from;
         rec.update({{"key", cell_key(part.configs[c], s.id)},
                     {"version", code_version()},
                     {"config", part.configs[c]},
                     {"meta", s.meta},
                     {"score", part.task->score(s, rec["prediction"].get<std::string>())},
-                    {"scored_from", it->second.value("key", std::string())},
+                    {"scored_from", from.value("key", std::string())},
                     {"prompt_digest", part.prompt_digests[work[i].sample]}});
         rec["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
         out.append(rec);
@@ -298,7 +306,7 @@ SweepOutcome Sweep::run(bool progress) {
         rec["wall_seconds"] = seconds;
         rec["prompt_digest"] = part.prompt_digests[work[i].sample];
         out.append(rec);
-        if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), rec);
+        if (!scoring.empty()) generations.emplace(generation_key(part.configs[c], s.id), std::pair{rec, 0});
         ++o.run;
         if (bar)
           bar->advance(

@@ -146,4 +146,22 @@ TEST_CASE("gsm8k task on the default model: lm-eval's generations, both filters 
   CHECK(rescored == 6);
   CHECK(same == 6);
   CHECK(Sweep(load_experiment(spec)).run(false).run == 0);
+
+  // Found by a review: a generation recorded from another prompt (another data directory) was scored
+  // again for this one. Here the strict records, as another prompt's, under a flexible-only spec.
+  const std::string other = (dir / "other.jsonl").string();
+  {
+    ResultsFile f(other);
+    for_each_record(out, [&](const nlohmann::json& r, int) {
+      if (r["config"]["options"]["metric"] != "strict") return;
+      nlohmann::json moved = r;
+      moved["prompt_digest"] = "0123456789abcdef";
+      f.append(moved);
+    });
+  }
+  require_error(
+      [&] {
+        Sweep(load_experiment(spec, {"task_options.metric=flexible", "out=" + other})).run(false);
+      },
+      {"other.jsonl:1", "generated from another prompt", "cannot be scored again"});
 }
