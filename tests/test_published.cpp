@@ -426,6 +426,31 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
       << "\n";
   require_error([&] { write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md"}); },
                 {"published.csv:5", "matches 2 configurations"});
+
+  // Found by a review: two NIAH runs over overlapping grids (depths 3, then 5) were two configurations
+  // (refused); as in the report's tables they are one, and the three depths they share count once.
+  std::ofstream niah(dir / "niah.jsonl");
+  for (const auto& [depths, scores] : std::vector<std::pair<std::string, std::vector<std::pair<int, double>>>>{
+           {"3", {{0, 1}, {50, 1}, {100, 1}}}, {"5", {{0, 1}, {25, 0}, {50, 1}, {75, 0}, {100, 1}}}})
+    for (const auto& [depth, score] : scores)
+      niah << json{{"id", fmt::format("L1000_d{}", depth)},
+                   {"config",
+                    {{"task", "niah"},
+                     {"options", {{"s_len", "1000"}, {"e_len", "1000"}, {"depths", depths}}},
+                     {"model", "m.gguf"},
+                     {"method", "fullkv"},
+                     {"budget", 0},
+                     {"params", json::object()},
+                     {"gqa", "-"}}},
+                   {"score", score}}
+                  .dump()
+           << "\n";
+  niah.close();
+  write_comparison({(dir / "niah.jsonl").string()}, two, "t2", "", (dir / "niah").string(), {"csv"});
+  const auto niah_cells = read_csv_rows((dir / "niah" / "compare-t2-cells.csv").string());
+  REQUIRE(niah_cells.size() == 2);
+  CHECK(niah_cells[1][9] == "60.0000");  // 3 of the 5 distinct needles, not 6 of 8
+  CHECK(niah_cells[1][12] == "5");
 }
 
 // The MixedDimKV paper's Table 2, Llama-3-8B-Instruct blocks, as printed (arXiv:2603.20616): the

@@ -28,6 +28,8 @@ namespace {
 // Our records, reduced to what a published row is matched on.
 struct Ours {
   json config;
+  std::string pooled;  // the configuration as the report pools it (report::pooled_config), as text
+  std::string id;      // the sample's
   std::map<std::string, std::string> options;
   std::string model;
   double score = 0;
@@ -163,6 +165,8 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       if (const std::string k = record_key(j); !k.empty() && !keys.insert(k).second) return;
       Ours o;
       o.config = j["config"];
+      o.pooled = report::pooled_config(j).dump();
+      o.id = j.value("id", "");
       if (o.config.contains("options"))
         for (const auto& [k, v] : o.config["options"].items())
           if (v.is_string()) o.options[k] = v.get<std::string>();
@@ -189,14 +193,14 @@ void write_comparison(const std::vector<std::string>& results, const std::string
       const std::string base = best_of(row);
       if (!base.empty()) r.method = base;
       // Our records behind the cell, by configuration, each by RULER task or LongBench dataset.
+      // As in the report's tables: runs over parts of one grid pool, and a sample they share counts once.
       std::map<std::string, std::map<std::string, std::vector<double>>> configs;
+      std::set<std::pair<std::string, std::string>> counted;
       for (const auto& o : ours)
         if (o.config.value("task", "") == r.task && row_matches_config(r, o.config) &&
-            column_in_options(r, o.options)) {
-          json id = o.config;
-          for (const char* k : {"dataset", "task", "length"}) id["options"].erase(k);
+            column_in_options(r, o.options) && counted.emplace(o.pooled, o.id).second) {
           const auto opt = [&](const char* k) { return o.options.count(k) ? o.options.at(k) : std::string(); };
-          configs[id.dump()][opt("task") + opt("dataset")].push_back(o.score);
+          configs[o.pooled][opt("task") + opt("dataset")].push_back(o.score);
         }
       // Averaging two of our configurations into one published cell would be a number of neither; a
       // derived row takes the best of them instead.
