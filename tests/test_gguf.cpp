@@ -2,6 +2,7 @@
 #include <cstring>
 #include <random>
 
+#include "harness/model/config.hpp"
 #include "harness/model/gguf.hpp"
 #include "harness/model/gguf_writer.hpp"
 #include "kernels/cpu/fp16.hpp"
@@ -301,4 +302,30 @@ TEST_CASE("the real model file: truncations and flipped header bytes", "[gguf][m
       copy[p] ^= mask;
     }
   }
+}
+
+TEST_CASE("GGUF linear rope scaling: a factor of 0 is none, as llama.cpp reads it", "[gguf][config]") {
+  const test::TempDir dir("gguf_rope");
+  auto config_with_factor = [&](float factor) {
+    GGUFWriter w;
+    w.add_string("general.architecture", "llama");
+    for (const auto& [key, value] : std::vector<std::pair<const char*, uint32_t>>{{"llama.block_count", 1},
+                                                                                  {"llama.context_length", 128},
+                                                                                  {"llama.embedding_length", 8},
+                                                                                  {"llama.feed_forward_length", 16},
+                                                                                  {"llama.attention.head_count", 2},
+                                                                                  {"llama.vocab_size", 10}})
+      w.add_uint32(key, value);
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.add_string("llama.rope.scaling.type", "linear");
+    w.add_float32("llama.rope.scaling.factor", factor);
+    const std::string path = (dir / "m.gguf").string();
+    w.write(path);
+    return config_from_gguf(GGUFFile::open(path));
+  };
+  CHECK(config_with_factor(0).rope_scaling.type == RopeScaling::Type::None);
+  const ModelConfig scaled = config_with_factor(4);
+  CHECK(scaled.rope_scaling.type == RopeScaling::Type::Linear);
+  CHECK(scaled.rope_scaling.factor == 4);
+  test::require_error([&] { config_with_factor(-1); }, {"m.gguf"});
 }
