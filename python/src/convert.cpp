@@ -2,6 +2,8 @@
 
 #include <pybind11/stl.h>
 
+#include <cmath>
+
 namespace kvb::python {
 
 py::object to_py(const json& j) {
@@ -52,8 +54,20 @@ py::list param_list(const std::vector<ParamSpec>& specs) {
     py::dict d;
     d["name"] = p.name;
     d["type"] = types[static_cast<int>(p.type)];
-    d["default"] = p.default_value;
-    if (p.type == ParamSpec::Type::Int || p.type == ParamSpec::Type::Float) d["range"] = py::make_tuple(p.min, p.max);
+    // Typed as the parameter, as a method's self.params holds it; "" (no default) is None.
+    const std::string& v = p.default_value;
+    if (v.empty() && p.type != ParamSpec::Type::Text && p.type != ParamSpec::Type::Choice)
+      d["default"] = py::none();
+    else if (p.type == ParamSpec::Type::Int)
+      d["default"] = std::stoll(v);
+    else if (p.type == ParamSpec::Type::Float)
+      d["default"] = std::stod(v);
+    else if (p.type == ParamSpec::Type::Bool)
+      d["default"] = v == "true";
+    else
+      d["default"] = v;
+    if (p.type == ParamSpec::Type::Int) d["range"] = py::make_tuple(std::llround(p.min), std::llround(p.max));
+    if (p.type == ParamSpec::Type::Float) d["range"] = py::make_tuple(p.min, p.max);
     if (p.type == ParamSpec::Type::Choice) d["choices"] = p.choices;
     d["help"] = p.help;
     l.append(d);

@@ -313,6 +313,13 @@ def test_registries_list_methods_and_tasks():
     assert {p["name"] for p in methods["snapkv"]["params"]} >= {"window", "kernel", "gqa"}
     assert methods["numpy_streaming"]["params"][0]["name"] in ("sinks", "gqa")
     assert {"niah", "ruler", "longbench"} <= {t["name"] for t in kvbench.tasks()}
+    # Defaults and ranges typed as the parameter (they were strings and floats).
+    window = next(p for p in methods["snapkv"]["params"] if p["name"] == "window")
+    assert window["default"] == 32 and window["range"] == (1, 4096) and isinstance(window["range"][0], int)
+    for m in kvbench.methods():
+        for p in m["params"]:
+            want = {"int": int, "float": float, "bool": bool}.get(p["type"], str)
+            assert p["default"] is None or isinstance(p["default"], want), (m["name"], p)
 
 
 LONGBENCH_DATASET = {"qa_f1": "qasper", "rouge": "gov_report", "classification_first_line": "trec",
