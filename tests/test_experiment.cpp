@@ -655,7 +655,7 @@ TEST_CASE("a resumed sweep refuses records made from another prompt (another dat
                 {"r.jsonl:1", "recorded from another prompt", "write to another --out"});
 }
 
-TEST_CASE("a KV size at or below a method's window is refused before any cell runs", "[experiment][sweep]") {
+TEST_CASE("a KV size a method cannot keep a longer prompt in is refused before any cell runs", "[experiment][sweep]") {
   // Found by a review: --dry-run passed it, and every cell of it then failed after its prefill.
   const auto model = model_file(kDefaultModel);
   if (!model || !essays_present()) return;
@@ -663,8 +663,18 @@ TEST_CASE("a KV size at or below a method's window is refused before any cell ru
   const std::string out = (dir / "r.jsonl").string();
   const std::string spec = sweep_spec(dir, *model, "sweep_window", "snapkv, streamingllm", out);
   CHECK_NOTHROW(Sweep(load_experiment(spec, {"budgets=[64]"})));
-  require_error([&] { Sweep(load_experiment(spec, {"budgets=[32]"})); },
-                {"sweep_window.yaml: method snapkv at KV size 32", "no room beyond the 32-token window"});
+  CHECK_NOTHROW(Sweep(load_experiment(spec, {"budgets=[32]"})));  // the window alone
+  require_error([&] { Sweep(load_experiment(spec, {"budgets=[31]"})); },
+                {"sweep_window.yaml: method snapkv at KV size 31", "no room beyond the 32-token window"});
+  // Paged H2O keeps its recent window beside T, the evictable middle: T below the window is fine.
+  CHECK_NOTHROW(Sweep(
+      load_experiment(spec, {"budgets=[64]", "methods=[{name: h2o, params: {paging: 32, start: 32, window: 128}}]"})));
+  require_error(
+      [&] {
+        Sweep(load_experiment(spec,
+                              {"budgets=[16]", "methods=[{name: h2o, params: {paging: 32, start: 32, window: 128}}]"}));
+      },
+      {"method h2o at KV size 16", "paging"});
   // Wrappers ask their base; StreamingLLM its sinks; a budget no prompt exceeds is never used.
   require_error(
       [&] {

@@ -67,7 +67,7 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
       p.prefills.push_back(ids.prefill);
       p.samples.push_back(std::move(s));
     }
-    // Before any cell runs: a KV size a method cannot keep a longer prompt in (at or below its window)
+    // Before any cell runs: a KV size a method cannot keep a longer prompt in (below its window)
     // would fail every such cell after its prefill; --dry-run says so too. (A compression ratio gives
     // each prompt its own T, too small only for the shortest prompts: those cells fail alone.)
     for (size_t c = 0; c < spec.configs.size(); ++c) {

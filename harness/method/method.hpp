@@ -79,8 +79,9 @@ class Method {
   virtual void setup() {}
   // What the method needs from prefill besides K and V.
   virtual PrefillNeeds needs() const { return {}; }
-  // An error if a prompt longer than `tokens` cannot be kept in that KV size (no room beyond an
-  // always-kept window): a sweep asks before any cell runs, so that --dry-run says so.
+  // An error if a prompt longer than `tokens` cannot be kept in that KV size (smaller than an
+  // always-kept window): a sweep asks before any cell runs, so that --dry-run says so. It refuses only
+  // what compress() would.
   virtual void check_budget(int /*tokens*/) const {}
   // The layer's cache for decoding. Called only when the prompt is longer than the budget. By default
   // the dense cache of select()'s kept positions.

@@ -10,7 +10,7 @@ std::optional<Selection> ScorerMethod::select(const PrefillView& view, const Bud
 }
 
 void ScorerMethod::check_budget(int tokens) const {
-  if (tokens <= window())
+  if (tokens < window())
     fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window", tokens,
          window());
 }

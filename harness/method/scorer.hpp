@@ -13,6 +13,7 @@ class ScorerMethod : public Method {
  public:
   // The observation-window queries the scores read: window() of them.
   PrefillNeeds needs() const override { return {.window = window()}; }
+  // A KV size below window(): the window alone would not fit (at T = window(), it is all a head keeps).
   void check_budget(int tokens) const override;
   // The top caps() prefix tokens of each stored head by score() (averaged over a KV head's query
   // heads in native GQA mode), plus the last window() tokens.

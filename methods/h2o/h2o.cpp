@@ -36,6 +36,13 @@ HeadScores accumulated_attention_scores(const PrefillView& v, int w) {
 
 class H2O final : public ScorerMethod {
  public:
+  // Paged, T is the evictable middle: the recent window is kept beside it, and T must hold whole pages.
+  void check_budget(int tokens) const override {
+    if (paged())
+      paging(tokens);
+    else
+      ScorerMethod::check_budget(tokens);
+  }
   void setup() override {
     if (paged() && (legacy() || params().get_bool("decode_eviction")))
       fail(

@@ -189,6 +189,9 @@ class HeadKV final : public ScorerMethod {
   }
 
   bool may_exceed_budget() const override { return params().get("caps") == "repro"; }
+  void check_budget(int tokens) const override {
+    if (tokens <= window()) fail("per-head budgets: KV size {} must exceed the window {}", tokens, window());
+  }
 
  private:
   HeadScores score(const PrefillView& v) override { return pooled_window_scores(v, params()); }

@@ -31,6 +31,12 @@ class KVCrush final : public WrapperMethod {
       fail("kvcrush paging: the paged setting runs over paged H2O's scores (base=h2o), not {}", base().name());
     recent_ = base().params().integer("window");
   }
+  void check_budget(int tokens) const override {
+    if (paged())
+      paging_config(tokens);  // T is the evictable middle, the base's window the recent area beside it
+    else
+      WrapperMethod::check_budget(tokens);
+  }
   bool acts_on_decode() const override { return paged(); }
   bool may_exceed_budget() const override { return paged() || WrapperMethod::may_exceed_budget(); }
   bool sees_every_prompt() const override { return paged(); }

@@ -54,6 +54,9 @@ class PyramidKV final : public ScorerMethod {
  public:
   // The reference's floored schedule sums to a few percent over L x T; reported, not refused.
   bool may_exceed_budget() const override { return params().get("schedule") == "repro"; }
+  void check_budget(int tokens) const override {
+    if (tokens <= window()) fail("PyramidKV: KV size {} must exceed the window {}", tokens, window());
+  }
 
  private:
   HeadScores score(const PrefillView& v) override { return pooled_window_scores(v, params()); }
