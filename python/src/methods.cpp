@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "harness/engine/engine.hpp"
@@ -106,14 +107,20 @@ class PyMethod final : public Method {
     for (const auto& [k, val] : n.cast<py::dict>()) {
       const std::string key = py::str(k).cast<std::string>();
       const std::string given = py::repr(val).cast<std::string>();
-      // Python's bool is an int: a window of True is a mistake, and a flag of 1 is no flag.
-      const bool is_bool = py::isinstance<py::bool_>(val), is_int = py::isinstance<py::int_>(val) && !is_bool;
+      // Python's bool is an int: a window of True is a mistake, and a flag of 1 is no flag. numpy's
+      // integers and bools count as theirs.
+      const bool is_bool =
+          py::isinstance<py::bool_>(val) ||
+          (py::hasattr(val, "dtype") && py::str(val.attr("dtype").attr("kind")).cast<std::string>() == "b");
+      const bool is_int = !is_bool && PyIndex_Check(val.ptr());
       if (key == "window") {
         if (!is_int) fail("python method {}: needs() window must be an int, got {}", name(), given);
-        const auto w = val.cast<long long>();
-        if (w < 0 || w > (1 << 24))
-          fail("python method {}: needs() window {} must be between 0 and 16777216 tokens", name(), w);
-        needs_.window = static_cast<int>(w);
+        const auto w = py::reinterpret_steal<py::int_>(PyNumber_Index(val.ptr()));
+        // Above the prompt's length it is the whole prompt (C++ H2O asks for INT_MAX: every query).
+        if (w < py::int_(0) || w > py::int_(std::numeric_limits<int>::max()))
+          fail("python method {}: needs() window {} must be between 0 and {} tokens", name(), given,
+               std::numeric_limits<int>::max());
+        needs_.window = w.cast<int>();
       } else if (key == "attn_colsum" || key == "k_pre_rope") {
         if (!is_bool) fail("python method {}: needs() {} must be True or False, got {}", name(), key, given);
         (key == "attn_colsum" ? needs_.attn_colsum : needs_.k_pre_rope) = val.cast<bool>();

@@ -422,6 +422,7 @@ def test_one_model_runs_one_call_at_a_time(model):
     ({"window": "8"}, "window must be an int, got '8'"),
     ({"window": True}, "window must be an int, got True"),
     ({"window": 10**12}, "window 1000000000000 must be between 0 and"),
+    ({"window": -1}, "window -1 must be between 0 and"),
     ({"attn_colsum": "no"}, "attn_colsum must be True or False, got 'no'"),
     ({"k_pre_rope": 1}, "k_pre_rope must be True or False, got 1"),
 ])
@@ -437,6 +438,29 @@ def test_needs_of_the_wrong_type_name_the_method_and_key(model, needs, fragment)
     kvbench.register(Needy, name="needy")
     with pytest.raises(kvbench.Error, match="python method needy: needs.. " + fragment.replace("(", ".")):
         model.generate(PROMPT, method="needy", budget=24, max_new_tokens=1)
+
+
+@needs_model
+def test_needs_take_numpy_scalars_and_any_window(model):
+    class Numpy(kvbench.Method):
+        def needs(self):
+            return {"window": np.int64(8), "attn_colsum": np.True_, "k_pre_rope": np.False_}
+
+        def compress(self, view, budget):
+            assert view.window == 8 and view.attn_colsum is not None and view.keys_pre_rope is None
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    class AllQueries(kvbench.Method):
+        def needs(self):
+            return {"window": 2**31 - 1}  # every query, as C++ H2O asks
+
+        def compress(self, view, budget):
+            assert view.window == view.n_tokens
+            return np.tile(np.arange(view.n_tokens - budget, view.n_tokens), (view.stored_heads, 1))
+
+    for cls, name in ((Numpy, "numpy_needs"), (AllQueries, "all_queries")):
+        kvbench.register(cls, name=name)
+        model.kept_positions(PROMPT, name, 24)
 
 
 @needs_model
