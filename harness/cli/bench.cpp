@@ -589,10 +589,12 @@ void register_bench_command(CLI::App& app) {
                   "Sequences decoding together, each with its own prompt and cache (repeatable; default 1)");
   cmd->add_option("--memory-cap", a->memory_cap_gib,
                   "GiB for weights, caches and decode buffers: each configuration decodes at the largest batch that "
-                  "fits (throughput at a memory cap; --batch is then ignored)");
+                  "fits (throughput at a memory cap; --batch is then ignored)")
+      ->default_str("none");
   cmd->add_option("--plot", a->plot,
                   "Also write decode tokens/s against batch size per configuration as STEM.png, .svg and .csv");
-  cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments");
+  cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments")
+      ->default_str("none");
   cmd->add_option("--format", a->format, "md, csv or json")->check(CLI::IsMember({"md", "csv", "json"}));
   add_engine_options(cmd, *a);
   cmd->callback([a] { run_bench(*a); });

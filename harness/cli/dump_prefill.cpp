@@ -40,7 +40,7 @@ void register_dump_prefill_command(CLI::App& app) {
   cmd->add_option("--layers", a->layers, "Layers to write (default: all)")->delimiter(',');
   cmd->add_option("--window", a->window, "Window queries to write")->check(kPositive);
   cmd->add_option("--method", a->method, "Compression method whose kept widths to write");
-  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(kPositive);
+  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(kPositive)->default_str("none");
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--out", a->out, "Output directory")->required();
   cmd->callback([a] {

@@ -36,7 +36,9 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--stop", a->stop, "Stop string (repeatable)");
   cmd->add_flag("--json", a->json, "Print ids, text, timings as JSON");
   cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
-  cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")->check(kPositive);
+  cmd->add_option("--budget", a->budget, "KV size T: tokens kept per stored head per layer")
+      ->check(kPositive)
+      ->default_str("none");
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   add_engine_options(cmd, *a);
   cmd->callback([a] {

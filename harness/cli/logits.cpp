@@ -40,7 +40,7 @@ void register_logits_command(CLI::App& app) {
   cmd->add_option("--top-k,-k", a->top_k, "How many logits")->check(kPositive);
   cmd->add_flag("--chat", a->chat, "Wrap the text in the chat template");
   cmd->add_option("--method", a->method, "KV-cache compression method (kvbench list methods)");
-  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(kPositive);
+  cmd->add_option("--budget", a->budget, "KV size T for a budgeted --method")->check(kPositive)->default_str("none");
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   auto* steps = cmd->add_option("--steps", a->steps, "Decode steps after the prompt, each fed the greedy token")
                     ->check(kNonNegative);

@@ -35,12 +35,14 @@ void register_run_task_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   add_task_args(cmd, *a);
   cmd->add_option("--method", a->method, "KV-cache compression method (default: full cache)");
-  auto* budget_opt = cmd->add_option("--budget", a->budget, "KV size T for --method")->check(kPositive);
+  auto* budget_opt =
+      cmd->add_option("--budget", a->budget, "KV size T for --method")->check(kPositive)->default_str("none");
   auto* ratio_opt =
       cmd->add_option("--ratio", a->ratio,
                       "Compression ratio for --method instead of --budget: the fraction of each prompt removed, "
                       "T = floor(S (1 - ratio))")
-          ->excludes(budget_opt);
+          ->excludes(budget_opt)
+          ->default_str("none");
   cmd->add_option("--param", a->params, "Method parameter key=value (repeatable)");
   cmd->add_option("--limit", a->limit, "Run only the first N samples (0: all)")->check(kNonNegative);
   cmd->add_option("--out", a->out, "Results JSONL (appended; default runs/<task>-<method>[-T<budget>].jsonl)");

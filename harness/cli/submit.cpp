@@ -35,8 +35,9 @@ void register_submit_command(CLI::App& app) {
                   "Directory for the script, the shards' records and logs (default: beside the spec's out, "
                   "named after it)");
   cmd->add_option("--resume", a->resume, "Resubmit the unfinished shards of this directory instead");
-  cmd->add_option("--array", a->o.array, "Number of shards (array tasks); default 8, or one per sample if fewer")
-      ->check(kPositive);
+  cmd->add_option("--array", a->o.array, "Number of shards (array tasks)")
+      ->check(kPositive)
+      ->default_str("8, or one per sample if fewer");
   cmd->add_option("--partition", a->o.partition, "Slurm partition");
   cmd->add_option("--gres", a->o.gres, "Generic resources per task, e.g. gpu:1 (one GPU each)");
   cmd->add_option("--time", a->o.time, "Time limit per task, e.g. 4:00:00");
