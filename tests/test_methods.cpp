@@ -650,4 +650,8 @@ TEST_CASE("a training checkpoint resumes only the run with the same options, mod
   nlohmann::json more_steps = ran;
   more_steps["steps"] = 8;
   test::require_error([&] { read_checkpoint(path, more_steps); }, {"(steps differ)"});
+  nlohmann::json before = ran;  // a checkpoint written before inputs were recorded
+  before.erase("inputs");
+  write_artifact(path, {{"options", before}, {"weights", start}});
+  test::require_error([&] { read_checkpoint(path, ran); }, {"did not record a run's inputs", "delete it"});
 }

@@ -50,7 +50,11 @@ nlohmann::json read_checkpoint(const std::string& path, const nlohmann::json& op
   }
   const nlohmann::json saved = ck.is_object() ? ck.value("options", nlohmann::json()) : nlohmann::json();
   if (saved != options) {
-    // The options and inputs that differ, by name (inputs.train_tokens: another training text).
+    if (options.contains("inputs") && saved.is_object() && !saved.contains("inputs"))
+      fail(
+          "{}: a checkpoint from a kvbench that did not record a run's inputs (model, starting parameters, text), so "
+          "it cannot tell whether this run continues it; delete it to start over",
+          path);  // The options and inputs that differ, by name (inputs.train_tokens: another training text).
     std::vector<std::string> differ;
     for (const auto& [key, value] : options.items()) {
       const nlohmann::json old = saved.is_object() && saved.contains(key) ? saved[key] : nlohmann::json();
