@@ -312,6 +312,10 @@ void ModelFile::validate_tensors() const {
   std::vector<std::string> unused = unmapped_;
   for (const TensorRef& t : tensors_)
     if (!used.count(t.name) && !ignored(t.name)) unused.push_back(t.source.empty() ? t.name : t.source);
+  for (const std::string& name : unused)
+    if (name.starts_with("rope_factors_"))
+      fail("{}: tensor '{}' holds LongRoPE's factors (Phi-3-128k, Phi-3.5), which kvbench does not compute", path_,
+           name);
   if (!unused.empty())
     fail(
         "{}: tensor '{}'{} is no part of the {} model its config describes: kvbench would ignore it and compute "
