@@ -37,6 +37,13 @@ nlohmann::json artifact_header(const std::string& kind, const ModelConfig& model
             {"head_dim", model.head_dim}}}};
 }
 
+namespace {
+thread_local ArtifactReads* current_reads = nullptr;
+}  // namespace
+
+ArtifactReads::ArtifactReads() : outer_(current_reads) { current_reads = this; }
+ArtifactReads::~ArtifactReads() { current_reads = outer_; }
+
 LoadedArtifact load_artifact(const std::string& kind, const std::string& path, const ModelConfig& model,
                              const std::string& make_command) {
   LoadedArtifact a;
@@ -47,6 +54,7 @@ LoadedArtifact load_artifact(const std::string& kind, const std::string& path, c
            make_command);
     fail("{}: no such {} artifact; make one with `{}`", a.path, kind, make_command);
   }
+  if (current_reads) current_reads->paths_.push_back(a.path);
   std::ifstream in(a.path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   a.digest = fmt::format("{:016x}", fnv1a(text));

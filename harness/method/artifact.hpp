@@ -32,6 +32,22 @@ struct LoadedArtifact {
 LoadedArtifact load_artifact(const std::string& kind, const std::string& path, const ModelConfig& model,
                              const std::string& make_command);
 
+// While one lives on a thread, the paths load_artifact reads on that thread are kept (in order), so
+// that an error found later in a file's fields can name the files it may be in.
+class ArtifactReads {
+ public:
+  ArtifactReads();
+  ~ArtifactReads();
+  ArtifactReads(const ArtifactReads&) = delete;
+  ArtifactReads& operator=(const ArtifactReads&) = delete;
+  const std::vector<std::string>& paths() const { return paths_; }
+
+ private:
+  friend LoadedArtifact load_artifact(const std::string&, const std::string&, const ModelConfig&, const std::string&);
+  std::vector<std::string> paths_;
+  ArtifactReads* outer_;
+};
+
 // The base64 float32 array at j[key] of exactly n finite numbers; errors name `where` and the field.
 std::vector<float> artifact_floats(const nlohmann::json& j, const char* key, size_t n, const std::string& where);
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "harness/method/artifact.hpp"
 #include "harness/method/parts.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/json_file.hpp"
@@ -127,12 +128,18 @@ std::unique_ptr<Method> MethodRegistry::create(const std::string& name,
   m->budgeted_ = info(name).budgeted;
   m->changes_model_ = info(name).changes_model;
   m->model_ = &model;
+  ArtifactReads reads;
   try {
     m->setup();
   } catch (const nlohmann::json::exception& e) {
     // A hand-edited artifact whose field has another type than the method reads: the library's message
-    // carries the field's path (JSON_DIAGNOSTICS).
-    fail("method {}: an artifact it reads has a field of the wrong type: {}", name, json_error_text(e));
+    // carries the field's path (JSON_DIAGNOSTICS); the files are those setup() read.
+    const auto& files = reads.paths();
+    fail("method {}: {} has a field of the wrong type: {}", name,
+         files.empty()       ? std::string("an artifact it reads")
+         : files.size() == 1 ? files.front()
+                             : fmt::format("one of the artifacts it reads ({})", fmt::join(files, ", ")),
+         json_error_text(e));
   }
   return m;
 }

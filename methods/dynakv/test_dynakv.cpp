@@ -683,7 +683,7 @@ TEST_CASE("DynaKV method: the fixed-rank PCA baseline keeps round(r d) coordinat
       [&] {
         reg.create("dynakv", {{"fixed_rate", "0.25"}, {"pca", tiny.pca_path}}, e.config());
       },
-      {"method dynakv", "wrong type", "/layers/0/K/eigenvalues/0"});
+      {"method dynakv", tiny.pca_path, "wrong type", "/layers/0/K/eigenvalues/0"});
   PrefillView view;
   view.n_tokens = 4;
   auto direct = reg.create("dynakv", {{"weights", tiny.weights_path}}, e.config());
