@@ -20,6 +20,7 @@
 #include "harness/method/prefill_dump.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
+#include "harness/tokenizer/tokenizer.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "synthetic_layer.hpp"
 #include "test_util.hpp"
@@ -621,6 +622,28 @@ TEST_CASE("read_id_sequences: sequences used as given, bad files named with the 
   bad(R"({"ids": [[1, 2]]})", {"bad.json", "\"sequences\""});
   bad("[[1, 2]", {"bad.json"});
   test::require_error([&] { read_id_sequences((dir / "none.json").string(), 10); }, {"none.json", "cannot read"});
+}
+
+TEST_CASE("token_sequences: text shorter than asked is a warning naming what asked, and all of it is used",
+          "[calibration]") {
+  const auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  const auto tok = load_tokenizer(*model);
+  const std::vector<std::string> docs = {"a b c d e f g h i j k l m n o p", "q r s t u v w x y z"};
+  std::vector<std::vector<int32_t>> short_text;
+  const std::string warning =
+      test::captured_stderr([&] { short_text = token_sequences(*tok, docs, 8, 1000, "kvbench calibrate x: tokens"); });
+  size_t total = 0;
+  for (const auto& s : short_text) total += s.size();
+  CHECK(short_text.size() >= 2);
+  CHECK(warning.find("kvbench calibrate x: tokens asks for 1000 tokens; the text gives " + std::to_string(total)) !=
+        std::string::npos);
+  std::vector<std::vector<int32_t>> enough;
+  CHECK(test::captured_stderr([&] { enough = token_sequences(*tok, docs, 8, 16, "y"); }).empty());
+  REQUIRE(enough.size() == 2);
+  CHECK(enough[0] == short_text[0]);
+  CHECK(enough[1] == short_text[1]);
 }
 
 TEST_CASE("a training checkpoint resumes only the run with the same options, model, start and text", "[calibration]") {

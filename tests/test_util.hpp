@@ -10,7 +10,10 @@
 #include "harness/task/task.hpp"
 #include "harness/util/error.hpp"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -18,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -221,6 +225,33 @@ void require_error(F&& f, std::initializer_list<std::string> fragments) {
     return;
   }
   FAIL("expected kvb::Error mentioning " << *fragments.begin());
+}
+
+// What f writes to standard error (a warning), read back from a file that stands in for fd 2 meanwhile.
+template <typename F>
+std::string captured_stderr(F&& f) {
+  const TempDir dir("stderr");
+  const std::string path = (dir / "err.txt").string();
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (saved < 0 || fd < 0) throw std::system_error(errno, std::generic_category(), "redirect stderr");
+  ::dup2(fd, 2);
+  ::close(fd);
+  const auto restore = [&] {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+  };
+  try {
+    f();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 inline float max_abs(const std::vector<float>& v) {

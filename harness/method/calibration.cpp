@@ -1,5 +1,7 @@
 #include "harness/method/calibration.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +16,7 @@
 namespace kvb {
 
 std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const std::vector<std::string>& docs, int len,
-                                                  size_t tokens) {
+                                                  size_t tokens, const std::string& asked) {
   std::vector<std::vector<int32_t>> out;
   std::vector<int32_t> cur;
   const auto bos = tok.special().bos;
@@ -31,7 +33,12 @@ std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const st
       }
     }
   }
-  if (cur.size() > 1 && total < tokens) out.push_back(std::move(cur));
+  if (cur.size() > 1) {
+    total += cur.size();
+    out.push_back(std::move(cur));
+  }
+  fmt::print(stderr, "{} asks for {} tokens; the text gives {} ({} sequence(s) of up to {}), used as they are\n", asked,
+             tokens, total, out.size(), len);
   return out;
 }
 
@@ -116,8 +123,8 @@ FitSequences fit_sequences(const CalibrationContext& ctx, const std::string& com
     f.described = ids + " (token ids, used as given)";
   } else {
     const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, command, paper_note);
-    f.seqs =
-        token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), static_cast<size_t>(o.get_int("tokens")));
+    f.seqs = token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"),
+                             static_cast<size_t>(o.get_int("tokens")), command + ": tokens");
     f.described = docs.described;
   }
   for (const auto& s : f.seqs) f.seq_len = std::max(f.seq_len, static_cast<long>(s.size()));

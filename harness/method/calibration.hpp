@@ -30,8 +30,10 @@ class CalibrationContext {
 
 // Token sequences of `len` tokens (BOS + text, as the papers' calibration rows) cut from the documents
 // joined by blank lines, until `tokens` are reached; a shorter last one is kept if it has 2 or more.
+// Text that gives fewer tokens is a warning on stderr naming `asked` (the command and the option that
+// set `tokens`), and the step goes on with what there is (its header records the real counts).
 std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const std::vector<std::string>& docs, int len,
-                                                  size_t tokens);
+                                                  size_t tokens, const std::string& asked);
 
 // Token sequences given as ids: a JSON file holding an array of sequences, or an object whose
 // "sequences" field is one, each an array of at least 2 ids in [0, vocab) (e.g. the calibration windows

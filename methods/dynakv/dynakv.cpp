@@ -184,9 +184,10 @@ void train(CalibrationContext& ctx) {
   refuse_grouped(pa, cfg, "DynaKV's training");
   DynaKvWeights weights = dynakv_init(dynakv_pca_from(pa, cfg), t.init_rate, t.tau);
   const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, "kvbench train dynakv", kPaperText);
-  const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
-  const auto held =
-      token_sequences(ctx.tokenizer, docs.split.held, t.seq_len, static_cast<size_t>(o.get_int("held_tokens")));
+  const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len,
+                                   "kvbench train dynakv: steps x batch x seq_len (batches reuse sequences)");
+  const auto held = token_sequences(ctx.tokenizer, docs.split.held, t.seq_len,
+                                    static_cast<size_t>(o.get_int("held_tokens")), "kvbench train dynakv: held_tokens");
   if (held.empty()) fail("kvbench train dynakv: the held-out documents give no sequence of {} tokens", t.seq_len);
 
   const std::string out = !ctx.out.empty() ? ctx.out

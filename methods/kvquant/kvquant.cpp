@@ -259,7 +259,8 @@ void calibrate(CalibrationContext& ctx) {
   const double share = o.get_float("outliers");
   const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, "kvbench calibrate kvquant", kPaperText);
   const int len = o.integer("seq_len");
-  const auto seqs = token_sequences(ctx.tokenizer, docs.split.fit, len, size_t(o.get_int("samples")) * size_t(len));
+  const auto seqs = token_sequences(ctx.tokenizer, docs.split.fit, len, size_t(o.get_int("samples")) * size_t(len),
+                                    "kvbench calibrate kvquant: samples x seq_len");
   if (seqs.empty()) fail("kvquant calibration: the text gives no sequence of {} tokens", len);
   size_t total = 0;
   for (const auto& s : seqs) total += s.size();

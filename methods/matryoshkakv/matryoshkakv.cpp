@@ -93,7 +93,8 @@ void calibrate_pca(CalibrationContext& ctx) {
   const Params& o = ctx.options;
   const CalibrationText docs =
       calibration_text(o.get("text"), ctx.data_dir, "kvbench calibrate matryoshkakv-pca", kPaperText);
-  const auto seqs = token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), size_t(o.get_int("tokens")));
+  const auto seqs = token_sequences(ctx.tokenizer, docs.split.fit, o.integer("seq_len"), size_t(o.get_int("tokens")),
+                                    "kvbench calibrate matryoshkakv-pca: tokens");
   size_t total = 0;
   for (const auto& s : seqs) total += s.size();
   CovarianceTap tap(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
@@ -138,8 +139,10 @@ void train(CalibrationContext& ctx) {
   MatryoshkaWeights weights = matryoshka_init(matryoshka_pca_from(pa, cfg));
   const MatryoshkaWeights initial = weights;
   const CalibrationText docs = calibration_text(o.get("text"), ctx.data_dir, "kvbench train matryoshkakv", kPaperText);
-  const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len);
-  const auto held = token_sequences(ctx.tokenizer, docs.split.held, t.seq_len, size_t(o.get_int("held_tokens")));
+  const auto fit = token_sequences(ctx.tokenizer, docs.split.fit, t.seq_len, size_t(t.steps) * t.batch * t.seq_len,
+                                   "kvbench train matryoshkakv: steps x batch x seq_len (batches reuse sequences)");
+  const auto held = token_sequences(ctx.tokenizer, docs.split.held, t.seq_len, size_t(o.get_int("held_tokens")),
+                                    "kvbench train matryoshkakv: held_tokens");
   if (held.empty()) fail("kvbench train matryoshkakv: the held-out documents give no sequence of {} tokens", t.seq_len);
 
   const std::string out = ctx.out.empty() ? default_artifact_path(kMatryoshkaKind, cfg) : ctx.out;

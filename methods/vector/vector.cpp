@@ -147,8 +147,10 @@ void calibrate_vector(CalibrationContext& ctx) {
   const auto [fit_docs, held_docs] = split_held_out(docs, o.get_int("heldout_every"), "kvbench calibrate vector",
                                                     "give more files or a lower -o heldout_every");
   const int len = static_cast<int>(std::min<long>(o.get_int("seq_len"), cfg.context_length));
-  const auto fit = token_sequences(ctx.tokenizer, fit_docs, len, static_cast<size_t>(o.get_int("tokens")));
-  const auto held = token_sequences(ctx.tokenizer, held_docs, len, static_cast<size_t>(o.get_int("heldout_tokens")));
+  const auto fit = token_sequences(ctx.tokenizer, fit_docs, len, static_cast<size_t>(o.get_int("tokens")),
+                                   "kvbench calibrate vector: tokens");
+  const auto held = token_sequences(ctx.tokenizer, held_docs, len, static_cast<size_t>(o.get_int("heldout_tokens")),
+                                    "kvbench calibrate vector: heldout_tokens");
   size_t fit_tokens = 0, held_tokens = 0;
   for (const auto& s : fit) fit_tokens += s.size();
   for (const auto& s : held) held_tokens += s.size();
