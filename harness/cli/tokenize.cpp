@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/cli/commands.hpp"
+#include "harness/engine/generate.hpp"
 #include "harness/model/gguf.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/chat_template.hpp"
@@ -64,10 +65,7 @@ void register_tokenize_command(CLI::App& app) {
     std::vector<int32_t> ids;
     if (*chat) {
       if (!m) fail("tokenize --chat needs a model file or directory (for its chat template)");
-      const auto tmpl = ChatTemplate::for_model(*m);
-      ids = tok->encode(tmpl.render({{"user", input}}, true));
-      if (!tmpl.renders_bos() && tok->special().add_bos && tok->special().bos)
-        ids.insert(ids.begin(), *tok->special().bos);
+      ids = build_prompt(*m, *tok, input, true);
     } else {
       ids = *prompt ? tok->encode_prompt(input) : tok->encode(input, !*no_special);
     }

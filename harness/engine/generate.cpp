@@ -17,9 +17,9 @@ namespace kvb {
 std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& text, bool chat) {
   if (!chat) return tok.encode_prompt(text);
   const ChatTemplate tmpl = ChatTemplate::for_model(model);
-  std::vector<int32_t> ids = tok.encode(tmpl.render({{"user", text}}, true));
-  if (!tmpl.renders_bos() && tok.special().add_bos && tok.special().bos) ids.insert(ids.begin(), *tok.special().bos);
-  return ids;
+  // As transformers' apply_chat_template(tokenize=True) and kvpress encode it: no special token added,
+  // so a BOS is there only where the template writes one.
+  return tok.encode(tmpl.render({{"user", text}}, true));
 }
 
 PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,

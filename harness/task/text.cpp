@@ -9,23 +9,6 @@
 
 namespace kvb {
 
-bool python_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
-uint32_t next_cp(std::string_view s, size_t& i) {
-  utf8proc_int32_t cp = -1;
-  const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
-                                  static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
-  if (n <= 0 || cp < 0) {
-    ++i;
-    return 0xFFFFFFFFu;
-  }
-  i += static_cast<size_t>(n);
-  return static_cast<uint32_t>(cp);
-}
-
 namespace {
 
 // Unicode "Cased" and "Case_Ignorable" (what Python's final-sigma rule looks at), from the general
@@ -119,16 +102,6 @@ std::string python_capitalize(std::string_view s) {
   return out + python_lower(s.substr(i));
 }
 
-std::string python_strip(std::string_view s) {
-  size_t b = 0;
-  while (b < s.size()) {
-    size_t i = b;
-    if (!python_space(next_cp(s, i))) break;
-    b = i;
-  }
-  return std::string(s.substr(b, python_rstrip_end(s, b) - b));
-}
-
 std::string python_collapse_space(std::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -143,19 +116,6 @@ std::string python_collapse_space(std::string_view s) {
     in_space = space;
   }
   return out;
-}
-
-size_t python_rstrip_end(std::string_view s, size_t b) {
-  size_t e = s.size();
-  while (e > b) {
-    // Step back to the start of the last code point.
-    size_t start = e - 1;
-    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    size_t i = start;
-    if (!python_space(next_cp(s, i))) break;
-    e = start;
-  }
-  return e;
 }
 
 std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields) {

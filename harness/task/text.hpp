@@ -7,18 +7,16 @@
 #include <string_view>
 #include <vector>
 
+#include "harness/tokenizer/unicode.hpp"
+
 namespace kvb {
 
 // str.split() with no argument: runs of Unicode whitespace (Python's isspace) separate words.
 std::vector<std::string> python_split(std::string_view s);
 // str.lower(): full Unicode lowercase (one code point to one, as utf8proc maps it).
 std::string python_lower(std::string_view s);
-// str.strip() with no argument.
-std::string python_strip(std::string_view s);
 // re.sub(r"\s+", " ", s): every run of Unicode whitespace becomes one space.
 std::string python_collapse_space(std::string_view s);
-// len(s[b:].rstrip()) + b: where the text ends once trailing whitespace is stripped.
-size_t python_rstrip_end(std::string_view s, size_t b = 0);
 
 // len(s): the number of code points (an invalid byte counts as one).
 size_t python_len(std::string_view s);
@@ -28,10 +26,5 @@ std::string python_capitalize(std::string_view s);
 // Python's str.format for named fields: every {name} replaced at once (inserted text is not scanned
 // again), {{ and }} for literal braces; Error naming the field a template uses without a value.
 std::string fill_template(const std::string& t, const std::map<std::string, std::string>& fields);
-
-// Python's str.isspace() for one code point.
-bool python_space(uint32_t c);
-// Decodes the code point at s[i] (an invalid byte stands for itself as 0xFFFFFFFF) and advances i.
-uint32_t next_cp(std::string_view s, size_t& i);
 
 }  // namespace kvb

@@ -1,6 +1,7 @@
 #include "harness/tokenizer/chat_template.hpp"
 
-#include <cstring>
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -8,6 +9,7 @@
 
 #include "harness/model/gguf.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -15,29 +17,97 @@ namespace {
 
 bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
 
-std::string trim(const std::string& s) {
-  const char* ws = " \t\n\r";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+// Jinja's |trim and Python's str.strip(): Unicode whitespace.
+std::string trim(const std::string& s) { return python_strip(s); }
+
+// The text a template writes as it stands: the raw text between its tags, and the string literals
+// inside {{ }} and {% %} with their escapes decoded (Jinja reads them as Python's unicode-escape
+// does). Expressions and comments are left out, so a literal never runs into a message's content.
+std::vector<std::string> jinja_literals(const std::string& jinja) {
+  std::vector<std::string> out;
+  const auto is_tag = [&](size_t at) {
+    return at + 1 < jinja.size() && (jinja[at + 1] == '{' || jinja[at + 1] == '%' || jinja[at + 1] == '#');
+  };
+  size_t i = 0;
+  while (i < jinja.size()) {
+    size_t tag = jinja.find('{', i);
+    while (tag != std::string::npos && !is_tag(tag)) tag = jinja.find('{', tag + 1);  // a lone brace is text
+    if (tag == std::string::npos) {
+      out.push_back(jinja.substr(i));
+      break;
+    }
+    if (tag > i) out.push_back(jinja.substr(i, tag - i));
+    const char kind = jinja[tag + 1];
+    const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
+    size_t k = tag + 2;
+    while (k < jinja.size() && jinja.compare(k, 2, close) != 0) {
+      const char q = jinja[k];
+      if (kind == '#' || (q != '\'' && q != '"')) {
+        ++k;
+        continue;
+      }
+      std::string lit;
+      for (++k; k < jinja.size() && jinja[k] != q; ++k) {
+        if (jinja[k] != '\\' || k + 1 == jinja.size()) {
+          lit += jinja[k];
+          continue;
+        }
+        const char e = jinja[++k];
+        if (e == 'n')
+          lit += '\n';
+        else if (e == 't')
+          lit += '\t';
+        else if (e == 'r')
+          lit += '\r';
+        else if (e == '\\' || e == '\'' || e == '"')
+          lit += e;
+        else if (const size_t n = e == 'x'   ? 2
+                                  : e == 'u' ? 4
+                                             : 0;
+                 n && k + n < jinja.size() &&
+                 std::all_of(jinja.begin() + long(k) + 1, jinja.begin() + long(k + n) + 1,
+                             [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; })) {
+          append_utf8(lit, static_cast<uint32_t>(std::stoul(jinja.substr(k + 1, n), nullptr, 16)));
+          k += n;
+        } else {
+          lit += '\\';
+          lit += e;
+        }
+      }
+      out.push_back(std::move(lit));
+      ++k;
+    }
+    i = k + 2;
+  }
+  return out;
 }
 
-// A ChatML template that injects a system turn writes it as a literal; the text between the
-// system header and <|im_end|> is the default system message (SmolLM2, Qwen2).
+// A ChatML template that injects a system turn writes it as one literal; the text between the system
+// header and <|im_end|> is the default system message (SmolLM2, Qwen2). Qwen2.5's first system header
+// opens its tool-use branch, whose text is an expression; the literal default comes later.
 std::string chatml_default_system(const std::string& jinja) {
-  // Every system header is looked at: Qwen2.5's first opens its tool-use branch, whose text is an
-  // expression; the literal default comes later.
-  for (const char* head : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
-    for (size_t b = jinja.find(head); b != std::string::npos; b = jinja.find(head, b + 1)) {
-      const size_t start = b + std::strlen(head);
-      const size_t e = jinja.find("<|im_end|>", start);
-      if (e == std::string::npos) break;
-      const std::string s = jinja.substr(start, e - start);
-      // Only a literal counts; a template expression (message['content']) is not a default.
-      if (s.find("{{") == std::string::npos && s.find('\'') == std::string::npos) return s;
-    }
+  const std::string head = "<|im_start|>system\n";
+  for (const std::string& lit : jinja_literals(jinja)) {
+    const size_t b = lit.find(head);
+    if (b == std::string::npos) continue;
+    const size_t e = lit.find("<|im_end|>", b);
+    if (e != std::string::npos) return lit.substr(b + head.size(), e - b - head.size());
   }
   return "";
+}
+
+// The literal a Jinja `set NAME = "..."` gives (the last one: Llama 3.2 sets today's date where the
+// template can ask for it, and this literal otherwise), or "".
+std::string jinja_set_literal(const std::string& jinja, const std::string& name) {
+  std::string value;
+  const std::string pat = "set " + name + " = ";
+  for (size_t b = jinja.find(pat); b != std::string::npos; b = jinja.find(pat, b + 1)) {
+    const size_t q = b + pat.size();
+    if (q >= jinja.size() || (jinja[q] != '"' && jinja[q] != '\'')) continue;
+    const size_t e = jinja.find(jinja[q], q + 1);
+    if (e != std::string::npos) value = jinja.substr(q + 1, e - q - 1);
+  }
+  return value;
 }
 
 }  // namespace
@@ -52,10 +122,23 @@ std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
     t.thinking_off_ = contains(jinja, "enable_thinking");
   } else if (contains(jinja, "<|start_header_id|>")) {
     t.format_ = Format::Llama3;
+    // Llama 3.1 to 3.3 open every conversation with a system turn that dates the model, whether or not
+    // the conversation has a system message.
+    const std::string kd = "Cutting Knowledge Date: ";
+    for (const std::string& lit : jinja_literals(jinja))
+      if (lit.starts_with(kd)) t.knowledge_date_ = trim(lit.substr(kd.size()));
+    if (!t.knowledge_date_.empty()) {
+      t.today_date_ = jinja_set_literal(jinja, "date_string");
+      if (t.today_date_.empty())
+        fail("chat template: a Llama 3.1-style template without a literal date_string default is not supported");
+    }
   } else if (contains(jinja, "<<SYS>>")) {
     t.format_ = Format::Llama2;
   } else if (contains(jinja, "[INST]")) {
     t.format_ = Format::Mistral;
+    // v0.3's template closes a turn with "[/INST]" right after the content, and gives the system
+    // message to the last user turn; v0.1's writes " [/INST]".
+    t.mistral_v3_ = !contains(jinja, " [/INST]");
   } else {
     return std::nullopt;
   }
@@ -130,11 +213,11 @@ std::string ChatTemplate::name() const {
     case Format::ChatML:
       return thinking_off_ ? "chatml (thinking off)" : "chatml";
     case Format::Llama3:
-      return "llama3";
+      return knowledge_date_.empty() ? "llama3" : "llama3.1 (today " + today_date_ + ")";
     case Format::Llama2:
       return "llama2";
     case Format::Mistral:
-      return "mistral";
+      return mistral_v3_ ? "mistral v3" : "mistral";
   }
   return "?";
 }
@@ -149,31 +232,46 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       if (add_generation_prompt)
         out += thinking_off_ ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n";
       break;
-    case Format::Llama3:
+    case Format::Llama3: {
       out += "<|begin_of_text|>";
-      for (const auto& m : messages)
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+      size_t k = 0;
+      if (!knowledge_date_.empty()) {
+        out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: " + knowledge_date_ +
+               "\nToday Date: " + today_date_ + "\n\n" + (has_system ? trim(messages[0].content) : "") + "<|eot_id|>";
+        k = has_system ? 1 : 0;
+      }
+      for (; k < messages.size(); ++k)
+        out += "<|start_header_id|>" + messages[k].role + "<|end_header_id|>\n\n" + trim(messages[k].content) +
+               "<|eot_id|>";
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
+    }
     case Format::Llama2:
     case Format::Mistral: {
-      // Llama 2 trims turns and folds the system message into the first user turn inside <<SYS>>;
-      // Mistral (as its reference tokenizer, mistral_common, renders v1) keeps turns verbatim,
-      // prepends the system message to the first user turn and puts a space before each answer.
+      // Llama 2 folds the system message (even an empty one) into the first user turn inside <<SYS>> and
+      // strips the whole turn. Mistral v1 (as its reference tokenizer, mistral_common, renders it) keeps
+      // turns verbatim, prepends the system message to the first user turn and puts a space before each
+      // answer; v0.3's template gives the system message to the user turn that ends the conversation and
+      // strips answers.
       const bool llama2 = format_ == Format::Llama2;
-      auto text = [&](const std::string& s) { return llama2 ? trim(s) : s; };
-      const std::string system = has_system ? text(messages[0].content) : "";
+      const size_t first = has_system ? 1 : 0;
       bool first_user = true;
-      for (size_t k = has_system ? 1 : 0; k < messages.size(); ++k) {
+      for (size_t k = first; k < messages.size(); ++k) {
         const auto& m = messages[k];
         if (m.role == "user") {
-          std::string content = text(m.content);
-          if (first_user && !system.empty())
-            content = llama2 ? "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content : system + "\n\n" + content;
-          out += (llama2 || first_user ? "<s>" : "") + std::string("[INST] ") + content + " [/INST]";
+          std::string content = m.content;
+          if (llama2) {
+            if (k == first && has_system) content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
+            content = trim(content);
+          } else if (has_system &&
+                     (mistral_v3_ ? k + 1 == messages.size() : first_user && !messages[0].content.empty())) {
+            content = messages[0].content + "\n\n" + content;
+          }
+          out += (llama2 || first_user ? "<s>" : "") + std::string("[INST] ") + content +
+                 (mistral_v3_ ? "[/INST]" : " [/INST]");
           first_user = false;
         } else if (m.role == "assistant") {
-          out += " " + text(m.content) + (llama2 ? " </s>" : "</s>");
+          out += " " + (llama2 || mistral_v3_ ? trim(m.content) : m.content) + (llama2 ? " </s>" : "</s>");
         } else {
           fail("chat template {}: role '{}' is not supported after the first message", name(), m.role);
         }

@@ -1,7 +1,8 @@
 #pragma once
 // Chat formats of the supported model families, rendered natively. A model's Jinja template is not
-// interpreted; it is recognised (ChatML, Qwen3's ChatML with thinking, Llama 3, Llama 2, Mistral) and
-// its fixed parts, such as a default system message, are read from it. Output is checked against transformers'
+// interpreted; it is recognised (ChatML, Qwen3's ChatML with thinking, Llama 3 and 3.1-3.3, Llama 2,
+// Mistral v1 and v0.3) and its fixed parts, such as a default system message or Llama 3.1's dates, are
+// read from it. Output is checked against transformers'
 // apply_chat_template in the tests.
 #include <optional>
 #include <string>
@@ -32,14 +33,16 @@ class ChatTemplate {
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
   Format format() const { return format_; }
   std::string name() const;
-  // Whether render() writes the BOS token itself (then the prompt must not get another one).
-  bool renders_bos() const { return format_ != Format::ChatML; }
   const std::string& default_system() const { return default_system_; }
 
  private:
   Format format_ = Format::ChatML;
   std::string default_system_;  // inserted when the conversation has no system message
-  bool thinking_off_ = false;   // a template with enable_thinking (Qwen3): an empty think block opens the answer
+  // Llama 3.1-3.3: the system turn every conversation opens with. The date is the template's literal
+  // default; transformers renders today's date instead for Llama 3.2's template, which asks for it.
+  std::string knowledge_date_, today_date_;
+  bool mistral_v3_ = false;    // "[INST] content[/INST]", the system message on the last user turn
+  bool thinking_off_ = false;  // a template with enable_thinking (Qwen3): an empty think block opens the answer
 };
 
 }  // namespace kvb

@@ -30,6 +30,15 @@ std::string utf8_lossy(std::string_view s);
 // Unicode canonical composition (NFC), as Hugging Face's NFC normalizer applies it.
 std::string nfc(std::string_view s);
 
+// Python's str.isspace() for one code point.
+bool python_space(uint32_t c);
+// Decodes the code point at s[i] (an invalid byte stands for itself as 0xFFFFFFFF) and advances i.
+uint32_t next_cp(std::string_view s, size_t& i);
+// str.strip() with no argument (Jinja's |trim is the same).
+std::string python_strip(std::string_view s);
+// len(s[b:].rstrip()) + b: where the text ends once trailing whitespace is stripped.
+size_t python_rstrip_end(std::string_view s, size_t b = 0);
+
 // GPT-2's reversible byte <-> printable character mapping used by byte-level BPE: each byte is
 // represented by one Unicode character so that vocabularies never contain raw control bytes.
 struct ByteLevelMap {
