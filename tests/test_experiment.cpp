@@ -836,20 +836,55 @@ TEST_CASE("a cell that fails is logged beside the results and retried, the other
   CHECK(again.failed == 4);
 }
 
+// What `kvbench ARGS` prints (stdout and stderr) and its exit status.
+static std::pair<std::string, int> cli_output(const std::string& args) {
+  FILE* pipe = popen(fmt::format("{} {} 2>&1", KVBENCH_CLI, args).c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
+  return {out, pclose(pipe)};
+}
+
+TEST_CASE("kvbench bench and dump-prefill refuse values they cannot honour before any work", "[experiment][bench]") {
+  const TempDir dir("bench_args");
+  const std::string model = tiny_random_model(dir);
+  const auto refused = [&](const std::string& args, const std::string& message) {
+    const auto [out, status] = cli_output(args);
+    INFO(args << "\n" << out);
+    CHECK(status != 0);
+    CHECK(out.find(message) != std::string::npos);
+  };
+  const std::string bench = "bench " + model + " -c 48 -r 1 --decode-tokens 2 ";
+  // Found by an audit: 0 and NaN turned the cap off or overflowed the batch size.
+  for (const char* cap : {"0", "1e-12", "nan", "inf", "1e10"})
+    refused(bench + "--memory-cap " + cap, "must be a number of GiB, at least one byte");
+  refused(bench + "--method snapkv --budget 0", "--budget 0: must be a positive number");
+  refused(bench + "--plot " + (dir / "no" / "plot").string(), "does not exist");
+  // A method's label holds commas: the CSV quotes it.
+  const auto [csv, status] =
+      cli_output(bench + "--method snapkv:window=2,kernel=3 --budget 8 --format csv 2>/dev/null");
+  REQUIRE(status == 0);
+  CHECK(csv.find("\"snapkv(window=2,kernel=3) T=8\"") != std::string::npos);
+  // dump-prefill read queries from before its buffer for a window past the prompt.
+  const auto path = model_file(kDefaultModel);
+  if (!path) return;
+  std::ofstream((dir / "t.jsonl").string())
+      << R"({"id": "a", "context": "The quick brown fox jumps over the lazy dog.", "question": "Who?", "answers": ["x"]})"
+      << "\n";
+  const std::string dump = fmt::format("dump-prefill jsonl -m {} -o file={} -o chat=false --out {} ", *path,
+                                       (dir / "t.jsonl").string(), (dir / "dump").string());
+  refused(dump + "--window 100", "--window 100: sample 0 has");
+  refused(dump + "--layers 30", "--layers 30: the model has layers 0 to 29");
+  refused(dump + "--layers -1", "--layers -1");
+}
+
 TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed-up its bytes promise",
           "[experiment][bench]") {
   const TempDir dir("bench_bytes");
   const std::string model = tiny_random_model(dir);
-  // The command's output and exit status.
   auto bench = [&](const std::string& args) {
-    const std::string cmd =
-        fmt::format("{} bench {} -c 96 --decode-tokens 4 --format json {} 2>&1", KVBENCH_CLI, model, args);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string out;
-    char buf[4096];
-    for (size_t got; (got = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
-    return std::pair{out, pclose(pipe)};
+    return cli_output(fmt::format("bench {} -c 96 --decode-tokens 4 --format json {}", model, args));
   };
   const std::string plot = (dir / "throughput").string();
   const auto [out, status] = bench("--method snapkv --budget 32 -b 1 -b 3 --plot " + plot);
@@ -861,9 +896,9 @@ TEST_CASE("kvbench bench: each compressed row's decode speed-up beside the speed
   for (std::string l; std::getline(csv, l);) lines.push_back(l);
   REQUIRE(lines.size() == 5);  // the header, two configurations at two batch sizes
   CHECK(lines[0] == "cache,batch,decode_tokens_per_s");
-  CHECK(lines[2].rfind("\"full\",3,", 0) == 0);
-  CHECK(lines[4].rfind("\"snapkv T=32\",3,", 0) == 0);
-  const auto rows = nlohmann::json::parse(out.substr(out.find('{')))["rows"];
+  CHECK(lines[2].rfind("full,3,", 0) == 0);
+  CHECK(lines[4].rfind("snapkv T=32,3,", 0) == 0);
+  const auto rows = nlohmann::json::parse(out.substr(out.find('{'), out.rfind('}') + 1 - out.find('{')))["rows"];
   REQUIRE(rows.size() == 4);  // full and SnapKV at batch 1, then at batch 3
   const auto& full = rows[0];
   const auto& snap = rows[1];

@@ -20,6 +20,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/table.hpp"
 #include "harness/report/throughput_plot.hpp"
 #include "harness/util/error.hpp"
 #include "harness/util/params.hpp"
@@ -98,7 +99,12 @@ class LowRankStore final : public PrefillObserver {
       auto& segs = cache.segments(h);
       auto low = std::make_unique<LowRankSegment>(basis_, rank_, rank_, h == 0);
       for (const auto& s : segs) {
-        const auto& d = dynamic_cast<const DenseSegment&>(*s);
+        const auto* dense = dynamic_cast<const DenseSegment*>(s.get());
+        if (!dense)
+          fail(
+              "--lowrank: this method's cache holds its own format, not plain dense rows to project; --lowrank applies "
+              "to methods that select tokens");
+        const auto& d = *dense;
         std::vector<float> k(d.size() * d.head_dim()), v(k.size());
         d.read(0, d.size(), k.data(), v.data());
         for (size_t t = 0; t < d.size(); ++t)
@@ -120,7 +126,8 @@ struct BenchArgs : EngineArgs {
   std::vector<int> contexts = {512, 2048}, budgets, batches = {1};
   std::vector<std::string> methods, params;
   int repeat = 3, decode_tokens = 32, lowrank = 0;
-  double memory_cap_gib = 0;  // > 0: each configuration at the largest batch that fits
+  double memory_cap_gib = 0;      // each configuration at the largest batch that fits in this many GiB
+  bool memory_cap_given = false;  // --memory-cap given (0 and values below a byte are errors, not "no cap")
 };
 
 // The observer of one measured prefill (none: the full cache), and the runner inside it.
@@ -199,7 +206,13 @@ class Table {
 
  private:
   void line(const std::vector<std::string>& cells) const {
-    fmt::print("{}{}{}\n", md_ ? "| " : "", fmt::join(cells, md_ ? " | " : ","), md_ ? " |" : "");
+    if (md_) {
+      fmt::print("| {} |\n", fmt::join(cells, " | "));
+      return;
+    }
+    std::vector<std::string> quoted;
+    for (const auto& c : cells) quoted.push_back(csv_field(c));
+    fmt::print("{}\n", fmt::join(quoted, ","));
   }
   bool md_;
 };
@@ -383,7 +396,9 @@ class Bench {
       }
       if (full && full->decode_step_bytes > 0) {
         row.decode_speedup = row.decode_tps.median / full->decode_tps.median;
-        row.bytes_ratio = static_cast<double>(full->decode_step_bytes) / static_cast<double>(row.decode_step_bytes);
+        // Per generated token, so that rows at other batch sizes (under --memory-cap) compare.
+        row.bytes_ratio = static_cast<double>(full->decode_step_bytes) / full->batch /
+                          (static_cast<double>(row.decode_step_bytes) / row.batch);
       }
     }
     return row;
@@ -406,7 +421,14 @@ class Bench {
           "--memory-cap {:.3f} GiB ({} bytes) is below what one sequence needs: {} bytes ({:.1f} MiB of weights, "
           "{:.1f} MiB of cache after {} prompt and {} decoded tokens, {:.1f} MiB of decode buffers)",
           a_.memory_cap_gib, cap, weights + cache + buffers, mib(weights), mib(cache), ctx, steps, mib(buffers));
-    const int batch = static_cast<int>((cap - weights) / (cache + buffers));
+    const size_t fits = (cap - weights) / (cache + buffers);
+    constexpr size_t kMaxBatch = 65536;
+    if (fits > kMaxBatch)
+      fail(
+          "--memory-cap {} GiB fits {} sequences of {:.2f} MiB each, more than one run decodes ({}); give a cap "
+          "this machine has",
+          a_.memory_cap_gib, fits, mib(cache + buffers), kMaxBatch);
+    const int batch = static_cast<int>(fits);
     fmt::print(stderr, "{:.1f} MiB of weights, {:.2f} MiB per sequence: batch {} fits {:.3f} GiB\n", mib(weights),
                mib(cache + buffers), batch, a_.memory_cap_gib);
     return batch;
@@ -514,8 +536,16 @@ void run_bench(const BenchArgs& a) {
   if (a.lowrank && !any_budgeted) fail("--lowrank needs --method and --budget");
   for (int B : a.batches)
     if (B < 1) fail("--batch {}: must be at least 1", B);
-  if (a.memory_cap_gib < 0) fail("--memory-cap {}: must be positive", a.memory_cap_gib);
-  const auto cap = static_cast<size_t>(a.memory_cap_gib * 1073741824.0);
+  for (int T : a.budgets)
+    if (T < 1) fail("--budget {}: must be a positive number of tokens (KV size T)", T);
+  // A cap far above any machine's memory would overflow the batch size; 2^20 GiB is a petabyte.
+  if (a.memory_cap_given && !(a.memory_cap_gib * 1073741824.0 >= 1 && a.memory_cap_gib <= 1 << 20))
+    fail("--memory-cap {}: must be a number of GiB, at least one byte and at most 2^20", a.memory_cap_gib);
+  const auto cap = a.memory_cap_given ? static_cast<size_t>(a.memory_cap_gib * 1073741824.0) : size_t(0);
+
+  if (const auto dir = std::filesystem::path(a.plot).parent_path();
+      !a.plot.empty() && !dir.empty() && !std::filesystem::is_directory(dir))
+    fail("--plot {}: the folder {} does not exist", a.plot, dir.string());
 
   Bench bench(a, *m);
   const Table table(a.format == "md");
@@ -563,11 +593,13 @@ void run_bench(const BenchArgs& a) {
         if (!json) table.row(rows.back());
       }
     }
+  // The measurements first: a plot that cannot be written must not take them with it.
+  if (json) fmt::print("{}\n", bench.json(rows).dump(2));
+  std::fflush(stdout);
   if (!a.plot.empty()) {
     write_throughput_plot(throughput_plot(rows, bench.plot_title(), a.contexts.size() > 1), a.plot);
     fmt::print(stderr, "throughput against batch size: {}.png, .svg, .csv\n", a.plot);
   }
-  if (json) fmt::print("{}\n", bench.json(rows).dump(2));
 }
 
 }  // namespace
@@ -590,7 +622,8 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--memory-cap", a->memory_cap_gib,
                   "GiB for weights, caches and decode buffers: each configuration decodes at the largest batch that "
                   "fits (throughput at a memory cap; --batch is then ignored)")
-      ->default_str("none");
+      ->default_str("none")
+      ->each([a](const std::string&) { a->memory_cap_given = true; });
   cmd->add_option("--plot", a->plot,
                   "Also write decode tokens/s against batch size per configuration as STEM.png, .svg and .csv");
   cmd->add_option("--lowrank", a->lowrank, "Also store the method's kept tokens as rank-r low-rank segments")

@@ -50,6 +50,12 @@ void register_dump_prefill_command(CLI::App& app) {
     if (a->index >= task->size()) fail("--index {}: task {} has {} samples", a->index, a->task, task->size());
     const Sample s = task->sample(a->index);
     const auto ids = sample_prompt(*m, *tok, s).prefill;  // what a method compresses
+    if (size_t(a->window) > ids.size())
+      fail("--window {}: sample {} has {} prompt tokens; ask for at most that many window queries", a->window, a->index,
+           ids.size());
+    for (const int l : a->layers)
+      if (l < 0 || l >= m->config().n_layers)
+        fail("--layers {}: the model has layers 0 to {}", l, m->config().n_layers - 1);
     Engine engine(*m);
     auto [method, runner] =
         choose_method(a->method, parse_key_values(a->params), a->budget, engine.config(), "--method");

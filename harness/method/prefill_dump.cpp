@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "harness/method/method.hpp"
+#include "harness/util/error.hpp"
 #include "harness/util/npy.hpp"
 
 namespace kvb {
@@ -35,6 +36,7 @@ void PrefillDumper::on_layer(const PrefillView& v, LayerCache& cache) {
   const std::string stem = fmt::format("{}/layer{}", dir_, v.layer);
   write_npy(stem + ".k.npy", {v.k, N * hkv * d}, {N, hkv, d});
   write_npy(stem + ".v.npy", {v.v, N * hkv * d}, {N, hkv, d});
+  if (v.window < window_) fail("dump-prefill: {} window queries asked, the prefill kept {}", window_, v.window);
   const float* q = v.q_window + size_t(v.window - window_) * v.n_heads * d;
   write_npy(stem + ".q_window.npy", {q, size_t(window_) * v.n_heads * d}, {size_t(window_), size_t(v.n_heads), d});
   if (runner_) {

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "harness/report/figure.hpp"
+#include "harness/report/table.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -98,10 +99,10 @@ void write_heatmap(const Heatmap& h, const std::string& stem, const std::string&
   std::string corner = h.y_label;
   for (char& ch : corner) ch = ch == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   csv << corner;
-  for (const auto& c : h.cols) csv << ',' << c;
+  for (const auto& c : h.cols) csv << ',' << csv_field(c);
   csv << '\n';
   for (size_t r = 0; r < h.rows.size(); ++r) {
-    csv << h.rows[r];
+    csv << csv_field(h.rows[r]);
     for (double v : h.cells[r]) csv << ',' << (std::isnan(v) ? std::string() : fmt::format("{:.4f}", v));
     csv << '\n';
   }

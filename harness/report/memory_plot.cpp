@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "harness/report/figure.hpp"
+#include "harness/report/table.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -70,7 +71,7 @@ void write_points_csv(const MemoryPlot& p, const std::string& path) {
   auto bound = [](double v) { return std::isnan(v) ? std::string() : fmt::format("{:.4f}", v); };
   for (const auto& s : p.series)
     for (const auto& pt : s.points)
-      csv << '"' << s.label << '"' << ',' << fmt::format("{:.6f},{:.4f}", pt.memory, pt.score) << ',' << bound(pt.low)
+      csv << csv_field(s.label) << ',' << fmt::format("{:.6f},{:.4f}", pt.memory, pt.score) << ',' << bound(pt.low)
           << ',' << bound(pt.high) << ',' << pt.n << '\n';
   if (!csv) fail("{}: cannot write", path);
 }

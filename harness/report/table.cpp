@@ -9,9 +9,20 @@
 namespace kvb {
 namespace {
 
+// A cell's text kept inside its cell: a '|' would end it and a line break the row.
+std::string md_cell(const std::string& c) {
+  std::string out;
+  for (char ch : c)
+    out += ch == '|'    ? std::string("\\|")
+           : ch == '\n' ? std::string("<br>")
+           : ch == '\r' ? std::string()
+                        : std::string(1, ch);
+  return out;
+}
+
 std::string row_md(const std::vector<std::string>& cells) {
   std::string s = "|";
-  for (const auto& c : cells) s += " " + c + " |";
+  for (const auto& c : cells) s += " " + md_cell(c) + " |";
   return s + "\n";
 }
 
@@ -58,7 +69,7 @@ std::string tex(const std::string& s) {
 }  // namespace
 
 std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
   return q + "\"";

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "harness/report/figure.hpp"
+#include "harness/report/table.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -83,7 +84,7 @@ void write_throughput_plot(const ThroughputPlot& p, const std::string& stem) {
   csv << "cache,batch,decode_tokens_per_s\n";
   for (const auto& s : p.series)
     for (const auto& pt : s.points)
-      csv << '"' << s.label << '"' << ',' << pt.batch << fmt::format(",{:.2f}\n", pt.tokens_per_s);
+      csv << csv_field(s.label) << ',' << pt.batch << fmt::format(",{:.2f}\n", pt.tokens_per_s);
   if (!csv) fail("{}.csv: cannot write", stem);
 }
 
