@@ -119,6 +119,17 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   require_error([&] { write_report({(dir / "nope.jsonl").string()}, rep.string()); }, {"nope.jsonl", "not found"});
 }
 
+TEST_CASE("tables: a cell's | and line breaks stay in its Markdown cell, CSV quotes what it must", "[report]") {
+  Table t;
+  t.columns = {"method", "score"};
+  t.blocks.push_back({"", {{"jsonl(template=a|b\nc)", "1.0"}, {"x,\"y\"", "2.0"}}});
+  const std::string md = to_markdown(t);
+  CHECK(md.find("| jsonl(template=a\\|b<br>c) | 1.0 |") != std::string::npos);
+  const std::string csv = to_csv(t);
+  CHECK(csv.find("\"jsonl(template=a|b\nc)\",1.0") != std::string::npos);
+  CHECK(csv.find("\"x,\"\"y\"\"\",2.0") != std::string::npos);
+}
+
 TEST_CASE("reports: a method's rows name only the parameters that differ between its settings", "[report]") {
   const TempDir dir("report_labels");
   {
