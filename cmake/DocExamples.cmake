@@ -4,6 +4,7 @@
 set(KVBENCH_GENERATED ${CMAKE_BINARY_DIR}/generated)
 set(KVBENCH_DOC_EXAMPLE_SOURCES)
 set(kvbench_doc_templates "")
+set(kvbench_doc_example_names "")
 
 # Writes only when the content changed, so a reconfigure does not rebuild what it does not touch.
 function(kvbench_write_if_changed path content)
@@ -35,6 +36,8 @@ macro(kvbench_doc_example doc source test name)
   kvbench_doc_block(${doc} ${test} kvbench_test_block)
   get_filename_component(kvbench_source_file ${source} NAME)
   get_filename_component(kvbench_test_file ${test} NAME)
+  get_filename_component(kvbench_example_name ${source} NAME_WE)
+  string(APPEND kvbench_doc_example_names " ${kvbench_example_name}")
   kvbench_write_if_changed(${KVBENCH_GENERATED}/doc_examples/${kvbench_source_file} "${kvbench_source_block}")
   kvbench_write_if_changed(${KVBENCH_GENERATED}/doc_examples/${kvbench_test_file} "${kvbench_test_block}")
   list(APPEND KVBENCH_DOC_EXAMPLE_SOURCES ${KVBENCH_GENERATED}/doc_examples/${kvbench_source_file}
@@ -52,5 +55,7 @@ kvbench_write_if_changed(${KVBENCH_GENERATED}/kvbench/doc_templates.hpp
 "#pragma once
 // Generated from docs/ by cmake/DocExamples.cmake: the templates of kvbench new method and new task.
 namespace kvb::generated {
-${kvbench_doc_templates}}  // namespace kvb::generated
+${kvbench_doc_templates}// The examples' names, each between spaces: the tests register them, so no new one may take them.
+inline constexpr const char* kDocExampleNames = \"${kvbench_doc_example_names} \";
+}  // namespace kvb::generated
 ")

@@ -860,6 +860,7 @@ TEST_CASE("kvbench bench and dump-prefill refuse values they cannot honour befor
   for (const char* cap : {"0", "1e-12", "nan", "inf", "1e10"})
     refused(bench + "--memory-cap " + cap, "must be a number of GiB, at least one byte");
   refused(bench + "--method snapkv --budget 0", "--budget 0: must be a positive number");
+  refused(bench + "--method snapkv:window=5,window=6 --budget 8", "parameter 'window' given twice");
   refused(bench + "--plot " + (dir / "no" / "plot").string(), "does not exist");
   // A method's label holds commas: the CSV quotes it.
   const auto [csv, status] =

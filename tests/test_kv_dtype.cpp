@@ -142,8 +142,8 @@ TEST_CASE("ragged rows: the axpy equals its reference, and every kernel path giv
       ragged_rows_axpy_ref(rows.data(), widths.data(), n, p.data(), g, ref.data(), ld);
       std::vector<std::vector<float>> paths;
       for (int level : {2, 1, 0}) {
+        cap_kernels_at_avx2(level == 1);  // first: it resets a forced portable level
         force_portable_kernels(level == 0);
-        cap_kernels_at_avx2(level == 1);
         std::vector<float> got = start;
         ragged_rows_axpy(rows.data(), widths.data(), n, p.data(), g, got.data(), ld);
         for (size_t i = 0; i < got.size(); ++i) REQUIRE(std::abs(got[i] - ref[i]) <= 1e-4f * (1.0f + std::abs(ref[i])));
@@ -180,8 +180,8 @@ TEST_CASE("rows dotted in channel order: every path gives std::inner_product's n
               ref[j * n + i] =
                   std::inner_product(q.begin() + j * d, q.begin() + (j + 1) * d, rows.begin() + i * d, 0.0f);
           for (int level : {2, 1, 0}) {
+            cap_kernels_at_avx2(level == 1);  // first: it resets a forced portable level
             force_portable_kernels(level == 0);
-            cap_kernels_at_avx2(level == 1);
             std::vector<float> got(ref.size(), -1.0f);
             blocks_dot_in_order(blocks.data(), t0, t1, d, q.data(), g, got.data(), n);
             for (size_t i = 0; i < got.size(); ++i) {
@@ -215,8 +215,8 @@ TEST_CASE("weighted rows summed in token order: every path gives the reference's
           std::vector<float> ref(size_t(g) * ldo, -1.0f);
           rows_weighted_in_order_ref(rows.data(), n, d, w.data(), ldw, g, skip, ref.data(), ldo);
           for (int level : {2, 1, 0}) {
+            cap_kernels_at_avx2(level == 1);  // first: it resets a forced portable level
             force_portable_kernels(level == 0);
-            cap_kernels_at_avx2(level == 1);
             std::vector<float> got(ref.size(), -1.0f);
             rows_weighted_in_order(rows.data(), n, d, w.data(), ldw, g, skip, got.data(), ldo);
             for (size_t i = 0; i < got.size(); ++i) {

@@ -52,6 +52,13 @@ TEST_CASE("scaffold: bad names, registered names and a folder that is not the so
     test::require_error([&] { scaffold(ScaffoldKind::Method, bad, root.path().string()); }, {"is not a method name"});
   test::require_error([&] { scaffold(ScaffoldKind::Method, "snapkv", root.path().string()); }, {"already registered"});
   test::require_error([&] { scaffold(ScaffoldKind::Method, "keynorm", root.path().string()); }, {"documented example"});
+  // Found by an audit: the other example's name, and names whose class is a type the code uses, did not build.
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "snapkv_int8", root.path().string()); },
+                      {"documented example"});
+  test::require_error([&] { scaffold(ScaffoldKind::Method, "prefill_view", root.path().string()); },
+                      {"class PrefillView", "uses already"});
+  test::require_error([&] { scaffold(ScaffoldKind::Task, "sample", root.path().string()); },
+                      {"class Sample", "uses already"});
   test::require_error([&] { scaffold(ScaffoldKind::Method, "fresh", root.path().string()); },
                       {"no methods/ and tests/"});
   CHECK(std::filesystem::is_empty(root.path()));

@@ -62,6 +62,15 @@ TEST_CASE("the job script: one task per shard, options as #SBATCH lines, paths q
   CHECK(script.find("--mem") == std::string::npos);
   o.sbatch_args = {"--qos=a\n#SBATCH --x"};
   require_error([&] { sbatch_script(m, o, "/lab/runs/s"); }, {"line break"});
+  // Found by an audit: sbatch cut a value at its first space.
+  nlohmann::json spaced = m;
+  spaced["name"] = "my sweep";
+  spaced["workdir"] = "/lab/my project";
+  o.sbatch_args = {};
+  const std::string quoted = sbatch_script(spaced, o, "/lab/runs/s 2");
+  for (const char* line : {"#SBATCH --job-name=\"kvbench-my sweep\"\n", "#SBATCH --chdir=\"/lab/my project\"\n",
+                           "#SBATCH --output=\"/lab/runs/s 2/logs/shard-%a.log\"\n", "#SBATCH --array=0-2\n"})
+    CHECK(quoted.find(line) != std::string::npos);
 }
 
 namespace {
@@ -161,6 +170,10 @@ TEST_CASE("submit, status and resume through stand-in Slurm commands and refusal
   part.out = (fs::path(runs) / "shard-1.jsonl").string();
   const SweepOutcome done = Sweep(part, parse_shard("1/3")).run(false);
   CHECK(done.run > 0);
+  // Found by an audit: Slurm not answering counted every task as ended, so resume would submit running
+  // shards a second time.
+  slurm.program("scontrol", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)", 1);
+  require_error([&] { slurm_resume(runs, false); }, {"cannot ask Slurm", "no answer"});
   slurm.program("scontrol",
                 "JobId=43 ArrayJobId=42 ArrayTaskId=0 JobState=RUNNING\n"
                 "JobId=44 ArrayJobId=42 ArrayTaskId=1 JobState=COMPLETED\n"

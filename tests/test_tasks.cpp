@@ -1,8 +1,11 @@
 // Task registry, Python string semantics for metrics, and the Needle-in-a-Haystack task against the
 // reference protocol (KVCache-Factory's run_needle_in_haystack.py).
+#include <fmt/format.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "harness/model/model_file.hpp"
 #include "harness/report/heatmap.hpp"
@@ -131,6 +134,23 @@ TEST_CASE("niah heatmap: colour scale and PNG, SVG, CSV files", "[tasks][report]
   std::ifstream csv(stem + ".csv");
   std::string csv_text((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());
   CHECK(csv_text == "depth_percent,1000,2000\n0,1.0000,0.0000\n100,0.5000,\n");
+}
+
+TEST_CASE("benchmark_percent: each script's order of operations, numpy's pairwise mean", "[tasks]") {
+  // Found by an audit: 21.75 / 40 is 54.37 to RULER (sum / n * 100) and 54.38 to eval.py (100 * sum / n).
+  std::vector<double> s(40, 0.0);
+  for (int i = 0; i < 21; ++i) s[size_t(i)] = 1.0;
+  s[21] = 0.75;
+  CHECK(fmt::format("{:.2f}", benchmark_percent(s, PercentRule::MeanTimes100)) == "54.37");
+  CHECK(fmt::format("{:.2f}", benchmark_percent(s, PercentRule::HundredTimesSum)) == "54.38");
+  // np.mean's bits (numpy 2.4) where its pairwise sum and an in-order sum differ.
+  for (const auto& [n, mean] : {std::pair{300, 0x1.093368a48095ep-1}, std::pair{1000, 0x1.0394417b4646bp-1}}) {
+    std::vector<double> v;
+    for (int i = 0; i < n; ++i) v.push_back(double((i * 7919) % 1000) / 997.0 + 1.0 / (i + 3));
+    CHECK(benchmark_percent(v, PercentRule::NumpyMean) == 100 * mean);
+    CHECK(benchmark_percent(v, PercentRule::MeanTimes100) != 100 * mean);
+  }
+  CHECK(std::isnan(benchmark_percent({}, PercentRule::NumpyMean)));
 }
 
 TEST_CASE("predictions made elsewhere are scored through the task registry", "[tasks]") {

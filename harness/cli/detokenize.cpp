@@ -11,6 +11,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/chat_template.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb::cli {
@@ -53,7 +54,8 @@ void register_detokenize_command(CLI::App& app) {
   cmd->add_flag("--skip-special", *skip, "Leave out special tokens");
   cmd->callback([=] {
     auto tok = load_tokenizer_file(*model);
-    fmt::print("{}\n", tok->decode(parse_ids(*ids), *skip));
+    // A character cut at either end prints as U+FFFD, as Hugging Face decodes it.
+    fmt::print("{}\n", utf8_lossy(tok->decode(parse_ids(*ids), *skip)));
   });
 }
 

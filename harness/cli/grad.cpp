@@ -27,16 +27,25 @@ struct GradArgs {
   int tokens = 0, threads = 0;
 };
 
-// The sequence: token ids from --ids as they are, or --text tokenized with BOS; the first --tokens.
+// The sequence: token ids from --ids as they are, or --text as a prompt (BOS where the tokenizer adds
+// one); the first --tokens.
 std::vector<int32_t> sequence(const GradArgs& a, const ModelFile& m) {
   std::vector<int32_t> ids;
   if (!a.ids.empty()) {
     std::ifstream in(a.ids);
     if (!in) fail("--ids {}: cannot read", a.ids);
+    nlohmann::json j;
     try {
-      ids = nlohmann::json::parse(in).get<std::vector<int32_t>>();
-    } catch (const nlohmann::json::exception&) {
-      fail("--ids {}: expected a JSON list of integer token ids", a.ids);
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail("--ids {}: not valid JSON ({})", a.ids, e.what());
+    }
+    const int vocab = m.config().vocab_size;
+    if (!j.is_array()) fail("--ids {}: expected a JSON list of integer token ids", a.ids);
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (!j[i].is_number_integer() || j[i].get<long long>() < 0 || j[i].get<long long>() >= vocab)
+        fail("--ids {}: entry {} is {}, not a token id of this model (0 to {})", a.ids, i, j[i].dump(), vocab - 1);
+      ids.push_back(j[i].get<int32_t>());
     }
   } else if (!a.text.empty()) {
     auto tok = load_tokenizer(m);
@@ -113,9 +122,10 @@ void register_grad_command(CLI::App& app) {
       "grad", "Next-token loss of a sequence and its gradients (the backward pass), optionally written as .npy");
   auto a = std::make_shared<GradArgs>();
   cmd->add_option("model", a->model, "GGUF file or Hugging Face model directory")->required();
-  auto* text = cmd->add_option("--text,-t", a->text, "Input text (tokenized with BOS, no chat template)");
+  auto* text = cmd->add_option("--text,-t", a->text,
+                               "Input text (as a prompt: BOS where the tokenizer adds one; no chat template)");
   cmd->add_option("--ids", a->ids, "JSON file holding a list of token ids (used as they are)")->excludes(text);
-  cmd->add_option("--tokens", a->tokens, "Keep the first N tokens (0: all)");
+  cmd->add_option("--tokens", a->tokens, "Keep the first N tokens (0: all)")->check(kNonNegative);
   cmd->add_option("--weights", a->weights,
                   "Gradients of: all, kv (every layer's attn_k/attn_v), or comma-separated tensor names");
   cmd->add_option("--out", a->out, "Directory for meta.json and one <tensor>.npy per gradient");

@@ -65,10 +65,12 @@ json describe(const ModelFile& m, const Tokenizer* tok) {
   j["eos"] = tok_json(sp.eos);
   j["add_bos"] = sp.add_bos;
   j["end_of_generation"] = sp.end_of_generation;
+  // None stored is null; one stored but not recognised says so (generate --chat would refuse it).
   try {
-    j["chat_template"] = ChatTemplate::for_model(m).name();
+    const auto t = ChatTemplate::stored(m);
+    j["chat_template"] = t ? json(t->name()) : json(nullptr);
   } catch (const Error&) {
-    j["chat_template"] = nullptr;
+    j["chat_template"] = "not recognised";
   }
   return j;
 }

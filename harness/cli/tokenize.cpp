@@ -44,9 +44,10 @@ void register_tokenize_command(CLI::App& app) {
   cmd->add_option("model", *model, "GGUF file, model directory, tokenizer.json or tokenizer.model")->required();
   auto* t = cmd->add_option("--text,-t", *text, "Text to tokenize");
   cmd->add_option("--file,-f", *file, "Read the text from a file")->excludes(t);
-  cmd->add_flag("--no-special", *no_special, "Treat special-token markers as plain text");
-  cmd->add_flag("--prompt", *prompt, "Add BOS/EOS as the model does for a prompt");
-  cmd->add_flag("--chat", *chat, "Wrap the text as a user message in the model's chat template");
+  auto* plain = cmd->add_flag("--no-special", *no_special, "Treat special-token markers as plain text");
+  // A prompt and a chat turn read markers as the model's special tokens, as a run does.
+  cmd->add_flag("--prompt", *prompt, "Add BOS/EOS as the model does for a prompt")->excludes(plain);
+  cmd->add_flag("--chat", *chat, "Wrap the text as a user message in the model's chat template")->excludes(plain);
   cmd->add_flag("--pieces", *pieces, "Print the vocabulary entry of each id too");
   cmd->callback([=] {
     // An empty --text is a text like any other (it tokenizes to []), so ask whether it was given.

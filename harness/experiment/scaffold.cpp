@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "harness/method/method.hpp"
 #include "harness/task/task.hpp"
@@ -67,8 +68,15 @@ ScaffoldFiles scaffold(ScaffoldKind kind, const std::string& name, const std::st
   if (!valid)
     fail("{}: '{}' is not a {} name: lower case letters, digits and underscores, starting with a letter", cmd, name,
          e.kind);
-  // The example itself is compiled into the tests under its own name.
-  if (name == e.name) fail("{}: '{}' is the documented example's own name; choose another", cmd, name);
+  // The documented examples are compiled into the tests under their own names.
+  if (std::string(generated::kDocExampleNames).find(" " + name + " ") != std::string::npos)
+    fail("{}: '{}' is a documented example's own name; choose another", cmd, name);
+  // The class takes the name in CamelCase: it must not be a type the example's code already uses.
+  const std::string renamed = scaffold_rename(kind, e.class_name, name);
+  const std::regex word("\\b" + renamed + "\\b");
+  if (renamed != e.class_name && (std::regex_search(e.source, word) || std::regex_search(e.test, word)))
+    fail("{}: '{}' would name its class {}, which the {}'s code uses already (kvbench's own type); choose another", cmd,
+         name, renamed, e.kind);
   const auto names = kind == ScaffoldKind::Method ? MethodRegistry::get().names() : TaskRegistry::get().names();
   if (std::find(names.begin(), names.end(), name) != names.end())
     fail("{}: a {} named '{}' is already registered (kvbench list {}s)", cmd, e.kind, name, e.kind);

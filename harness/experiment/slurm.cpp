@@ -148,7 +148,8 @@ void submit_array(const std::string& dir, json& manifest, const std::vector<int>
 }
 
 // Each array task's latest Slurm state (a task resubmitted takes the state of its newest job); a
-// task Slurm no longer knows (purged, no accounting) is ENDED. nullopt: Slurm cannot be asked here.
+// task Slurm no longer knows (purged, no accounting) is ENDED. nullopt: Slurm cannot be asked here, or
+// does not answer (no controller): its tasks may still run, so none counts as ended.
 std::optional<std::map<int, std::string>> task_states(const json& manifest) {
   const bool scontrol = !find_program("scontrol").empty(), sacct = !find_program("sacct").empty();
   if (!scontrol && !sacct) return std::nullopt;
@@ -158,14 +159,19 @@ std::optional<std::map<int, std::string>> task_states(const json& manifest) {
     std::map<int, std::string> s;
     // scontrol knows live jobs and those ended less than MinJobAge ago; sacct, where accounting is
     // kept, the rest.
+    bool answered = false;
     if (scontrol) {
       const ProcessResult r = run_process({"scontrol", "-o", "show", "job", id});
       if (r.exit_code == 0) s = parse_scontrol_states(r.out);
+      // A job it no longer holds is "Invalid job id"; any other failure is Slurm not answering.
+      answered = r.exit_code == 0 || r.err.find("Invalid job id") != std::string::npos;
     }
     if (s.empty() && sacct) {
       const ProcessResult r = run_process({"sacct", "-n", "-X", "-P", "-j", id, "-o", "JobID,State"});
       if (r.exit_code == 0) s = parse_sacct_states(r.out);
+      answered = r.exit_code == 0;
     }
+    if (!answered) return std::nullopt;
     for (const auto& t : job["tasks"]) {
       const int task = t.get<int>();
       states[task] = s.count(task) ? s[task] : "ENDED";
@@ -330,7 +336,14 @@ std::string sbatch_script(const json& m, const SlurmOptions& o, const std::strin
   for (const auto& a : o.sbatch_args) lines.push_back(a);
   for (const auto& l : lines) {
     if (l.find('\n') != std::string::npos) fail("sbatch option '{}': a line break cannot go into #SBATCH", l);
-    s += "#SBATCH " + l + "\n";
+    // sbatch splits a directive at spaces unless they are quoted.
+    const size_t eq = l.find('=');
+    if (l.find_first_of(" \t") == std::string::npos || eq == std::string::npos || !l.starts_with("--"))
+      s += "#SBATCH " + l + "\n";
+    else if (l.find('"') != std::string::npos)
+      fail("sbatch option '{}': a value with both spaces and a double quote cannot go into #SBATCH", l);
+    else
+      s += "#SBATCH " + l.substr(0, eq + 1) + "\"" + l.substr(eq + 1) + "\"\n";
   }
   s += fmt::format(
       "set -euo pipefail\n"
@@ -414,7 +427,10 @@ void slurm_resume(const std::string& dir, bool dry_run) {
         dir, m["version"].get<std::string>(), code_version(), m["kvbench"].get<std::string>());
   const auto states = task_states(m);
   if (!states && !m["jobs"].empty())
-    fail("cannot ask Slurm which shards of {} still run (neither scontrol nor sacct is on PATH)", dir);
+    fail(
+        "cannot ask Slurm which shards of {} still run (neither scontrol nor sacct is on PATH, or they get no answer "
+        "from Slurm)",
+        dir);
   const Recorded p = recorded(dir, cells);
   std::vector<int> todo;
   for (size_t i = 0; i < cells.by_shard.size(); ++i) {
@@ -440,7 +456,9 @@ void slurm_status(const std::string& dir) {
   fmt::print("{}: sweep '{}', {} cells in {} shards, code version {}, job{} {}\n", dir, m["name"].get<std::string>(),
              cells.total, n, m["version"].get<std::string>(), m["jobs"].size() == 1 ? "" : "s",
              jobs.empty() ? "none (not submitted)" : jobs);
-  if (!states) fmt::print("Slurm cannot be asked here (no scontrol or sacct on PATH): task states unknown\n");
+  if (!states)
+    fmt::print(
+        "Slurm cannot be asked here (no scontrol or sacct on PATH, or no answer from Slurm): task states unknown\n");
   fmt::print("{:>5} {:>6} {:>6} {:>8} {:>7}  {}\n", "shard", "cells", "done", "pending", "failed", "slurm");
   size_t done = 0, pending = 0, failed = 0, running = 0, unsubmitted = 0;
   double eta = 0;

@@ -126,6 +126,41 @@ std::pair<const TaskInfo*, std::string> scorer_of(const std::string& task_varian
 }
 }  // namespace
 
+namespace {
+// numpy's pairwise summation of float64 (add.reduce over a contiguous array): 8 running sums in blocks
+// of up to 128, halves above that.
+double numpy_pairwise_sum(std::span<const double> a) {
+  const size_t n = a.size();
+  if (n < 8) {
+    double s = 0.;
+    for (double v : a) s += v;
+    return s;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (size_t j = 0; j < 8; ++j) r[j] = a[j];
+    size_t i = 8;
+    for (; i < n - n % 8; i += 8)
+      for (size_t j = 0; j < 8; ++j) r[j] += a[i + j];
+    double s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) s += a[i];
+    return s;
+  }
+  size_t half = n / 2;
+  half -= half % 8;
+  return numpy_pairwise_sum(a.first(half)) + numpy_pairwise_sum(a.subspan(half));
+}
+}  // namespace
+
+double benchmark_percent(std::span<const double> scores, PercentRule rule) {
+  if (scores.empty()) return std::nan("");
+  const double n = double(scores.size());
+  if (rule == PercentRule::NumpyMean) return 100 * (numpy_pairwise_sum(scores) / n);
+  double sum = 0;
+  for (double v : scores) sum += v;
+  return rule == PercentRule::HundredTimesSum ? 100.0 * sum / n : sum / n * 100.0;
+}
+
 double score_prediction(const std::string& task_variant, PredictionToScore p) {
   const auto [info, variant] = scorer_of(task_variant);
   p.variant = variant;
@@ -138,8 +173,7 @@ PredictionScores score_predictions_file(const std::string& task_variant, const s
   std::ifstream in(path);
   if (!in) fail("{}: cannot read the predictions file", path);
   const char* names[] = {"0-4k", "4-8k", "8k+"};
-  double total = 0, range_sum[3] = {0, 0, 0};
-  size_t range_n[3] = {0, 0, 0};
+  std::vector<double> all, range[3];
   PredictionScores r;
   for_each_json_line(in, path, [&](const nlohmann::json& j, int no) {
     auto field = [&](const char* key, auto check, const char* expected) -> const nlohmann::json& {
@@ -163,30 +197,30 @@ PredictionScores score_predictions_file(const std::string& task_variant, const s
     } catch (const Error& e) {
       fail("{}:{}: {}", path, no, e.what());
     }
-    total += s;
+    all.push_back(s);
     ++r.lines;
     if (by_length) {
       const double len = field(
                              "length", [](const auto& v) { return v.is_number(); }, "a number")
                              .get<double>();
       const int k = len < 4000 ? 0 : len < 8000 ? 1 : 2;
-      range_sum[k] += s;
-      ++range_n[k];
+      range[k].push_back(s);
     }
     return true;
   });
   if (r.lines == 0) fail("{}: no predictions", path);
-  // eval.py's round(100 * sum / n, 2): Python rounds the double's exact decimal value, an exact tie to
-  // even (3.125 -> 3.12, where std::round(312.5) gives 3.13), as printf's %.2f does.
-  auto pct = [](double sum, size_t n) {
+  // The benchmark's own order of operations, then Python's round(x, 2): it rounds the double's exact
+  // decimal value, an exact tie to even (3.125 -> 3.12, where std::round(312.5) gives 3.13), as printf's
+  // %.2f does.
+  auto pct = [](std::span<const double> s, PercentRule rule) {
+    if (s.empty()) return std::nan("");
     char text[64];
-    std::snprintf(text, sizeof text, "%.2f", 100.0 * sum / double(n));
+    std::snprintf(text, sizeof text, "%.2f", benchmark_percent(s, rule));
     return std::strtod(text, nullptr);
   };
-  r.score = pct(total, r.lines);
+  r.score = pct(all, info->layout.percent);
   if (by_length)
-    for (int k = 0; k < 3; ++k)
-      r.ranges.emplace_back(names[k], range_n[k] ? pct(range_sum[k], range_n[k]) : std::nan(""));
+    for (int k = 0; k < 3; ++k) r.ranges.emplace_back(names[k], pct(range[k], PercentRule::NumpyMean));
   return r;
 }
 

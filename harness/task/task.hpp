@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,15 @@ struct ReportColumn {
   std::string name = {};   // its short name in tables ("Qasper")
   std::string group = {};  // a heading over adjacent columns ("Single-Doc QA")
 };
+// How a benchmark's own script turns its samples' scores into the percent it rounds to 2 decimals; the
+// order of the operations decides a rounding tie (21.75 / 40: RULER's 54.37, eval.py's 54.38).
+enum class PercentRule {
+  MeanTimes100,     // sum / n * 100, the sum in order (RULER's string_match_*, lm-eval's means)
+  HundredTimesSum,  // 100 * sum / n (LongBench's eval.py)
+  NumpyMean,        // 100 * np.mean(scores), numpy summing pairwise (LongBench-E's eval.py --e)
+};
+double benchmark_percent(std::span<const double> scores, PercentRule rule);
+
 struct TaskLayout {
   std::string title = {};                  // the paper table's caption; empty: the generic tables only
   std::string column_option = {};          // the option whose values are the paper table's columns
@@ -139,7 +149,7 @@ struct TaskLayout {
   // Under the paper table; {shown} is the number of columns with results, {left_out} a remark when
   // that is fewer than all.
   std::string note = {};
-  bool nulls = false;  // a column counting empty predictions
+  bool nulls = false;  // a column counting empty predictions (RULER's rule: control characters count as space)
   // One paper table per value of this option (RULER's context length), and a table of the mean over
   // columns per value; `length_default` where a record leaves it out.
   std::string length_option = {}, length_default = {};
@@ -154,6 +164,7 @@ struct TaskLayout {
   // The paper table ends with the mean over its columns (false where the columns are other scores of the
   // same samples, as GSM8K's two filters).
   bool average = true;
+  PercentRule percent = PercentRule::MeanTimes100;  // a column's score from its samples'
 };
 
 struct TaskInfo {

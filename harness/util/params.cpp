@@ -158,7 +158,10 @@ NamedParams parse_named_params(const std::string& spec, const std::string& optio
     const std::string kv = spec.substr(b, e - b);
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) fail("{} {}: '{}' is not key=value", option, spec, kv);
-    out.params.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    const std::string key = kv.substr(0, eq);
+    for (const auto& given : out.params)
+      if (given.first == key) fail("{} {}: parameter '{}' given twice", option, spec, key);
+    out.params.emplace_back(key, kv.substr(eq + 1));
     b = e + 1;
   }
   return out;

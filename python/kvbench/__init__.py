@@ -241,5 +241,8 @@ def score(dataset: str, predictions: Sequence[str] | str | os.PathLike, answers:
         return {k: (round(100 * float(np.mean(v)), 2) if v else None) for k, v in ranges.items()}
     if not len(s):
         raise ValueError("score: no predictions")
-    mean = 100 * sum(s.tolist()) / len(s)  # summed in order, as eval.py does
+    # Summed in order, in each script's own order of operations (a rounding tie goes its way): eval.py's
+    # 100 * sum / n, RULER's sum / n * 100.
+    total = sum(s.tolist())
+    mean = total / len(s) * 100 if dataset.startswith("ruler/") else 100 * total / len(s)
     return mean if dataset == "niah" else round(mean, 2)

@@ -409,7 +409,8 @@ TaskLayout layout(bool e) {
                .note =
                    "Scores x 100 with each dataset's official metric; Avg. = mean of the {shown} datasets "
                    "shown{left_out}",
-               .pooled_options = {"dataset"}};
+               .pooled_options = {"dataset"},
+               .percent = PercentRule::HundredTimesSum};
   // LongBench-E's buckets, by the record's own length field as its eval.py reads it.
   if (e) l.length_ranges = {{"0-4k", {0, 4000}}, {"4-8k", {4000, 8000}}, {"8k+", {8000, INT32_MAX}}};
   return l;
