@@ -48,7 +48,7 @@ TEST_CASE("KV rows: encoding rounds to nearest even like the scalar conversions,
   auto x = randn(4099, 1, 3.0f);
   // Edges: subnormal halves, the largest half, overflow to infinity, ties, zeros of both signs.
   for (float e : {6.0e-8f, -3.0e-5f, 65504.0f, 65520.0f, 1e6f, -1e6f, 1.0009765625f, 0.0f, -0.0f,
-                  std::numeric_limits<float>::infinity(), 1e-40f})
+                  std::numeric_limits<float>::infinity(), 1e-40f, 1.5f})  // the tail ends on a nonzero
     x.push_back(e);
   for (KvDtype t : {KvDtype::F16, KvDtype::BF16}) {
     const auto got = encoded(t, x);
