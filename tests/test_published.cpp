@@ -353,7 +353,7 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   write_comparison({(dir / "r.jsonl").string()}, published, "", "", out, {"md", "csv"});
   const auto cells = read_csv_rows(out + "/compare-t1-cells.csv");
   // table,model,method,params,budget,task,length,column,published,ours,ci_low,ci_high,samples,difference,
-  // published_inside
+  // published_inside,coverage
   REQUIRE(cells.size() == 1 + 6);  // the first model the table lists
   auto find = [&](const std::string& method, const std::string& column) {
     for (const auto& c : cells)
@@ -373,6 +373,10 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
   CHECK(find("fullkv", "avg")[9] == "55.0000");  // (40 + 70) / 2
   CHECK(find("snapkv", "trec")[9].empty());      // not run: no number of ours
   CHECK(find("snapkv", "avg")[9] == "20.0000");  // over the one column we have
+  // Found by an audit: a partial average was subtracted from the paper's full one.
+  CHECK(find("snapkv", "avg")[13].empty());
+  CHECK(find("snapkv", "avg")[15] == "1/2");
+  CHECK(find("fullkv", "avg")[13] == "1.8500");
   std::stringstream md;
   md << std::ifstream(out + "/compare-t1.md").rdbuf();
   CHECK(md.str().find("20.00 (1/2)") != std::string::npos);

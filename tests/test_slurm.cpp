@@ -68,6 +68,12 @@ TEST_CASE("the job script: one task per shard, options as #SBATCH lines, paths q
   spaced["workdir"] = "/lab/my project";
   o.sbatch_args = {};
   const std::string quoted = sbatch_script(spaced, o, "/lab/runs/s 2");
+  spaced["name"] = "bob's #1";
+  CHECK(sbatch_script(spaced, o, "/lab/runs/s").find("#SBATCH --job-name=\"kvbench-bob's #1\"\n") != std::string::npos);
+  spaced["name"] = "my sweep";
+  spaced["workdir"] = "/lab/a\\b\"c";
+  CHECK(sbatch_script(spaced, o, "/lab/runs/s").find("#SBATCH --chdir=\"/lab/a\\\\b\\\"c\"\n") != std::string::npos);
+  spaced["workdir"] = "/lab/my project";
   for (const char* line : {"#SBATCH --job-name=\"kvbench-my sweep\"\n", "#SBATCH --chdir=\"/lab/my project\"\n",
                            "#SBATCH --output=\"/lab/runs/s 2/logs/shard-%a.log\"\n", "#SBATCH --array=0-2\n"})
     CHECK(quoted.find(line) != std::string::npos);
@@ -174,6 +180,11 @@ TEST_CASE("submit, status and resume through stand-in Slurm commands and refusal
   // shards a second time.
   slurm.program("scontrol", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)", 1);
   require_error([&] { slurm_resume(runs, false); }, {"cannot ask Slurm", "no answer"});
+  // A job scontrol has forgotten, on a cluster without accounting (sacct fails on every job): ended.
+  slurm.program("scontrol", "slurm_load_jobs error: Invalid job id specified", 1);
+  slurm.program("sacct", "sacct: error: Slurm accounting storage is disabled", 1);
+  CHECK_NOTHROW(slurm_resume(runs, true));
+  fs::remove(dir / "bin" / "sacct");
   slurm.program("scontrol",
                 "JobId=43 ArrayJobId=42 ArrayTaskId=0 JobState=RUNNING\n"
                 "JobId=44 ArrayJobId=42 ArrayTaskId=1 JobState=COMPLETED\n"

@@ -170,6 +170,12 @@ TEST_CASE("chat formats are recognised from their Jinja templates", "[tokenizer]
   CHECK(chatml->default_system().empty());
   CHECK(chatml->render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   CHECK_FALSE(ChatTemplate::from_jinja("{{ messages }}"));
+  // A ChatML template opening with the tokenizer's BOS (Hermes-2-Pro-Llama-3) leaves its id to the caller.
+  CHECK(ChatTemplate::from_jinja("{{bos_token}}{% for message in messages %}{{'<|im_start|>' + message['role']}}")
+            ->prepends_bos());
+  CHECK_FALSE(chatml->prepends_bos());
+  // Tekken's "[INST]" + content (Mistral Nemo) is none of the layouts rendered.
+  CHECK_FALSE(ChatTemplate::from_jinja("{{ '[INST]' + message['content'] + '[/INST]' }}"));
 }
 
 TEST_CASE("pre-tokenizer presets and BPE merge order", "[tokenizer]") {

@@ -206,13 +206,12 @@ class Table {
 
  private:
   void line(const std::vector<std::string>& cells) const {
-    if (md_) {
-      fmt::print("| {} |\n", fmt::join(cells, " | "));
-      return;
-    }
     std::vector<std::string> quoted;
-    for (const auto& c : cells) quoted.push_back(csv_field(c));
-    fmt::print("{}\n", fmt::join(quoted, ","));
+    for (const auto& c : cells) quoted.push_back(md_ ? markdown_cell(c) : csv_field(c));
+    if (md_)
+      fmt::print("| {} |\n", fmt::join(quoted, " | "));
+    else
+      fmt::print("{}\n", fmt::join(quoted, ","));
   }
   bool md_;
 };
@@ -360,8 +359,8 @@ class Bench {
     // After the timed work, which then follows what it followed before each run had its profile.
     x.profiles.push_back(profile_prefill(first_ids, make_observer(), x.flops));
   }
-  // The row of the runs. full: the full cache's row at this context and batch (null for the full cache
-  // itself), for the speed-up and the bytes ratio.
+  // The row of the runs. full: the full cache's row at this context, at this batch or under --memory-cap
+  // at its own (null for the full cache itself), for the speed-up and the bytes ratio.
   Row finish(const Runs& x, const Row* full) {
     Row row = x.row;
     row.accounted = engine_.weight_bytes() + row.kv_bytes + size_t(row.batch) * engine_.decode_buffer_bytes();

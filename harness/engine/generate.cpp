@@ -19,7 +19,9 @@ std::vector<int32_t> build_prompt(const ModelFile& model, const Tokenizer& tok, 
   const ChatTemplate tmpl = ChatTemplate::for_model(model);
   // As transformers' apply_chat_template(tokenize=True) and kvpress encode it: no special token added,
   // so a BOS is there only where the template writes one.
-  return tok.encode(tmpl.render({{"user", text}}, true));
+  std::vector<int32_t> ids = tok.encode(tmpl.render({{"user", text}}, true));
+  if (tmpl.prepends_bos() && tok.special().bos) ids.insert(ids.begin(), *tok.special().bos);
+  return ids;
 }
 
 PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const std::string& context,
@@ -44,6 +46,7 @@ PromptIds build_split_prompt(const ModelFile& model, const Tokenizer& tok, const
   const size_t cut = text.find(separator);
   if (cut == std::string::npos) fail("chat template: the user turn's text did not come through the rendering");
   p.prefill = tok.encode(std::string_view(text).substr(0, cut));
+  if (tmpl->prepends_bos() && tok.special().bos) p.prefill.insert(p.prefill.begin(), *tok.special().bos);
   p.after = tok.encode(question + text.substr(cut + separator.size()) + answer_prefix);
   truncate();
   return p;

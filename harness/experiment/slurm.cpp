@@ -169,7 +169,8 @@ std::optional<std::map<int, std::string>> task_states(const json& manifest) {
     if (s.empty() && sacct) {
       const ProcessResult r = run_process({"sacct", "-n", "-X", "-P", "-j", id, "-o", "JobID,State"});
       if (r.exit_code == 0) s = parse_sacct_states(r.out);
-      answered = r.exit_code == 0;
+      // Without accounting sacct fails on every job: scontrol's answer stands.
+      answered = answered || r.exit_code == 0;
     }
     if (!answered) return std::nullopt;
     for (const auto& t : job["tasks"]) {
@@ -336,14 +337,16 @@ std::string sbatch_script(const json& m, const SlurmOptions& o, const std::strin
   for (const auto& a : o.sbatch_args) lines.push_back(a);
   for (const auto& l : lines) {
     if (l.find('\n') != std::string::npos) fail("sbatch option '{}': a line break cannot go into #SBATCH", l);
-    // sbatch splits a directive at spaces unless they are quoted.
+    // sbatch reads a directive as a shell would: spaces split it, quotes and backslashes are syntax and
+    // '#' starts a comment. Such a value goes in double quotes, its '\\' and '"' escaped.
     const size_t eq = l.find('=');
-    if (l.find_first_of(" \t") == std::string::npos || eq == std::string::npos || !l.starts_with("--"))
+    if (l.find_first_of(" \t#'\"\\") == std::string::npos || eq == std::string::npos || !l.starts_with("--")) {
       s += "#SBATCH " + l + "\n";
-    else if (l.find('"') != std::string::npos)
-      fail("sbatch option '{}': a value with both spaces and a double quote cannot go into #SBATCH", l);
-    else
-      s += "#SBATCH " + l.substr(0, eq + 1) + "\"" + l.substr(eq + 1) + "\"\n";
+      continue;
+    }
+    std::string value;
+    for (char c : l.substr(eq + 1)) value += c == '\\' || c == '"' ? std::string("\\") + c : std::string(1, c);
+    s += "#SBATCH " + l.substr(0, eq + 1) + "\"" + value + "\"\n";
   }
   s += fmt::format(
       "set -euo pipefail\n"

@@ -37,8 +37,9 @@ std::vector<std::vector<int32_t>> token_sequences(const Tokenizer& tok, const st
     total += cur.size();
     out.push_back(std::move(cur));
   }
-  fmt::print(stderr, "{} asks for {} tokens; the text gives {} ({} sequence(s) of up to {}), used as they are\n", asked,
-             tokens, total, out.size(), len);
+  if (total < tokens)
+    fmt::print(stderr, "{} asks for {} tokens; the text gives {} ({} sequence(s) of up to {}), used as they are\n",
+               asked, tokens, total, out.size(), len);
   return out;
 }
 

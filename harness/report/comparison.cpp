@@ -41,6 +41,7 @@ struct Cell {
   MeanInterval ci;  // of ours, x 1 (scores in [0, 1]); none for an average over columns
   int samples = 0;
   std::string coverage;  // for avg: "k/n" columns of ours behind it, if not all
+  bool partial = false;  // an avg over fewer of the paper's columns than its own: no difference to take
 };
 
 std::string fmt2(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", v); }
@@ -260,7 +261,10 @@ void write_comparison(const std::vector<std::string>& results, const std::string
           if (const double v = mean_ours(*r, col, samples); !std::isnan(v)) sum += v, ++n;
         }
         if (n) c.ours = sum / n;
-        if (n && printed && n < int(over.size())) c.coverage = fmt::format("{}/{}", n, over.size());
+        if (n && printed && n < int(over.size())) {
+          c.coverage = fmt::format("{}/{}", n, over.size());
+          c.partial = true;
+        }
         if (n && !printed) c.coverage = fmt::format("over {} of ours", n);
       }
       cells.push_back(c);
@@ -304,7 +308,7 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     int inside = 0, with_interval = 0;
     std::string cells_csv =
         "table,model,method,params,budget,task,length,column,published,ours,ci_low,ci_high,samples,difference,"
-        "published_inside\n";
+        "published_inside,coverage\n";
     for (const auto& block_key : blocks) {
       // Plain names, not a structured binding: lambdas below capture them (clang 14 cannot).
       const int length = block_key.first;
@@ -350,15 +354,16 @@ void write_comparison(const std::vector<std::string>& results, const std::string
           mine.push_back((has_ci ? interval_text(c.ci, scale) : fmt2(c.ours)) +
                          (c.coverage.empty() ? "" : " (" + c.coverage + ")"));
           theirs.push_back(fmt2(c.row->score) + (same_model && in ? " (in)" : ""));
-          diff.push_back(std::isnan(c.ours) ? "-" : fmt::format("{:+.2f}", c.ours - c.row->score));
-          cells_csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t),
+          const bool comparable = !std::isnan(c.ours) && !c.partial;
+          diff.push_back(comparable ? fmt::format("{:+.2f}", c.ours - c.row->score) : "-");
+          cells_csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(t),
                                    csv_field(paper_model), method, csv_field(params_text(params)), budget_text(budget),
                                    task, length ? std::to_string(length) : "", col, c.row->score,
                                    std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours),
                                    has_ci ? fmt::format("{:.4f}", scaled(c.ci.low, scale)) : "",
                                    has_ci ? fmt::format("{:.4f}", scaled(c.ci.high, scale)) : "", c.samples,
-                                   std::isnan(c.ours) ? "" : fmt::format("{:.4f}", c.ours - c.row->score),
-                                   has_ci ? (in ? "yes" : "no") : "");
+                                   comparable ? fmt::format("{:.4f}", c.ours - c.row->score) : "",
+                                   has_ci ? (in ? "yes" : "no") : "", c.coverage);
           if (!std::isnan(c.ours) && col != "avg") {
             xs.push_back(c.row->score);
             ys.push_back(c.ours);

@@ -7,10 +7,8 @@
 #include "harness/util/error.hpp"
 
 namespace kvb {
-namespace {
 
-// A cell's text kept inside its cell: a '|' would end it and a line break the row.
-std::string md_cell(const std::string& c) {
+std::string markdown_cell(const std::string& c) {
   std::string out;
   for (char ch : c)
     out += ch == '|'    ? std::string("\\|")
@@ -20,9 +18,11 @@ std::string md_cell(const std::string& c) {
   return out;
 }
 
+namespace {
+
 std::string row_md(const std::vector<std::string>& cells) {
   std::string s = "|";
-  for (const auto& c : cells) s += " " + md_cell(c) + " |";
+  for (const auto& c : cells) s += " " + markdown_cell(c) + " |";
   return s + "\n";
 }
 

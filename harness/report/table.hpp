@@ -25,6 +25,8 @@ std::string to_markdown(const Table& t);
 std::string to_csv(const Table& t);
 std::string to_latex(const Table& t);
 
+// A Markdown table cell's text: a '|' would end the cell and a line break the row.
+std::string markdown_cell(const std::string& c);
 // A CSV field, quoted where it must be.
 std::string csv_field(const std::string& s);
 

@@ -360,7 +360,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     Table t = blocks_table<std::pair<std::string, std::pair<int, int>>>(
         es, layout.length_ranges,
         [](const Entry& e, const auto& r) { return e.length >= r.second.first && e.length < r.second.second; }, false,
-        false);
+        false, Scale::Percent, true, PercentRule::NumpyMean);  // eval.py --e: round(100 * np.mean(...), 2)
     t.caption = layout.title + ": mean score per length range";
     t.columns = {"Method"};
     for (const auto& r : layout.length_ranges) t.columns.push_back(r.first);

@@ -120,6 +120,7 @@ std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
     // Qwen3's template thinks unless told not to; rendered with enable_thinking=False, as kvpress runs
     // it, the answer follows an empty think block.
     t.thinking_off_ = contains(jinja, "enable_thinking");
+    t.chatml_bos_ = contains(jinja, "bos_token");
   } else if (contains(jinja, "<|start_header_id|>")) {
     t.format_ = Format::Llama3;
     // Llama 3.1 to 3.3 open every conversation with a system turn that dates the model, whether or not
@@ -134,7 +135,7 @@ std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
     }
   } else if (contains(jinja, "<<SYS>>")) {
     t.format_ = Format::Llama2;
-  } else if (contains(jinja, "[INST]")) {
+  } else if (contains(jinja, "[INST] ")) {
     t.format_ = Format::Mistral;
     // v0.3's template closes a turn with "[/INST]" right after the content, and gives the system
     // message to the last user turn; v0.1's writes " [/INST]".

@@ -34,6 +34,9 @@ class ChatTemplate {
   Format format() const { return format_; }
   std::string name() const;
   const std::string& default_system() const { return default_system_; }
+  // A ChatML template that opens with the tokenizer's {{ bos_token }} (Hermes-2-Pro-Llama-3): render()
+  // leaves it to the caller, which knows its id.
+  bool prepends_bos() const { return chatml_bos_; }
 
  private:
   Format format_ = Format::ChatML;
@@ -41,7 +44,8 @@ class ChatTemplate {
   // Llama 3.1-3.3: the system turn every conversation opens with. The date is the template's literal
   // default; transformers renders today's date instead for Llama 3.2's template, which asks for it.
   std::string knowledge_date_, today_date_;
-  bool mistral_v3_ = false;    // "[INST] content[/INST]", the system message on the last user turn
+  bool mistral_v3_ = false;  // "[INST] content[/INST]", the system message on the last user turn
+  bool chatml_bos_ = false;
   bool thinking_off_ = false;  // a template with enable_thinking (Qwen3): an empty think block opens the answer
 };
 

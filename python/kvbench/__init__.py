@@ -241,8 +241,8 @@ def score(dataset: str, predictions: Sequence[str] | str | os.PathLike, answers:
         return {k: (round(100 * float(np.mean(v)), 2) if v else None) for k, v in ranges.items()}
     if not len(s):
         raise ValueError("score: no predictions")
-    # Summed in order, in each script's own order of operations (a rounding tie goes its way): eval.py's
-    # 100 * sum / n, RULER's sum / n * 100.
+    # Summed in order, in each script's own order of operations (a rounding tie goes its way): LongBench's
+    # eval.py 100 * sum / n, the others' (RULER's) sum / n * 100, as `kvbench score` takes them.
     total = sum(s.tolist())
-    mean = total / len(s) * 100 if dataset.startswith("ruler/") else 100 * total / len(s)
+    mean = 100 * total / len(s) if dataset.startswith("longbench/") else total / len(s) * 100
     return mean if dataset == "niah" else round(mean, 2)
