@@ -28,16 +28,16 @@
 namespace kvb::report {
 namespace {
 
+// Values in the order added: their mean, summed in that order, and what a benchmark's own percent needs.
 struct Mean {
-  double sum = 0;
-  int n = 0;
-  std::vector<double> values;  // in the order added, for the benchmark's own percent
-  void add(double v) {
-    sum += v;
-    ++n;
-    values.push_back(v);
+  std::vector<double> values;
+  void add(double v) { values.push_back(v); }
+  int n() const { return static_cast<int>(values.size()); }
+  double value() const {
+    double sum = 0;
+    for (double v : values) sum += v;
+    return values.empty() ? std::nan("") : sum / n();
   }
-  double value() const { return n ? sum / n : std::nan(""); }
 };
 
 std::string pct(double v, Scale s = Scale::Percent) {
@@ -98,7 +98,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
         const bool own = c.size() == 1 && scale == Scale::Percent;
         row.push_back(own ? fmt::format("{:.2f}", benchmark_percent(c.begin()->second.values, rule))
                           : pct(m.value(), scale));
-        if (m.n) avg.add(m.value());
+        if (m.n()) avg.add(m.value());
       }
       if (average) row.push_back(pct(avg.value(), scale));
       if (nulls) row.push_back(std::to_string(empty));
@@ -270,9 +270,9 @@ void write_method_budget(const std::string& task, const std::vector<const Entry*
         }
       const std::string fp16 =
           std::abs(kv16.value() - kv.value()) > 1e-9 ? fmt::format(", {:.1f}% fp16", 100 * kv16.value()) : "";
-      if (sc.n) {
-        n_min = std::min(n_min, sc.n);
-        n_max = std::max(n_max, sc.n);
+      if (sc.n()) {
+        n_min = std::min(n_min, sc.n());
+        n_max = std::max(n_max, sc.n());
         const MeanInterval ci = score_interval(strata_of(strata));
         row.push_back(fmt::format("{} ({:.1f}%{}, n={})", interval_text(ci, scale), 100 * kv.value(), fp16, ci.n));
         series.points.push_back({kv16.value(), sc.value(), ci.low, ci.high, ci.n});

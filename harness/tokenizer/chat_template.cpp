@@ -17,9 +17,6 @@ namespace {
 
 bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
 
-// Jinja's |trim and Python's str.strip(): Unicode whitespace.
-std::string trim(const std::string& s) { return python_strip(s); }
-
 // The text a template writes as it stands: the raw text between its tags, and the string literals
 // inside {{ }} and {% %} with their escapes decoded (Jinja reads them as Python's unicode-escape
 // does). Expressions and comments are left out, so a literal never runs into a message's content.
@@ -127,7 +124,7 @@ std::optional<ChatTemplate> ChatTemplate::from_jinja(const std::string& jinja) {
     // the conversation has a system message.
     const std::string kd = "Cutting Knowledge Date: ";
     for (const std::string& lit : jinja_literals(jinja))
-      if (lit.starts_with(kd)) t.knowledge_date_ = trim(lit.substr(kd.size()));
+      if (lit.starts_with(kd)) t.knowledge_date_ = python_strip(lit.substr(kd.size()));
     if (!t.knowledge_date_.empty()) {
       t.today_date_ = jinja_set_literal(jinja, "date_string");
       if (t.today_date_.empty())
@@ -238,11 +235,12 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       size_t k = 0;
       if (!knowledge_date_.empty()) {
         out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: " + knowledge_date_ +
-               "\nToday Date: " + today_date_ + "\n\n" + (has_system ? trim(messages[0].content) : "") + "<|eot_id|>";
+               "\nToday Date: " + today_date_ + "\n\n" + (has_system ? python_strip(messages[0].content) : "") +
+               "<|eot_id|>";
         k = has_system ? 1 : 0;
       }
       for (; k < messages.size(); ++k)
-        out += "<|start_header_id|>" + messages[k].role + "<|end_header_id|>\n\n" + trim(messages[k].content) +
+        out += "<|start_header_id|>" + messages[k].role + "<|end_header_id|>\n\n" + python_strip(messages[k].content) +
                "<|eot_id|>";
       if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
@@ -263,7 +261,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
           std::string content = m.content;
           if (llama2) {
             if (k == first && has_system) content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
-            content = trim(content);
+            content = python_strip(content);
           } else if (has_system &&
                      (mistral_v3_ ? k + 1 == messages.size() : first_user && !messages[0].content.empty())) {
             content = messages[0].content + "\n\n" + content;
@@ -272,7 +270,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
                  (mistral_v3_ ? "[/INST]" : " [/INST]");
           first_user = false;
         } else if (m.role == "assistant") {
-          out += " " + (llama2 || mistral_v3_ ? trim(m.content) : m.content) + (llama2 ? " </s>" : "</s>");
+          out += " " + (llama2 || mistral_v3_ ? python_strip(m.content) : m.content) + (llama2 ? " </s>" : "</s>");
         } else {
           fail("chat template {}: role '{}' is not supported after the first message", name(), m.role);
         }
