@@ -120,16 +120,24 @@ std::vector<std::vector<std::string>> rouge_sentences(std::string_view text) {
   return out;
 }
 
-// Words of one LCS of (x, y), reconstructed as rouge 1.0.1's _recon_lcs does.
-void lcs_words(const std::vector<std::string>& x, const std::vector<std::string>& y, std::set<std::string>& into) {
+// rouge 1.0.1's _recon_lcs walks its LCS table recursively, one Python frame per step, so a long path
+// raises RecursionError and metrics.py scores the pair 0. Under LongBench's eval.py (CPython 3.11, the
+// default limit of 1000) the walk gets 991 frames through rouge_score, one fewer through rouge_zh_score:
+// measured with tools/reference/longbench_metrics.py's cases at the edge.
+constexpr size_t kRougeReconFrames = 991;
+
+// Words of one LCS of (x, y), reconstructed as rouge 1.0.1's _recon_lcs does; false when the walk needs
+// more than `frames` frames (the steps and the call that ends it).
+bool lcs_words(const std::vector<std::string>& x, const std::vector<std::string>& y, size_t frames,
+               std::set<std::string>& into) {
   const size_t n = x.size(), m = y.size();
   std::vector<int> t((n + 1) * (m + 1), 0);
   auto T = [&](size_t i, size_t j) -> int& { return t[i * (m + 1) + j]; };
   for (size_t i = 1; i <= n; ++i)
     for (size_t j = 1; j <= m; ++j)
       T(i, j) = x[i - 1] == y[j - 1] ? T(i - 1, j - 1) + 1 : std::max(T(i - 1, j), T(i, j - 1));
-  size_t i = n, j = m;
-  while (i > 0 && j > 0) {
+  size_t i = n, j = m, steps = 0;
+  for (; i > 0 && j > 0; ++steps) {
     if (x[i - 1] == y[j - 1]) {
       into.insert(x[i - 1]);
       --i;
@@ -140,6 +148,7 @@ void lcs_words(const std::vector<std::string>& x, const std::vector<std::string>
       --j;
     }
   }
+  return steps + 1 <= frames;
 }
 
 // fuzzywuzzy fuzz.ratio with python-Levenshtein: round(100 * 2 LCS / (|a| + |b|)), half to even. Its
@@ -214,21 +223,30 @@ double qa_f1_zh(std::string_view prediction, std::string_view reference, const J
   return f1_of(tokens(prediction), tokens(reference));
 }
 
-double rouge_zh(std::string_view prediction, std::string_view reference, const Jieba& jieba) {
-  return rouge_l(join_words(jieba.cut(prediction)), join_words(jieba.cut(reference)));
-}
+namespace {
 
-double rouge_l(std::string_view prediction, std::string_view reference) {
+double rouge_l_within(std::string_view prediction, std::string_view reference, size_t recon_frames) {
   const auto hyp = rouge_sentences(prediction), ref = rouge_sentences(reference);
   if (hyp.empty() || ref.empty()) return 0.0;  // the package raises; metrics.py scores 0
   std::set<std::string> ref_words, hyp_words, lcs_union;
   for (const auto& s : ref) ref_words.insert(s.begin(), s.end());
   for (const auto& s : hyp) hyp_words.insert(s.begin(), s.end());
   for (const auto& r : ref)
-    for (const auto& c : hyp) lcs_words(r, c, lcs_union);
+    for (const auto& c : hyp)
+      if (!lcs_words(r, c, recon_frames, lcs_union)) return 0.0;
   const double llcs = double(lcs_union.size());
   const double r = llcs / double(ref_words.size()), p = llcs / double(hyp_words.size());
   return 2.0 * (p * r / (p + r + 1e-8));
+}
+
+}  // namespace
+
+double rouge_l(std::string_view prediction, std::string_view reference) {
+  return rouge_l_within(prediction, reference, kRougeReconFrames);
+}
+
+double rouge_zh(std::string_view prediction, std::string_view reference, const Jieba& jieba) {
+  return rouge_l_within(join_words(jieba.cut(prediction)), join_words(jieba.cut(reference)), kRougeReconFrames - 1);
 }
 
 double classification(std::string_view prediction, std::string_view reference,

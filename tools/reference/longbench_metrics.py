@@ -14,6 +14,7 @@ import os
 import random
 import re
 import string
+import sys
 from collections import Counter
 
 import jieba
@@ -43,11 +44,26 @@ def qa_f1(pred, gt):
     return token_f1(normalize_answer(pred).split(), normalize_answer(gt).split())
 
 
-def rouge_l(pred, gt):
+def depth():
+    """Frames on the stack of the caller, itself included."""
+    frame, n = sys._getframe(1), 0
+    while frame is not None:
+        frame, n = frame.f_back, n + 1
+    return n
+
+
+def rouge_l(pred, gt, eval_depth=3):
+    """metrics.py's rouge_score, with the stack headroom it has under eval.py, where it runs `eval_depth`
+    frames deep (<module>, scorer, rouge_score; rouge_zh_score adds one). rouge 1.0.1 walks its LCS table
+    recursively, so a long walk raises RecursionError there and the pair scores 0."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000 + depth() - eval_depth)
     try:
         return Rouge().get_scores([pred], [gt], avg=True)["rouge-l"]["f"]
     except Exception:
         return 0.0
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def normalize_zh_answer(s):
@@ -63,7 +79,7 @@ def qa_f1_zh(pred, gt):
 
 
 def rouge_zh(pred, gt):
-    return rouge_l(" ".join(jieba.cut(pred, cut_all=False)), " ".join(jieba.cut(gt, cut_all=False)))
+    return rouge_l(" ".join(jieba.cut(pred, cut_all=False)), " ".join(jieba.cut(gt, cut_all=False)), eval_depth=4)
 
 
 def classification(pred, gt, all_classes):
@@ -226,6 +242,27 @@ for _ in range(50):
     zh_pairs.append((p, g))
 for p, g in zh_pairs:
     cases.append({"metric": "qa_f1_zh", "prediction": p, "answer": g, "score": qa_f1_zh(p, g)})
+    cases.append({"metric": "rouge_zh", "prediction": p, "answer": g, "score": rouge_zh(p, g)})
+
+# Long summaries at the edge of rouge's recursion: identical texts around 990 words, and reference and
+# prediction sentences whose LCS walk crosses the limit partway (the walk is at most |r| + |c| - LCS steps).
+lrng = random.Random(20261207)
+for n in (988, 989, 990, 991, 992):
+    text = " ".join(f"w{i}" for i in range(n))
+    cases.append({"metric": "rouge", "prediction": text, "answer": text, "score": rouge_l(text, text)})
+for _ in range(12):
+    g = [f"w{lrng.randrange(300)}" for _ in range(lrng.randrange(450, 800))]
+    keep = lrng.uniform(0.5, 0.95)
+    p = [w for w in g if lrng.random() < keep] + [f"w{lrng.randrange(300)}" for _ in range(lrng.randrange(0, 250))]
+    lrng.shuffle(p) if lrng.random() < 0.3 else None
+    pred = " ".join(p) + (". short sentence" if lrng.random() < 0.4 else "")
+    cases.append({"metric": "rouge", "prediction": pred, "answer": " ".join(g), "score": rouge_l(pred, " ".join(g))})
+for n in (988, 989, 990, 991):  # jieba keeps these words whole: the same edge, one frame nearer
+    text = " ".join(f"w{i}" for i in range(n))
+    cases.append({"metric": "rouge_zh", "prediction": text, "answer": text, "score": rouge_zh(text, text)})
+for _ in range(6):
+    g = "".join(zrng.choice(ZH) for _ in range(zrng.randrange(700, 1200)))
+    p = zh_perturb(g) if zrng.random() < 0.5 else g[: zrng.randrange(len(g) // 2, len(g))] + zh_phrase(40)
     cases.append({"metric": "rouge_zh", "prediction": p, "answer": g, "score": rouge_zh(p, g)})
 
 print(json.dumps({"generator": "tools/reference/longbench_metrics.py", "cases": cases}, ensure_ascii=False, indent=0))
