@@ -12,6 +12,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "test_util.hpp"
 
@@ -515,4 +516,26 @@ TEST_CASE("a prefill of some layers from given hidden states gives their views a
   hidden.pop_back();
   test::require_error([&] { e.prefill_layers(ids, 1, 2, hidden, &first); },
                       {"3839 hidden-state numbers for 30 tokens"});
+}
+
+TEST_CASE("a generation cut inside a character reads it as U+FFFD, stop strings included", "[engine][model]") {
+  // Found by an independent check: the text a task scores held the bytes of a character cut short at
+  // max_new_tokens, which PCRE2 (told the text was valid UTF-8) may read past.
+  Loaded* L = default_engine();
+  if (!L) return;
+  const auto ids = L->tok->encode("请用中文回答：中国的首都是哪里？答：", true);
+  int cut_inside = 0;
+  for (int n = 1; n <= 8; ++n)
+    for (const bool stop : {false, true}) {
+      GenerateOptions opt;
+      opt.max_new_tokens = n;
+      opt.stop_at_eog = false;
+      if (stop) opt.stop = {"\x01never"};
+      const Generation g = generate(*L->engine, *L->tok, ids, opt);
+      const std::string raw = L->tok->decode(g.tokens, true);
+      cut_inside += raw != utf8_lossy(raw);
+      INFO(n << " tokens");
+      CHECK(g.text == utf8_lossy(raw));
+    }
+  CHECK(cut_inside > 0);  // else the prompt no longer tests a cut character
 }

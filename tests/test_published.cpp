@@ -459,6 +459,20 @@ TEST_CASE("report --compare: ours beside published, per cell and averaged, ambig
 
 // The MixedDimKV paper's Table 2, Llama-3-8B-Instruct blocks, as printed (arXiv:2603.20616): the
 // published.csv the paper specs carry must hold exactly these numbers.
+TEST_CASE("report --compare: our model file is the paper's model only by its whole name", "[published][report]") {
+  // Found by an independent check: a substring test took an Instruct model for its base model.
+  CHECK(names_model("Meta-Llama-3-8B-Instruct.Q4_K_M.gguf", "Llama-3-8B-Instruct"));
+  CHECK(names_model("/models/Llama-3.1-8B-Instruct", "llama-3.1-8b-instruct"));
+  CHECK(names_model("SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"));
+  CHECK(names_model("mistral-7b-instruct-v0.2.f16.gguf", "Mistral-7B-Instruct-v0.2"));
+  CHECK(names_model("qwen3-8b-iq2_xs.gguf", "Qwen3-8B"));
+  CHECK_FALSE(names_model("Meta-Llama-3-8B-Instruct.Q4_K_M.gguf", "Llama-3-8B"));
+  CHECK_FALSE(names_model("Llama-3.1-8B", "Llama-3-8B"));
+  CHECK_FALSE(names_model("MyLlama-3-8B", "Llama-3-8B"));
+  CHECK_FALSE(names_model("Qwen3-8B-iq", "Qwen3-8B"));
+  CHECK_FALSE(names_model("m.gguf", ""));
+}
+
 TEST_CASE("published numbers: MixedDimKV Table 2, Llama-3 rows, transcribed exactly", "[published]") {
   std::vector<std::string> columns = test::longbench_english();
   columns.push_back("avg");

@@ -531,3 +531,48 @@ TEST_CASE("reports: runs differing in max_new_tokens are rows of their own, over
   }
   write_report({(dir / "p.jsonl").string()}, rep, {"md"});
 }
+
+TEST_CASE("reports: a sample scored two ways counts once, a row short of a column is marked", "[report][stats]") {
+  // Found by an independent check: GSM8K's strict and flexible scores pooled as 2n samples (n=80 of 40),
+  // intervals too narrow; a RULER row missing a task averaged fewer tasks unmarked; records without ids
+  // all paired as one sample.
+  const TempDir dir("report_units");
+  {
+    std::ofstream out(dir / "g.jsonl");
+    for (int i = 0; i < 20; ++i)
+      for (const char* metric : {"strict", "flexible"}) {
+        const bool strict = metric[0] == 's';
+        json full = record("gsm8k", {{"metric", metric}}, "fullkv", 0, strict ? i % 2 : 1);
+        json snap = record("gsm8k", {{"metric", metric}}, "snapkv", 128, strict ? 0 : i % 3 == 0);
+        full["id"] = snap["id"] = fmt::format("g{}", i);
+        out << full.dump() << "\n" << snap.dump() << "\n";
+      }
+    for (const char* task : {"vt", "qa_1"})
+      for (int i = 0; i < 4; ++i)
+        for (const char* method : {"fullkv", "snapkv"}) {
+          if (std::string(method) == "snapkv" && std::string(task) == "qa_1") continue;
+          json r = record("ruler", {{"task", task}, {"length", "4096"}}, method, method[0] == 's' ? 128 : 0, 0.5);
+          r["id"] = fmt::format("{}{}", task, i);
+          out << r.dump() << "\n";
+        }
+  }
+  const std::string rep = (dir / "rep").string(), file = (dir / "g.jsonl").string();
+  std::filesystem::create_directories(rep);
+  write_report({file}, rep, {"md"});
+  const std::string mb = read(dir / "rep" / "gsm8k-method-budget.md"), ruler = read(dir / "rep" / "ruler-4096.md");
+  INFO(mb << ruler);
+  CHECK(mb.find("n=20)") != std::string::npos);
+  CHECK(mb.find("n=40") == std::string::npos);
+  CHECK(ruler.find("| snapkv | 50.00 | - | 50.00 (1/2) |") != std::string::npos);
+  CHECK(ruler.find("(k/n): the row has results in k of the n columns") != std::string::npos);
+  write_paired_comparison({file}, "fullkv", rep, {"md"});
+  const std::string paired = read(dir / "rep" / "gsm8k-vs-fullkv.md");
+  INFO(paired);
+  CHECK(paired.find("(n=20, p=") != std::string::npos);
+  {
+    std::ofstream out(dir / "n.jsonl");
+    out << record("niah", json::object(), "fullkv", 0, 1).dump() << "\n";
+  }
+  test::require_error([&] { write_paired_comparison({(dir / "n.jsonl").string()}, "fullkv", rep, {"md"}); },
+                      {"n.jsonl:1", "no 'id'"});
+}

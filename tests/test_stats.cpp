@@ -195,3 +195,16 @@ TEST_CASE("above the floors, the interval covers about 95% even with strata of f
   INFO("coverage " << coverage);
   CHECK(coverage > 0.85);
 }
+
+TEST_CASE("a sample scored several ways is one unit of the bootstrap, and rounding is no spread", "[stats]") {
+  // GSM8K's strict and flexible scores of one sample are not independent: 3 samples, not 6.
+  const std::vector<SampleScore> gsm = {{"strict", "a", 0},   {"flexible", "a", 1}, {"strict", "b", 1},
+                                        {"flexible", "b", 1}, {"strict", "c", 0},   {"flexible", "c", 0}};
+  CHECK(sample_strata(gsm) == std::vector<std::vector<double>>{{0.5, 1.0, 0.0}});
+  // RULER's tasks hold samples of their own: strata by task; scores without an id are units of their own.
+  const std::vector<SampleScore> ruler = {
+      {"vt", "v1", 1}, {"vt", "v2", 0}, {"qa_1", "q1", 0.5}, {"", "", 1}, {"", "", 0}};
+  CHECK(sample_strata(ruler) == std::vector<std::vector<double>>{{1, 0}, {0.5}, {1, 0}});
+  CHECK_FALSE(any_spread({{1 - 0.9, 0.1, 0.3 - 0.2}}));
+  CHECK(any_spread({{0.1, 0.1 + 1e-9}}));
+}

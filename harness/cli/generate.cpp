@@ -14,7 +14,6 @@
 #include "harness/model/model_file.hpp"
 #include "harness/task/task.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
-#include "harness/tokenizer/unicode.hpp"
 
 namespace kvb::cli {
 
@@ -57,7 +56,7 @@ void register_generate_command(CLI::App& app) {
     if (a->json) {
       nlohmann::json j = {{"prompt_tokens", g.prompt_tokens},
                           {"tokens", g.tokens},
-                          {"text", utf8_lossy(g.text)},
+                          {"text", g.text},
                           {"stop_reason", g.stop_reason},
                           {"prefill_seconds", g.prefill_seconds},
                           {"decode_seconds", g.decode_seconds},
@@ -72,7 +71,7 @@ void register_generate_command(CLI::App& app) {
       fmt::print("{}\n", j.dump(2));
       return;
     }
-    fmt::print("{}\n", utf8_lossy(g.text));
+    fmt::print("{}\n", g.text);
     if (runner)
       fmt::print(stderr,
                  "[{} T={} gqa={}: prompt KV {:.2f} MiB of {:.2f} MiB full ({:.1f}%){}, compression {:.3f} s]\n",

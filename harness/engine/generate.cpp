@@ -10,6 +10,7 @@
 #include "harness/model/model_file.hpp"
 #include "harness/tokenizer/chat_template.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
+#include "harness/tokenizer/unicode.hpp"
 #include "harness/util/error.hpp"
 
 namespace kvb {
@@ -100,7 +101,7 @@ class GreedyChoice {
     g_.tokens.push_back(token);
     g_.past_context += position >= cfg.context_length;
     if (!opt_.stop.empty()) {
-      const std::string text = tok_.decode(g_.tokens);
+      const std::string text = utf8_lossy(tok_.decode(g_.tokens));
       size_t cut = std::string::npos;
       for (const auto& s : opt_.stop)
         if (!s.empty()) cut = std::min(cut, text.find(s));
@@ -118,7 +119,7 @@ class GreedyChoice {
     return token;
   }
   Generation finish() {
-    if (g_.stop_reason != "stop_string") g_.text = tok_.decode(g_.tokens, true);
+    if (g_.stop_reason != "stop_string") g_.text = utf8_lossy(tok_.decode(g_.tokens, true));
     return std::move(g_);
   }
 

@@ -56,6 +56,8 @@ struct GenerateOptions {
 
 struct Generation {
   std::vector<int32_t> tokens;  // generated ids (without the end-of-generation token)
+  // Valid UTF-8: bytes of a character cut short (at max_new_tokens, or a byte token the model made up)
+  // read as U+FFFD, as the Hugging Face decoders give them, before stop strings are looked for.
   std::string text;
   // "eog", "end_token", "stop_string", "max_new_tokens", or "sliding_window" (the model's sliding attention
   // window reached, which kvbench does not implement)

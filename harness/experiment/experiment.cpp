@@ -718,7 +718,7 @@ nlohmann::json generation_record(const ModelFile& model, Engine& engine, const T
                               {"stop", s.stop},
                               {"end_texts", s.end_texts},
                               {"after_compression_tokens", setup.opt.after_prefill.size()}}},
-                            {"prediction", utf8_lossy(g.text)},
+                            {"prediction", g.text},
                             {"stop_reason", g.stop_reason},
                             {"generated_tokens", g.tokens.size()},
                             {"tokens_past_context", g.past_context},

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "harness/experiment/experiment.hpp"
 #include "harness/experiment/published.hpp"
@@ -150,6 +151,40 @@ std::vector<std::string> chosen_tables(const std::vector<PublishedRow>& rows, co
 
 }  // namespace
 
+bool names_model(const std::string& ours, const std::string& paper) {
+  auto lower = [](std::string x) {
+    for (char& ch : x) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return x;
+  };
+  const std::string file = lower(std::filesystem::path(ours).filename().string()), name = lower(paper);
+  auto separator = [](char c) { return c == '.' || c == '-' || c == '_'; };
+  auto format_word = [](const std::string& w) {
+    static const std::set<std::string> words = {"gguf", "safetensors", "bin",  "hf",   "f16", "f32", "fp16",
+                                                "fp32", "bf16",        "int4", "int8", "awq", "gptq"};
+    const size_t digit = w.starts_with("q") ? 1 : w.starts_with("iq") ? 2 : 0;  // q4_k_m, iq2_xs
+    return words.count(w) || (digit && w.size() > digit && std::isdigit(static_cast<unsigned char>(w[digit])));
+  };
+  if (name.empty()) return false;
+  for (size_t at = file.find(name); at != std::string::npos; at = file.find(name, at + 1)) {
+    if (at > 0 && !separator(file[at - 1])) continue;
+    // The rest: words between separators (q4_k_m counts as one), each a format or quantization.
+    bool ok = true;
+    size_t i = at + name.size();
+    while (ok && i < file.size()) {
+      if (!separator(file[i])) {
+        ok = false;
+        break;
+      }
+      size_t j = i + 1;
+      while (j < file.size() && file[j] != '.' && file[j] != '-') ++j;
+      ok = j > i + 1 && format_word(file.substr(i + 1, j - i - 1));
+      i = j;
+    }
+    if (ok) return true;
+  }
+  return false;
+}
+
 void check_comparison(const std::string& published, const std::string& table, const std::string& model) {
   chosen_tables(load_published(published), published, table, model);
 }
@@ -254,13 +289,15 @@ void write_comparison(const std::vector<std::string>& results, const std::string
         const bool printed = !over.empty();
         if (!printed)
           for (const auto& rc : report::layout_of(r->task).columns) over.push_back(rc.key);
+        // Perplexities average as the report's own table does: exp of the mean of their logs.
+        const bool ppl = scale == Scale::Perplexity;
         double sum = 0;
         int n = 0;
         for (const auto& col : over) {
           int samples = 0;
-          if (const double v = mean_ours(*r, col, samples); !std::isnan(v)) sum += v, ++n;
+          if (const double v = mean_ours(*r, col, samples); !std::isnan(v)) sum += ppl ? std::log(v) : v, ++n;
         }
-        if (n) c.ours = sum / n;
+        if (n) c.ours = ppl ? std::exp(sum / n) : sum / n;
         if (n && printed && n < int(over.size())) {
           c.coverage = fmt::format("{}/{}", n, over.size());
           c.partial = true;
@@ -291,20 +328,16 @@ void write_comparison(const std::vector<std::string>& results, const std::string
     }
     const std::string task = trows.front()->task;
     Table out;
-    out.caption = fmt::format("{}: ours ({}) vs published ({}), scores x 100", t,
-                              fmt::join(our_models.begin(), our_models.end(), ", "), paper_model);
+    out.caption =
+        fmt::format("{}: ours ({}) vs published ({}), {}", t, fmt::join(our_models.begin(), our_models.end(), ", "),
+                    paper_model, scale == Scale::Perplexity ? "perplexities" : "scores x 100");
     out.columns = {"Method"};
     for (const auto& c : columns) out.columns.push_back(c == "avg" ? "Avg." : column_name(task, c));
     std::vector<double> xs, ys;
     std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
     // Whether our records ran the paper's model: only then can a published value fall inside our interval
     // by more than chance.
-    auto lower = [](std::string x) {
-      for (char& ch : x) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-      return x;
-    };
-    const bool same_model =
-        our_models.size() == 1 && lower(*our_models.begin()).find(lower(paper_model)) != std::string::npos;
+    const bool same_model = our_models.size() == 1 && names_model(*our_models.begin(), paper_model);
     int inside = 0, with_interval = 0;
     std::string cells_csv =
         "table,model,method,params,budget,task,length,column,published,ours,ci_low,ci_high,samples,difference,"

@@ -28,6 +28,7 @@ struct Run {
   std::string dtype, model;
   json params;
   KvBudget budget;
+  std::string id;      // the record's id
   std::string sample;  // what makes two records the same sample: task, options, model, dtype, id
   json context;        // what else the run was made with (report::run_context)
   double score = 0;
@@ -39,29 +40,28 @@ std::string setting_text(const json& params, const std::string& gqa) {
 
 std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
   std::vector<Run> runs;
-  std::set<std::string> seen;
-  for (const auto& f : result_files(inputs))
-    for_each_record(f, [&](const json& j, int no) {
-      if (const std::string key = record_key(j); !key.empty() && !seen.insert(key).second) return;
-      const json& c = j["config"];
-      Run r;
-      r.task = c.value("task", "");
-      const json opts = c.value("options", json::object());
-      r.variant = opts.value("task", opts.value("dataset", ""));
-      r.method = c.value("method", "fullkv");
-      const json recorded = c.value("params", json::object());
-      r.setting = setting_text(recorded, c.value("gqa", "-"));
-      r.params = report::completed_params(r.method, recorded, c.value("gqa", "-"));
-      r.budget = config_budget(c);
-      r.dtype = c.value("kv_dtype", "fp32");
-      r.model = c.value("model", "");
-      // Options that only index the grid (NIAH's depths) are left out: runs over overlapping grids share samples.
-      r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, j.value("id", "")}).dump();
-      // Task options are part of the sample (a pair is within one set of them), not of the row's setting.
-      r.context = report::run_context(c);
-      r.score = report::record_score(j, fmt::format("{}:{}", f, no));
-      runs.push_back(std::move(r));
-    });
+  report::for_each_distinct_record(result_files(inputs), [&](const json& j, const std::string& f, int no) {
+    const json& c = j["config"];
+    Run r;
+    r.score = report::record_score(j, fmt::format("{}:{}", f, no));
+    r.task = c.value("task", "");
+    const json opts = c.value("options", json::object());
+    r.variant = opts.value("task", opts.value("dataset", ""));
+    r.method = c.value("method", "fullkv");
+    const json recorded = c.value("params", json::object());
+    r.setting = setting_text(recorded, c.value("gqa", "-"));
+    r.params = report::completed_params(r.method, recorded, c.value("gqa", "-"));
+    r.budget = config_budget(c);
+    r.dtype = c.value("kv_dtype", "fp32");
+    r.model = c.value("model", "");
+    r.id = j.value("id", "");
+    if (r.id.empty()) fail("{}:{}: the record has no 'id'; --baseline pairs records by their sample's id", f, no);
+    // Options that only index the grid (NIAH's depths) are left out: runs over overlapping grids share samples.
+    r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, r.id}).dump();
+    // Task options are part of the sample (a pair is within one set of them), not of the row's setting.
+    r.context = report::run_context(c);
+    runs.push_back(std::move(r));
+  });
   if (runs.empty()) fail("no result records in the given files");
   // The context of a method's runs on one task joins its setting where its values differ (absent:
   // "default"; --baseline fullkv:max_new_tokens=default picks the uncapped run), as a report's rows.
@@ -159,8 +159,8 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     const std::string& text = texts[{r.task, r.method}][r.setting];
     return text.empty() ? text : " (" + text + ")";
   };
-  // task -> label -> budget -> variant -> differences
-  std::map<std::string, std::map<std::string, std::map<KvBudget, std::map<std::string, std::vector<double>>>>> diffs;
+  // task -> label -> budget -> differences
+  std::map<std::string, std::map<std::string, std::map<KvBudget, std::vector<SampleScore>>>> diffs;
   std::set<std::tuple<std::string, KvBudget, std::string>> paired;  // a sample pairs once per row and budget
   for (const Run& r : runs) {
     if (is_baseline(r)) continue;
@@ -168,7 +168,7 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     if (it == base.end()) continue;
     const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") + setting_label(r);
     if (!paired.emplace(label, r.budget, r.sample).second) continue;
-    diffs[r.task][label][r.budget][r.variant].push_back(r.score - it->second);
+    diffs[r.task][label][r.budget].push_back({r.variant, r.id, r.score - it->second});
   }
   if (diffs.empty())
     fail("--baseline {}: no other method ran the baseline's samples{}", baseline,
@@ -191,9 +191,8 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     std::map<std::pair<std::string, KvBudget>, Cell> cells;
     std::vector<Cell*> tested;
     for (const auto& [label, by_budget] : by_label)
-      for (const auto& [b, by_variant] : by_budget) {
-        std::vector<std::vector<double>> strata;
-        for (const auto& [variant, d] : by_variant) strata.push_back(d);
+      for (const auto& [b, d] : by_budget) {
+        const std::vector<std::vector<double>> strata = sample_strata(d);
         Cell& c = cells[{label, b}];
         c.ci = bootstrap_interval(strata);
         c.spread = any_spread(strata);
@@ -247,7 +246,8 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     }
     t.note =
         "Percentile bootstrap of the mean paired difference (10,000 resamples, within each RULER task or "
-        "LongBench dataset); fewer than 10 pairs, or a difference constant within every task, give no interval. "
+        "LongBench dataset; a sample scored several ways, as GSM8K's two metrics, counts once); fewer than 10 pairs, "
+        "or a difference constant within every task, give no interval. "
         "The intervals are each comparison's own; with several comparisons some exclude the baseline by chance, "
         "which Holm's adjusted p accounts for.";
     write_table(t, fmt::format("{}/{}-vs-{}", dir, task, file_name), formats);

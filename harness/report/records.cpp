@@ -73,6 +73,7 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   e.method = cfg.value("method", "fullkv");
   e.budget = config_budget(cfg);
   e.score = j["score"].get<double>();
+  e.id = j.value("id", "");
   // RULER's evaluate.py turns control characters into line breaks before it strips and counts.
   const std::string prediction = j.value("prediction", "");
   e.empty = true;
@@ -156,8 +157,8 @@ std::vector<std::vector<double>> strata_of(const std::map<std::string, std::vect
   return out;
 }
 
-Records read_records(const std::vector<std::string>& files) {
-  Records r;
+void for_each_distinct_record(const std::vector<std::string>& files,
+                              const std::function<void(const json&, const std::string& file, int line)>& fn) {
   // A cell recorded twice (overlapping files, or two runs appending to one file) counts once; the
   // runs are deterministic, so a second copy with another score means the records disagree.
   std::map<std::string, std::pair<double, std::string>> seen;  // key -> score, where first recorded
@@ -192,13 +193,18 @@ Records read_records(const std::vector<std::string>& files) {
                   j, f, no))
           return;
       }
-      add_record(j, f, no, r);
+      fn(j, f, no);
     });
   }
-  if (r.groups.empty()) fail("no result records in the given files");
   if (repeated)
     fmt::print(stderr, "{} records repeat a cell or a pooled sample already read, with the same score; counted once\n",
                repeated);
+}
+
+Records read_records(const std::vector<std::string>& files) {
+  Records r;
+  for_each_distinct_record(files, [&](const json& j, const std::string& f, int no) { add_record(j, f, no, r); });
+  if (r.groups.empty()) fail("no result records in the given files");
   return r;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The records behind a report: every record of the results files, deduplicated, reduced to what the
 // tables group by (entries) and pooled by configuration (groups), with the rows' method labels.
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -28,6 +29,7 @@ struct Group {
 // One record, reduced to what the tables group by.
 struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
+  std::string id;                            // the sample's (the record's id)
   std::string setting;                       // the parameters and GQA mode (and context where it varies), as text
   json params;                               // the method's parameters, as recorded
   std::string gqa;                           // the GQA mode ("-": none)
@@ -53,9 +55,13 @@ struct Records {
   std::map<std::pair<std::string, std::string>, std::map<std::string, json>> method_configs;
 };
 
-// Reads the files; a cell recorded twice counts once, twice with different scores is an error. So is a
-// sample recorded in two runs whose configurations differ only in options that index the grid (NIAH's
-// depths, RULER's samples): those runs pool, and a sample is counted once.
+// Each record of the files once, in order: a cell recorded twice counts once, twice with different scores
+// is an error naming both lines. So is a sample recorded in two runs whose configurations differ only in
+// options that index the grid (NIAH's depths, RULER's samples): those runs pool, and a sample is counted
+// once. Says on stderr how many records were repeats.
+void for_each_distinct_record(const std::vector<std::string>& files,
+                              const std::function<void(const json&, const std::string& file, int line)>& fn);
+// The records for_each_distinct_record gives; error when there are none.
 Records read_records(const std::vector<std::string>& files);
 // Each entry's row label: its method, with the parameters that tell its settings apart, and the
 // context that does where one method's runs on one task differ in it (max_new_tokens, weights, a

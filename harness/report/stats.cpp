@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
+#include <set>
 
 #include "harness/util/error.hpp"
 
@@ -28,9 +30,33 @@ MeanInterval wilson_interval(double successes, int n, double z) {
   return m;
 }
 
+std::vector<std::vector<double>> sample_strata(const std::vector<SampleScore>& scores) {
+  struct Unit {
+    std::set<std::string> variants;
+    double sum = 0;
+    int n = 0;
+  };
+  std::map<std::string, Unit> units;
+  size_t anonymous = 0;
+  for (const SampleScore& s : scores) {
+    // '\x01' keeps the anonymous units apart from any recorded id.
+    Unit& u = units[s.id.empty() ? fmt::format("\x01{}", anonymous++) : s.id];
+    u.variants.insert(s.variant);
+    u.sum += s.score;
+    ++u.n;
+  }
+  std::map<std::set<std::string>, std::vector<double>> strata;
+  for (const auto& [id, u] : units) strata[u.variants].push_back(u.sum / u.n);
+  std::vector<std::vector<double>> out;
+  for (auto& [variants, values] : strata) out.push_back(std::move(values));
+  return out;
+}
+
 bool any_spread(const std::vector<std::vector<double>>& strata) {
   return std::any_of(strata.begin(), strata.end(), [](const std::vector<double>& s) {
-    return std::any_of(s.begin(), s.end(), [&](double x) { return x != s[0]; });
+    // Rounding noise (1 - 0.9 against 0.1 - 0) is no spread: it would give an interval of zero width.
+    return std::any_of(s.begin(), s.end(),
+                       [&](double x) { return std::abs(x - s[0]) > 1e-12 * std::max(1.0, std::abs(s[0])); });
   });
 }
 

@@ -35,7 +35,18 @@ enum class Average { Samples, Strata };
 // none where no stratum varies (or for no resamples).
 MeanInterval percentile_bootstrap(const std::vector<std::vector<double>>& strata, Average average = Average::Samples,
                                   double level = 0.95, int resamples = 10000, uint64_t seed = 20261127);
-// Whether any stratum holds two different values (else every resample gives the mean).
+// One score of a table's cell: the sample it was scored on (its record's id) and its variant (a RULER
+// task, a LongBench dataset, a GSM8K metric).
+struct SampleScore {
+  std::string variant, id;
+  double score = 0;
+};
+// A cell's scores as the bootstrap's strata. A sample scored under several variants (GSM8K's strict and
+// flexible metrics, NIAH with and without its chat template) is one unit, the mean of its scores, as its
+// scores are not independent; units stratify by the variants they were scored under (a RULER task, a
+// LongBench dataset). A score without an id is a unit of its own.
+std::vector<std::vector<double>> sample_strata(const std::vector<SampleScore>& scores);
+// Whether any stratum holds two different values (beyond rounding) (else every resample gives the mean).
 bool any_spread(const std::vector<std::vector<double>>& strata);
 // The floors below which the bootstrap's 95% covers far less than 95%: fewer samples in all, or a
 // stratum of fewer where the cell averages the strata's means, give no interval.

@@ -73,6 +73,13 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
     block.heading = b.is_full()    ? "Full cache"
                     : b.is_ratio() ? fmt::format("Compression ratio = {}", b.ratio)
                                    : fmt::format("KV size = {}", b.tokens);
+    std::vector<std::set<std::string>> variants(keys.size());  // each column's, over the block's rows
+    for (const Entry* e : es)
+      if (e->budget.is_full() || e->budget == b)
+        for (size_t k = 0; k < keys.size(); ++k)
+          if (in_column(*e, keys[k])) variants[k].insert(e->variant);
+    size_t expected = 0;
+    for (const auto& v : variants) expected += v.size();
     for (const auto& label : order) {
       // A column pooling several task variants (RULER's per-length summary) averages their means.
       std::vector<std::map<std::string, Mean>> cols(keys.size());
@@ -90,17 +97,35 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
           }
       }
       if (!any) continue;
+      // A mean over fewer columns (or fewer of a column's tasks) than other rows have compares with none
+      // of theirs: marked (k/n), as a report's --compare marks it. Callers write their note before this remark.
+      const char* partial =
+          " (k/n): the row has results in k of the n columns (or of a column's tasks), so its mean "
+          "compares with no full row's.";
+      size_t present = 0;
       std::vector<std::string> row = {label};
-      for (const auto& c : cols) {
+      for (size_t k = 0; k < cols.size(); ++k) {
+        const auto& c = cols[k];
         Mean m;
         for (const auto& [variant, v] : c) m.add(v.value());
+        present += c.size();
         // One benchmark score: as its own script computes it from the samples (a rounding tie goes its way).
-        const bool own = c.size() == 1 && scale == Scale::Percent;
-        row.push_back(own ? fmt::format("{:.2f}", benchmark_percent(c.begin()->second.values, rule))
-                          : pct(m.value(), scale));
+        const bool own = variants[k].size() == 1 && c.size() == 1 && scale == Scale::Percent;
+        std::string cell =
+            own ? fmt::format("{:.2f}", benchmark_percent(c.begin()->second.values, rule)) : pct(m.value(), scale);
+        if (!c.empty() && c.size() < variants[k].size()) {
+          cell += fmt::format(" ({}/{})", c.size(), variants[k].size());
+          t.note = partial;
+        }
+        row.push_back(cell);
         if (m.n()) avg.add(m.value());
       }
-      if (average) row.push_back(pct(avg.value(), scale));
+      if (average && present < expected && avg.n() > 0) {
+        row.push_back(fmt::format("{} ({}/{})", pct(avg.value(), scale), present, expected));
+        t.note = partial;
+      } else if (average) {
+        row.push_back(pct(avg.value(), scale));
+      }
       if (nulls) row.push_back(std::to_string(empty));
       if (bits) row.push_back(fmt::format("{:.2f}", kept_bits.value()));
       block.rows.push_back(row);
@@ -260,20 +285,20 @@ void write_method_budget(const std::string& task, const std::vector<const Entry*
     series.label = label;
     for (const KvBudget& b : budgets) {
       Mean sc, kv, kv16;
-      std::map<std::string, std::vector<double>> strata;
+      std::vector<SampleScore> scores;
       for (const Entry* e : es)
         if (e->label == label && e->budget == b) {
           sc.add(e->score);
           kv.add(e->kv_share);
           kv16.add(e->fp16_share);
-          strata[e->variant].push_back(e->score);
+          scores.push_back({e->variant, e->id, e->score});
         }
       const std::string fp16 =
           std::abs(kv16.value() - kv.value()) > 1e-9 ? fmt::format(", {:.1f}% fp16", 100 * kv16.value()) : "";
       if (sc.n()) {
-        n_min = std::min(n_min, sc.n());
-        n_max = std::max(n_max, sc.n());
-        const MeanInterval ci = score_interval(strata_of(strata));
+        const MeanInterval ci = score_interval(sample_strata(scores));
+        n_min = std::min(n_min, ci.n);
+        n_max = std::max(n_max, ci.n);
         row.push_back(fmt::format("{} ({:.1f}%{}, n={})", interval_text(ci, scale), 100 * kv.value(), fp16, ci.n));
         series.points.push_back({kv16.value(), sc.value(), ci.low, ci.high, ci.n});
       } else {
@@ -326,7 +351,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     if (layout.average) t.columns.push_back("Avg.");
     if (layout.nulls) t.columns.push_back("Nulls");
     t.columns.push_back("Bits");
-    t.note = note;
+    t.note = note + t.note;
     return t;
   };
   std::string written;
@@ -352,7 +377,8 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     t.columns = {"Method"};
     for (int L : lengths) t.columns.push_back(std::to_string(L));
     t.columns.push_back("Avg.");
-    t.note = "Each length column is the mean of the column scores at that length (those present in the records).";
+    t.note =
+        "Each length column is the mean of the column scores at that length (those present in the records)." + t.note;
     write_table(t, dir + "/" + task + "-lengths", formats);
     written += ", " + task + "-lengths";
   }
@@ -367,7 +393,8 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     t.columns.push_back("Avg.");
     t.note =
         "Each range column is the mean over columns of their mean score on the records in that range (the "
-        "record's length field).";
+        "record's length field)." +
+        t.note;
     write_table(t, dir + "/" + task + "-lengths", formats);
     written += ", " + task + "-lengths";
   }

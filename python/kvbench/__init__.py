@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import tempfile
 from typing import Any, Iterable, Sequence
@@ -133,15 +134,12 @@ def load_results(*paths: str | os.PathLike):
     """Result records (files, plain or gzip-compressed, or directories of .jsonl and .jsonl.gz files
     such as a Slurm sweep's shards) as a pandas DataFrame, one row per cell: the documented fields,
     nested ones as `config.method`, `config.params.window`, `meta.depth`, ... A torn last line is
-    skipped; a malformed record is an error naming the file and line; a cell recorded twice counts
-    once."""
+    skipped; a malformed record is an error naming the file and line. As in kvbench report, a cell
+    recorded twice counts once, and so does a sample of runs over overlapping grids (NIAH's depths=3
+    and depths=5 share depth 50); copies that disagree on the score are an error."""
     import pandas as pd
 
-    rows = []
-    for f in _record_files(paths):
-        rows += _kvbench.read_records(f)
-    df = pd.json_normalize(rows, max_level=2)
-    return df.drop_duplicates("key", ignore_index=True) if "key" in df else df
+    return pd.json_normalize(_kvbench.read_records([str(f) for f in _record_files(paths)]), max_level=2)
 
 
 # Task options that name one part of a sweep's grid (a length, a depth, a RULER task, a LongBench
@@ -150,7 +148,8 @@ _GRID_OPTIONS = ("s_len", "e_len", "step", "depths", "samples", "task", "dataset
 
 
 def summarize(df, by: Sequence[str] | None = None):
-    """One row per configuration of a results DataFrame (load_results): its mean score x 100, the
+    """One row per configuration of a results DataFrame (load_results): its mean score x 100 (a
+    perplexity task's: exp of the mean NLL, the perplexity), the
     number of samples `n`, and the 95% interval `ci_low`, `ci_high` (Wilson's for 0/1 scores, else a
     percentile bootstrap over samples resampled within each RULER task or LongBench dataset; NaN for
     one sample or too few to bootstrap), the same numbers as kvbench report's summary. `by` names the
@@ -176,14 +175,21 @@ def summarize(df, by: Sequence[str] | None = None):
     # columns, each empty in the other's rows.
     strata = [c for c in ("config.options.task", "config.options.dataset") if c in df.columns]
     strata = strata[0] if len(strata) == 1 else strata  # a list of one warns in pandas 2
+    # A perplexity task's scores are mean NLLs: its score is exp of their mean, as the report prints it.
+    perplexity = {t["name"] for t in _kvbench.tasks() if t["perplexity"]}
     rows = []
     for key, g in df.groupby(by, dropna=False, sort=True):
         groups = [s["score"].tolist() for _, s in g.groupby(strata, dropna=False)] if strata else [g["score"].tolist()]
         ci = _kvbench.score_interval(groups, "samples")
+        tasks = set(g["config.task"]) if "config.task" in g else set()
+        if tasks & perplexity and len(tasks) > 1:
+            raise ValueError(f"summarize: a group mixes a perplexity task with others ({', '.join(sorted(tasks))}); "
+                             "group by config.task")
+        scale = math.exp if tasks & perplexity else (lambda v: 100 * v)
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)))
-        row.update(score=100 * ci["mean"], n=ci["n"],
-                   ci_low=float("nan") if ci["ci_low"] is None else 100 * ci["ci_low"],
-                   ci_high=float("nan") if ci["ci_high"] is None else 100 * ci["ci_high"], interval=ci["interval"])
+        row.update(score=scale(ci["mean"]), n=ci["n"],
+                   ci_low=float("nan") if ci["ci_low"] is None else scale(ci["ci_low"]),
+                   ci_high=float("nan") if ci["ci_high"] is None else scale(ci["ci_high"]), interval=ci["interval"])
         rows.append(row)
     return pd.DataFrame(rows)
 

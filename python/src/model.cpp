@@ -143,7 +143,7 @@ struct Model {
     const size_t full = engine->full_kv_bytes(ids.size());
     const size_t kept = runner ? runner->prefill_kv_bytes() : full;
     py::dict d;
-    d["text"] = utf8_lossy(g.text);
+    d["text"] = g.text;
     d["ids"] = g.tokens;
     d["prompt_tokens"] = g.prompt_tokens;
     d["stop_reason"] = g.stop_reason;

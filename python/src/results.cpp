@@ -12,6 +12,7 @@
 #include "harness/experiment/sweep.hpp"
 #include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
+#include "harness/report/records.hpp"
 #include "harness/report/stats.hpp"
 #include "harness/task/task.hpp"
 #include "harness/tokenizer/unicode.hpp"
@@ -42,10 +43,12 @@ py::dict run_spec(const std::string& path, const std::string& shard, bool progre
   return d;
 }
 
-py::list read_records(const std::string& path) {
-  if (!std::filesystem::exists(path)) fail("{}: no such results file", path);
+// As kvbench report reads them: a cell or a pooled sample recorded twice once, copies that disagree an error.
+py::list read_records(const std::vector<std::string>& paths) {
+  for (const auto& path : paths)
+    if (!std::filesystem::exists(path)) fail("{}: no such results file", path);
   py::list out;
-  for_each_record(path, [&](const json& r, int) { out.append(to_py(r)); });
+  report::for_each_distinct_record(paths, [&](const json& r, const std::string&, int) { out.append(to_py(r)); });
   return out;
 }
 
@@ -77,12 +80,13 @@ void bind_results(py::module_& m) {
       d["name"] = name;
       d["summary"] = t.summary;
       d["options"] = param_list(t.options);
+      d["perplexity"] = t.layout.perplexity;  // scores are NLLs, reported as exp of their mean
       l.append(d);
     }
     return l;
   });
   m.def("run", &run_spec, py::arg("spec_path"), py::arg("shard") = "", py::arg("progress") = true);
-  m.def("read_records", &read_records, py::arg("path"));
+  m.def("read_records", &read_records, py::arg("paths"));
   m.def("score_each", &score_each, py::arg("dataset"), py::arg("predictions"), py::arg("answers"),
         py::arg("all_classes"), py::arg("data_dir"));
   m.def("score_file", [](const std::string& dataset, const std::string& path, bool by_length, const std::string& data) {
@@ -98,6 +102,9 @@ void bind_results(py::module_& m) {
       [](const std::vector<std::vector<double>>& strata, const std::string& average) {
         if (average != "samples" && average != "strata")
           fail("score_interval: average '{}' (samples or strata)", average);
+        for (const auto& s : strata)
+          for (double v : s)
+            if (!std::isfinite(v)) fail("score_interval: score {} is not a finite number", v);
         const MeanInterval ci = score_interval(strata, average == "samples" ? Average::Samples : Average::Strata);
         py::dict d;
         d["mean"] = ci.mean;

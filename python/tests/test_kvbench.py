@@ -556,6 +556,37 @@ def test_summarize_stratifies_each_task_by_its_own_column():
     assert s.loc["ruler", "n"] == 20 and s.loc["ruler", "interval"] == "bootstrap"
 
 
+def test_summarize_and_load_results_give_the_reports_numbers(tmp_path):
+    # Found by an independent check: load_results kept a sample of overlapping NIAH grids twice, and
+    # summarize printed a perplexity task's mean NLL x 100 instead of the perplexity.
+    import math
+
+    import pandas as pd
+
+    def rec(task, opts, id_, score, key):
+        return {"config": {"task": task, "options": opts, "method": "fullkv", "budget": 0, "model": "m.gguf"},
+                "key": key, "id": id_, "score": score}
+
+    with open(tmp_path / "r.jsonl", "w") as f:
+        for depths, ids in (("3", (0, 50, 100)), ("5", (0, 25, 50, 75, 100))):
+            for d in ids:
+                f.write(json.dumps(rec("niah", {"depths": depths}, f"d{d}", d / 100, f"{depths}-{d}")) + "\n")
+    df = kvbench.load_results(tmp_path / "r.jsonl")
+    assert len(df) == 5
+    with open(tmp_path / "r.jsonl", "a") as f:
+        f.write(json.dumps(rec("niah", {"depths": "2"}, "d100", 0.3, "2-100")) + "\n")
+    with pytest.raises(kvbench.Error, match="r.jsonl:9.*recorded again with score 0.3"):
+        kvbench.load_results(tmp_path / "r.jsonl")
+    nll = [2.0, 2.5, 3.0]
+    s = summarize(pd.DataFrame({"config.task": ["perplexity"] * 3, "score": nll}))
+    assert s.loc[0, "score"] == pytest.approx(math.exp(2.5))
+    mixed = pd.DataFrame({"config.task": ["perplexity", "niah"], "config.method": ["fullkv"] * 2, "score": [2.0, 1.0]})
+    with pytest.raises(ValueError, match="mixes a perplexity task"):
+        summarize(mixed, by="config.method")
+    with pytest.raises(kvbench.Error, match="not a finite number"):
+        kvbench._kvbench.score_interval([[0.1, float("nan")]])
+
+
 @pytest.mark.parametrize("args, message", [
     (["generate", "m.gguf", "-p", "hi", "--method", "snapkv", "--budget", "0"], "--budget: expected a number > 0, found 0"),
     (["generate", "m.gguf", "-p", "hi", "--threads", "-3"], "--threads: expected a number >= 0, found -3"),
