@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 
 #include "harness/model/model_file.hpp"
 #include "harness/model/safetensors.hpp"
@@ -143,7 +144,7 @@ TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   test::require_error([&] { ModelFile::open(dir.string()); }, {"not a multiple of the KV head count"});
 }
 
-TEST_CASE("tie_word_embeddings decides as in transformers, untied without lm_head.weight is an error",
+TEST_CASE("tie_word_embeddings decides as in transformers 5, untied without lm_head.weight is an error",
           "[safetensors][config]") {
   // Found by an audit: the presence of lm_head.weight decided alone, against what config.json says.
   const test::TempDir tmp("st_tie");
@@ -151,9 +152,15 @@ TEST_CASE("tie_word_embeddings decides as in transformers, untied without lm_hea
   fs::copy(test::fixture("safetensors/tiny_llama"), dir / "untied");  // tie false, with lm_head.weight
   CHECK_FALSE(ModelFile::open((dir / "untied").string())->config().tied_embeddings);
   auto cfg = json::parse(std::ifstream(dir / "untied" / "config.json"));
-  cfg["tie_word_embeddings"] = true;  // a saved lm_head.weight is then a copy transformers does not read
+  // A config that ties, over an lm_head.weight unlike the embeddings: transformers 5 keeps the head
+  // (found by an independent check: kvbench read the embeddings, as transformers 4 did).
+  cfg["tie_word_embeddings"] = true;
   std::ofstream(dir / "untied" / "config.json") << cfg.dump();
-  CHECK(ModelFile::open((dir / "untied").string())->config().tied_embeddings);
+  bool tied = true;
+  const std::string said =
+      test::captured_stderr([&] { tied = ModelFile::open((dir / "untied").string())->config().tied_embeddings; });
+  CHECK_FALSE(tied);
+  CHECK(said.find("lm_head.weight differs from them") != std::string::npos);
   cfg.erase("tie_word_embeddings");  // silent: the weights decide
   std::ofstream(dir / "untied" / "config.json") << cfg.dump();
   CHECK_FALSE(ModelFile::open((dir / "untied").string())->config().tied_embeddings);
@@ -348,15 +355,26 @@ TEST_CASE("RoPE settings are read from both config layouts and never defaulted s
 
 TEST_CASE("a sliding window counts only where the model applies it", "[safetensors][config]") {
   // Qwen2 files carry sliding_window even when use_sliding_window is false (Qwen2.5: 32768 or 131072).
-  auto qwen = [](bool use) {
+  // Without layer_types, the window applies from layer max_window_layers on (transformers' default 28):
+  // found by an independent check, kvbench refused prompts longer than a window no layer used.
+  auto qwen = [](bool use, std::optional<int> max_window_layers) {
     return config_with([&](json& j) {
       j["model_type"] = "qwen2";
       j["sliding_window"] = 64;
       j["use_sliding_window"] = use;
+      if (max_window_layers) j["max_window_layers"] = *max_window_layers;
     });
   };
-  CHECK(qwen(false).sliding_window == 0);
-  CHECK(qwen(true).sliding_window == 64);
+  CHECK(qwen(false, 1).sliding_window == 0);
+  CHECK(qwen(true, 1).sliding_window == 64);
+  CHECK(qwen(true, 0).sliding_window == 64);
+  CHECK(qwen(true, 2).sliding_window == 0);  // the fixture's 2 layers
+  CHECK(qwen(true, std::nullopt).sliding_window == 0);
+  // Qwen3Config's head_dim defaults to 128 where config.json leaves it out, whatever hidden / heads is.
+  CHECK(config_with([](json& j) {
+          j["model_type"] = "qwen3";
+          j.erase("head_dim");
+        }).head_dim == 128);
   // transformers 5 names each layer's attention; all full means no window.
   CHECK(config_with([](json& j) {
           j["model_type"] = "mistral";

@@ -306,10 +306,15 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& file) {
 }
 
 // The attention window the model declares, 0 for none. Qwen2 files carry a sliding_window that applies
-// only with use_sliding_window; transformers 5 also names each layer's attention in layer_types.
+// only with use_sliding_window, and then (without layer_types) to the layers from max_window_layers on
+// (transformers' default 28); transformers 5 also names each layer's attention in layer_types.
 int sliding_window(const json& j, const ModelConfig& c, const std::string& file) {
   bool sliding = present(j, "sliding_window");
-  if (c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3) sliding = sliding && j.value("use_sliding_window", false);
+  if (c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3) {
+    sliding = sliding && j.value("use_sliding_window", false);
+    if (!present(j, "layer_types"))
+      sliding = sliding && (present(j, "max_window_layers") ? json_int(j, "max_window_layers", file) : 28) < c.n_layers;
+  }
   if (present(j, "layer_types") && j["layer_types"].is_array()) {
     bool any = false;
     for (const auto& t : j["layer_types"]) any = any || t == "sliding_attention";
@@ -409,7 +414,9 @@ ModelConfig parse_hf_config(const std::string& file) {
                      : c.n_heads;
   c.hidden = json_int(j, "hidden_size", file);
   c.intermediate = json_int(j, "intermediate_size", file);
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads.
   c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? json_int(j, "head_dim", file)
+               : c.arch == Arch::Qwen3                            ? 128
                                                                   : (c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.vocab_size = json_int(j, "vocab_size", file);
   c.context_length = json_int(j, "max_position_embeddings", file);

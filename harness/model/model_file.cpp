@@ -110,14 +110,23 @@ std::unique_ptr<ModelFile> ModelFile::open(const std::string& path) {
   std::sort(m->tensors_.begin(), m->tensors_.end(),
             [](const TensorRef& a, const TensorRef& b) { return a.name < b.name; });
   if (m->st_) {
-    // As transformers: a config that ties reads the embeddings (a saved lm_head.weight is a copy it
-    // ignores), one that unties needs lm_head.weight (transformers would start it from random numbers),
-    // one that says nothing leaves it to the weights.
-    const bool head = m->find("output.weight") != nullptr;
+    // As transformers 5: a config that unties needs lm_head.weight (transformers would start it from
+    // random numbers); one that ties reads the embeddings unless the checkpoint's lm_head.weight differs
+    // from them, which transformers then keeps untied (transformers 4 tied them); one that says nothing
+    // leaves it to the weights.
+    const TensorRef* head = m->find("output.weight");
+    const TensorRef* embd = m->find("token_embd.weight");
     const std::optional<bool> tie = m->config_.tie_word_embeddings;
     if (tie == false && !head)
       fail("{}: config.json says tie_word_embeddings = false, but the weights hold no lm_head.weight", path);
-    m->config_.tied_embeddings = tie.value_or(!head);
+    const bool copy = head && embd && head->type == embd->type && head->ne == embd->ne &&
+                      std::equal(head->data.begin(), head->data.end(), embd->data.begin(), embd->data.end());
+    m->config_.tied_embeddings = tie.value_or(!head) && (!head || copy);
+    if (tie == true && head && !copy)
+      fmt::print(stderr,
+                 "{}: config.json ties the word embeddings, but lm_head.weight differs from them; the output head "
+                 "reads lm_head.weight, as transformers 5 does\n",
+                 path);
   }
   m->config_.fingerprint = model_fingerprint(path);
   m->split_fused();
@@ -305,7 +314,7 @@ void ModelFile::validate_tensors() const {
   // A tensor the model does not read (a bias on o_proj, a layer beyond num_hidden_layers) means the
   // checkpoint computes something else than what kvbench would: refused, as transformers would not
   // load it silently either. GGUF's rope_freqs is read into the config; a tied model's saved
-  // lm_head.weight is the copy transformers ignores.
+  // lm_head.weight is a copy of the embeddings.
   auto ignored = [&](const std::string& name) {
     return name == "rope_freqs.weight" || (name == "output.weight" && c.tied_embeddings);
   };
