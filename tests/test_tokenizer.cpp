@@ -346,3 +346,21 @@ TEST_CASE("clean_up_tokenization as transformers writes it, and the config that 
   test::require_error([&] { load_tokenizer_file(dir.path().string()); },
                       {"tokenizer_config.json", "clean_up_tokenization_spaces", "true or false"});
 }
+
+TEST_CASE("a model directory's generation config names the ids generation stops at", "[tokenizer]") {
+  // Found by an independent check: a base Llama 3 model stopped at <|eot_id|>, a turn end its
+  // tokenizer holds, where transformers' generate (generation_config.json: 128001 alone) goes on.
+  auto path = test::model_file("llama3-tokenizer/tokenizer.json");
+  if (!path) return;
+  const test::TempDir dir("gen_eos");
+  std::filesystem::copy_file(*path, dir / "tokenizer.json");
+  const std::vector<int32_t> turn_ends = load_tokenizer_file(dir.path().string())->special().end_of_generation;
+  CHECK(std::find(turn_ends.begin(), turn_ends.end(), 128009) != turn_ends.end());
+  std::ofstream(dir / "config.json") << R"({"eos_token_id": [128001, 128009]})";
+  CHECK(load_tokenizer_file(dir.path().string())->special().end_of_generation == std::vector<int32_t>{128001, 128009});
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 128001})";
+  CHECK(load_tokenizer_file(dir.path().string())->special().end_of_generation == std::vector<int32_t>{128001});
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [128001, 999999]})";
+  test::require_error([&] { load_tokenizer_file(dir.path().string()); },
+                      {"generation_config.json", "eos_token_id", "999999"});
+}

@@ -2,6 +2,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
 
 #include "harness/model/gguf.hpp"
 #include "harness/model/model_file.hpp"
@@ -56,8 +58,36 @@ std::unique_ptr<Tokenizer> from_dir_files(const std::string& dir) {
   fail("{}: no tokenizer.json or tokenizer.model found", dir);
 }
 
+// The end-of-generation ids transformers' generate stops at: generation_config.json's eos_token_id, or
+// config.json's where there is no generation config (GenerationConfig.from_model_config). A base
+// model's (Llama 3's <|end_of_text|>) leave out the turn ends its tokenizer also holds.
+std::optional<std::vector<int32_t>> generation_eos(const std::string& dir, int32_t vocab) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const auto path = std::filesystem::path(dir) / name;
+    if (!std::filesystem::exists(path)) continue;
+    std::ifstream in(path);
+    const nlohmann::json c = with_json_errors(path.string(), [&] { return nlohmann::json::parse(in); });
+    if (!c.is_object() || !c.contains("eos_token_id") || c["eos_token_id"].is_null()) {
+      if (std::string(name) == "generation_config.json") continue;
+      return std::nullopt;
+    }
+    const nlohmann::json& e = c["eos_token_id"];
+    std::vector<int32_t> ids;
+    for (const auto& v : e.is_array() ? e : nlohmann::json::array({e})) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+        fail("{}: field 'eos_token_id' must be a token id in [0, {}) or a list of them, not {}", path.string(), vocab,
+             v.dump());
+      ids.push_back(v.get<int32_t>());
+    }
+    if (ids.empty()) fail("{}: field 'eos_token_id' is an empty list", path.string());
+    return ids;
+  }
+  return std::nullopt;
+}
+
 std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   auto tok = from_dir_files(dir);
+  if (auto eos = generation_eos(dir, tok->vocab_size())) tok->set_end_of_generation(std::move(*eos));
   const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
   if (std::filesystem::exists(cfg)) {
     std::ifstream in(cfg);

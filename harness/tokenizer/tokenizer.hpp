@@ -54,6 +54,9 @@ class Tokenizer {
   std::optional<bool> clean_up_tokenization_spaces() const { return clean_up_; }
   void set_clean_up_tokenization_spaces(std::optional<bool> on) { clean_up_ = on; }
   bool is_end_of_generation(int32_t id) const;
+  // The ids generation stops at, as the model's generation config names them (a Hugging Face
+  // directory's), in place of those its tokens suggest.
+  void set_end_of_generation(std::vector<int32_t> ids) { special_.end_of_generation = std::move(ids); }
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   const AddedToken* added_token(int32_t id) const;
 
