@@ -2,6 +2,10 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
 #include <vector>
 
 #include "harness/tokenizer/unicode.hpp"
@@ -50,7 +54,11 @@ std::vector<std::string> python_split(std::string_view s) {
   return out;
 }
 
-std::string python_lower(std::string_view s) {
+namespace {
+
+// str.lower() of s from byte `from` on, the final sigma judged in all of s (capitalize lowers the rest of
+// a string whose first character it title-cases).
+std::string lower_from(std::string_view s, size_t from) {
   std::vector<uint32_t> cps;  // 0xFFFFFFFF marks an invalid byte, kept as it is
   std::vector<size_t> starts;
   for (size_t i = 0; i < s.size();) {
@@ -62,6 +70,7 @@ std::string python_lower(std::string_view s) {
   out.reserve(s.size());
   for (size_t k = 0; k < cps.size(); ++k) {
     const uint32_t c = cps[k];
+    if (starts[k] < from) continue;
     if (c == 0xFFFFFFFFu) {
       out.append(s.substr(starts[k], starts[k + 1] - starts[k]));
     } else if (c == 0x130) {  // SpecialCasing: capital I with dot above lowers to i + combining dot
@@ -84,11 +93,66 @@ std::string python_lower(std::string_view s) {
   return out;
 }
 
+}  // namespace
+
+std::string python_lower(std::string_view s) { return lower_from(s, 0); }
+
 size_t python_len(std::string_view s) {
   size_t n = 0;
   for (size_t i = 0; i < s.size(); ++n) next_cp(s, i);
   return n;
 }
+
+// The characters whose title case is several (SpecialCasing.txt, unconditional), as Python's
+// str.title() and capitalize() give them (CPython 3.11, Unicode 14); the rest take utf8proc's simple one.
+constexpr std::pair<uint32_t, const char*> kFullTitle[] = {{0xDF, "Ss"},
+                                                           {0x149, "\u02BCN"},
+                                                           {0x1F0, "J\u030C"},
+                                                           {0x390, "\u0399\u0308\u0301"},
+                                                           {0x3B0, "\u03A5\u0308\u0301"},
+                                                           {0x587, "\u0535\u0582"},
+                                                           {0x1E96, "H\u0331"},
+                                                           {0x1E97, "T\u0308"},
+                                                           {0x1E98, "W\u030A"},
+                                                           {0x1E99, "Y\u030A"},
+                                                           {0x1E9A, "A\u02BE"},
+                                                           {0x1F50, "\u03A5\u0313"},
+                                                           {0x1F52, "\u03A5\u0313\u0300"},
+                                                           {0x1F54, "\u03A5\u0313\u0301"},
+                                                           {0x1F56, "\u03A5\u0313\u0342"},
+                                                           {0x1FB2, "\u1FBA\u0345"},
+                                                           {0x1FB4, "\u0386\u0345"},
+                                                           {0x1FB6, "\u0391\u0342"},
+                                                           {0x1FB7, "\u0391\u0342\u0345"},
+                                                           {0x1FC2, "\u1FCA\u0345"},
+                                                           {0x1FC4, "\u0389\u0345"},
+                                                           {0x1FC6, "\u0397\u0342"},
+                                                           {0x1FC7, "\u0397\u0342\u0345"},
+                                                           {0x1FD2, "\u0399\u0308\u0300"},
+                                                           {0x1FD3, "\u0399\u0308\u0301"},
+                                                           {0x1FD6, "\u0399\u0342"},
+                                                           {0x1FD7, "\u0399\u0308\u0342"},
+                                                           {0x1FE2, "\u03A5\u0308\u0300"},
+                                                           {0x1FE3, "\u03A5\u0308\u0301"},
+                                                           {0x1FE4, "\u03A1\u0313"},
+                                                           {0x1FE6, "\u03A5\u0342"},
+                                                           {0x1FE7, "\u03A5\u0308\u0342"},
+                                                           {0x1FF2, "\u1FFA\u0345"},
+                                                           {0x1FF4, "\u038F\u0345"},
+                                                           {0x1FF6, "\u03A9\u0342"},
+                                                           {0x1FF7, "\u03A9\u0342\u0345"},
+                                                           {0xFB00, "Ff"},
+                                                           {0xFB01, "Fi"},
+                                                           {0xFB02, "Fl"},
+                                                           {0xFB03, "Ffi"},
+                                                           {0xFB04, "Ffl"},
+                                                           {0xFB05, "St"},
+                                                           {0xFB06, "St"},
+                                                           {0xFB13, "\u0544\u0576"},
+                                                           {0xFB14, "\u0544\u0565"},
+                                                           {0xFB15, "\u0544\u056B"},
+                                                           {0xFB16, "\u054E\u0576"},
+                                                           {0xFB17, "\u0544\u056D"}};
 
 std::string python_capitalize(std::string_view s) {
   if (s.empty()) return {};
@@ -97,9 +161,13 @@ std::string python_capitalize(std::string_view s) {
   std::string out;
   if (first == 0xFFFFFFFFu)
     out.append(s.substr(0, i));
-  else  // utf8proc's simple title case: Python's full one differs only for ligatures and the like (ß -> Ss)
+  else if (const auto* full = std::find_if(std::begin(kFullTitle), std::end(kFullTitle),
+                                           [&](const auto& e) { return e.first == first; });
+           full != std::end(kFullTitle))
+    out += full->second;
+  else
     append_utf8(out, static_cast<uint32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(first))));
-  return out + python_lower(s.substr(i));
+  return out + lower_from(s, i);
 }
 
 std::string python_collapse_space(std::string_view s) {

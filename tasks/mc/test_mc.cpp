@@ -129,6 +129,14 @@ TEST_CASE("mc task: lm-eval's prompts, choices and gold index per benchmark", "[
   }
   CHECK(python_capitalize("hELLO wORLD") == "Hello world");
   CHECK(python_capitalize("\xc3\xa9t\xc3\x89") == "\xc3\x89t\xc3\xa9");  // étÉ -> Été
+  // Python's full title case (found by an independent check against lm-eval): ßtraße -> Sstraße, ﬁne -> Fine,
+  // ǆ -> ǅ (one character), and the final sigma of the lowered rest.
+  CHECK(python_capitalize("\u00dftra\u00dfe") == "Sstra\u00dfe");
+  CHECK(python_capitalize("\ufb01NE") == "Fine");
+  CHECK(python_capitalize("\u01c6x") == "\u01c5x");
+  CHECK(python_capitalize("\u1f50X") == "\u03a5\u0313x");
+  CHECK(python_capitalize("\u039f\u0394\u039f\u03a3") == "\u039f\u03b4\u03bf\u03c2");
+  CHECK(python_capitalize("\u039f\u03a3") == "\u039f\u03c2");  // the title-cased first letter precedes the sigma
   CHECK(python_len("\xc3\xa9t\xc3\xa9") == 3);
 }
 
