@@ -20,6 +20,9 @@ class WrapperMethod : public Method {
   void check_budget(int tokens) const override { base_->check_budget(tokens); }
   nlohmann::json artifacts() const override { return base_->artifacts(); }
   bool may_exceed_budget() const override { return base_->may_exceed_budget(); }
+  bool keeps_whole_prompt(int n_tokens, int budget_tokens) const override {
+    return base_->keeps_whole_prompt(n_tokens, budget_tokens);
+  }
   bool reads_whole_prompt() const override { return base_->reads_whole_prompt(); }
   void on_prompt(Engine& engine, std::span<const int32_t> ids) override { base_->on_prompt(engine, ids); }
 

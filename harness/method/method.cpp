@@ -193,8 +193,8 @@ void MethodRunner::on_layer(const PrefillView& view, LayerCache& cache) {
     budget_.bytes_per_layer = dense_layer_bytes(method_.model(), method_.gqa(), budget_.tokens);
     budget_.compression_ratio = asked_.ratio;
   }
-  if (method_.budgeted() && view.n_tokens <= budget_.tokens && !method_.kv_transform() && !method_.linear_transform() &&
-      !method_.sees_every_prompt()) {
+  if (method_.budgeted() && method_.keeps_whole_prompt(view.n_tokens, budget_.tokens) && !method_.kv_transform() &&
+      !method_.linear_transform()) {
     // The prompt fits: every method keeps everything (reference repos skip compression here). A method
     // that changes the model always builds its own cache.
     cache = keep_all(view, method_.gqa());

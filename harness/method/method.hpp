@@ -108,9 +108,11 @@ class Method {
   // True only for settings that reproduce a reference's known overshoot (PyramidKV's floored
   // schedule); the runner then reports the bytes instead of refusing them.
   virtual bool may_exceed_budget() const { return false; }
-  // True for a method that must see every prompt, even one within its KV size (paged eviction: the
-  // prompt's attention is the start of the scores decoding evicts by, and its limit is not T).
-  virtual bool sees_every_prompt() const { return false; }
+  // Whether a prompt of n_tokens within a KV size of budget_tokens is kept whole, uncompressed, as the
+  // reference repos skip compression there. A paged method sees every prompt (the prompt's attention
+  // starts the scores decoding evicts by, and its limit is not T); HeadKV's reference compresses a
+  // prompt of exactly T tokens too, its heads' budgets uneven.
+  virtual bool keeps_whole_prompt(int n_tokens, int budget_tokens) const { return n_tokens <= budget_tokens; }
   // False for a method registered with changes_model = true: a sweep gives its cells their own prefill
   // instead of the full-attention one shared by the others.
   bool shares_prefill() const { return !changes_model_; }

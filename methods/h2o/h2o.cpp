@@ -57,7 +57,9 @@ class H2O final : public ScorerMethod {
   bool acts_on_decode() const override { return paged() || params().get_bool("decode_eviction"); }
   // Paged, the KV size is the evictable middle: the start, the recent pages and the filling page come on top.
   bool may_exceed_budget() const override { return paged(); }
-  bool sees_every_prompt() const override { return paged(); }
+  bool keeps_whole_prompt(int n_tokens, int budget_tokens) const override {
+    return !paged() && ScorerMethod::keeps_whole_prompt(n_tokens, budget_tokens);
+  }
 
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     if (!paged()) return ScorerMethod::compress(v, b);

@@ -189,6 +189,8 @@ class HeadKV final : public ScorerMethod {
   }
 
   bool may_exceed_budget() const override { return params().get("caps") == "repro"; }
+  // The authors' AdaptiveSnapKVCluster leaves a prompt whole only when T - w exceeds S - w.
+  bool keeps_whole_prompt(int n_tokens, int budget_tokens) const override { return n_tokens < budget_tokens; }
   void check_budget(int tokens) const override {
     if (tokens <= window()) fail("per-head budgets: KV size {} must exceed the window {}", tokens, window());
   }

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "harness/method/artifact.hpp"
 #include "harness/method/head_scores.hpp"
@@ -122,6 +123,22 @@ TEST_CASE("headkv: ragged per-head caches follow the capacities, bytes within bu
   CHECK(r.prefill_kv_bytes() == 3 * r.budget().bytes_per_layer);
   const auto prof = r.cache_profile();
   CHECK(prof["tokens_per_head"]["max"].get<size_t>() > prof["tokens_per_head"]["min"].get<size_t>());
+  // A prompt of exactly T tokens is compressed as the authors' code does (their heads' budgets are
+  // uneven, some under T); one token more of budget keeps it whole. Found by an independent check.
+  auto head_sizes = [&](int budget) {
+    MethodRunner at(*m, budget);
+    std::set<size_t> out;
+    for (int l = 0; l < 3; ++l) {
+      L.view.layer = l;
+      LayerCache c(6, 6, 16);
+      at.on_layer(L.view, c);
+      for (int h = 0; h < 6; ++h) out.insert(c.tokens(h));
+    }
+    return out;
+  };
+  CHECK(head_sizes(500).size() > 1);
+  CHECK(*head_sizes(500).begin() < 500);
+  CHECK(head_sizes(501) == std::set<size_t>{500});
   // Native mode sums the group's query-head scores.
   const auto g = head_scores_for_gqa(imp, 2, GqaMode::Native);
   CHECK(g[0][0] == Approx(imp.score[0][0] + imp.score[0][1] + imp.score[0][2]));

@@ -39,7 +39,9 @@ class KVCrush final : public WrapperMethod {
   }
   bool acts_on_decode() const override { return paged(); }
   bool may_exceed_budget() const override { return paged() || WrapperMethod::may_exceed_budget(); }
-  bool sees_every_prompt() const override { return paged(); }
+  bool keeps_whole_prompt(int n_tokens, int budget_tokens) const override {
+    return !paged() && WrapperMethod::keeps_whole_prompt(n_tokens, budget_tokens);
+  }
 
   LayerCache compress(const PrefillView& v, const Budget& b) override {
     if (paged()) return paged_compress(v, b);
