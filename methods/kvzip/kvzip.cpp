@@ -123,8 +123,10 @@ class KVzip final : public Method {
     const auto& s = scores_[static_cast<size_t>(v.layer)];
     Selection sel;
     sel.keep = keep_[static_cast<size_t>(v.layer)];
-    for (int h = 0; h < stored; ++h)
+    for (int h = 0; h < stored; ++h) {
       sel.scores.emplace_back(s.begin() + ptrdiff_t(h) * n, s.begin() + ptrdiff_t(h + 1) * n);
+      if (sinks_kept()) std::fill_n(sel.scores.back().begin(), std::min(kSinks, n), sink_score());
+    }
     for (int h = 0; h < model().n_heads; ++h)
       sel.query_scores.push_back(sel.scores[size_t(gqa() == GqaMode::Native ? h / group : h)]);
     return sel;
@@ -192,7 +194,12 @@ class KVzip final : public Method {
                               : total - std::min(total, size_t(layers) * stored * size_t(b.tokens));
     std::vector<size_t> order(total);
     std::iota(order.begin(), order.end(), size_t{0});
-    auto score = [&](size_t i) { return scores_[i / per_layer][i % per_layer]; };
+    const bool kept = sinks_kept();
+    const float sink = kept ? sink_score() : 0.0f;
+    auto score = [&](size_t i) {
+      const size_t t = i % size_t(n);
+      return kept && t < size_t(kSinks) ? sink : scores_[i / per_layer][i % per_layer];
+    };
     std::nth_element(order.begin(), order.begin() + ptrdiff_t(std::min(pruned, total - 1)), order.end(),
                      [&](size_t a, size_t c) { return score(a) != score(c) ? score(a) < score(c) : a > c; });
     std::vector<char> evict(total, 0);
@@ -201,6 +208,16 @@ class KVzip final : public Method {
     for (size_t i = 0; i < total; ++i)
       if (!evict[i]) keep_[i / per_layer][(i % per_layer) / size_t(n)].push_back(static_cast<int32_t>(i % size_t(n)));
     decided_ = b;
+  }
+
+  // kvpress 0.5.5 gives the first kSinks tokens the highest score after scoring, so they are never
+  // evicted; 0.5.2 (the default) sets them to 1 before, and the first chunk's scores overwrite them
+  // where the chat template's head is shorter (no template).
+  bool sinks_kept() const { return params().get("sinks") == "kept"; }
+  float sink_score() const {
+    float top = 0.0f;
+    for (const auto& s : scores_) top = std::max(top, *std::max_element(s.begin(), s.end()));
+    return top + 1.0f;
   }
 
   std::unique_ptr<Tokenizer> tok_;
@@ -216,6 +233,10 @@ const bool registered = register_method(
     {.name = "kvzip",
      .summary = "context reconstruction: attention the repeated context gives each token, one cut over all layers "
                 "and heads (Kim et al. 2025, kvpress KVzipPress)",
+     .params = {ParamSpec::choice("sinks", "scored", {"scored", "kept"},
+                                  "the first 4 tokens: scored as kvpress 0.5.2 (the VECTOR paper's) does, or kept "
+                                  "whatever their scores, as kvpress 0.5.5 does (they differ without a chat template)")
+                    .added_later()},
      .make = [] { return std::make_unique<KVzip>(); },
      .composition = Composition::Selector});
 
