@@ -112,7 +112,8 @@ TEST_CASE("every registered method keeps everything when the prompt fits the bud
       test::require_error([&] { MethodRunner(*m, 50); }, {"takes no KV size"});
       continue;
     }
-    MethodRunner runner(*m, 50);
+    // One token of room: HeadKV, as its authors' code, compresses a prompt of exactly T tokens.
+    MethodRunner runner(*m, 51);
     LayerCache c(6, 2, 16);
     runner.on_layer(L.view, c);
     CHECK_FALSE(runner.compressed());
@@ -140,6 +141,14 @@ TEST_CASE("in ratio mode every method keeps floor(S (1 - p_c)) tokens per head o
       for (const auto& p : kept_positions(c)) CHECK(static_cast<int>(p.size()) == S / 4);
     }
   }
+  // A short prompt's T below the window (S = 20: T = 5 < 8): kvpress keeps T of the window's tokens,
+  // kvbench the last T; the run goes on. Found by an independent check: the sample's error ended the run.
+  SyntheticLayer L(20, 6, 2, 16, 32, 5);
+  auto m = reg.create("snapkv", {{"window", "8"}}, L.cfg);
+  MethodRunner runner(*m, KvBudget::compression_ratio(0.75));
+  LayerCache c(6, 2, 16);
+  runner.on_layer(L.view, c);
+  for (const auto& p : kept_positions(c)) CHECK(p == std::vector<int32_t>{15, 16, 17, 18, 19});
 }
 
 TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", "[methods][model]") {

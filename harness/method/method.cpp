@@ -182,6 +182,9 @@ MethodRunner::MethodRunner(Method& method, KvBudget budget) : method_(method), a
   }
   if (!budget.is_ratio() && budget.tokens <= 0)
     fail("budget must be a positive number of tokens, got {}", budget.tokens);
+  // A KV size the method cannot hold (below its window) is refused whatever the prompt; a ratio's T
+  // depends on the prompt, and a short one's may fall below the window (select_top keeps part of it).
+  if (!budget.is_ratio()) method.check_budget(budget.tokens);
   budget_.tokens = budget.tokens;
   budget_.bytes_per_layer = dense_layer_bytes(method.model(), method.gqa(), budget.tokens);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -143,12 +144,6 @@ std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k) {
   return idx;
 }
 
-std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w) {
-  if (k < 0)
-    fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window", k + w, w);
-  return select_per_head(scores, std::vector<int>(scores.size(), k), S, w);
-}
-
 std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, const std::vector<int>& caps, int S,
                                                   int w) {
   if (caps.size() != scores.size()) fail("internal: {} capacities for {} stored heads", caps.size(), scores.size());
@@ -162,11 +157,17 @@ std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, cons
   return keep;
 }
 
-Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, const std::vector<int>& caps, int S,
-                     int w) {
-  for (int c : caps)
-    if (c < 0)
-      fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window", c + w, w);
+Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, std::vector<int> caps, int S, int w) {
+  // A compression ratio can give a short prompt a KV size T below the window (a fixed KV size that
+  // small is refused up front): kvpress's scorers then keep T of the window's tokens, which all score
+  // its maximum (torch's tie order picks them); kvbench keeps the last T.
+  if (std::any_of(caps.begin(), caps.end(), [](int c) { return c < 0; })) {
+    if (std::adjacent_find(caps.begin(), caps.end(), std::not_equal_to<>()) != caps.end() || caps[0] + w < 0)
+      fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window",
+           caps[0] + w, w);
+    w += caps[0];
+    caps.assign(caps.size(), 0);
+  }
   Selection s;
   s.scores = reduce_for_gqa(query_scores, n_kv_heads, mode);
   s.query_scores = std::move(query_scores);

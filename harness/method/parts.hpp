@@ -37,11 +37,10 @@ HeadScores reduce_for_gqa(const HeadScores& per_query_head, int n_kv_heads, GqaM
 // Positions of the k largest scores, ties to the lower position, returned in ascending order.
 std::vector<int32_t> top_k_sorted(const std::vector<float>& scores, int k);
 
-// Kept positions of every stored head: top-k of its scores plus the window [S - w, S).
-std::vector<std::vector<int32_t>> select_with_window(const HeadScores& scores, int k, int S, int w);
 // The Selection of a top-k method: query-head scores reduced for the GQA mode, each stored head keeping
-// the top caps[h] (all of them when caps[h] exceeds the prefix) plus the window.
-Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, const std::vector<int>& caps, int S, int w);
+// the top caps[h] (all of them when caps[h] exceeds the prefix) plus the window. Caps of -k (a compression
+// ratio's T below the window) keep the window's last w - k tokens alone.
+Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, std::vector<int> caps, int S, int w);
 
 // A cache holding, for each stored head, exactly the listed prompt positions (Dense segments).
 LayerCache gather(const PrefillView& v, GqaMode mode, const std::vector<std::vector<int32_t>>& keep);
