@@ -364,3 +364,14 @@ TEST_CASE("a model directory's generation config names the ids generation stops 
   test::require_error([&] { load_tokenizer_file(dir.path().string()); },
                       {"generation_config.json", "eos_token_id", "999999"});
 }
+
+TEST_CASE("pre-tokenizer \\s is Unicode's White_Space, as the Hugging Face tokenizers read it", "[tokenizer]") {
+  // Found by an independent check: PCRE2's \s also takes U+180E, which split "a \u180ey" where
+  // transformers keeps " \u180ey" together.
+  auto path = test::model_file("llama3-tokenizer/tokenizer.json");
+  if (!path) return;
+  BpeTokenizer tok(bpe_spec_from_tokenizer_json(*path));
+  CHECK(tok.encode("a \u180ey", false) == std::vector<int32_t>{64, 87189, 254, 236, 88});
+  CHECK(tok.encode("a \u00a0 y\u2003\n  x\u180e \u180e", false) ==
+        std::vector<int32_t>{64, 17529, 379, 116503, 198, 220, 865, 157, 254, 236, 87189, 254, 236});
+}

@@ -99,6 +99,21 @@ BpeSpec bpe_spec_from_gguf(const GGUFFile& f) {
 
 namespace {
 
+// The Hugging Face tokenizers' regex engines read \s as Unicode's White_Space property; PCRE2's \s also
+// takes U+180E (Mongolian vowel separator, its \h), which then split words the reference keeps whole.
+std::string white_space_classes(std::string_view pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      const char c = pattern[++i];
+      out += c == 's' ? "\\p{White_Space}" : c == 'S' ? "\\P{White_Space}" : std::string{'\\', c};
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
 void parse_pre_tokenizer(const json& j, BpeSpec& s, const std::string& file) {
   if (j.is_null()) return;
   const std::string type = j.value("type", "");
@@ -326,7 +341,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     // A pair listed twice takes its last rank: the reference builds its merge map the same way.
     merges_.insert_or_assign(pair_key(ia->second, ib->second), std::make_pair(static_cast<int32_t>(r), im->second));
   }
-  for (const auto& p : splits_) regexes_.push_back(p.pattern.empty() ? nullptr : std::make_unique<Regex>(p.pattern));
+  for (const auto& p : splits_)
+    regexes_.push_back(p.pattern.empty() ? nullptr : std::make_unique<Regex>(white_space_classes(p.pattern)));
   byte_token_.fill(-1);
   if (byte_fallback_)
     for (int b = 0; b < 256; ++b) {
