@@ -149,6 +149,16 @@ TEST_CASE("in ratio mode every method keeps floor(S (1 - p_c)) tokens per head o
   LayerCache c(6, 2, 16);
   runner.on_layer(L.view, c);
   for (const auto& p : kept_positions(c)) CHECK(p == std::vector<int32_t>{15, 16, 17, 18, 19});
+  // Wrappers over it rank the window's other tokens with the prefix (found by a review: they failed).
+  for (const std::string name : {"kvcrush", "vector"}) {
+    INFO(name);
+    auto w = reg.create(name, method_test_params(name, {{"base", "snapkv"}, {"base.window", "8"}}), L.cfg);
+    MethodRunner wr(*w, KvBudget::compression_ratio(0.75));
+    LayerCache wc(6, 2, 16);
+    wr.on_layer(L.view, wc);
+    CHECK(wr.compressed());
+    CHECK(wr.prefill_kv_bytes() <= size_t(L.cfg.n_layers) * wr.budget().bytes_per_layer);
+  }
 }
 
 TEST_CASE("a method at a budget >= the prompt gives exactly the FullKV logits", "[methods][model]") {

@@ -466,6 +466,8 @@ TEST_CASE("report --compare: our model file is the paper's model only by its who
   CHECK(names_model("SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"));
   CHECK(names_model("mistral-7b-instruct-v0.2.f16.gguf", "Mistral-7B-Instruct-v0.2"));
   CHECK(names_model("qwen3-8b-iq2_xs.gguf", "Qwen3-8B"));
+  CHECK(names_model("mistral-7b-instruct-v0.2.Q4_K_M.gguf", "Mistral-7B-Instruct"));  // the papers' name
+  CHECK(names_model("Llama-3-8B-Instruct-Q4_K_M-00001-of-00002.gguf", "Llama-3-8B-Instruct"));
   CHECK_FALSE(names_model("Meta-Llama-3-8B-Instruct.Q4_K_M.gguf", "Llama-3-8B"));
   CHECK_FALSE(names_model("Llama-3.1-8B", "Llama-3-8B"));
   CHECK_FALSE(names_model("MyLlama-3-8B", "Llama-3-8B"));

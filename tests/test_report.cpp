@@ -569,6 +569,22 @@ TEST_CASE("reports: a sample scored two ways counts once, a row short of a colum
   const std::string paired = read(dir / "rep" / "gsm8k-vs-fullkv.md");
   INFO(paired);
   CHECK(paired.find("(n=20, p=") != std::string::npos);
+  // Samples of two RULER seeds share their ids but are samples of their own (found by a review).
+  {
+    std::ofstream out(dir / "seeds.jsonl");
+    for (const char* seed : {"42", "7"})
+      for (int i = 0; i < 12; ++i)
+        for (const char* method : {"fullkv", "snapkv"}) {
+          json r = record("ruler", {{"task", "vt"}, {"length", "4096"}, {"seed", seed}}, method,
+                          method[0] == 's' ? 128 : 0, method[0] == 's' ? 0.1 * (i % 4) : 0.5);
+          r["id"] = fmt::format("vt_4096_{}", i);
+          out << r.dump() << "\n";
+        }
+  }
+  write_paired_comparison({(dir / "seeds.jsonl").string()}, "fullkv", rep, {"md"});
+  const std::string seeds = read(dir / "rep" / "ruler-vs-fullkv.md");
+  INFO(seeds);
+  CHECK(seeds.find("(n=24, p=") != std::string::npos);
   {
     std::ofstream out(dir / "n.jsonl");
     out << record("niah", json::object(), "fullkv", 0, 1).dump() << "\n";

@@ -67,16 +67,13 @@ Sweep::Sweep(const ExperimentSpec& spec, SweepShard shard) : spec_(spec), shard_
       p.prefills.push_back(ids.prefill);
       p.samples.push_back(std::move(s));
     }
-    // Before any cell runs: a KV size a method cannot keep a longer prompt in (below its window)
-    // would fail every such cell after its prefill; --dry-run says so too. (A compression ratio gives
-    // each prompt its own T, too small only for the shortest prompts: those cells fail alone.)
+    // Before any cell runs: a KV size a method cannot hold (below its window) would fail every cell
+    // after its prefill (MethodRunner refuses it); --dry-run says so too. (A compression ratio gives
+    // each prompt its own T: a short prompt's below the window keeps part of the window.)
     for (size_t c = 0; c < spec.configs.size(); ++c) {
       const Method* m = methods_[c].get();
       const int T = spec.configs[c].budget.tokens;
-      if (!m || T <= 0 || std::none_of(p.prompt_tokens.begin(), p.prompt_tokens.end(), [&](size_t tokens) {
-            return tokens > size_t(T);
-          }))
-        continue;
+      if (!m || T <= 0) continue;
       try {
         m->check_budget(T);
       } catch (const Error& e) {

@@ -79,12 +79,12 @@ class Method {
   virtual void setup() {}
   // What the method needs from prefill besides K and V.
   virtual PrefillNeeds needs() const { return {}; }
-  // An error if a prompt longer than `tokens` cannot be kept in that KV size (smaller than an
-  // always-kept window): a sweep asks before any cell runs, so that --dry-run says so. It refuses only
-  // what compress() would.
+  // An error if the method cannot hold a KV size of `tokens` (smaller than an always-kept window), for
+  // any prompt: MethodRunner asks when it is made with a KV size, and a sweep before any cell runs, so
+  // that --dry-run says so.
   virtual void check_budget(int /*tokens*/) const {}
-  // The layer's cache for decoding. Called only when the prompt is longer than the budget. By default
-  // the dense cache of select()'s kept positions.
+  // The layer's cache for decoding. Called where keeps_whole_prompt() is false. By default the dense
+  // cache of select()'s kept positions.
   virtual LayerCache compress(const PrefillView& view, const Budget& budget);
   // Eviction methods that score tokens and keep the best (those a wrapper can wrap) return their
   // decision here; others return nullopt and override compress().

@@ -160,12 +160,16 @@ std::vector<std::vector<int32_t>> select_per_head(const HeadScores& scores, cons
 Selection select_top(HeadScores query_scores, int n_kv_heads, GqaMode mode, std::vector<int> caps, int S, int w) {
   // A compression ratio can give a short prompt a KV size T below the window (a fixed KV size that
   // small is refused up front): kvpress's scorers then keep T of the window's tokens, which all score
-  // its maximum (torch's tie order picks them); kvbench keeps the last T.
+  // its maximum (torch's tie order picks them); kvbench keeps the last T. The window's other tokens
+  // join the scored prefix at that maximum, so that a wrapper ranks them as kvpress does.
   if (std::any_of(caps.begin(), caps.end(), [](int c) { return c < 0; })) {
     if (std::adjacent_find(caps.begin(), caps.end(), std::not_equal_to<>()) != caps.end() || caps[0] + w < 0)
       fail("a KV size of {} tokens leaves no room beyond the {}-token window; use a larger budget or window",
            caps[0] + w, w);
-    w += caps[0];
+    const int moved = -caps[0];
+    for (auto& s : query_scores)
+      s.resize(s.size() + size_t(moved), s.empty() ? 0.0f : *std::max_element(s.begin(), s.end()));
+    w -= moved;
     caps.assign(caps.size(), 0);
   }
   Selection s;

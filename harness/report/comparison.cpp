@@ -159,10 +159,15 @@ bool names_model(const std::string& ours, const std::string& paper) {
   const std::string file = lower(std::filesystem::path(ours).filename().string()), name = lower(paper);
   auto separator = [](char c) { return c == '.' || c == '-' || c == '_'; };
   auto format_word = [](const std::string& w) {
-    static const std::set<std::string> words = {"gguf", "safetensors", "bin",  "hf",   "f16", "f32", "fp16",
-                                                "fp32", "bf16",        "int4", "int8", "awq", "gptq"};
-    const size_t digit = w.starts_with("q") ? 1 : w.starts_with("iq") ? 2 : 0;  // q4_k_m, iq2_xs
-    return words.count(w) || (digit && w.size() > digit && std::isdigit(static_cast<unsigned char>(w[digit])));
+    static const std::set<std::string> words = {"gguf", "safetensors", "bin",  "hf",  "f16",  "f32", "fp16", "fp32",
+                                                "bf16", "int4",        "int8", "awq", "gptq", "of",  "imat"};
+    const size_t digit = w.starts_with("q") ? 1 : w.starts_with("iq") ? 2 : w.starts_with("v") ? 1 : 0;
+    // q4_k_m, iq2_xs, a release (v0.2: "v0" then "2", a name that leaves it out: Mistral-7B-Instruct), a
+    // split file's -00001-of-00002
+    const bool digits =
+        std::all_of(w.begin(), w.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    return words.count(w) || digits ||
+           (digit && w.size() > digit && std::isdigit(static_cast<unsigned char>(w[digit])));
   };
   if (name.empty()) return false;
   for (size_t at = file.find(name); at != std::string::npos; at = file.find(name, at + 1)) {

@@ -28,7 +28,7 @@ struct Run {
   std::string dtype, model;
   json params;
   KvBudget budget;
-  std::string id;      // the record's id
+  std::string unit;    // the sample it scored, for the bootstrap (sample_unit)
   std::string sample;  // what makes two records the same sample: task, options, model, dtype, id
   json context;        // what else the run was made with (report::run_context)
   double score = 0;
@@ -54,10 +54,11 @@ std::vector<Run> read_runs(const std::vector<std::string>& inputs) {
     r.budget = config_budget(c);
     r.dtype = c.value("kv_dtype", "fp32");
     r.model = c.value("model", "");
-    r.id = j.value("id", "");
-    if (r.id.empty()) fail("{}:{}: the record has no 'id'; --baseline pairs records by their sample's id", f, no);
+    const std::string id = j.value("id", "");
+    if (id.empty()) fail("{}:{}: the record has no 'id'; --baseline pairs records by their sample's id", f, no);
+    r.unit = report::sample_unit(j);
     // Options that only index the grid (NIAH's depths) are left out: runs over overlapping grids share samples.
-    r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, r.id}).dump();
+    r.sample = json::array({r.task, report::pooled_config(j)["options"], r.model, r.dtype, id}).dump();
     // Task options are part of the sample (a pair is within one set of them), not of the row's setting.
     r.context = report::run_context(c);
     runs.push_back(std::move(r));
@@ -168,7 +169,7 @@ void write_paired_comparison(const std::vector<std::string>& results, const std:
     if (it == base.end()) continue;
     const std::string label = report::run_label(r.method, r.dtype, models.size() > 1 ? r.model : "") + setting_label(r);
     if (!paired.emplace(label, r.budget, r.sample).second) continue;
-    diffs[r.task][label][r.budget].push_back({r.variant, r.id, r.score - it->second});
+    diffs[r.task][label][r.budget].push_back({r.variant, r.unit, r.score - it->second});
   }
   if (diffs.empty())
     fail("--baseline {}: no other method ran the baseline's samples{}", baseline,

@@ -73,7 +73,7 @@ void add_record(const json& j, const std::string& f, int no, Records& r) {
   e.method = cfg.value("method", "fullkv");
   e.budget = config_budget(cfg);
   e.score = j["score"].get<double>();
-  e.id = j.value("id", "");
+  e.unit = sample_unit(j);
   // RULER's evaluate.py turns control characters into line breaks before it strips and counts.
   const std::string prediction = j.value("prediction", "");
   e.empty = true;
@@ -110,6 +110,16 @@ json pooled_config(const json& record) {
   for (const auto& k : layout_of(cfg.value("task", "")).pooled_options) cfg["options"].erase(k);
   cfg.erase("version");
   return cfg;
+}
+
+std::string sample_unit(const json& record) {
+  const std::string id = record.value("id", std::string());
+  if (id.empty()) return "";
+  json cfg = pooled_config(record);
+  const std::string task = cfg.value("task", "");
+  if (const TaskInfo* info = TaskRegistry::get().find(task))
+    for (const auto& k : info->scoring_options) cfg["options"].erase(k);
+  return json::array({task, cfg["options"], cfg.value("model", ""), cfg.value("kv_dtype", "fp32"), id}).dump();
 }
 
 json run_context(const json& config) {

@@ -29,7 +29,7 @@ struct Group {
 // One record, reduced to what the tables group by.
 struct Entry {
   std::string task, method, label, variant;  // variant: the task option a paper table has columns for
-  std::string id;                            // the sample's (the record's id)
+  std::string unit;                          // the sample it scored (sample_unit)
   std::string setting;                       // the parameters and GQA mode (and context where it varies), as text
   json params;                               // the method's parameters, as recorded
   std::string gqa;                           // the GQA mode ("-": none)
@@ -73,6 +73,10 @@ double record_score(const json& record, const std::string& where);
 // A record's configuration as the tables pool it: options that only index the grid, and the version,
 // left out.
 json pooled_config(const json& record);
+// The sample a record scored, as the bootstrap's unit: its task, the options but those that only change
+// the scoring (GSM8K's metric: the same generation scored twice is one sample), model, KV dtype and id;
+// "" for a record without an id.
+std::string sample_unit(const json& record);
 // Of a configuration: the fields besides task, options, method, parameters, GQA mode, budget, KV dtype
 // and model (max_new_tokens, weights, model_fingerprint, artifacts), each as text (an artifact set as a
 // digest).

@@ -291,7 +291,7 @@ void write_method_budget(const std::string& task, const std::vector<const Entry*
           sc.add(e->score);
           kv.add(e->kv_share);
           kv16.add(e->fp16_share);
-          scores.push_back({e->variant, e->id, e->score});
+          scores.push_back({e->variant, e->unit, e->score});
         }
       const std::string fp16 =
           std::abs(kv16.value() - kv.value()) > 1e-9 ? fmt::format(", {:.1f}% fp16", 100 * kv16.value()) : "";
