@@ -363,6 +363,10 @@ TEST_CASE("a model directory's generation config names the ids generation stops 
   std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [128001, 999999]})";
   test::require_error([&] { load_tokenizer_file(dir.path().string()); },
                       {"generation_config.json", "eos_token_id", "999999"});
+  // The bound is the model's vocab_size (the logits' width), which can exceed the tokenizer's: a
+  // SentencePiece directory's tokenizer.model leaves out Phi-3's added turn ends (32000-32010).
+  std::ofstream(dir / "config.json") << R"({"vocab_size": 1000000, "eos_token_id": 128001})";
+  CHECK(load_tokenizer_file(dir.path().string())->special().end_of_generation == std::vector<int32_t>{128001, 999999});
 }
 
 TEST_CASE("pre-tokenizer \\s is Unicode's White_Space, as the Hugging Face tokenizers read it", "[tokenizer]") {

@@ -1,4 +1,6 @@
 // Chooses the tokenizer implementation for a model from what its files declare.
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -61,7 +63,17 @@ std::unique_ptr<Tokenizer> from_dir_files(const std::string& dir) {
 // The end-of-generation ids transformers' generate stops at: generation_config.json's eos_token_id, or
 // config.json's where there is no generation config (GenerationConfig.from_model_config). A base
 // model's (Llama 3's <|end_of_text|>) leave out the turn ends its tokenizer also holds.
-std::optional<std::vector<int32_t>> generation_eos(const std::string& dir, int32_t vocab) {
+std::optional<std::vector<int32_t>> generation_eos(const std::string& dir, const Tokenizer& tok) {
+  // The ids must index the model's logits: config.json's vocab_size where it says (a SentencePiece
+  // directory's tokenizer.model leaves out the added tokens), else the tokenizer's with its added ones.
+  int64_t vocab = tok.vocab_size();
+  for (const auto& a : tok.added_tokens()) vocab = std::max<int64_t>(vocab, int64_t(a.id) + 1);
+  if (const auto cfg = std::filesystem::path(dir) / "config.json"; std::filesystem::exists(cfg)) {
+    std::ifstream in(cfg);
+    const nlohmann::json c = with_json_errors(cfg.string(), [&] { return nlohmann::json::parse(in); });
+    if (c.is_object() && c.contains("vocab_size") && c["vocab_size"].is_number_integer())
+      vocab = c["vocab_size"].get<int64_t>();
+  }
   for (const char* name : {"generation_config.json", "config.json"}) {
     const auto path = std::filesystem::path(dir) / name;
     if (!std::filesystem::exists(path)) continue;
@@ -87,7 +99,7 @@ std::optional<std::vector<int32_t>> generation_eos(const std::string& dir, int32
 
 std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   auto tok = from_dir_files(dir);
-  if (auto eos = generation_eos(dir, tok->vocab_size())) tok->set_end_of_generation(std::move(*eos));
+  if (auto eos = generation_eos(dir, *tok)) tok->set_end_of_generation(std::move(*eos));
   const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
   if (std::filesystem::exists(cfg)) {
     std::ifstream in(cfg);

@@ -125,7 +125,7 @@ class KVzip final : public Method {
     sel.keep = keep_[static_cast<size_t>(v.layer)];
     for (int h = 0; h < stored; ++h) {
       sel.scores.emplace_back(s.begin() + ptrdiff_t(h) * n, s.begin() + ptrdiff_t(h + 1) * n);
-      if (sinks_kept()) std::fill_n(sel.scores.back().begin(), std::min(kSinks, n), sink_score());
+      if (sinks_kept()) std::fill_n(sel.scores.back().begin(), std::min(kSinks, n), sink_score_);
     }
     for (int h = 0; h < model().n_heads; ++h)
       sel.query_scores.push_back(sel.scores[size_t(gqa() == GqaMode::Native ? h / group : h)]);
@@ -195,10 +195,12 @@ class KVzip final : public Method {
     std::vector<size_t> order(total);
     std::iota(order.begin(), order.end(), size_t{0});
     const bool kept = sinks_kept();
-    const float sink = kept ? sink_score() : 0.0f;
+    sink_score_ = 0.0f;
+    if (kept)
+      for (const auto& s : scores_) sink_score_ = std::max(sink_score_, *std::max_element(s.begin(), s.end()) + 1.0f);
     auto score = [&](size_t i) {
       const size_t t = i % size_t(n);
-      return kept && t < size_t(kSinks) ? sink : scores_[i / per_layer][i % per_layer];
+      return kept && t < size_t(kSinks) ? sink_score_ : scores_[i / per_layer][i % per_layer];
     };
     std::nth_element(order.begin(), order.begin() + ptrdiff_t(std::min(pruned, total - 1)), order.end(),
                      [&](size_t a, size_t c) { return score(a) != score(c) ? score(a) < score(c) : a > c; });
@@ -214,11 +216,6 @@ class KVzip final : public Method {
   // evicted; 0.5.2 (the default) sets them to 1 before, and the first chunk's scores overwrite them
   // where the chat template's head is shorter (no template).
   bool sinks_kept() const { return params().get("sinks") == "kept"; }
-  float sink_score() const {
-    float top = 0.0f;
-    for (const auto& s : scores_) top = std::max(top, *std::max_element(s.begin(), s.end()));
-    return top + 1.0f;
-  }
 
   std::unique_ptr<Tokenizer> tok_;
   int prefix_ = 0;
@@ -226,6 +223,7 @@ class KVzip final : public Method {
   int n_ctx_ = 0;
   ModelScores scores_;
   std::optional<Budget> decided_;
+  float sink_score_ = 0.0f;  // with sinks=kept: above every score of the prompt (decide() sets it)
   std::vector<std::vector<std::vector<int32_t>>> keep_;  // [layer][stored head]: kept positions, ascending
 };
 
