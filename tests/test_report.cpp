@@ -563,8 +563,9 @@ TEST_CASE("reports: a sample scored two ways counts once, a row short of a colum
   INFO(mb << ruler);
   CHECK(mb.find("n=20)") != std::string::npos);
   CHECK(mb.find("n=40") == std::string::npos);
-  CHECK(ruler.find("| snapkv | 50.00 | - | 50.00 (1/2) |") != std::string::npos);
-  CHECK(ruler.find("(k/n): the row has results in k of the n columns") != std::string::npos);
+  CHECK(ruler.find("| snapkv | 50.00 | - | 50.00 | 0 | 8.00 | 1/2 |") != std::string::npos);
+  CHECK(ruler.find("| FullKV | 50.00 | 50.00 | 50.00 | 0 | 32.00 |  |") != std::string::npos);
+  CHECK(ruler.find("Results k/n: the row has results in k of the n columns") != std::string::npos);
   write_paired_comparison({file}, "fullkv", rep, {"md"});
   const std::string paired = read(dir / "rep" / "gsm8k-vs-fullkv.md");
   INFO(paired);

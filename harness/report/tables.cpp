@@ -54,6 +54,11 @@ std::string budget_heading(const KvBudget& b) {
 }
 
 // Rows = methods, columns = the given column keys, one block per KV size (the full cache in each).
+// blocks_table's note where it adds a "Results" column; callers write their note before it.
+constexpr const char* kCoverageNote =
+    " Results k/n: the row has results in k of the n columns (or of a column's tasks), so its Avg. compares with "
+    "no full row's.";
+
 template <typename Key>
 Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& keys,
                    const std::function<bool(const Entry&, const Key&)>& in_column, bool nulls, bool bits,
@@ -68,6 +73,7 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
   std::vector<std::string> order(labels.begin(), labels.end());
   std::sort(order.begin(), order.end(), method_order);
   Table t;
+  std::vector<std::string> coverage;  // per row, in order: "k/n" where it lacks results
   for (const KvBudget& b : budgets) {
     Table::Block block;
     block.heading = b.is_full()    ? "Full cache"
@@ -97,11 +103,6 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
           }
       }
       if (!any) continue;
-      // A mean over fewer columns (or fewer of a column's tasks) than other rows have compares with none
-      // of theirs: marked (k/n), as a report's --compare marks it. Callers write their note before this remark.
-      const char* partial =
-          " (k/n): the row has results in k of the n columns (or of a column's tasks), so its mean "
-          "compares with no full row's.";
       size_t present = 0;
       std::vector<std::string> row = {label};
       for (size_t k = 0; k < cols.size(); ++k) {
@@ -111,28 +112,32 @@ Table blocks_table(const std::vector<const Entry*>& es, const std::vector<Key>& 
         present += c.size();
         // One benchmark score: as its own script computes it from the samples (a rounding tie goes its way).
         const bool own = variants[k].size() == 1 && c.size() == 1 && scale == Scale::Percent;
-        std::string cell =
-            own ? fmt::format("{:.2f}", benchmark_percent(c.begin()->second.values, rule)) : pct(m.value(), scale);
-        if (!c.empty() && c.size() < variants[k].size()) {
-          cell += fmt::format(" ({}/{})", c.size(), variants[k].size());
-          t.note = partial;
-        }
-        row.push_back(cell);
+        row.push_back(own ? fmt::format("{:.2f}", benchmark_percent(c.begin()->second.values, rule))
+                          : pct(m.value(), scale));
         if (m.n()) avg.add(m.value());
       }
-      if (average && present < expected && avg.n() > 0) {
-        row.push_back(fmt::format("{} ({}/{})", pct(avg.value(), scale), present, expected));
-        t.note = partial;
-      } else if (average) {
-        row.push_back(pct(avg.value(), scale));
-      }
+      if (average) row.push_back(pct(avg.value(), scale));
       if (nulls) row.push_back(std::to_string(empty));
       if (bits) row.push_back(fmt::format("{:.2f}", kept_bits.value()));
+      coverage.push_back(present < expected ? fmt::format("{}/{}", present, expected) : "");
       block.rows.push_back(row);
     }
     t.blocks.push_back(block);
   }
+  // A mean over fewer columns (or fewer of a column's tasks) than other rows have compares with none of
+  // theirs: a last column says so, as a report's --compare does, the cells staying numbers.
+  if (std::any_of(coverage.begin(), coverage.end(), [](const std::string& c) { return !c.empty(); })) {
+    size_t i = 0;
+    for (auto& block : t.blocks)
+      for (auto& row : block.rows) row.push_back(coverage[i++]);
+    t.note = kCoverageNote;
+  }
   return t;
+}
+
+// The columns after blocks_table's own: "Results" where it added one.
+void add_coverage_column(Table& t) {
+  if (t.note == kCoverageNote) t.columns.push_back("Results");
 }
 
 }  // namespace
@@ -351,6 +356,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     if (layout.average) t.columns.push_back("Avg.");
     if (layout.nulls) t.columns.push_back("Nulls");
     t.columns.push_back("Bits");
+    add_coverage_column(t);
     t.note = note + t.note;
     return t;
   };
@@ -377,6 +383,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     t.columns = {"Method"};
     for (int L : lengths) t.columns.push_back(std::to_string(L));
     t.columns.push_back("Avg.");
+    add_coverage_column(t);
     t.note =
         "Each length column is the mean of the column scores at that length (those present in the records)." + t.note;
     write_table(t, dir + "/" + task + "-lengths", formats);
@@ -391,6 +398,7 @@ std::string write_paper_tables(const std::string& task, const std::vector<const 
     t.columns = {"Method"};
     for (const auto& r : layout.length_ranges) t.columns.push_back(r.first);
     t.columns.push_back("Avg.");
+    add_coverage_column(t);
     t.note =
         "Each range column is the mean over columns of their mean score on the records in that range (the "
         "record's length field)." +
