@@ -198,23 +198,21 @@ void write_comparison(const std::vector<std::string>& results, const std::string
                       const std::string& model, const std::string& dir, const std::set<std::string>& formats) {
   const auto rows = load_published(published);
   const std::vector<std::string> tables = chosen_tables(rows, published, table, model);
-  // Our records, each cell once.
+  // Our records, each cell once (copies that disagree are an error, as in the report's tables).
   std::vector<Ours> ours;
-  std::set<std::string> keys, our_models;
-  for (const auto& f : result_files(results))
-    for_each_record(f, [&](const json& j, int no) {
-      if (const std::string k = record_key(j); !k.empty() && !keys.insert(k).second) return;
-      Ours o;
-      o.config = j["config"];
-      o.pooled = report::pooled_config(j).dump();
-      o.id = j.value("id", "");
-      if (o.config.contains("options"))
-        for (const auto& [k, v] : o.config["options"].items())
-          if (v.is_string()) o.options[k] = v.get<std::string>();
-      o.model = o.config.value("model", "");
-      o.score = report::record_score(j, fmt::format("{}:{}", f, no));
-      ours.push_back(std::move(o));
-    });
+  std::set<std::string> our_models;
+  report::for_each_distinct_record(result_files(results), [&](const json& j, const std::string& f, int no) {
+    Ours o;
+    o.config = j["config"];
+    o.pooled = report::pooled_config(j).dump();
+    o.id = j.value("id", "");
+    if (o.config.contains("options"))
+      for (const auto& [k, v] : o.config["options"].items())
+        if (v.is_string()) o.options[k] = v.get<std::string>();
+    o.model = o.config.value("model", "");
+    o.score = report::record_score(j, fmt::format("{}:{}", f, no));
+    ours.push_back(std::move(o));
+  });
   if (ours.empty()) fail("no result records in the given files");
   for (const auto& o : ours) our_models.insert(o.model);
   std::filesystem::create_directories(dir);

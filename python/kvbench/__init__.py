@@ -132,7 +132,7 @@ def _record_files(paths: Iterable[str | os.PathLike]) -> list[str]:
 
 def load_results(*paths: str | os.PathLike):
     """Result records (files, plain or gzip-compressed, or directories of .jsonl and .jsonl.gz files
-    such as a Slurm sweep's shards) as a pandas DataFrame, one row per cell: the documented fields,
+    such as a Slurm sweep's shards) as a pandas DataFrame, one row per record counted: the documented fields,
     nested ones as `config.method`, `config.params.window`, `meta.depth`, ... A torn last line is
     skipped; a malformed record is an error naming the file and line. As in kvbench report, a cell
     recorded twice counts once, and so does a sample of runs over overlapping grids (NIAH's depths=3
