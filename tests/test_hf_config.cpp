@@ -189,6 +189,8 @@ TEST_CASE("Qwen3: q/k norms before RoPE, from safetensors and GGUF, its chat tem
   const test::TempDir tmp("qwen3_missing");
   auto cfg = json::parse(std::ifstream(test::fixture("hf_config/qwen2_theta1e6/config.json")));
   cfg["model_type"] = "qwen3";
+  // Qwen3's head_dim defaults to 128; the Qwen2 file's heads are hidden / heads wide.
+  cfg["head_dim"] = cfg["hidden_size"].get<int>() / cfg["num_attention_heads"].get<int>();
   std::ofstream(tmp / "config.json") << cfg.dump();
   fs::copy_file(test::fixture("hf_config/qwen2_theta1e6/model.safetensors"), tmp / "model.safetensors");
   test::require_error([&] { Engine e(*ModelFile::open(tmp.path().string())); },
