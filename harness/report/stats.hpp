@@ -42,9 +42,9 @@ struct SampleScore {
   double score = 0;
 };
 // A cell's scores as the bootstrap's strata. A sample scored under several variants (GSM8K's strict and
-// flexible metrics, NIAH with and without its chat template) is one unit, the mean of its scores, as its
-// scores are not independent; units stratify by the variants they were scored under (a RULER task, a
-// LongBench dataset). A score without an id is a unit of its own.
+// flexible metrics of one generation: the same report::sample_unit) is one unit, the mean of its scores,
+// as its scores are not independent; units stratify by the variants they were scored under (a RULER
+// task, a LongBench dataset). A score without an id is a unit of its own.
 std::vector<std::vector<double>> sample_strata(const std::vector<SampleScore>& scores);
 // Whether any stratum holds two different values (beyond rounding) (else every resample gives the mean).
 bool any_spread(const std::vector<std::vector<double>>& strata);
