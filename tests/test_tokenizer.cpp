@@ -369,7 +369,7 @@ TEST_CASE("a model directory's generation config names the ids generation stops 
   CHECK(load_tokenizer_file(dir.path().string())->special().end_of_generation == std::vector<int32_t>{128001, 999999});
 }
 
-TEST_CASE("pre-tokenizer \\s is Unicode's White_Space, as the Hugging Face tokenizers read it", "[tokenizer]") {
+TEST_CASE("pre-tokenizer whitespace is Unicode's White_Space, as the Hugging Face tokenizers read it", "[tokenizer]") {
   // Found by an independent check: PCRE2's \s also takes U+180E, which split "a \u180ey" where
   // transformers keeps " \u180ey" together.
   auto path = test::model_file("llama3-tokenizer/tokenizer.json");
