@@ -60,55 +60,51 @@ std::unique_ptr<Tokenizer> from_dir_files(const std::string& dir) {
   fail("{}: no tokenizer.json or tokenizer.model found", dir);
 }
 
+// A JSON file of the model's directory, or null where there is none.
+nlohmann::json read_if_present(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) return nullptr;
+  std::ifstream in(path);
+  return with_json_errors(path.string(), [&] { return nlohmann::json::parse(in); });
+}
+
 // The end-of-generation ids transformers' generate stops at: generation_config.json's eos_token_id, or
 // config.json's where there is no generation config (GenerationConfig.from_model_config). A base
 // model's (Llama 3's <|end_of_text|>) leave out the turn ends its tokenizer also holds.
-std::optional<std::vector<int32_t>> generation_eos(const std::string& dir, const Tokenizer& tok) {
+std::optional<std::vector<int32_t>> generation_eos(const std::filesystem::path& dir, const Tokenizer& tok) {
+  const nlohmann::json gen = read_if_present(dir / "generation_config.json"),
+                       cfg = read_if_present(dir / "config.json");
   // The ids must index the model's logits: config.json's vocab_size where it says (a SentencePiece
   // directory's tokenizer.model leaves out the added tokens), else the tokenizer's with its added ones.
   int64_t vocab = tok.vocab_size();
   for (const auto& a : tok.added_tokens()) vocab = std::max<int64_t>(vocab, int64_t(a.id) + 1);
-  if (const auto cfg = std::filesystem::path(dir) / "config.json"; std::filesystem::exists(cfg)) {
-    std::ifstream in(cfg);
-    const nlohmann::json c = with_json_errors(cfg.string(), [&] { return nlohmann::json::parse(in); });
-    if (c.is_object() && c.contains("vocab_size") && c["vocab_size"].is_number_integer())
-      vocab = c["vocab_size"].get<int64_t>();
+  if (cfg.is_object() && cfg.contains("vocab_size") && cfg["vocab_size"].is_number_integer())
+    vocab = cfg["vocab_size"].get<int64_t>();
+  auto names_eos = [](const nlohmann::json& c) {
+    return c.is_object() && c.contains("eos_token_id") && !c["eos_token_id"].is_null();
+  };
+  const bool from_gen = names_eos(gen);
+  if (!from_gen && !names_eos(cfg)) return std::nullopt;
+  const std::string path = (dir / (from_gen ? "generation_config.json" : "config.json")).string();
+  const nlohmann::json& e = (from_gen ? gen : cfg)["eos_token_id"];
+  std::vector<int32_t> ids;
+  for (const auto& v : e.is_array() ? e : nlohmann::json::array({e})) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+      fail("{}: field 'eos_token_id' must be a token id in [0, {}) or a list of them, not {}", path, vocab, v.dump());
+    ids.push_back(v.get<int32_t>());
   }
-  for (const char* name : {"generation_config.json", "config.json"}) {
-    const auto path = std::filesystem::path(dir) / name;
-    if (!std::filesystem::exists(path)) continue;
-    std::ifstream in(path);
-    const nlohmann::json c = with_json_errors(path.string(), [&] { return nlohmann::json::parse(in); });
-    if (!c.is_object() || !c.contains("eos_token_id") || c["eos_token_id"].is_null()) {
-      if (std::string(name) == "generation_config.json") continue;
-      return std::nullopt;
-    }
-    const nlohmann::json& e = c["eos_token_id"];
-    std::vector<int32_t> ids;
-    for (const auto& v : e.is_array() ? e : nlohmann::json::array({e})) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
-        fail("{}: field 'eos_token_id' must be a token id in [0, {}) or a list of them, not {}", path.string(), vocab,
-             v.dump());
-      ids.push_back(v.get<int32_t>());
-    }
-    if (ids.empty()) fail("{}: field 'eos_token_id' is an empty list", path.string());
-    return ids;
-  }
-  return std::nullopt;
+  if (ids.empty()) fail("{}: field 'eos_token_id' is an empty list", path);
+  return ids;
 }
 
 std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   auto tok = from_dir_files(dir);
   if (auto eos = generation_eos(dir, *tok)) tok->set_end_of_generation(std::move(*eos));
   const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
-  if (std::filesystem::exists(cfg)) {
-    std::ifstream in(cfg);
-    const nlohmann::json c = with_json_errors(cfg.string(), [&] { return nlohmann::json::parse(in); });
-    if (c.contains("clean_up_tokenization_spaces") && !c["clean_up_tokenization_spaces"].is_null()) {
-      if (!c["clean_up_tokenization_spaces"].is_boolean())
-        fail("{}: field 'clean_up_tokenization_spaces' must be true or false", cfg.string());
-      tok->set_clean_up_tokenization_spaces(c["clean_up_tokenization_spaces"].get<bool>());
-    }
+  const nlohmann::json c = read_if_present(cfg);
+  if (c.is_object() && c.contains("clean_up_tokenization_spaces") && !c["clean_up_tokenization_spaces"].is_null()) {
+    if (!c["clean_up_tokenization_spaces"].is_boolean())
+      fail("{}: field 'clean_up_tokenization_spaces' must be true or false", cfg.string());
+    tok->set_clean_up_tokenization_spaces(c["clean_up_tokenization_spaces"].get<bool>());
   }
   return tok;
 }
