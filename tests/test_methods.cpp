@@ -377,6 +377,33 @@ TEST_CASE("H2O decode-time eviction holds every head at T and keeps the recent w
   }
 }
 
+TEST_CASE("H2O decode-time eviction starts every prompt afresh, also one that fits the KV size", "[methods][model]") {
+  // Found by an audit: a prompt of S <= T skipped the method's prefill step, so its running scores were
+  // the previous prompt's (a sweep reuses one method for all its samples).
+  auto path = test::model_file(test::kDefaultModel);
+  if (!path) return;
+  auto model = ModelFile::open(*path);
+  Engine e(*model);
+  const auto run = [&](Method& m, int first, int n) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[size_t(i)] = first + 7 * i;
+    MethodRunner runner(m, 32);
+    std::vector<std::vector<float>> logits{e.prefill(ids, &runner)};
+    for (int step = 0; step < 15; ++step) logits.push_back(e.decode(400 + 5 * step));  // evicts from step 9 on
+    return logits;
+  };
+  const std::map<std::string, std::string> p{{"window", "4"}, {"decode_eviction", "true"}};
+  auto reused = MethodRegistry::get().create("h2o", p, e.config());
+  run(*reused, 300, 20);
+  const auto after_another = run(*reused, 500, 24);
+  auto fresh = MethodRegistry::get().create("h2o", p, e.config());
+  const auto alone = run(*fresh, 500, 24);
+  for (size_t step = 0; step < alone.size(); ++step) {
+    INFO("step " << step);
+    CHECK((alone[step] == after_another[step]));  // bit for bit; a bool, not two 49,152-float rows
+  }
+}
+
 TEST_CASE("H2O legacy window-only mask lets early queries score future keys", "[methods]") {
   // methods/h2o/README.md §2: the paper-era code masked only the last w rows. A key that only earlier
   // queries attend to, and only if they may look ahead, is kept by the legacy scoring alone.

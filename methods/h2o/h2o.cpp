@@ -57,8 +57,9 @@ class H2O final : public ScorerMethod {
   bool acts_on_decode() const override { return paged() || params().get_bool("decode_eviction"); }
   // Paged, the KV size is the evictable middle: the start, the recent pages and the filling page come on top.
   bool may_exceed_budget() const override { return paged(); }
+  // Evicting during decoding, the method starts its scores at every prompt, also one that fits (select()).
   bool keeps_whole_prompt(int n_tokens, int budget_tokens) const override {
-    return !paged() && ScorerMethod::keeps_whole_prompt(n_tokens, budget_tokens);
+    return !acts_on_decode() && ScorerMethod::keeps_whole_prompt(n_tokens, budget_tokens);
   }
 
   LayerCache compress(const PrefillView& v, const Budget& b) override {
@@ -72,15 +73,23 @@ class H2O final : public ScorerMethod {
   }
 
   std::optional<Selection> select(const PrefillView& v, const Budget& b) override {
-    Selection sel = *ScorerMethod::select(v, b);
-    if (acts_on_decode()) {
-      // Running scores start from the prompt's accumulated attention of every kept token.
-      const HeadScores all = reduce_for_gqa(scores(v, 0), v.n_kv_heads, gqa());
-      auto& layer = running(v.layer);
-      layer.assign(sel.keep.size(), {});
-      for (size_t h = 0; h < sel.keep.size(); ++h)
-        for (int32_t p : sel.keep[h]) layer[h].push_back(all[h][p]);
+    if (!acts_on_decode()) return ScorerMethod::select(v, b);
+    // Running scores start from the prompt's accumulated attention of every kept token, at every
+    // prompt: a prompt that fits keeps all its tokens with their scores (the authors' cache scores
+    // the prefill whatever its length), and no earlier prompt's scores carry over.
+    Selection sel;
+    if (v.n_tokens <= b.tokens) {
+      std::vector<int32_t> all_positions(size_t(v.n_tokens));
+      std::iota(all_positions.begin(), all_positions.end(), 0);
+      sel.keep.assign(size_t(stored_heads()), all_positions);
+    } else {
+      sel = *ScorerMethod::select(v, b);
     }
+    const HeadScores all = reduce_for_gqa(scores(v, 0), v.n_kv_heads, gqa());
+    auto& layer = running(v.layer);
+    layer.assign(sel.keep.size(), {});
+    for (size_t h = 0; h < sel.keep.size(); ++h)
+      for (int32_t p : sel.keep[h]) layer[h].push_back(all[h][p]);
     return sel;
   }
 
@@ -89,14 +98,15 @@ class H2O final : public ScorerMethod {
     const int w = window();
     const int d = cache.head_dim(), group = cache.n_query_heads() / cache.n_cache_heads();
     auto& layer = running(dv.layer);
-    if (layer.empty()) layer.assign(cache.n_cache_heads(), {});
+    if (static_cast<int>(layer.size()) != cache.n_cache_heads())
+      fail("internal: h2o decode_eviction has no running scores for layer {}", dv.layer);
     for (int s = 0; s < cache.n_cache_heads(); ++s) {
       auto& segs = cache.segments(s);
       if (segs.size() != 1 || segs[0]->format() != "dense")
         fail("h2o decode_eviction needs a single dense segment per head, found {}", segs.size());
       auto& seg = static_cast<DenseSegment&>(*segs[0]);
       auto& score = layer[s];
-      score.resize(seg.size(), 0.0f);  // the new token, and the prompt when it was not compressed
+      score.resize(seg.size(), 0.0f);  // the new token
       // Attention of this step's queries (those reading head s) over the head, averaged over them.
       std::vector<float> logits(seg.size());
       for (int i = 0; i < group; ++i) {
