@@ -34,9 +34,30 @@ py::array copied(const T* data, const std::vector<py::ssize_t>& shape) {
   return a;
 }
 
+// An integer argument that refuses Python's bools, which pybind11 reads as 0 and 1 (budget=True would
+// run at a KV size of 1, silently).
+struct Int {
+  int value = 0;
+};
+
 // The parts of the module, each adding its functions and classes (module.cpp calls them).
 void bind_methods(py::module_& m);
 void bind_model(py::module_& m);
 void bind_results(py::module_& m);
 
 }  // namespace kvb::python
+
+namespace pybind11::detail {
+template <>
+struct type_caster<kvb::python::Int> {
+  PYBIND11_TYPE_CASTER(kvb::python::Int, const_name("int"));
+  bool load(handle src, bool convert) {
+    if (PyBool_Check(src.ptr())) return false;  // pybind11 then raises a TypeError with the signature
+    type_caster<int> inner;
+    if (!inner.load(src, convert)) return false;
+    value.value = static_cast<int>(inner);
+    return true;
+  }
+  static handle cast(kvb::python::Int v, return_value_policy, handle) { return PyLong_FromLong(v.value); }
+};
+}  // namespace pybind11::detail

@@ -61,12 +61,12 @@ struct Model {
     Model& m_;
   };
 
-  Model(const std::filesystem::path& path, const std::string& backend, int threads, const std::string& kv_dtype,
+  Model(const std::filesystem::path& path, const std::string& backend, Int threads, const std::string& kv_dtype,
         const std::string& weights) {
-    if (threads < 0) fail("Model: threads {} must be 0 (all cores) or more", threads);
+    if (threads.value < 0) fail("Model: threads {} must be 0 (all cores) or more", threads.value);
     file = ModelFile::open(path.string());
     tok = load_tokenizer(*file);
-    EngineOptions o{.backend = backend, .threads = threads, .kv_dtype = parse_kv_dtype(kv_dtype, "kv_dtype")};
+    EngineOptions o{.backend = backend, .threads = threads.value, .kv_dtype = parse_kv_dtype(kv_dtype, "kv_dtype")};
     if (!weights.empty()) o.weights = parse_weight_format(weights, "weights");
     engine = std::make_unique<Engine>(*file, o);
   }
@@ -78,14 +78,15 @@ struct Model {
 
   // The next-token logits of `ids` ([vocab]); with a method, steps or a continuation, one row per
   // position ([1 + steps, vocab]) as `kvbench logits` computes them (step_logits).
-  py::array_t<float> logits(const std::vector<int32_t>& ids, const std::string& method, int budget,
-                            const py::object& params, int steps, const std::vector<int32_t>& continuation) {
+  py::array_t<float> logits(const std::vector<int32_t>& ids, const std::string& method, Int budget,
+                            const py::object& params, Int steps_arg, const std::vector<int32_t>& continuation) {
     const Turn turn(*this, "Model.logits");
+    const int steps = steps_arg.value;
     if (ids.empty()) fail("Model.logits: no token ids");
     if (steps < 0) fail("Model.logits: steps {} is negative", steps);
     if (!continuation.empty() && steps > 0 && size_t(steps) != continuation.size())
       fail("Model.logits: steps {} but a continuation of {} tokens (give one of them)", steps, continuation.size());
-    auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.logits");
+    auto choice = choose_method(method, param_map(params), budget.value, engine->config(), "Model.logits");
     const int n = continuation.empty() ? steps : int(continuation.size());
     StepLogits sl;
     {
@@ -103,11 +104,11 @@ struct Model {
   }
 
   // The prompt positions each cache head of each layer holds after the method's prefill compression.
-  py::list kept_positions(const std::string& prompt, const std::string& method, int budget, const py::object& params,
+  py::list kept_positions(const std::string& prompt, const std::string& method, Int budget, const py::object& params,
                           bool chat) {
     const Turn turn(*this, "Model.kept_positions");
     const auto ids = build_prompt(*file, *tok, prompt, chat);
-    auto choice = choose_method(method, param_map(params), budget, engine->config(), "Model.kept_positions");
+    auto choice = choose_method(method, param_map(params), budget.value, engine->config(), "Model.kept_positions");
     {
       py::gil_scoped_release release;
       engine->prefill(ids, choice.runner.get());
@@ -126,15 +127,16 @@ struct Model {
     return layers;
   }
 
-  py::dict generate(const std::string& prompt, const std::string& method, int budget, const py::object& params,
-                    bool chat, int max_new_tokens, const std::vector<std::string>& stop) {
+  py::dict generate(const std::string& prompt, const std::string& method, Int budget, const py::object& params,
+                    bool chat, Int max_tokens, const std::vector<std::string>& stop) {
     const Turn turn(*this, "Model.generate");
+    const int max_new_tokens = max_tokens.value;
     if (max_new_tokens < 1) fail("Model.generate: max_new_tokens {} must be at least 1", max_new_tokens);
     const auto ids = build_prompt(*file, *tok, prompt, chat);
     GenerateOptions opt;
     opt.max_new_tokens = max_new_tokens;
     opt.stop = stop;
-    auto [m, runner] = choose_method(method, param_map(params), budget, engine->config(), "Model.generate");
+    auto [m, runner] = choose_method(method, param_map(params), budget.value, engine->config(), "Model.generate");
     Generation g;
     {
       py::gil_scoped_release release;
@@ -163,8 +165,8 @@ struct Model {
 
 void bind_model(py::module_& m) {
   py::class_<Model>(m, "Model")
-      .def(py::init<const std::filesystem::path&, const std::string&, int, const std::string&, const std::string&>(),
-           py::arg("path"), py::arg("backend") = "cpu", py::arg("threads") = 0, py::arg("kv_dtype") = "fp32",
+      .def(py::init<const std::filesystem::path&, const std::string&, Int, const std::string&, const std::string&>(),
+           py::arg("path"), py::arg("backend") = "cpu", py::arg("threads") = Int{0}, py::arg("kv_dtype") = "fp32",
            py::arg("weights") = "")
       .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("chat") = false, py::arg("prompt") = false)
       .def(
@@ -173,12 +175,12 @@ void bind_model(py::module_& m) {
             return utf8_lossy(md.tok->decode(ids, skip_special));
           },
           py::arg("ids"), py::arg("skip_special") = false)
-      .def("logits", &Model::logits, py::arg("ids"), py::arg("method") = "", py::arg("budget") = 0,
-           py::arg("params") = py::none(), py::arg("steps") = 0, py::arg("continuation") = std::vector<int32_t>{})
-      .def("kept_positions", &Model::kept_positions, py::arg("prompt"), py::arg("method"), py::arg("budget") = 0,
+      .def("logits", &Model::logits, py::arg("ids"), py::arg("method") = "", py::arg("budget") = Int{0},
+           py::arg("params") = py::none(), py::arg("steps") = Int{0}, py::arg("continuation") = std::vector<int32_t>{})
+      .def("kept_positions", &Model::kept_positions, py::arg("prompt"), py::arg("method"), py::arg("budget") = Int{0},
            py::arg("params") = py::none(), py::arg("chat") = true)
-      .def("generate", &Model::generate, py::arg("prompt"), py::arg("method") = "", py::arg("budget") = 0,
-           py::arg("params") = py::none(), py::arg("chat") = true, py::arg("max_new_tokens") = 128,
+      .def("generate", &Model::generate, py::arg("prompt"), py::arg("method") = "", py::arg("budget") = Int{0},
+           py::arg("params") = py::none(), py::arg("chat") = true, py::arg("max_new_tokens") = Int{128},
            py::arg("stop") = std::vector<std::string>{})
       .def_property_readonly("config", [](const Model& md) {
         const ModelConfig& c = md.engine->config();
