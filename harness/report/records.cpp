@@ -206,7 +206,9 @@ void for_each_distinct_record(const std::vector<std::string>& files,
       fn(j, f, no);
     });
   }
-  if (repeated)
+  // One report reads its files once per kind of table: the note is given the first time.
+  static std::set<std::vector<std::string>> told;
+  if (repeated && told.insert(files).second)
     fmt::print(stderr, "{} records repeat a cell or a pooled sample already read, with the same score; counted once\n",
                repeated);
 }

@@ -289,27 +289,30 @@ void write_method_budget(const std::string& task, const std::vector<const Entry*
     MemorySeries& series = mp.series.emplace_back();
     series.label = label;
     for (const KvBudget& b : budgets) {
-      Mean sc, kv, kv16;
+      Mean kv, kv16;
       std::vector<SampleScore> scores;
       for (const Entry* e : es)
         if (e->label == label && e->budget == b) {
-          sc.add(e->score);
           kv.add(e->kv_share);
           kv16.add(e->fp16_share);
           scores.push_back({e->variant, e->unit, e->score});
         }
       const std::string fp16 =
           std::abs(kv16.value() - kv.value()) > 1e-9 ? fmt::format(", {:.1f}% fp16", 100 * kv16.value()) : "";
-      if (sc.n()) {
+      // The heatmap, the plot and the table show one mean: over samples, a sample's variants (GSM8K's
+      // two answer extractions) averaged first.
+      double cell = std::nan("");
+      if (!scores.empty()) {
         const MeanInterval ci = score_interval(sample_strata(scores));
         n_min = std::min(n_min, ci.n);
         n_max = std::max(n_max, ci.n);
         row.push_back(fmt::format("{} ({:.1f}%{}, n={})", interval_text(ci, scale), 100 * kv.value(), fp16, ci.n));
-        series.points.push_back({kv16.value(), sc.value(), ci.low, ci.high, ci.n});
+        series.points.push_back({kv16.value(), ci.mean, ci.low, ci.high, ci.n});
+        cell = ci.mean;
       } else {
         row.push_back("-");
       }
-      cells.push_back(sc.value());
+      cells.push_back(cell);
     }
     mb.blocks[0].rows.push_back(row);
     h.rows.push_back(label);
