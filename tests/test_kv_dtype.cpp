@@ -2,6 +2,7 @@
 // charged and read at the dtype, the engine and the method runner storing every cache at the run's
 // dtype (budgets scale with it), and the records' memory fields (kv_dtype, T_eq).
 #include <bit>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -51,6 +52,12 @@ TEST_CASE("KV rows: encoding rounds to nearest even like the scalar conversions,
                   std::numeric_limits<float>::infinity(), 1e-40f, 1.5f})  // the tail ends on a nonzero
     x.push_back(e);
   for (KvDtype t : {KvDtype::F16, KvDtype::BF16}) {
+    if (t == KvDtype::F16) {  // finite values past fp16's range are refused (below)
+      std::vector<float> in_range;
+      for (float v : x)
+        if (!std::isfinite(v) || std::abs(v) < 65520.0f) in_range.push_back(v);
+      x = in_range;
+    }
     const auto got = encoded(t, x);
     const auto* h = reinterpret_cast<const uint16_t*>(got.data());
     std::vector<float> back(x.size());
@@ -63,6 +70,14 @@ TEST_CASE("KV rows: encoding rounds to nearest even like the scalar conversions,
   }
   const auto f = encoded(KvDtype::F32, x);
   CHECK(std::memcmp(f.data(), x.data(), f.size()) == 0);
+  // Found by an audit: a key past fp16's range became infinity, attention NaN, and the head's output 0.
+  for (float big : {65520.0f, -1e6f}) {
+    std::vector<float> row(37, 1.0f);
+    row[33] = big;  // past the vector path's blocks of 8
+    test::require_error([&] { encoded(KvDtype::F16, row); }, {"past the range of an fp16 KV cache", "--kv-dtype"});
+    CHECK(encoded(KvDtype::BF16, row).size() == row.size() * 2);
+  }
+  CHECK(encoded(KvDtype::F16, {std::numeric_limits<float>::infinity(), 65504.0f}).size() == 4);
   force_portable_kernels(false);
 }
 

@@ -6,6 +6,7 @@
 #include "harness/cache/layer_cache.hpp"
 #include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
+#include "harness/engine/generate.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_quant.hpp"
 #include "kernels/cpu/kv_rows.hpp"
@@ -106,6 +107,20 @@ TEST_CASE("attention over quantized + dense segments equals attention over the r
       REQUIRE(c[i] == Approx(b[i]).margin(1e-4));
     }
   }
+}
+
+TEST_CASE("attention passes a NaN key on as NaN, not as a zero head, and the next token refuses it", "[segments]") {
+  const int d = 16, hq = 4, hkv = 2;
+  LayerCache cache(hq, hkv, d);
+  std::vector<float> k(size_t(hkv) * d, 0.5f), v(k.size(), 1.0f);
+  for (int t = 0; t < 3; ++t) cache.append(k.data(), v.data(), t);
+  k[3] = std::nanf("");  // head 0's next key
+  cache.append(k.data(), v.data(), 3);
+  std::vector<float> q(size_t(hq) * d, 0.1f), out(q.size());
+  attend(cache, q.data(), out.data());
+  for (int c = 0; c < 2 * d; ++c) CHECK(std::isnan(out[size_t(c)]));  // the query heads reading head 0
+  for (size_t c = 2 * d; c < out.size(); ++c) CHECK(out[c] == Approx(1.0f));
+  test::require_error([&] { argmax(out); }, {"logits hold NaN"});
 }
 
 TEST_CASE("fused quantized products equal their dequantize-then-dot references", "[segments]") {

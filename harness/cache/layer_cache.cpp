@@ -311,7 +311,7 @@ void attend_spread(std::span<const LayerCache* const> caches, const float* q, fl
       for (int j = 0; j < g; ++j) {
         const float l = sums[size_t(u) * g + size_t(j)];
         float* oh = out + size_t(u / heads) * size_t(hq) * d + (size_t(u % heads) * g + j) * d;
-        for (int c = c0; c < c1; ++c) oh[c] = l > 0 ? acc[size_t(j) * d + c] / l : 0.0f;
+        for (int c = c0; c < c1; ++c) oh[c] = l == 0.0f ? 0.0f : acc[size_t(j) * d + c] / l;  // NaN stays NaN
       }
     }
   }
@@ -370,7 +370,7 @@ void attend_batch(std::span<const LayerCache* const> caches, const float* q, flo
       }
       for (int j = 0; j < g; ++j) {
         float* oh = out + row + size_t(h0 + j) * d;
-        for (int c = 0; c < d; ++c) oh[c] = l[j] > 0 ? acc[size_t(j) * d + c] / l[j] : 0.0f;
+        for (int c = 0; c < d; ++c) oh[c] = l[j] == 0.0f ? 0.0f : acc[size_t(j) * d + c] / l[j];  // NaN stays NaN
       }
     }
   }

@@ -66,8 +66,12 @@ ChatTurnText chat_turn_text(const ModelFile& model) {
 
 int32_t argmax(std::span<const float> logits) {
   size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
+  bool nan = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    nan = nan || std::isnan(logits[i]);
     if (logits[i] > logits[best]) best = i;
+  }
+  if (nan) fail("the next-token logits hold NaN (from the weights or the activations): no token to choose");
   return static_cast<int32_t>(best);
 }
 

@@ -419,8 +419,19 @@ void kv_encode(KvDtype t, const float* src, size_t n, void* dst) {
     return;
   }
   auto* out = static_cast<uint16_t*>(dst);
-  if (t == KvDtype::F16 && cpu_has_avx2()) return encode_f16_avx2(src, n, out);
-  for (size_t i = 0; i < n; ++i) out[i] = narrow(t, src[i]);
+  if (t == KvDtype::F16 && cpu_has_avx2())
+    encode_f16_avx2(src, n, out);
+  else
+    for (size_t i = 0; i < n; ++i) out[i] = narrow(t, src[i]);
+  if (t != KvDtype::F16) return;
+  // A finite value past fp16's range is stored as infinity, which turns attention into NaN: refused,
+  // rather than read back as a number that was never computed.
+  for (size_t i = 0; i < n; ++i)
+    if ((out[i] & 0x7FFFu) == 0x7C00u && std::isfinite(src[i]))
+      fail(
+          "a key or value of {} is past the range of an fp16 KV cache (65504); store the cache as bf16 or fp32 "
+          "(--kv-dtype)",
+          src[i]);
 }
 
 void kv_decode(KvDtype t, const void* src, size_t n, float* dst) {
