@@ -129,6 +129,21 @@ TEST_CASE("model directory errors name the file", "[safetensors]") {
   test::require_error([&] { ModelFile::open(dir.string()); }, {"no model.safetensors"});
 }
 
+TEST_CASE("a directory with model.safetensors and a shard index reads model.safetensors, as transformers does",
+          "[safetensors]") {
+  // Found by an audit: kvbench read the shards of a stale index, transformers the single file.
+  const test::TempDir tmp("st_both");
+  const fs::path dir = tmp / "m";
+  fs::copy(test::fixture("safetensors/tiny_llama"), dir);
+  REQUIRE(SafetensorsModel::open_dir(dir.string()).find("model.embed_tokens.weight"));
+  const auto single = make_file({{"only", tensor("F32", {2}, 0, 8)}}, std::vector<uint8_t>(8));
+  std::ofstream(dir / "model.safetensors", std::ios::binary)
+      .write(reinterpret_cast<const char*>(single.data()), std::streamsize(single.size()));
+  const auto m = SafetensorsModel::open_dir(dir.string());
+  CHECK(m.find("only"));
+  CHECK_FALSE(m.find("model.embed_tokens.weight"));
+}
+
 TEST_CASE("config validation catches inconsistent shapes", "[safetensors]") {
   const test::TempDir tmp("st_shapes");
   const fs::path& dir = tmp.path();

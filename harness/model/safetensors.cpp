@@ -119,7 +119,10 @@ SafetensorsModel SafetensorsModel::open_dir(const std::string& dir) {
   m.dir_ = dir;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shards;
-  if (fs::exists(index)) {
+  // transformers reads model.safetensors where a directory also holds an index (of other shards).
+  if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    shards.push_back("model.safetensors");
+  } else if (fs::exists(index)) {
     std::ifstream in(index);
     json j;
     try {
@@ -137,8 +140,6 @@ SafetensorsModel SafetensorsModel::open_dir(const std::string& dir) {
         fail("{}: weight_map['{}'] = '{}' must be a file in the same directory", index.string(), tensor, s);
       if (seen.insert(s).second) shards.push_back(s);
     }
-  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
-    shards.push_back("model.safetensors");
   } else {
     fail("{}: no model.safetensors or model.safetensors.index.json found", dir);
   }
