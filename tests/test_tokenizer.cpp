@@ -15,6 +15,7 @@
 #include "test_util.hpp"
 
 using namespace kvb;
+using json = nlohmann::json;
 
 namespace {
 
@@ -216,6 +217,60 @@ TEST_CASE("Mistral SentencePiece tokenizer matches the reference on the corpus",
   }
 }
 
+TEST_CASE("a SentencePiece model directory reads tokenizer.json's added tokens and BOS, and its config's flags",
+          "[tokenizer]") {
+  // A ChatML fine-tune of a SentencePiece model adds <|im_start|> and <|im_end|> in tokenizer.json only;
+  // they were tokenized as text. Ids from transformers 4.57's LlamaTokenizerFast on the same directory
+  // (whose tokenizer.json also holds the full vocabulary, which kvbench reads from tokenizer.model).
+  auto path = test::model_file("mistral-tokenizer/tokenizer.model");
+  if (!path) return;
+  const test::TempDir dir("spm_dir");
+  std::filesystem::copy_file(*path, dir / "tokenizer.model");
+  json added = json::array();
+  for (auto [id, content, special] : {std::tuple{0, "<unk>", true},
+                                      {1, "<s>", true},
+                                      {2, "</s>", true},
+                                      {32000, "<|im_start|>", true},
+                                      {32001, "<|im_end|>", true}})
+    added.push_back({{"id", id}, {"content", content}, {"special", special}, {"lstrip", false}, {"rstrip", false}});
+  const json with_bos = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
+  const auto write = [&](const json& post_processor, const json& config) {
+    const json j = {{"added_tokens", added},
+                    {"normalizer", {{"type", "Prepend"}, {"prepend", "\u2581"}}},  // a form the BPE reader refuses
+                    {"post_processor", post_processor},
+                    {"model", {{"type", "BPE"}, {"vocab", json::object()}, {"merges", json::array()}}}};
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+    std::ofstream(dir / "tokenizer_config.json") << config.dump();
+    return load_tokenizer_file(dir.path().string());
+  };
+  const std::string text = "<|im_start|>user\nHello there<|im_end|>";
+  const std::vector<int32_t> ids = {32000, 2188, 13, 16230, 736, 32001};
+  auto tok = write(with_bos, json::object());
+  CHECK(tok->kind() == "sentencepiece");
+  std::vector<int32_t> with_1 = {1};
+  with_1.insert(with_1.end(), ids.begin(), ids.end());
+  CHECK(tok->encode_prompt(text) == with_1);
+  CHECK(tok->is_end_of_generation(32001));
+  CHECK(tok->token_text(32001) == "<|im_end|>");
+  CHECK(tok->decode(with_1, true) == "user\nHello there");
+  CHECK(tok->decode(ids) == text);
+  // The config's add_bos_token overrides the post-processor; without either, LlamaTokenizer's default.
+  CHECK(write(with_bos, {{"add_bos_token", false}})->encode_prompt(text) == ids);
+  CHECK(write(nullptr, json::object())->encode_prompt(text) == with_1);
+  json without_bos = with_bos;
+  without_bos["single"].erase(0);
+  CHECK(write(without_bos, json::object())->encode_prompt(text) == ids);
+  CHECK(write(without_bos, {{"add_eos_token", true}})->encode_prompt("Hi").back() == 2);
+  test::require_error(
+      [&] {
+        write(with_bos, {{"add_bos_token", "yes"}});
+      },
+      {"tokenizer_config.json", "'add_bos_token'", "true or false"});
+}
+
 TEST_CASE("a SentencePiece vocabulary stored GGUF-style tokenizes like its model file", "[tokenizer]") {
   auto path = test::model_file("mistral-tokenizer/tokenizer.model");
   if (!path) return;
@@ -288,7 +343,7 @@ TEST_CASE("tokenizer.json fields of the wrong shape are errors naming the file a
   const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})";
   CHECK(load("{" + model + "}")->encode("ab").size() == 2);
   test::require_error([&] { load(R"({"added_tokens": [{"id": 2}], )" + model + "}"); },
-                      {"tokenizer.json", "/added_tokens/0", "content"});
+                      {"tokenizer.json", "added_tokens[0]", "content string"});
   test::require_error([&] { load(R"({"added_tokens": [{"id": "x", "content": "c"}], )" + model + "}"); },
                       {"tokenizer.json", "added_tokens[0].id must be a token id", "\"x\""});
   // Ids index the vocabulary table: a negative one wrote outside it, a huge one allocated gigabytes.

@@ -185,31 +185,34 @@ void parse_normalizer(const json& j, BpeSpec& s, const std::string& file) {
   }
 }
 
-// Finds the TemplateProcessing post-processor and reads which special tokens wrap a single sequence.
-void parse_post_processor(const json& j, BpeSpec& s, const std::unordered_map<std::string, int32_t>& ids) {
-  if (j.is_null()) return;
+// Finds the TemplateProcessing post-processor and reads which special tokens wrap a single sequence;
+// whether there is one.
+bool parse_post_processor(const json& j, SpecialTokens& s, const std::unordered_map<std::string, int32_t>& ids) {
+  if (j.is_null()) return false;
   const std::string type = j.value("type", "");
   if (type == "Sequence") {
-    for (const auto& p : j.at("processors")) parse_post_processor(p, s, ids);
-    return;
+    bool found = false;
+    for (const auto& p : j.at("processors")) found = parse_post_processor(p, s, ids) || found;
+    return found;
   }
-  if (type != "TemplateProcessing" || !j.contains("single")) return;
+  if (type != "TemplateProcessing" || !j.contains("single")) return false;
   const json& single = j["single"];
-  if (!single.is_array() || single.empty()) return;
+  if (!single.is_array() || single.empty()) return false;
   auto special_id = [&](const json& piece) -> std::optional<int32_t> {
     if (!piece.contains("SpecialToken")) return std::nullopt;
     auto it = ids.find(piece["SpecialToken"].value("id", ""));
     return it == ids.end() ? std::nullopt : std::optional<int32_t>(it->second);
   };
   if (auto b = special_id(single.front())) {
-    s.special.add_bos = true;
-    s.special.bos = *b;
+    s.add_bos = true;
+    s.bos = *b;
   }
   if (single.size() > 1)
     if (auto e = special_id(single.back())) {
-      s.special.add_eos = true;
-      s.special.eos = *e;
+      s.add_eos = true;
+      s.eos = *e;
     }
+  return true;
 }
 
 json read_json(const std::string& path) {
@@ -228,6 +231,32 @@ std::optional<std::string> token_content(const json& j) {
   return std::nullopt;
 }
 
+// Ids index the vocabulary table: a negative or huge one would write outside it or allocate gigabytes.
+int32_t json_token_id(const json& id, const std::string& path, const std::string& field) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
+    fail("{}: {} must be a token id (0 to {}), found {}", path, field, 1 << 24, id.dump());
+  return id.get<int32_t>();
+}
+
+std::vector<AddedToken> added_tokens_of(const json& j, const std::string& path) {
+  std::vector<AddedToken> out;
+  if (!j.contains("added_tokens")) return out;
+  if (!j["added_tokens"].is_array()) fail("{}: added_tokens must be an array", path);
+  for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+    const json& a = j["added_tokens"][i];
+    if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["content"].is_string())
+      fail("{}: added_tokens[{}] must be an object with an id and a content string", path, i);
+    AddedToken t;
+    t.id = json_token_id(a["id"], path, fmt::format("added_tokens[{}].id", i));
+    t.content = a["content"].get<std::string>();
+    t.special = a.value("special", false);
+    t.lstrip = a.value("lstrip", false);
+    t.rstrip = a.value("rstrip", false);
+    out.push_back(t);
+  }
+  return out;
+}
+
 BpeSpec parse_tokenizer_json(const std::string& path) {
   namespace fs = std::filesystem;
   const json j = read_json(path);
@@ -239,31 +268,14 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
   const json& vocab = model.at("vocab");
   std::unordered_map<std::string, int32_t> ids;
   int32_t max_id = -1;
-  // Ids index the vocabulary table: a negative or huge one would write outside it or allocate gigabytes.
-  auto token_id = [&](const json& id, const std::string& field) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
-      fail("{}: {} must be a token id (0 to {}), found {}", path, field, 1 << 24, id.dump());
-    return id.get<int32_t>();
-  };
   for (const auto& [tok, id] : vocab.items()) {
-    ids[tok] = token_id(id, fmt::format("model.vocab['{}']", tok));
+    ids[tok] = json_token_id(id, path, fmt::format("model.vocab['{}']", tok));
     max_id = std::max(max_id, ids[tok]);
   }
-  if (j.contains("added_tokens")) {
-    if (!j["added_tokens"].is_array()) fail("{}: added_tokens must be an array", path);
-    for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
-      const json& a = j["added_tokens"][i];
-      if (!a.is_object() || !a.contains("id")) fail("{}: added_tokens[{}] must be an object with an id", path, i);
-      AddedToken t;
-      t.id = token_id(a["id"], fmt::format("added_tokens[{}].id", i));
-      t.content = a.at("content").get<std::string>();
-      t.special = a.value("special", false);
-      t.lstrip = a.value("lstrip", false);
-      t.rstrip = a.value("rstrip", false);
-      s.added.push_back(t);
-      ids[t.content] = t.id;
-      max_id = std::max(max_id, t.id);
-    }
+  s.added = added_tokens_of(j, path);
+  for (const AddedToken& t : s.added) {
+    ids[t.content] = t.id;
+    max_id = std::max(max_id, t.id);
   }
   s.vocab.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [tok, id] : ids) s.vocab[id] = tok;
@@ -289,7 +301,7 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
   parse_pre_tokenizer(j.value("pre_tokenizer", json()), s, path);
   if (j.contains("decoder") && j["decoder"].is_object() && j["decoder"].value("type", "") == "ByteLevel")
     s.byte_level = true;
-  parse_post_processor(j.value("post_processor", json()), s, ids);
+  parse_post_processor(j.value("post_processor", json()), s.special, ids);
   s.name = fs::path(path).filename().string();
 
   // BOS/EOS names live in tokenizer_config.json beside tokenizer.json when there is one.
@@ -314,6 +326,19 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
 }
 
 }  // namespace
+
+TokenizerJsonExtras tokenizer_json_extras(const std::string& path) {
+  return with_json_errors(path, [&] {
+    const json j = read_json(path);
+    TokenizerJsonExtras x;
+    x.added = added_tokens_of(j, path);
+    std::unordered_map<std::string, int32_t> ids;
+    for (const AddedToken& t : x.added) ids[t.content] = t.id;
+    SpecialTokens wrap;
+    if (parse_post_processor(j.value("post_processor", json()), wrap, ids)) x.wrap = wrap;
+    return x;
+  });
+}
 
 BpeSpec bpe_spec_from_tokenizer_json(const std::string& path) {
   return with_json_errors(path, [&] { return parse_tokenizer_json(path); });

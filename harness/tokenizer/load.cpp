@@ -98,9 +98,27 @@ std::optional<std::vector<int32_t>> generation_eos(const std::filesystem::path& 
 
 std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   auto tok = from_dir_files(dir);
-  if (auto eos = generation_eos(dir, *tok)) tok->set_end_of_generation(std::move(*eos));
   const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
   const nlohmann::json c = read_if_present(cfg);
+  if (tok->kind() == "sentencepiece") {
+    // What transformers' tokenizer holds beside tokenizer.model: tokenizer.json's added tokens and the
+    // BOS/EOS its post-processor adds (without one, LlamaTokenizer's defaults: BOS, no EOS), which the
+    // config's add_bos_token / add_eos_token override.
+    bool bos = true, eos = false;
+    const auto json = std::filesystem::path(dir) / "tokenizer.json";
+    if (std::filesystem::exists(json)) {
+      const TokenizerJsonExtras x = tokenizer_json_extras(json.string());
+      tok->add_tokens(x.added);
+      if (x.wrap) bos = x.wrap->add_bos, eos = x.wrap->add_eos;
+    }
+    const auto flag = [&](const char* key, bool fallback) {
+      if (!c.is_object() || !c.contains(key) || c[key].is_null()) return fallback;
+      if (!c[key].is_boolean()) fail("{}: field '{}' must be true or false", cfg.string(), key);
+      return c[key].get<bool>();
+    };
+    tok->set_add_bos_eos(flag("add_bos_token", bos), flag("add_eos_token", eos));
+  }
+  if (auto eos = generation_eos(dir, *tok)) tok->set_end_of_generation(std::move(*eos));
   if (c.is_object() && c.contains("clean_up_tokenization_spaces") && !c["clean_up_tokenization_spaces"].is_null()) {
     if (!c["clean_up_tokenization_spaces"].is_boolean())
       fail("{}: field 'clean_up_tokenization_spaces' must be true or false", cfg.string());

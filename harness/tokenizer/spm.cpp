@@ -146,6 +146,7 @@ SpmTokenizer::Vocab SpmTokenizer::vocab() const {
 int32_t SpmTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 
 std::string SpmTokenizer::token_text(int32_t id) const {
+  if (const AddedToken* a = added_token(id); a && id >= vocab_size()) return a->content;  // a directory's own
   if (id < 0 || id >= vocab_size()) fail("token id {} is outside the vocabulary", id);
   return sp_->IdToPiece(id);
 }

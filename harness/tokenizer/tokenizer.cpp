@@ -55,6 +55,15 @@ void Tokenizer::set_added_tokens(std::vector<AddedToken> tokens) {
   }
 }
 
+void Tokenizer::add_tokens(const std::vector<AddedToken>& tokens) {
+  std::vector<AddedToken> all = tokens;
+  for (const AddedToken& a : added_)
+    if (std::none_of(tokens.begin(), tokens.end(), [&](const AddedToken& t) { return t.id == a.id; })) all.push_back(a);
+  std::sort(all.begin(), all.end(), [](const AddedToken& x, const AddedToken& y) { return x.id < y.id; });
+  set_added_tokens(std::move(all));
+  add_turn_ends(special_, added_);
+}
+
 const AddedToken* Tokenizer::added_token(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= added_by_id_.size() || added_by_id_[id] < 0) return nullptr;
   return &added_[added_by_id_[id]];

@@ -57,6 +57,14 @@ class Tokenizer {
   // The ids generation stops at, as the model's generation config names them (a Hugging Face
   // directory's), in place of those its tokens suggest.
   void set_end_of_generation(std::vector<int32_t> ids) { special_.end_of_generation = std::move(ids); }
+  // A Hugging Face directory's word on a SentencePiece model, whose tokenizer.json kvbench does not read:
+  // tokenizer.json's added tokens (a fine-tune's <|im_start|>, which tokenizer.model lacks), each
+  // replacing one of the same id, and tokenizer_config.json's add_bos_token / add_eos_token.
+  void add_tokens(const std::vector<AddedToken>& tokens);
+  void set_add_bos_eos(bool bos, bool eos) {
+    special_.add_bos = bos;
+    special_.add_eos = eos;
+  }
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   const AddedToken* added_token(int32_t id) const;
 
