@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
 
 #include "harness/cache/lowrank_segment.hpp"
@@ -130,8 +131,10 @@ struct BenchArgs : EngineArgs {
   bool memory_cap_given = false;  // --memory-cap given (0 and values below a byte are errors, not "no cap")
 };
 
-// The observer of one measured prefill (none: the full cache), and the runner inside it.
+// The observer of one measured prefill (none: the full cache), and the runner inside it; the sequence's
+// own method where the method keeps state per sequence.
 struct Observer {
+  std::unique_ptr<Method> own;
   std::unique_ptr<MethodRunner> runner;
   std::unique_ptr<LowRankStore> lowrank;
   PrefillObserver* observer = nullptr;
@@ -507,7 +510,8 @@ void run_bench(const BenchArgs& a) {
       fail("--context {}: must be between 1 and the model's context length {}", c, cfg.context_length);
   // Each --method is NAME or NAME:key=value,... (its own parameters over the shared --param ones).
   struct MethodRun {
-    std::string label;
+    std::string label, name;
+    std::map<std::string, std::string> params;
     std::unique_ptr<Method> method;
   };
   std::vector<MethodRun> methods;
@@ -520,8 +524,8 @@ void run_bench(const BenchArgs& a) {
       own.push_back(k + "=" + v);
       kv[k] = v;
     }
-    methods.push_back({own.empty() ? named.name : fmt::format("{}({})", named.name, fmt::join(own, ",")),
-                       MethodRegistry::get().create(named.name, kv, cfg)});
+    methods.push_back({own.empty() ? named.name : fmt::format("{}({})", named.name, fmt::join(own, ",")), named.name,
+                       kv, MethodRegistry::get().create(named.name, kv, cfg)});
   }
   // A method that sets its own memory (KVmix) runs without KV sizes: one row; the others at each --budget.
   const bool any_budgeted =
@@ -550,9 +554,17 @@ void run_bench(const BenchArgs& a) {
   const Table table(a.format == "md");
   const bool json = a.format == "json";
   if (!json) table.header(bench.title());
-  auto compressed = [&](Method& method, KvBudget budget, int rank) {
+  auto compressed = [&](const MethodRun& r, KvBudget budget, int rank) {
     Observer h;
-    h.runner = std::make_unique<MethodRunner>(method, budget);
+    // A batch's sequences each need their own method where it keeps state per sequence between prefill
+    // and decoding (H2O's running scores, DynaKV's latent store); one shared would have them evict by,
+    // or append to, another sequence's. Atom's made weights are shared by its whole batch.
+    Method* method = r.method.get();
+    if (method->acts_on_decode() || method->kv_transform()) {
+      h.own = MethodRegistry::get().create(r.name, r.params, cfg);
+      method = h.own.get();
+    }
+    h.runner = std::make_unique<MethodRunner>(*method, budget);
     h.observer = h.runner.get();
     if (rank) {
       h.lowrank = std::make_unique<LowRankStore>(*h.runner, rank, cfg.head_dim);
@@ -565,16 +577,15 @@ void run_bench(const BenchArgs& a) {
     std::function<Observer()> make;
   };
   std::vector<Config> configs = {{"full", [] { return Observer{}; }}};
-  for (MethodRun& r : methods) {
-    Method& mm = *r.method;
-    if (!mm.budgeted())
-      configs.push_back({r.label, [&compressed, &mm] { return compressed(mm, KvBudget{}, 0); }});
+  for (const MethodRun& r : methods) {
+    if (!r.method->budgeted())
+      configs.push_back({r.label, [&compressed, &r] { return compressed(r, KvBudget{}, 0); }});
     else
       for (int T : a.budgets) {
-        configs.push_back({fmt::format("{} T={}", r.label, T), [&compressed, &mm, T] { return compressed(mm, T, 0); }});
+        configs.push_back({fmt::format("{} T={}", r.label, T), [&compressed, &r, T] { return compressed(r, T, 0); }});
         if (a.lowrank)
           configs.push_back({fmt::format("{} T={} lowrank r={}", r.label, T, a.lowrank),
-                             [&compressed, &mm, T, &a] { return compressed(mm, T, a.lowrank); }});
+                             [&compressed, &r, T, &a] { return compressed(r, T, a.lowrank); }});
       }
   }
   std::vector<Row> rows;
