@@ -73,6 +73,8 @@ TEST_CASE("mixeddimkv: width sets parse, snap to multiples of 8 and must hold 0 
   test::require_error([] { parse_widths("0,0.01,1", 128); }, {"'widths'", "0.01", "0 of 128"});
   test::require_error([] { parse_widths("0,abc,1", 128); }, {"'widths'", "'abc'"});
   test::require_error([] { parse_widths("0,0.1,0.12,1", 128); }, {"same width"});
+  // Found by an audit: a head size not a multiple of 8 let a width past D - 8 through (16 of 20).
+  test::require_error([] { parse_widths("0,0.9,1", 20); }, {"'widths'", "16 of 20", "8 to 12"});
 }
 
 TEST_CASE("mixeddimkv: PCA bases are orthonormal, nested and match the Jacobi reference", "[mixeddimkv]") {

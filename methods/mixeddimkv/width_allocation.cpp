@@ -42,7 +42,7 @@ WidthSet parse_widths(const std::string& text, int head_dim, const std::string& 
   for (double r : ws.rho) {
     // Reduced widths snap down to a multiple of 8 dimensions (README.md §2).
     const int dim = r == 1.0 ? head_dim : static_cast<int>(std::floor(r * head_dim / 8.0)) * 8;
-    if (r > 0 && r < 1 && (dim <= 0 || dim >= head_dim))
+    if (r > 0 && r < 1 && (dim <= 0 || dim > head_dim - 8))
       fail("parameter '{}': ratio {} gives {} of {} dimensions; reduced widths need 8 to {}", param, r, dim, head_dim,
            head_dim - 8);
     if (!ws.dims.empty() && dim == ws.dims.back())
