@@ -124,48 +124,6 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   require_error([&] { write_report({(dir / "nope.jsonl").string()}, rep.string()); }, {"nope.jsonl", "not found"});
 }
 
-TEST_CASE("report folders: an earlier report's files that this one does not write are removed, others kept",
-          "[report]") {
-  const TempDir dir("report_folder");
-  const auto rep = dir / "rep";
-  const auto write_runs = [&](bool with_longbench) {
-    std::ofstream out(dir / "runs.jsonl");
-    out << record("ruler", {{"task", "vt"}, {"length", "4096"}}, "fullkv", 0, 1.0).dump() << "\n";
-    if (with_longbench) out << record("longbench", {{"dataset", "qasper"}}, "fullkv", 0, 0.5).dump() << "\n";
-  };
-  const auto report = [&] {
-    ReportFolder folder(rep.string());
-    write_report({(dir / "runs.jsonl").string()}, rep.string());
-    folder.close();
-  };
-  write_runs(true);
-  report();
-  std::ofstream(rep / "README.md") << "notes";
-  std::ofstream(rep / "longbench.md.bak") << "a copy of mine";
-  REQUIRE(std::filesystem::exists(rep / "longbench.md"));
-  CHECK(read(rep / ".kvbench-report").find("longbench-method-budget.csv\n") != std::string::npos);
-  write_runs(false);
-  report();
-  CHECK_FALSE(std::filesystem::exists(rep / "longbench.md"));
-  CHECK_FALSE(std::filesystem::exists(rep / "longbench-method-budget.png"));
-  CHECK(std::filesystem::exists(rep / "ruler-4096.md"));
-  CHECK(read(rep / "README.md") == "notes");
-  CHECK(read(rep / "longbench.md.bak") == "a copy of mine");
-  const std::string manifest = read(rep / ".kvbench-report");
-  CHECK(manifest.find("ruler-4096.md\n") != std::string::npos);
-  CHECK(manifest.find("longbench") == std::string::npos);
-  CHECK(manifest.find("README") == std::string::npos);
-  CHECK_FALSE(std::filesystem::exists(rep / ".kvbench-report-earlier"));
-  // A report that fails puts the earlier one back.
-  write_runs(true);
-  report();
-  std::ofstream(dir / "runs.jsonl") << "{not json\n";
-  CHECK_THROWS(report());
-  CHECK(std::filesystem::exists(rep / "longbench.md"));
-  CHECK(std::filesystem::exists(rep / "ruler-4096.md"));
-  CHECK(read(rep / ".kvbench-report").find("longbench.md\n") != std::string::npos);
-}
-
 TEST_CASE("tables: a cell's | and line breaks stay in its Markdown cell, CSV quotes what it must", "[report]") {
   Table t;
   t.columns = {"method", "score"};

@@ -60,11 +60,9 @@ void register_report_command(CLI::App& app) {
     const std::set<std::string> f(formats->begin(), formats->end());
     if (!c->baseline.empty()) check_baseline(*files, c->baseline);
     if (!c->published.empty()) check_comparison(c->published, c->table, c->model);
-    ReportFolder folder(*dir);
     write_report(*files, *dir, f);
     if (!c->baseline.empty()) write_paired_comparison(*files, c->baseline, *dir, f);
     if (!c->published.empty()) write_comparison(*files, c->published, c->table, c->model, *dir, f);
-    folder.close();
   });
 }
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "harness/experiment/results.hpp"
@@ -41,56 +40,6 @@ std::vector<std::string> result_files(const std::vector<std::string>& inputs) {
     }
   }
   return files;
-}
-
-namespace {
-
-constexpr const char* kManifest = ".kvbench-report";
-
-std::map<std::string, std::filesystem::file_time_type> file_times(const std::string& dir) {
-  std::map<std::string, std::filesystem::file_time_type> files;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.is_regular_file()) files[e.path().filename().string()] = e.last_write_time();
-  return files;
-}
-
-}  // namespace
-
-ReportFolder::ReportFolder(std::string dir) : dir_(std::move(dir)), held_(dir_ + "/" + kManifest + "-earlier") {
-  std::filesystem::create_directories(dir_);
-  std::filesystem::remove_all(held_);  // left by a process that was killed mid-report
-  std::ifstream in(dir_ + "/" + kManifest);
-  for (std::string name; std::getline(in, name);)
-    if (!name.empty() && name.find('/') == std::string::npos && name != kManifest &&
-        std::filesystem::is_regular_file(dir_ + "/" + name))
-      earlier_.insert(name);
-  if (!earlier_.empty()) std::filesystem::create_directory(held_);
-  for (const auto& name : earlier_) std::filesystem::rename(dir_ + "/" + name, held_ + "/" + name);
-  present_ = file_times(dir_);
-}
-
-ReportFolder::~ReportFolder() {
-  if (closed_ || earlier_.empty()) return;
-  std::error_code ec;
-  for (const auto& name : earlier_) std::filesystem::rename(held_ + "/" + name, dir_ + "/" + name, ec);
-  std::filesystem::remove_all(held_, ec);
-}
-
-void ReportFolder::close() {
-  std::string manifest, stale;
-  for (const auto& [name, time] : file_times(dir_)) {
-    const auto before = present_.find(name);
-    if (name != kManifest && (before == present_.end() || before->second != time)) manifest += name + "\n";
-  }
-  for (const auto& name : earlier_)
-    if (!std::filesystem::exists(dir_ + "/" + name)) stale += (stale.empty() ? "" : ", ") + name;
-  const std::string path = dir_ + "/" + kManifest;
-  std::ofstream out(path);
-  if (!(out << manifest)) fail("{}: cannot write", path);
-  std::filesystem::remove_all(held_);
-  closed_ = true;
-  if (!stale.empty())
-    fmt::print(stderr, "removed from {} (an earlier report's, not written this time): {}\n", dir_, stale);
 }
 
 std::string column_name(const std::string& task, const std::string& column) {

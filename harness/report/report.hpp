@@ -4,8 +4,6 @@
 // a method x KV size table and heatmap; the papers' tables for LongBench (categories over datasets,
 // one block per KV size) and RULER (per context length, and across lengths); for
 // Needle-in-a-Haystack one depth x length heatmap per configuration.
-#include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -19,26 +17,6 @@ namespace kvb {
 // prints the summary table.
 void write_report(const std::vector<std::string>& results, const std::string& dir,
                   const std::set<std::string>& formats = {"md", "csv"});
-
-// A report folder holds one report. Opening it sets aside the files an earlier report listed in the
-// folder's manifest (.kvbench-report), so that a task, method or table dropped from the inputs leaves
-// no old tables behind; files the report never wrote (a README, a records file) are never touched.
-// close() lists the files written since opening (new, or rewritten) as the new manifest, drops the set-aside files and
-// names those not written again; a report that fails before close() puts them back.
-class ReportFolder {
- public:
-  explicit ReportFolder(std::string dir);
-  ReportFolder(const ReportFolder&) = delete;
-  ReportFolder& operator=(const ReportFolder&) = delete;
-  ~ReportFolder();
-  void close();
-
- private:
-  std::string dir_, held_;
-  std::set<std::string> earlier_;                                   // the earlier report's files (set aside in held_)
-  std::map<std::string, std::filesystem::file_time_type> present_;  // what the folder held after that
-  bool closed_ = false;
-};
 
 // A method's recorded parameters as "key=value key=value", "-" for none.
 std::string params_text(const nlohmann::json& params);
