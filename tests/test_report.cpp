@@ -124,6 +124,31 @@ TEST_CASE("reports: LongBench and RULER in the papers' layouts, method x KV size
   require_error([&] { write_report({(dir / "nope.jsonl").string()}, rep.string()); }, {"nope.jsonl", "not found"});
 }
 
+TEST_CASE("a method x KV size cell of one record per sample gives the summary's interval", "[report]") {
+  // Both resample the same samples; the cell took them sorted by id, the summary in the records' order,
+  // so one report printed two intervals for one cell.
+  const TempDir dir("report_same_interval");
+  {
+    std::ofstream out(dir / "r.jsonl");
+    for (int i = 0; i < 14; ++i) {
+      json r = record("longbench", {{"dataset", "qasper"}}, "snapkv", 64, 0.05 * ((i * 7) % 13));
+      r["id"] = "s" + std::to_string(14 - i);  // ids out of order: s14, s13, ..., s1
+      out << r.dump() << "\n";
+    }
+  }
+  write_report({(dir / "r.jsonl").string()}, (dir / "rep").string(), {"md"});
+  const std::string summary = read(dir / "rep" / "summary.md"), cell = read(dir / "rep" / "longbench-method-budget.md");
+  INFO(summary << cell);
+  // summary: | ... | samples | score | ci_low | ci_high | ...; the cell: score [low, high]
+  const size_t row = summary.find("| longbench |");
+  REQUIRE(row != std::string::npos);
+  std::vector<std::string> fields;
+  for (size_t at = row + 1, bar; (bar = summary.find('|', at)) != std::string::npos && summary[at] != '\n'; at = bar + 1)
+    fields.push_back(summary.substr(at + 1, bar - at - 2));
+  REQUIRE(fields.size() > 10);
+  CHECK(cell.find(fmt::format("{} [{}, {}]", fields[8], fields[9], fields[10])) != std::string::npos);
+}
+
 TEST_CASE("tables: a cell's | and line breaks stay in its Markdown cell, CSV quotes what it must", "[report]") {
   Table t;
   t.columns = {"method", "score"};

@@ -36,17 +36,22 @@ std::vector<std::vector<double>> sample_strata(const std::vector<SampleScore>& s
     double sum = 0;
     int n = 0;
   };
-  std::map<std::string, Unit> units;
+  // Units in the order first read, as a table that pools records resamples them: a cell of one record
+  // per sample gets the summary's interval, not another draw of it.
+  std::vector<Unit> units;
+  std::map<std::string, size_t> index;
   size_t anonymous = 0;
   for (const SampleScore& s : scores) {
     // '\x01' keeps the anonymous units apart from any recorded id.
-    Unit& u = units[s.id.empty() ? fmt::format("\x01{}", anonymous++) : s.id];
+    const auto [at, fresh] = index.try_emplace(s.id.empty() ? fmt::format("\x01{}", anonymous++) : s.id, units.size());
+    if (fresh) units.emplace_back();
+    Unit& u = units[at->second];
     u.variants.insert(s.variant);
     u.sum += s.score;
     ++u.n;
   }
   std::map<std::set<std::string>, std::vector<double>> strata;
-  for (const auto& [id, u] : units) strata[u.variants].push_back(u.sum / u.n);
+  for (const Unit& u : units) strata[u.variants].push_back(u.sum / u.n);
   std::vector<std::vector<double>> out;
   for (auto& [variants, values] : strata) out.push_back(std::move(values));
   return out;
