@@ -143,7 +143,8 @@ TEST_CASE("a method x KV size cell of one record per sample gives the summary's 
   const size_t row = summary.find("| longbench |");
   REQUIRE(row != std::string::npos);
   std::vector<std::string> fields;
-  for (size_t at = row + 1, bar; (bar = summary.find('|', at)) != std::string::npos && summary[at] != '\n'; at = bar + 1)
+  for (size_t at = row + 1, bar; (bar = summary.find('|', at)) != std::string::npos && summary[at] != '\n';
+       at = bar + 1)
     fields.push_back(summary.substr(at + 1, bar - at - 2));
   REQUIRE(fields.size() > 10);
   CHECK(cell.find(fmt::format("{} [{}, {}]", fields[8], fields[9], fields[10])) != std::string::npos);

@@ -6,7 +6,6 @@
 #include "harness/cache/layer_cache.hpp"
 #include "harness/cache/lowrank_segment.hpp"
 #include "harness/cache/quantized_segment.hpp"
-#include "harness/engine/generate.hpp"
 #include "kernels/cpu/fp16.hpp"
 #include "kernels/cpu/kv_quant.hpp"
 #include "kernels/cpu/kv_rows.hpp"
@@ -109,7 +108,7 @@ TEST_CASE("attention over quantized + dense segments equals attention over the r
   }
 }
 
-TEST_CASE("attention passes a NaN key on as NaN, not as a zero head, and the next token refuses it", "[segments]") {
+TEST_CASE("attention passes a NaN key on as NaN, not as a zero head", "[segments]") {
   const int d = 16, hq = 4, hkv = 2;
   LayerCache cache(hq, hkv, d);
   std::vector<float> k(size_t(hkv) * d, 0.5f), v(k.size(), 1.0f);
@@ -120,7 +119,6 @@ TEST_CASE("attention passes a NaN key on as NaN, not as a zero head, and the nex
   attend(cache, q.data(), out.data());
   for (int c = 0; c < 2 * d; ++c) CHECK(std::isnan(out[size_t(c)]));  // the query heads reading head 0
   for (size_t c = 2 * d; c < out.size(); ++c) CHECK(out[c] == Approx(1.0f));
-  test::require_error([&] { argmax(out); }, {"logits hold NaN"});
 }
 
 TEST_CASE("fused quantized products equal their dequantize-then-dot references", "[segments]") {

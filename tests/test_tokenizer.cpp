@@ -257,13 +257,17 @@ TEST_CASE("a SentencePiece model directory reads tokenizer.json's added tokens a
   CHECK(tok->token_text(32001) == "<|im_end|>");
   CHECK(tok->decode(with_1, true) == "user\nHello there");
   CHECK(tok->decode(ids) == text);
-  // The config's add_bos_token overrides the post-processor; without either, LlamaTokenizer's default.
+  // BOS/EOS as the config says, LlamaTokenizerFast's defaults without it, whatever the post-processor.
   CHECK(write(with_bos, {{"add_bos_token", false}})->encode_prompt(text) == ids);
   CHECK(write(nullptr, json::object())->encode_prompt(text) == with_1);
   json without_bos = with_bos;
   without_bos["single"].erase(0);
-  CHECK(write(without_bos, json::object())->encode_prompt(text) == ids);
+  CHECK(write(without_bos, json::object())->encode_prompt(text) == with_1);
   CHECK(write(without_bos, {{"add_eos_token", true}})->encode_prompt("Hi").back() == 2);
+  // A tokenizer.json that cannot be read (a Git LFS pointer) leaves tokenizer.model as the model, as before.
+  std::ofstream(dir / "tokenizer.json") << "version https://git-lfs.github.com/spec/v1\n";
+  const auto plain = load_tokenizer_file(dir.path().string());
+  CHECK(plain->encode("<|im_end|>").size() > 1);
   test::require_error(
       [&] {
         write(with_bos, {{"add_bos_token", "yes"}});

@@ -335,7 +335,7 @@ void attend_batch(std::span<const LayerCache* const> caches, const float* q, flo
   for (const LayerCache* c : caches)
     if (c->head_dim() != d || c->n_cache_heads() != heads) {
       for (size_t i = 0; i < caches.size(); ++i) {
-        const size_t row = i * size_t(hq) * caches[i]->head_dim();
+        const size_t row = i * size_t(hq) * d;  // one model: every sequence's rows are hq x d
         attend_batch({&caches[i], 1}, q + row, out + row);
       }
       return;

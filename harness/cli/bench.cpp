@@ -557,10 +557,10 @@ void run_bench(const BenchArgs& a) {
   auto compressed = [&](const MethodRun& r, KvBudget budget, int rank) {
     Observer h;
     // A batch's sequences each need their own method where it keeps state per sequence between prefill
-    // and decoding (H2O's running scores, DynaKV's latent store); one shared would have them evict by,
-    // or append to, another sequence's. Atom's made weights are shared by its whole batch.
+    // and decoding; one shared would have them evict by, or append to, another sequence's. The others
+    // (Atom and its made weights among them) are shared by the whole batch.
     Method* method = r.method.get();
-    if (method->acts_on_decode() || method->kv_transform()) {
+    if (method->keeps_sequence_state()) {
       h.own = MethodRegistry::get().create(r.name, r.params, cfg);
       method = h.own.get();
     }

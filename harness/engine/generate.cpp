@@ -66,12 +66,8 @@ ChatTurnText chat_turn_text(const ModelFile& model) {
 
 int32_t argmax(std::span<const float> logits) {
   size_t best = 0;
-  bool nan = false;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    nan = nan || std::isnan(logits[i]);
+  for (size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = i;
-  }
-  if (nan) fail("the next-token logits hold NaN (from the weights or the activations): no token to choose");
   return static_cast<int32_t>(best);
 }
 
@@ -92,6 +88,9 @@ class GreedyChoice {
       for (int32_t id : tok_.special().end_of_generation) logits[static_cast<size_t>(id)] = -INFINITY;
       for (int32_t id : opt_.end_tokens) logits[static_cast<size_t>(id)] = -INFINITY;
     }
+    // NaN logits have no greatest: a generated text would be made of arbitrary tokens.
+    if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); }))
+      fail("generation step {}: the next-token logits hold NaN (from the weights or the activations)", i_ + 1);
     const int32_t token = argmax(logits);
     const bool can_stop = i_ > 0 || opt_.first_token_can_stop;
     if (opt_.stop_at_eog && tok_.is_end_of_generation(token) && can_stop) {

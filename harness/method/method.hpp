@@ -93,6 +93,9 @@ class Method {
   virtual void on_decode(LayerCache&, const DecodeView&) {}
   // Whether on_decode does anything (the engine skips the call otherwise).
   virtual bool acts_on_decode() const { return false; }
+  // Whether the method holds one sequence's state from its prefill into its decoding (H2O's running
+  // scores, DynaKV's latent store): a batch of sequences then needs a method each (kvbench bench).
+  virtual bool keeps_sequence_state() const { return acts_on_decode(); }
   // A method that decides from the whole prompt (KVzip runs the model over the context again) returns
   // true; on_prompt then sees the engine and the prompt's ids after every layer's prefill and before
   // the first compress() (PrefillObserver::reads_whole_prompt).

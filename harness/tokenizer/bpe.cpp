@@ -185,34 +185,31 @@ void parse_normalizer(const json& j, BpeSpec& s, const std::string& file) {
   }
 }
 
-// Finds the TemplateProcessing post-processor and reads which special tokens wrap a single sequence;
-// whether there is one.
-bool parse_post_processor(const json& j, SpecialTokens& s, const std::unordered_map<std::string, int32_t>& ids) {
-  if (j.is_null()) return false;
+// Finds the TemplateProcessing post-processor and reads which special tokens wrap a single sequence.
+void parse_post_processor(const json& j, BpeSpec& s, const std::unordered_map<std::string, int32_t>& ids) {
+  if (j.is_null()) return;
   const std::string type = j.value("type", "");
   if (type == "Sequence") {
-    bool found = false;
-    for (const auto& p : j.at("processors")) found = parse_post_processor(p, s, ids) || found;
-    return found;
+    for (const auto& p : j.at("processors")) parse_post_processor(p, s, ids);
+    return;
   }
-  if (type != "TemplateProcessing" || !j.contains("single")) return false;
+  if (type != "TemplateProcessing" || !j.contains("single")) return;
   const json& single = j["single"];
-  if (!single.is_array() || single.empty()) return false;
+  if (!single.is_array() || single.empty()) return;
   auto special_id = [&](const json& piece) -> std::optional<int32_t> {
     if (!piece.contains("SpecialToken")) return std::nullopt;
     auto it = ids.find(piece["SpecialToken"].value("id", ""));
     return it == ids.end() ? std::nullopt : std::optional<int32_t>(it->second);
   };
   if (auto b = special_id(single.front())) {
-    s.add_bos = true;
-    s.bos = *b;
+    s.special.add_bos = true;
+    s.special.bos = *b;
   }
   if (single.size() > 1)
     if (auto e = special_id(single.back())) {
-      s.add_eos = true;
-      s.eos = *e;
+      s.special.add_eos = true;
+      s.special.eos = *e;
     }
-  return true;
 }
 
 json read_json(const std::string& path) {
@@ -301,7 +298,7 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
   parse_pre_tokenizer(j.value("pre_tokenizer", json()), s, path);
   if (j.contains("decoder") && j["decoder"].is_object() && j["decoder"].value("type", "") == "ByteLevel")
     s.byte_level = true;
-  parse_post_processor(j.value("post_processor", json()), s.special, ids);
+  parse_post_processor(j.value("post_processor", json()), s, ids);
   s.name = fs::path(path).filename().string();
 
   // BOS/EOS names live in tokenizer_config.json beside tokenizer.json when there is one.
@@ -327,17 +324,8 @@ BpeSpec parse_tokenizer_json(const std::string& path) {
 
 }  // namespace
 
-TokenizerJsonExtras tokenizer_json_extras(const std::string& path) {
-  return with_json_errors(path, [&] {
-    const json j = read_json(path);
-    TokenizerJsonExtras x;
-    x.added = added_tokens_of(j, path);
-    std::unordered_map<std::string, int32_t> ids;
-    for (const AddedToken& t : x.added) ids[t.content] = t.id;
-    SpecialTokens wrap;
-    if (parse_post_processor(j.value("post_processor", json()), wrap, ids)) x.wrap = wrap;
-    return x;
-  });
+std::vector<AddedToken> tokenizer_json_added_tokens(const std::string& path) {
+  return with_json_errors(path, [&] { return added_tokens_of(read_json(path), path); });
 }
 
 BpeSpec bpe_spec_from_tokenizer_json(const std::string& path) {

@@ -55,14 +55,8 @@ std::vector<PreSplit> pre_tokenizer_preset(const std::string& name, bool* nfc = 
 
 BpeSpec bpe_spec_from_gguf(const GGUFFile& f);
 BpeSpec bpe_spec_from_tokenizer_json(const std::string& path);
-// What a tokenizer.json of any model type (a SentencePiece model's too) says beside its model: its added
-// tokens, and the special tokens its TemplateProcessing post-processor puts around a single sequence
-// (none where it has no such post-processor).
-struct TokenizerJsonExtras {
-  std::vector<AddedToken> added;
-  std::optional<SpecialTokens> wrap;
-};
-TokenizerJsonExtras tokenizer_json_extras(const std::string& path);
+// The added tokens of a tokenizer.json of any model type (a SentencePiece model's too).
+std::vector<AddedToken> tokenizer_json_added_tokens(const std::string& path);
 
 class BpeTokenizer : public Tokenizer {
  public:

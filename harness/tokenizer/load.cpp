@@ -1,4 +1,6 @@
 // Chooses the tokenizer implementation for a model from what its files declare.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -101,22 +103,23 @@ std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
   const nlohmann::json c = read_if_present(cfg);
   if (tok->kind() == "sentencepiece") {
-    // What transformers' tokenizer holds beside tokenizer.model: tokenizer.json's added tokens and the
-    // BOS/EOS its post-processor adds (without one, LlamaTokenizer's defaults: BOS, no EOS), which the
-    // config's add_bos_token / add_eos_token override.
-    bool bos = true, eos = false;
+    // What transformers 4's LlamaTokenizerFast holds beside tokenizer.model: tokenizer.json's added
+    // tokens, and BOS/EOS as the config's add_bos_token / add_eos_token say (its defaults: BOS, no EOS;
+    // it rebuilds tokenizer.json's post-processor from them).
     const auto json = std::filesystem::path(dir) / "tokenizer.json";
     if (std::filesystem::exists(json)) {
-      const TokenizerJsonExtras x = tokenizer_json_extras(json.string());
-      tok->add_tokens(x.added);
-      if (x.wrap) bos = x.wrap->add_bos, eos = x.wrap->add_eos;
+      try {
+        tok->add_tokens(tokenizer_json_added_tokens(json.string()));
+      } catch (const Error& e) {  // tokenizer.model alone is the model (a Git LFS pointer, say, here)
+        fmt::print(stderr, "note: {}; reading tokenizer.model without the added tokens\n", e.what());
+      }
     }
     const auto flag = [&](const char* key, bool fallback) {
       if (!c.is_object() || !c.contains(key) || c[key].is_null()) return fallback;
       if (!c[key].is_boolean()) fail("{}: field '{}' must be true or false", cfg.string(), key);
       return c[key].get<bool>();
     };
-    tok->set_add_bos_eos(flag("add_bos_token", bos), flag("add_eos_token", eos));
+    tok->set_add_bos_eos(flag("add_bos_token", true), flag("add_eos_token", false));
   }
   if (auto eos = generation_eos(dir, *tok)) tok->set_end_of_generation(std::move(*eos));
   if (c.is_object() && c.contains("clean_up_tokenization_spaces") && !c["clean_up_tokenization_spaces"].is_null()) {

@@ -534,6 +534,7 @@ class DynaKV final : public Method, public KvTransform {
     stores_.resize(size_t(m.n_layers));
   }
   KvTransform* kv_transform() override { return this; }
+  bool keeps_sequence_state() const override { return true; }  // stores_: the sequence's latent cache
   nlohmann::json artifacts() const override { return artifacts_; }
 
   void apply(int layer, int n, const int32_t* pos, float* k, float* v) override {

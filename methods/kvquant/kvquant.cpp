@@ -354,6 +354,7 @@ class Kvquant final : public Method, public KvTransform {
     artifacts_ = {{"quantizers", {{"file", a.path}, {"digest", a.digest}}}};
   }
   KvTransform* kv_transform() override { return this; }
+  bool keeps_sequence_state() const override { return true; }  // batches_: the codes apply() made, for the cache
   nlohmann::json artifacts() const override { return artifacts_; }
 
   // What attention reads, in prefill and decode alike: every token's pre-RoPE keys and values

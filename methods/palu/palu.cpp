@@ -178,6 +178,7 @@ class Palu final : public Method {
   }
   PrefillNeeds needs() const override { return inner_->needs(); }
   KvTransform* kv_transform() override { return inner_->kv_transform(); }
+  bool keeps_sequence_state() const override { return inner_->keeps_sequence_state(); }
   LayerCache compress(const PrefillView& view, const Budget& budget) override { return inner_->compress(view, budget); }
   nlohmann::json artifacts() const override {
     nlohmann::json a = inner_->artifacts();

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,11 +52,25 @@ namespace pybind11::detail {
 template <>
 struct type_caster<kvb::python::Int> {
   PYBIND11_TYPE_CASTER(kvb::python::Int, const_name("int"));
-  bool load(handle src, bool convert) {
-    if (PyBool_Check(src.ptr())) return false;  // pybind11 then raises a TypeError with the signature
-    type_caster<int> inner;
-    if (!inner.load(src, convert)) return false;
-    value.value = static_cast<int>(inner);
+  // Python and numpy integers only: no bool (numpy's either), and no float, which int() would truncate.
+  // A refusal makes pybind11 raise a TypeError naming the signature.
+  bool load(handle src, bool) {
+    PyObject* o = src.ptr();
+    const std::string type = Py_TYPE(o)->tp_name;
+    if (PyBool_Check(o) || type == "numpy.bool" || type == "numpy.bool_" || !PyIndex_Check(o)) return false;
+    PyObject* i = PyNumber_Index(o);
+    if (!i) {
+      PyErr_Clear();
+      return false;
+    }
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+    Py_DECREF(i);
+    if (overflow || v < INT_MIN || v > INT_MAX || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    value.value = static_cast<int>(v);
     return true;
   }
   static handle cast(kvb::python::Int v, return_value_policy, handle) { return PyLong_FromLong(v.value); }

@@ -642,9 +642,10 @@ def test_generate_refuses_a_negative_budget_and_no_tokens_to_make(model):
         model.generate(PROMPT, method="snapkv", budget=-5, max_new_tokens=2)
     with pytest.raises(kvbench.Error, match="max_new_tokens -1 must be at least 1"):
         model.generate(PROMPT, max_new_tokens=-1)
-    for bad in (True, 2.5, "16"):  # a bool is not read as 1, nor a float or text as a size
+    for bad in (True, np.True_, 2.5, np.float32(40.7), "16"):  # a bool is not read as 1, nor a float or text as a size
         with pytest.raises(TypeError, match="incompatible function arguments"):
             model.generate(PROMPT, method="snapkv", budget=bad, max_new_tokens=2)
-    with pytest.raises(TypeError, match="incompatible function arguments"):
-        model.generate(PROMPT, max_new_tokens=False)
+    for bad in (False, np.True_):
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            model.generate(PROMPT, max_new_tokens=bad)
     assert model.generate(PROMPT, method="snapkv", budget=np.int64(48), max_new_tokens=1)["ids"]
