@@ -9,6 +9,7 @@
 #include "harness/engine/engine.hpp"
 #include "harness/engine/generate.hpp"
 #include "harness/engine/rope_freqs.hpp"
+#include "harness/method/method.hpp"
 #include "harness/model/model_file.hpp"
 #include "harness/model/random_model.hpp"
 #include "harness/tokenizer/tokenizer.hpp"
@@ -147,6 +148,31 @@ TEST_CASE("end tokens end generation as end-of-generation tokens do, masked befo
   const Generation masked = generate(*L->engine, *L->tok, ids, opt);
   REQUIRE_FALSE(masked.tokens.empty());
   CHECK(masked.tokens[0] != free.tokens[0]);
+}
+
+TEST_CASE("generation refuses NaN logits instead of choosing an arbitrary token", "[engine][model]") {
+  Loaded* L = default_engine();
+  if (!L) return;
+  // A cache whose first layer holds a NaN key: the prompt's own logits are finite, the first decode
+  // step's are NaN (attention passes NaN on).
+  struct NanKey final : PrefillObserver {
+    MethodRunner& inner;
+    explicit NanKey(MethodRunner& r) : inner(r) {}
+    PrefillNeeds needs() const override { return inner.needs(); }
+    void on_layer(const PrefillView& view, LayerCache& cache) override {
+      inner.on_layer(view, cache);
+      if (view.layer != 0) return;
+      std::vector<float> k(size_t(cache.n_cache_heads()) * cache.head_dim(), std::nanf("")), v(k.size(), 0.0f);
+      cache.append(k.data(), v.data(), view.n_tokens);
+    }
+  };
+  auto m = MethodRegistry::get().create("snapkv", {}, L->engine->config());
+  MethodRunner runner(*m, 4096);  // keeps the whole prompt
+  NanKey nan(runner);
+  const auto ids = L->tok->encode("The capital of France is");
+  GenerateOptions opt;
+  opt.max_new_tokens = 3;
+  test::require_error([&] { generate(*L->engine, *L->tok, ids, opt, &nan); }, {"generation step 2", "logits hold NaN"});
 }
 
 TEST_CASE("decoding goes on past the context length, rotary positions extrapolated as transformers does", "[engine]") {
