@@ -328,18 +328,20 @@ void attend_batch(std::span<const LayerCache* const> caches, const float* q, flo
   if (caches.empty()) return;
   const LayerCache& first = *caches[0];
   const int d = first.head_dim(), heads = first.n_cache_heads(), hq = first.n_query_heads();
-  for (const LayerCache* c : caches)
-    if (c->n_query_heads() != hq) fail("attend_batch: the batch's sequences differ in query heads");
-  // A batch mixing cache shapes (one stored head per query head beside one per KV head, gqa=repeat and
-  // native cells of one sweep) attends one sequence at a time, each as a batch of one does.
-  for (const LayerCache* c : caches)
-    if (c->head_dim() != d || c->n_cache_heads() != heads) {
-      for (size_t i = 0; i < caches.size(); ++i) {
-        const size_t row = i * size_t(hq) * d;  // one model: every sequence's rows are hq x d
-        attend_batch({&caches[i], 1}, q + row, out + row);
-      }
-      return;
+  bool same_shape = true;
+  for (const LayerCache* c : caches) {
+    if (c->n_query_heads() != hq || c->head_dim() != d) fail("attend_batch: the batch's sequences differ in shape");
+    same_shape = same_shape && c->n_cache_heads() == heads;
+  }
+  // A batch mixing stored heads (one per query head beside one per KV head: gqa=repeat and native cells
+  // of one sweep) attends one sequence at a time, each as a batch of one does.
+  if (!same_shape) {
+    for (size_t i = 0; i < caches.size(); ++i) {
+      const size_t row = i * size_t(hq) * d;
+      attend_batch({&caches[i], 1}, q + row, out + row);
     }
+    return;
+  }
   const int group = hq / heads;
   const auto batch = static_cast<int>(caches.size());
   const int threads = omp_get_max_threads();

@@ -102,6 +102,12 @@ std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
   auto tok = from_dir_files(dir);
   const auto cfg = std::filesystem::path(dir) / "tokenizer_config.json";
   const nlohmann::json c = read_if_present(cfg);
+  // A true/false field of tokenizer_config.json, nullopt where it is absent or null.
+  const auto flag = [&](const char* key) -> std::optional<bool> {
+    if (!c.is_object() || !c.contains(key) || c[key].is_null()) return std::nullopt;
+    if (!c[key].is_boolean()) fail("{}: field '{}' must be true or false", cfg.string(), key);
+    return c[key].get<bool>();
+  };
   if (tok->kind() == "sentencepiece") {
     // What transformers 4's LlamaTokenizerFast holds beside tokenizer.model: tokenizer.json's added
     // tokens, and BOS/EOS as the config's add_bos_token / add_eos_token say (its defaults: BOS, no EOS;
@@ -114,19 +120,10 @@ std::unique_ptr<Tokenizer> from_dir(const std::string& dir) {
         fmt::print(stderr, "note: {}; reading tokenizer.model without the added tokens\n", e.what());
       }
     }
-    const auto flag = [&](const char* key, bool fallback) {
-      if (!c.is_object() || !c.contains(key) || c[key].is_null()) return fallback;
-      if (!c[key].is_boolean()) fail("{}: field '{}' must be true or false", cfg.string(), key);
-      return c[key].get<bool>();
-    };
-    tok->set_add_bos_eos(flag("add_bos_token", true), flag("add_eos_token", false));
+    tok->set_add_bos_eos(flag("add_bos_token").value_or(true), flag("add_eos_token").value_or(false));
   }
   if (auto eos = generation_eos(dir, *tok)) tok->set_end_of_generation(std::move(*eos));
-  if (c.is_object() && c.contains("clean_up_tokenization_spaces") && !c["clean_up_tokenization_spaces"].is_null()) {
-    if (!c["clean_up_tokenization_spaces"].is_boolean())
-      fail("{}: field 'clean_up_tokenization_spaces' must be true or false", cfg.string());
-    tok->set_clean_up_tokenization_spaces(c["clean_up_tokenization_spaces"].get<bool>());
-  }
+  if (const auto clean = flag("clean_up_tokenization_spaces")) tok->set_clean_up_tokenization_spaces(*clean);
   return tok;
 }
 
